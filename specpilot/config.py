@@ -1,0 +1,250 @@
+"""What to serve (`Deployment`) and how (`System`): frozen dataclasses with TOML in and out.
+
+A *system file* holds the engine's knobs (`System`); it is what the benchmark runs, the controller
+times and the loop proposes. A *deployment file* names the target, the drafter, their width
+expansion, the serving regime, the benchmark sets and the *stock* system. `stock` is the system
+taken from the deployment. Flags of the CLI map 1:1 onto these fields.
+
+Does not own loading models or running anything.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from importlib import resources
+from pathlib import Path
+
+from specpilot.errors import ConfigError
+
+
+class DrafterKind(enum.Enum):
+    MODEL = "model"  # the deployment's draft model
+    NGRAM = "ngram"  # training-free prompt lookup
+    NONE = "none"  # plain AR decoding
+
+
+class Kernel(enum.Enum):
+    CUBLAS = "cublas"  # torch F.linear
+    TRITON = "triton"  # our Triton GEMV/GEMM (BF16, or W12 when w12 = true)
+
+
+@dataclass(frozen=True)
+class System:
+    """The engine's knobs. Defaults mirror SGLang's documented speculative defaults
+    (speculative_num_steps=5, speculative_eagle_topk=4, speculative_num_draft_tokens=8, the last
+    counting the verified root, so 7 draft tokens here)."""
+
+    name: str = "stock"
+    drafter: DrafterKind = DrafterKind.MODEL
+    depth: int = 5  # K: draft steps per round
+    topk: int = 4  # k: children per expanded node and frontier width (1 = chain)
+    tree_budget: int = 7  # draft tokens verified per round (root excluded)
+    draft_window: int = 0  # draft-model catch-up window; 0 = depth + 1 (always safe)
+    adaptive_depth: tuple[int, ...] = ()  # depth tiers to switch among by recent acceptance
+    ngram_max: int = 4  # longest n-gram the prompt-lookup drafter matches
+    ngram_min: int = 1
+    cuda_graphs: bool = True
+    sync_every: int = 1  # decode rounds between host checks for EOS / max tokens
+    w12: bool = False  # run projections from W12 weights (needs kernel = triton)
+    kernel: Kernel = Kernel.CUBLAS
+    kernel_lm_head: bool = False  # also route lm_head through `kernel`
+    fault: str = ""  # deliberate fault for guard testing (see specpilot.engine.faults)
+
+    def __post_init__(self):
+        if self.drafter is not DrafterKind.NONE:
+            if self.depth < 1:
+                raise ConfigError(f"system {self.name!r}: depth must be >= 1 (got {self.depth})")
+            if self.topk < 1:
+                raise ConfigError(f"system {self.name!r}: topk must be >= 1 (got {self.topk})")
+            if self.tree_budget < 1:
+                raise ConfigError(f"system {self.name!r}: tree_budget must be >= 1 (got {self.tree_budget})")
+            if self.tree_budget > 256:
+                raise ConfigError(f"system {self.name!r}: tree_budget {self.tree_budget} is above the 256 supported")
+        if self.draft_window and self.draft_window < self.depth + 1:
+            raise ConfigError(
+                f"system {self.name!r}: draft_window {self.draft_window} < depth + 1 = {self.depth + 1} "
+                "would lose accepted tokens from the draft cache"
+            )
+        if self.sync_every < 1:
+            raise ConfigError(f"system {self.name!r}: sync_every must be >= 1")
+        if self.w12 and self.kernel is not Kernel.TRITON:
+            raise ConfigError(f"system {self.name!r}: w12 = true needs kernel = 'triton'")
+        if not (1 <= self.ngram_min <= self.ngram_max):
+            raise ConfigError(f"system {self.name!r}: need 1 <= ngram_min <= ngram_max")
+        for d in self.adaptive_depth:
+            if d < 1:
+                raise ConfigError(f"system {self.name!r}: adaptive depth tiers must be >= 1")
+
+    @property
+    def window(self) -> int:
+        depths = (self.depth, *self.adaptive_depth)
+        return self.draft_window or max(depths) + 1
+
+    @property
+    def speculative(self) -> bool:
+        return self.drafter is not DrafterKind.NONE
+
+    def with_changes(self, **changes) -> "System":
+        return replace(self, **changes)
+
+    def knobs(self) -> dict:
+        """Plain-JSON knob values (enums as strings), name excluded."""
+        out = {}
+        for f in fields(self):
+            if f.name == "name":
+                continue
+            v = getattr(self, f.name)
+            out[f.name] = v.value if isinstance(v, enum.Enum) else (list(v) if isinstance(v, tuple) else v)
+        return out
+
+    def diff(self, other: "System") -> dict:
+        """Knobs of self that differ from other: {knob: [other's, self's]}."""
+        a, b = other.knobs(), self.knobs()
+        return {k: [a[k], b[k]] for k in b if a[k] != b[k]}
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.knobs(), sort_keys=True).encode()).hexdigest()[:12]
+
+    @classmethod
+    def from_dict(cls, d: dict, name: str | None = None) -> "System":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown system knob(s): {', '.join(sorted(unknown))}")
+        kw = dict(d)
+        if name is not None:
+            kw.setdefault("name", name)
+        try:
+            if "drafter" in kw:
+                kw["drafter"] = DrafterKind(kw["drafter"])
+            if "kernel" in kw:
+                kw["kernel"] = Kernel(kw["kernel"])
+        except ValueError as err:
+            raise ConfigError(f"system: {err}") from None
+        if "adaptive_depth" in kw:
+            kw["adaptive_depth"] = tuple(int(x) for x in kw["adaptive_depth"])
+        for f in fields(cls):
+            if f.name in kw and f.type in ("int", "bool") and not isinstance(kw[f.name], (int, bool)):
+                raise ConfigError(f"system knob {f.name} must be {f.type}, got {kw[f.name]!r}")
+        return cls(**kw)
+
+    def to_toml(self) -> str:
+        lines = [f"name = {json.dumps(self.name)}"]
+        lines += [f"{k} = {json.dumps(v)}" for k, v in self.knobs().items()]
+        return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Regime:
+    batch: int = 1  # concurrent requests decoded together
+
+    def __post_init__(self):
+        if self.batch < 1:
+            raise ConfigError(f"regime batch must be >= 1 (got {self.batch})")
+
+
+BENCHMARK_SETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    name: str
+    target: str  # model directory, or "fixture" for the shipped target
+    drafter: str = "fixture"  # draft model directory, "fixture", or "ngram" / "none"
+    target_expand: int = 1  # exact width expansion factor applied at load (power of two)
+    drafter_expand: int = 1
+    regime: Regime = field(default_factory=Regime)
+    sets: tuple[str, ...] = BENCHMARK_SETS
+    max_new_tokens: int = 2048
+    n_prompts: int = 10
+    stock: System = field(default_factory=System)
+    source: str = ""  # file it was read from
+
+    def __post_init__(self):
+        for factor in (self.target_expand, self.drafter_expand):
+            if factor < 1 or factor & (factor - 1):
+                raise ConfigError(f"deployment {self.name!r}: expansion factors must be powers of two (got {factor})")
+        bad = [s for s in self.sets if s not in BENCHMARK_SETS]
+        if bad:
+            raise ConfigError(f"deployment {self.name!r}: unknown benchmark set(s) {bad} (known: {list(BENCHMARK_SETS)})")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"deployment {self.name!r}: max_new_tokens must be >= 1")
+
+    def fingerprint_fields(self) -> dict:
+        d = asdict(self)
+        d.pop("source")
+        d["stock"] = self.stock.knobs()
+        return d
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "Deployment":
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: deployment file does not exist")
+        try:
+            d = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path}: not valid TOML ({err})") from None
+        return cls.from_dict(d, source=str(path))
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "") -> "Deployment":
+        d = dict(d)
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"{source or 'deployment'}: unknown field(s) {', '.join(sorted(unknown))}")
+        if "name" not in d or "target" not in d:
+            raise ConfigError(f"{source or 'deployment'}: needs at least 'name' and 'target'")
+        base = Path(source).parent if source else None
+        for key in ("target", "drafter"):
+            v = d.get(key)
+            if base and isinstance(v, str) and v not in ("fixture", "ngram", "none") and not Path(v).is_absolute():
+                d[key] = str((base / v).resolve())
+        d["regime"] = Regime(**d.get("regime", {}))
+        d["stock"] = System.from_dict(d.get("stock", {}), name="stock")
+        if "sets" in d:
+            d["sets"] = tuple(d["sets"])
+        return cls(**d, source=source)
+
+
+def shipped_deployments_dir() -> Path:
+    """The repository's deployments/ (source checkout) or the copy inside the package."""
+    repo = Path(__file__).resolve().parents[1] / "deployments"
+    if repo.is_dir():
+        return repo
+    return Path(str(resources.files("specpilot") / "data" / "deployments"))
+
+
+def load_deployment(name_or_path: str | None) -> Deployment:
+    """A deployment by file path or by shipped name; None means the default, `fixture`."""
+    name_or_path = name_or_path or "fixture"
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        return Deployment.from_toml(p)
+    candidate = shipped_deployments_dir() / f"{name_or_path}.toml"
+    if candidate.is_file():
+        return Deployment.from_toml(candidate)
+    raise ConfigError(f"deployment {name_or_path!r} is neither a file nor a shipped deployment")
+
+
+def load_system(spec: str | None, deployment: Deployment) -> System:
+    """A system by file path, or by name: 'stock' (the deployment's) or 'ar' (no drafting)."""
+    if spec in (None, "stock"):
+        return deployment.stock
+    if spec == "ar":
+        return deployment.stock.with_changes(name="ar", drafter=DrafterKind.NONE)
+    p = Path(spec)
+    if not p.is_file():
+        raise ConfigError(f"system {spec!r} is neither 'stock', 'ar' nor an existing file")
+    try:
+        d = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{p}: not valid TOML ({err})") from None
+    base = deployment.stock.knobs()
+    base.update(d)
+    return System.from_dict(base, name=d.get("name", p.stem))

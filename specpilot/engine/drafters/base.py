@@ -1,0 +1,44 @@
+"""The drafter interface and its registry.
+
+A drafter proposes a `DraftTree` each round from the decoding state. Two methods:
+- `start(prompts, state)`: a new batch begins (prefill own caches; the state is already loaded);
+- `propose(state) -> DraftTree`: the tree for this round, root = each row's last committed token.
+Drafters that need the committed tokens on the host (prompt lookup) set `needs_host_tokens`; the
+generator then syncs every round and passes them in `state_host`.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Callable, ClassVar
+
+from specpilot.engine.state import DecodeState
+from specpilot.engine.tree import DraftTree
+
+
+class Drafter(abc.ABC):
+    name: ClassVar[str]
+    needs_host_tokens: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def start(self, prompts: list[list[int]], state: DecodeState) -> None: ...
+
+    @abc.abstractmethod
+    def propose(self, state: DecodeState, host_tokens: list[list[int]] | None = None) -> DraftTree: ...
+
+    @property
+    def num_nodes(self) -> int:
+        """N: nodes of every proposed tree (root included); fixed, so shapes are static."""
+        raise NotImplementedError
+
+
+DRAFTERS: dict[str, Callable[..., Drafter]] = {}
+
+
+def register(name: str):
+    def wrap(cls):
+        cls.name = name
+        DRAFTERS[name] = cls
+        return cls
+
+    return wrap

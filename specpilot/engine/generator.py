@@ -1,0 +1,250 @@
+"""The decode loop: prefill, then rounds of (draft, verify, commit) or plain AR steps.
+
+Owns: workspaces (a KV cache + decoding state per batch size and capacity, reused across
+requests so captured CUDA graphs stay valid), graph capture, adaptive depth tiers, the host loop
+with its single sync point, timing, and turning device state into `GenerationResult`s.
+
+Does not own what a round computes (`steps.py`, `drafters/`) or how models are loaded
+(`specpilot.engine.build`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specpilot.engine.drafters.base import Drafter
+from specpilot.engine.faults import Fault, parse_fault
+from specpilot.engine.graphs import GraphedCallable
+from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.state import DecodeState, extract_outputs
+from specpilot.engine.steps import ar_step, prefill, verify_step
+from specpilot.engine.tree import DraftTree
+from specpilot.errors import ConfigError
+from specpilot.models.transformer import Transformer
+
+
+@dataclass
+class GenerationResult:
+    outputs: list[list[int]]  # generated tokens per row (EOS kept, cut at max_new)
+    rounds: list[int]  # target forwards per row
+    accept_lengths: list[list[int]]  # tokens committed per round (accepted drafts + 1), per row
+    seconds: float  # wall time, prefill included
+    prefill_seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(o) for o in self.outputs)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.num_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per target forward (accepted drafts + bonus), over all rows."""
+        rounds = sum(self.rounds)
+        return self.num_tokens / rounds if rounds else float("nan")
+
+
+@dataclass
+class Workspace:
+    cache: KVCache
+    state: DecodeState
+    graphs: dict = field(default_factory=dict)  # tier depth (or 0 for AR) -> GraphedCallable
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+class Generator:
+    """Greedy generation with an optional drafter (None = AR).
+
+    `drafters` maps a depth tier to its drafter (one entry unless adaptive depth is on); all tiers
+    share the draft model and its cache.
+    """
+
+    def __init__(
+        self,
+        target: Transformer,
+        drafters: dict[int, Drafter] | None = None,
+        eos_ids: tuple[int, ...] = (),
+        cuda_graphs: bool = True,
+        sync_every: int = 1,
+        fault: Fault | str | None = None,
+    ):
+        self.target = target
+        self.drafters = drafters or {}
+        self.eos_ids = tuple(eos_ids)
+        self.fault = parse_fault(fault) if isinstance(fault, str) or fault is None else fault
+        self.use_graphs = cuda_graphs and target.device.type == "cuda"
+        host = any(d.needs_host_tokens for d in self.drafters.values())
+        self.sync_every = 1 if host else sync_every
+        self.workspaces: dict[tuple[int, int], Workspace] = {}
+        self.max_positions = target.rope_cos.shape[0]
+
+    # ---- setup -------------------------------------------------------------------------
+    @property
+    def speculative(self) -> bool:
+        return bool(self.drafters)
+
+    def _slack(self) -> int:
+        slack = 2
+        for d in self.drafters.values():
+            slack = max(slack, d.num_nodes + 1, getattr(d, "num_candidates", 0) + getattr(d, "window", 0) + 1)
+        return slack
+
+    def capacity_for(self, prompt_len: int, max_new: int) -> int:
+        need = prompt_len + max_new + self._slack()
+        cap = _round_up(need, 256)
+        if cap > self.max_positions:
+            if need > self.max_positions:
+                raise ConfigError(
+                    f"prompt of {prompt_len} tokens + {max_new} new tokens exceeds the model's context "
+                    f"of {self.max_positions} positions"
+                )
+            cap = need
+        return cap
+
+    def _workspace(self, batch: int, capacity: int, max_new: int) -> Workspace:
+        key = (batch, capacity)
+        ws = self.workspaces.get(key)
+        if ws is not None and ws.state.accept_log.shape[1] >= max_new + 1:
+            return ws
+        cfg = self.target.config
+        dev = self.target.device
+        cache = KVCache.allocate(cfg, batch, capacity, dev, self.target.dtype)
+        state = DecodeState.allocate(batch, capacity, max(max_new + 1, 64), dev)
+        ws = Workspace(cache, state)
+        self.workspaces = {key: ws}  # one live workspace: graphs pin memory
+        return ws
+
+    # ---- rounds ------------------------------------------------------------------------
+    def _round(self, ws: Workspace, tier: int, tree: DraftTree | None = None):
+        if not self.speculative:
+            ar_step(self.target, ws.cache, ws.state, self.fault)
+            return None
+        drafter = self.drafters[tier]
+        if tree is None:
+            tree = drafter.propose(ws.state)
+        return verify_step(self.target, ws.cache, ws.state, tree, self.fault)
+
+    def _graphed_round(self, ws: Workspace, tier: int, host_tree: tuple | None):
+        g = ws.graphs.get(tier)
+        if g is None:
+            g = self._capture(ws, tier)
+            ws.graphs[tier] = g
+        return g(*host_tree) if host_tree is not None else g()
+
+    def _capture(self, ws: Workspace, tier: int) -> GraphedCallable:
+        drafter = self.drafters.get(tier)
+        B = ws.state.batch
+        dummy = [[0, 0] for _ in range(B)]
+        ws.state.reset(dummy, self.eos_ids, max_new=1 << 30)
+        if drafter is not None:
+            self._start_drafter(tier, dummy, ws.state)
+        if drafter is not None and drafter.needs_host_tokens:
+            N = drafter.num_nodes
+            dev = ws.state.tokens.device
+            tokens = torch.zeros(B, N, dtype=torch.int64, device=dev)
+            parents = torch.zeros(B, N, dtype=torch.int64, device=dev)
+            parents[:, 0] = -1
+
+            def fn(tok, par):
+                tree = DraftTree(tok, par, max_depth=drafter.depth)
+                return self._round(ws, tier, tree)
+
+            return GraphedCallable(fn, static_inputs=(tokens, parents))
+        return GraphedCallable(lambda: self._round(ws, tier))
+
+    # ---- the loop ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> GenerationResult:
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ConfigError("every prompt needs at least one token")
+        if max_new_tokens < 1:
+            raise ConfigError("max_new_tokens must be >= 1")
+        B = len(prompts)
+        capacity = self.capacity_for(max(len(p) for p in prompts), max_new_tokens)
+        ws = self._workspace(B, capacity, max_new_tokens)
+        tiers = sorted(self.drafters) or [0]
+        tier = tiers[0] if len(tiers) == 1 else self._initial_tier(tiers)
+        if self.use_graphs:
+            for t in tiers:  # capture before timing starts
+                if t not in ws.graphs:
+                    ws.graphs[t] = self._capture(ws, t)
+        dev = self.target.device
+        sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        ws.state.reset(prompts, self.eos_ids, max_new_tokens)
+        prefill(self.target, ws.cache, prompts)
+        if self.speculative:
+            self._start_drafter(tier, prompts, ws.state)
+        sync()
+        t_prefill = time.perf_counter() - t0
+        needs_host = self.speculative and self.drafters[tier].needs_host_tokens
+        host = [list(p) for p in prompts] if needs_host else None
+        recent: list[float] = []
+        for r in range(max_new_tokens + 1):
+            host_tree = None
+            if needs_host:
+                t = self.drafters[tier].propose(ws.state, host)
+                host_tree = (t.tokens, t.parents)
+            if self.use_graphs:
+                acc = self._graphed_round(ws, tier, host_tree)
+            else:
+                acc = self._round(ws, tier, DraftTree(*host_tree, max_depth=self.drafters[tier].depth) if host_tree else None)
+            if (r + 1) % self.sync_every:
+                continue
+            # ---- the one host sync of the loop ----
+            if host is not None:
+                counts = (acc.accept_len + 1).tolist()
+                new = acc.new_tokens.tolist()
+                for b in range(B):
+                    host[b].extend(new[b][: counts[b]])
+            if len(tiers) > 1:
+                recent.append(float(acc.accept_len.float().mean()))
+                tier = self._next_tier(tiers, tier, recent)
+            if bool(ws.state.done.all()):
+                break
+        sync()
+        seconds = time.perf_counter() - t0
+        return self._result(ws, max_new_tokens, seconds, t_prefill)
+
+    def _start_drafter(self, tier: int, prompts: list[list[int]], state: DecodeState) -> None:
+        """Start the tier's drafter; every tier then shares its draft cache."""
+        drafter = self.drafters[tier]
+        drafter.start(prompts, state)
+        for other in self.drafters.values():
+            if other is not drafter and hasattr(other, "cache"):
+                other.cache = drafter.cache
+
+    def _initial_tier(self, tiers: list[int]) -> int:
+        return tiers[len(tiers) // 2]
+
+    @staticmethod
+    def _next_tier(tiers: list[int], tier: int, recent: list[float], window: int = 4) -> int:
+        """Deeper when recent rounds accept nearly everything, shallower when they accept little."""
+        if len(recent) < window:
+            return tier
+        mean = sum(recent[-window:]) / window
+        i = tiers.index(tier)
+        if mean >= 0.8 * tier and i + 1 < len(tiers):
+            recent.clear()
+            return tiers[i + 1]
+        if mean < 0.4 * tier and i > 0:
+            recent.clear()
+            return tiers[i - 1]
+        return tier
+
+    def _result(self, ws: Workspace, max_new: int, seconds: float, t_prefill: float) -> GenerationResult:
+        outputs = extract_outputs(ws.state, self.eos_ids, max_new)
+        rounds = ws.state.rounds.tolist()
+        log = ws.state.accept_log.tolist()
+        accept = [row[:n] for row, n in zip(log, rounds)]
+        return GenerationResult(outputs, rounds, accept, seconds, t_prefill)

@@ -1,0 +1,53 @@
+"""Static KV cache: one preallocated [B, Hkv, S, D] buffer per layer for keys and for values.
+
+Owns: allocation and the one cache mutation besides plain writes, `move_slots`, which commits an
+accepted tree path by copying its entries to contiguous slots. The model writes new entries itself
+(`Attention.forward_cached`); which slots are valid is told by the attention mask, so stale entries
+past a row's length are harmless and never cleared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specpilot.models.config import ModelConfig
+
+
+@dataclass
+class KVCache:
+    k: list[torch.Tensor]  # per layer [B, Hkv, S, D]
+    v: list[torch.Tensor]  # per layer [B, Hkv, S, D]
+
+    @classmethod
+    def allocate(cls, config: ModelConfig, batch: int, capacity: int, device, dtype) -> "KVCache":
+        shape = (batch, config.num_kv_heads, capacity, config.head_dim)
+        k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
+        v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
+        return cls(k, v)
+
+    @property
+    def batch(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[2]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def row(self, b: int) -> "KVCache":
+        """A view of row `b` (writes go to the shared buffers)."""
+        return KVCache([t[b : b + 1] for t in self.k], [t[b : b + 1] for t in self.v])
+
+    def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """For each row b and j: entry at slot src[b,j] -> slot dst[b,j]. src, dst [B,J] int64.
+
+        All sources are read before any destination is written, so overlapping ranges are safe.
+        """
+        B, J = src.shape
+        rows = torch.arange(B, device=src.device)[:, None].expand(B, J)
+        for t in self.k + self.v:
+            t[rows, :, dst] = t[rows, :, src]  # gathered copy [B,J,Hkv,D], then scattered

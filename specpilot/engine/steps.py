@@ -1,0 +1,89 @@
+"""One decoding round, for AR and for speculative decoding, as graph-capturable tensor code.
+
+Owns: prefill, the causal chunk forward (also used by token forcing), the tree forward, the lean
+AR step and the speculative verify-and-commit step. No function here syncs with the host; the
+single sync point of a decode loop is in `generator.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpilot.engine import tree as tree_ops
+from specpilot.engine.faults import Fault, FaultKind, apply_logit_bias
+from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.state import DecodeState, commit_tokens
+from specpilot.engine.tree import DraftTree
+from specpilot.engine.verify import Acceptance, commit, greedy_accept
+from specpilot.models.transformer import Transformer
+
+
+def causal_mask(start: torch.Tensor, T: int, capacity: int) -> torch.Tensor:
+    """[B,1,T,S]: query t of a chunk starting at slot start[b] sees slots <= start[b] + t."""
+    s = torch.arange(capacity, device=start.device)
+    q = start[:, None] + torch.arange(T, device=start.device)[None, :]  # [B,T]
+    return (s[None, None, :] <= q[..., None])[:, None]
+
+
+def chunk_forward(
+    model: Transformer,
+    cache: KVCache,
+    tokens: torch.Tensor,  # [B,T]
+    start: torch.Tensor,  # [B] slot/position of tokens[:,0]
+    logits_for: torch.Tensor | None = None,  # [B,T'] or None for all
+) -> torch.Tensor:
+    """Causal forward of a contiguous chunk written at slots start..start+T-1; logits [B,T',V]."""
+    B, T = tokens.shape
+    pos = start[:, None] + torch.arange(T, device=tokens.device)[None, :]
+    return model(tokens, pos, cache, pos, causal_mask(start, T, cache.capacity), logits_for)
+
+
+def prefill(model: Transformer, cache: KVCache, prompts: list[list[int]], chunk: int = 2048) -> None:
+    """Put every prompt token except the last (the first root) into the cache, row by row."""
+    dev = model.device
+    for b, p in enumerate(prompts):
+        body = p[:-1]
+        row = cache.row(b)
+        for s in range(0, len(body), chunk):
+            part = torch.tensor(body[s : s + chunk], dtype=torch.int64, device=dev)[None]
+            empty = torch.zeros(1, 0, dtype=torch.int64, device=dev)
+            chunk_forward(model, row, part, torch.tensor([s], device=dev), logits_for=empty)
+
+
+def tree_forward(model: Transformer, cache: KVCache, tree: DraftTree, prefix: torch.Tensor) -> torch.Tensor:
+    """One target forward over all tree nodes; logits [B,N,V]."""
+    return model(
+        tree.tokens,
+        tree_ops.positions(tree, prefix),
+        cache,
+        tree_ops.slots(tree, prefix),
+        tree_ops.attention_mask(tree, prefix, cache.capacity),
+    )
+
+
+def ar_step(model: Transformer, cache: KVCache, state: DecodeState, fault: Fault | None = None) -> None:
+    """Greedy AR round: process each row's root, commit its argmax."""
+    prefix = state.cache_prefix()  # [B]
+    root = state.roots()[:, None]  # [B,1]
+    pos = prefix[:, None]
+    s = torch.arange(cache.capacity, device=prefix.device)
+    mask = (s[None, :] <= prefix[:, None])[:, None, None, :]  # [B,1,1,S]
+    logits = model(root, pos, cache, pos, mask)  # [B,1,V]
+    logits = apply_logit_bias(fault, logits, pos + 1 - state.prompt_lens[:, None])
+    nxt = logits.argmax(-1)  # [B,1]
+    commit_tokens(state, nxt, torch.ones_like(prefix))
+
+
+def verify_step(
+    model: Transformer, cache: KVCache, state: DecodeState, tree: DraftTree, fault: Fault | None = None
+) -> Acceptance:
+    """Verify a draft tree in one target forward, commit the accepted path and the bonus token."""
+    prefix = state.cache_prefix()
+    logits = tree_forward(model, cache, tree, prefix)  # [B,N,V]
+    generated_index = prefix[:, None] + tree.depths() + 1 - state.prompt_lens[:, None]
+    logits = apply_logit_bias(fault, logits, generated_index)
+    unverified = fault is not None and fault.kind is FaultKind.ACCEPT_UNVERIFIED
+    acc = greedy_accept(tree, logits.argmax(-1), accept_unverified=unverified)
+    commit(cache, prefix, acc)
+    commit_tokens(state, acc.new_tokens, acc.accept_len + 1)
+    return acc

@@ -1,0 +1,212 @@
+"""Load and save Hugging Face model directories.
+
+Owns: reading `config.json` + single or sharded `*.safetensors` (with `model.safetensors.index.json`),
+mapping HF tensor names onto our fused layout (q/k/v -> qkv_proj, gate/up -> gate_up_proj), checking
+that every tensor is present with the right shape, and writing our models back out in HF format
+(so `transformers` loads them too). A directory converted to W12 (see `specpilot.w12`) loads
+through the same call: its projections come back as W12 weights and become `W12Linear` modules.
+
+Does not own: the tokenizer (`tokenizer.py`) or width expansion (`expand.py`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from specpilot.errors import CheckpointError
+from specpilot.models.config import ModelConfig
+from specpilot.models.transformer import Transformer, rope_tables
+
+HF_PREFIX = "model."
+
+
+def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor an HF checkpoint of this config must hold, with its shape."""
+    C, I, D = config.hidden_size, config.intermediate_size, config.head_dim
+    H, Hkv, V = config.num_heads, config.num_kv_heads, config.vocab_size
+    shapes = {"model.embed_tokens.weight": (V, C), "model.norm.weight": (C,)}
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (V, C)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (C,),
+            p + "post_attention_layernorm.weight": (C,),
+            p + "self_attn.q_proj.weight": (H * D, C),
+            p + "self_attn.k_proj.weight": (Hkv * D, C),
+            p + "self_attn.v_proj.weight": (Hkv * D, C),
+            p + "self_attn.o_proj.weight": (C, H * D),
+            p + "mlp.gate_proj.weight": (I, C),
+            p + "mlp.up_proj.weight": (I, C),
+            p + "mlp.down_proj.weight": (C, I),
+        })
+        if config.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (D,)
+            shapes[p + "self_attn.k_norm.weight"] = (D,)
+    return shapes
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError):
+            raise CheckpointError(f"{index}: not a valid safetensors index") from None
+        files = sorted({path / name for name in weight_map.values()})
+        for f in files:
+            if not f.is_file():
+                raise CheckpointError(f"{path}: shard {f.name} named in the index is missing")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path}: no *.safetensors weights found")
+    return files
+
+
+def read_hf_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of an HF directory (CPU), with a clear error for truncated/corrupt files."""
+    path = Path(path)
+    tensors: dict[str, torch.Tensor] = {}
+    for f in safetensors_files(path):
+        if f.name.startswith("w12"):
+            continue  # W12 payload files are read by specpilot.w12
+        try:
+            tensors.update(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+            raise CheckpointError(f"{f}: unreadable safetensors file ({str(err).splitlines()[0]})") from None
+    return tensors
+
+
+def check_tensors(config: ModelConfig, tensors: dict, where: str) -> None:
+    for name, shape in hf_tensor_shapes(config).items():
+        if name not in tensors:
+            raise CheckpointError(f"{where}: tensor {name} is missing")
+        t = tensors[name]
+        got = tuple(t.shape)
+        if got != shape:
+            raise CheckpointError(f"{where}: tensor {name} has shape {list(got)}, config implies {list(shape)}")
+        dtype = getattr(t, "dtype", None)
+        if isinstance(t, torch.Tensor) and not dtype.is_floating_point:
+            raise CheckpointError(f"{where}: tensor {name} has dtype {dtype}, expected a float type")
+
+
+def to_fused_state(config: ModelConfig, hf: dict) -> dict:
+    """HF names -> our parameter names (values may be tensors or W12 weights)."""
+    from specpilot.models.fusion import concat_rows
+
+    out = {"embed_tokens.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
+    out["lm_head.weight"] = hf["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
+    for i in range(config.num_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        out[q + "input_layernorm.weight"] = hf[p + "input_layernorm.weight"]
+        out[q + "post_attention_layernorm.weight"] = hf[p + "post_attention_layernorm.weight"]
+        out[q + "self_attn.qkv_proj.weight"] = concat_rows(
+            [hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
+        )
+        out[q + "self_attn.o_proj.weight"] = hf[p + "self_attn.o_proj.weight"]
+        out[q + "mlp.gate_up_proj.weight"] = concat_rows([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+        out[q + "mlp.down_proj.weight"] = hf[p + "mlp.down_proj.weight"]
+        if config.qk_norm:
+            out[q + "self_attn.q_norm.weight"] = hf[p + "self_attn.q_norm.weight"]
+            out[q + "self_attn.k_norm.weight"] = hf[p + "self_attn.k_norm.weight"]
+    return out
+
+
+def to_hf_state(model: Transformer) -> dict[str, torch.Tensor]:
+    """Our parameters -> HF names (unfused), contiguous CPU tensors."""
+    c = model.config
+    H, Hkv, D, I = c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
+    sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    hf = {"model.embed_tokens.weight": sd["embed_tokens.weight"], "model.norm.weight": sd["norm.weight"]}
+    if not c.tie_word_embeddings:
+        hf["lm_head.weight"] = sd["lm_head.weight"]
+    for i in range(c.num_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        hf[p + "input_layernorm.weight"] = sd[q + "input_layernorm.weight"]
+        hf[p + "post_attention_layernorm.weight"] = sd[q + "post_attention_layernorm.weight"]
+        wq, wk, wv = sd[q + "self_attn.qkv_proj.weight"].split([H * D, Hkv * D, Hkv * D])
+        hf[p + "self_attn.q_proj.weight"], hf[p + "self_attn.k_proj.weight"] = wq, wk
+        hf[p + "self_attn.v_proj.weight"] = wv
+        hf[p + "self_attn.o_proj.weight"] = sd[q + "self_attn.o_proj.weight"]
+        wg, wu = sd[q + "mlp.gate_up_proj.weight"].split([I, I])
+        hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"] = wg, wu
+        hf[p + "mlp.down_proj.weight"] = sd[q + "mlp.down_proj.weight"]
+        if c.qk_norm:
+            hf[p + "self_attn.q_norm.weight"] = sd[q + "self_attn.q_norm.weight"]
+            hf[p + "self_attn.k_norm.weight"] = sd[q + "self_attn.k_norm.weight"]
+    return {k: v.contiguous() for k, v in hf.items()}
+
+
+def build_model(
+    config: ModelConfig,
+    state: dict,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    max_positions: int | None = None,
+) -> Transformer:
+    """A `Transformer` holding `state` (our names) on `device` in `dtype`.
+
+    Entries that are W12 weights become `W12Linear` modules; everything else is cast to `dtype`.
+    """
+    with torch.device("meta"):
+        model = Transformer(config, max_positions=max_positions)
+    special = {}
+    plain = {}
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor):
+            plain[name] = value.to(device=device, dtype=dtype)
+        else:
+            special[name] = value
+    if config.tie_word_embeddings and "lm_head.weight" in plain:
+        plain.pop("lm_head.weight")
+    missing, unexpected = model.load_state_dict(plain, strict=False, assign=True)
+    missing = [m for m in missing if m not in special and not (config.tie_word_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise CheckpointError(f"state does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    for name, value in special.items():
+        module_name = name.rsplit(".", 1)[0]
+        parent_name, attr = module_name.rsplit(".", 1) if "." in module_name else ("", module_name)
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, value.to_module(device=device, dtype=dtype))
+    cos, sin = rope_tables(config, max_positions or config.max_position_embeddings)
+    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    return model.eval().requires_grad_(False)
+
+
+def load_model(
+    path: str | Path,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    max_positions: int | None = None,
+) -> Transformer:
+    """Load an HF model directory (plain or W12-converted) into our `Transformer`."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: model directory does not exist")
+    config = ModelConfig.from_dir(path)
+    tensors = read_hf_tensors(path)
+    from specpilot.w12.checkpoint import is_w12_checkpoint, read_w12_tensors
+
+    if is_w12_checkpoint(path):
+        tensors.update(read_w12_tensors(path))
+    check_tensors(config, tensors, str(path))
+    return build_model(config, to_fused_state(config, tensors), device, dtype, max_positions)
+
+
+def save_model(model: Transformer, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Write `config.json` + `model.safetensors` (HF names, `dtype`) into `path`."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    hf = {k: v.to(dtype) for k, v in to_hf_state(model).items()}
+    cfg = model.config.to_hf_dict()
+    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+    save_file(hf, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")

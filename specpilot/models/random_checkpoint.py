@@ -1,0 +1,98 @@
+"""Small random-weight checkpoints in Hugging Face format, for tests and demos.
+
+`write_random_checkpoint` writes config.json, model.safetensors and a real trained byte-level BPE
+tokenizer (shipped in specpilot/data/tokenizers) so the directory loads exactly like a downloaded
+model, in SpecPilot and in transformers. `write_truncated_drafter` derives a drafter sharing the
+target's first layers, embeddings and head, so drafts are accepted often but not always.
+
+Weights are scaled so logits spread over several units: random models then rarely produce
+near-ties, which keeps AR-vs-speculative equality tests meaningful in float32.
+"""
+
+from __future__ import annotations
+
+import shutil
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from specpilot.models.config import ModelConfig
+from specpilot.models.loading import load_model, save_model
+from specpilot.models.transformer import Transformer
+
+TEST_TOKENIZER = "bpe4k"
+
+
+def tokenizer_dir(name: str = TEST_TOKENIZER) -> Path:
+    return Path(str(resources.files("specpilot") / "data" / "tokenizers" / name))
+
+
+def tiny_config(family: str = "qwen3", **overrides) -> ModelConfig:
+    """A few-layer model over the shipped 4k-token tokenizer."""
+    base = dict(
+        family=family,
+        vocab_size=4096,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        qk_norm=family == "qwen3",
+        eos_token_ids=(0,),
+    )
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+def random_model(config: ModelConfig, seed: int = 0) -> Transformer:
+    g = torch.Generator().manual_seed(seed)
+    model = Transformer(config)
+    C = config.hidden_size
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif "embed_tokens" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+            elif name == "lm_head.weight":
+                p.copy_(torch.randn(p.shape, generator=g) * (3.0 / C**0.5))
+            else:
+                fan_in = p.shape[1]
+                p.copy_(torch.randn(p.shape, generator=g) / fan_in**0.5)
+    return model
+
+
+def copy_tokenizer(out: Path, name: str = TEST_TOKENIZER) -> None:
+    src = tokenizer_dir(name)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(src / f, out / f)
+
+
+def write_random_checkpoint(out: str | Path, config: ModelConfig | None = None, seed: int = 0,
+                            dtype: torch.dtype = torch.float32) -> Path:
+    """Write a random model directory; float32 by default so CPU tests are exact."""
+    out = Path(out)
+    config = config or tiny_config()
+    save_model(random_model(config, seed), out, dtype=dtype)
+    copy_tokenizer(out)
+    return out
+
+
+def write_truncated_drafter(target_dir: str | Path, out: str | Path, num_layers: int = 1) -> Path:
+    """A drafter made of the target's first `num_layers` blocks (+ its embeddings, norm, head)."""
+    target = load_model(target_dir)
+    config = target.config.with_changes(num_layers=num_layers)
+    drafter = Transformer(config)
+    state = {k: v for k, v in target.state_dict().items() if not k.startswith("layers.") or int(k.split(".")[1]) < num_layers}
+    drafter.load_state_dict(state, strict=False)
+    out = Path(out)
+    save_model(drafter, out, dtype=target.dtype)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(Path(target_dir) / f, out / f)
+    return out

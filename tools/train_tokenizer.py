@@ -1,0 +1,48 @@
+"""Train a byte-level BPE tokenizer with the `tokenizers` library (deterministic for a corpus)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+EOS = "<|endoftext|>"
+
+
+def train_bpe(documents: list[str], vocab_size: int) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(documents, trainer=trainer, length=len(documents))
+    return tok
+
+
+def save_tokenizer(tok: Tokenizer, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOS, "bos_token": None}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from corpus import build_corpus
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("out", type=Path, help="directory to write tokenizer.json into")
+    ap.add_argument("--vocab-size", type=int, default=8192)
+    ap.add_argument("--python-bytes", type=int, default=8_000_000)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    corpus = build_corpus(python_bytes=a.python_bytes, english_bytes=1_000_000, seed=a.seed)
+    print(json.dumps(corpus.sources, indent=1))
+    save_tokenizer(train_bpe(corpus.documents, a.vocab_size), a.out)
