@@ -118,13 +118,13 @@ class System:
         kw = dict(d)
         if name is not None:
             kw.setdefault("name", name)
-        try:
-            if "drafter" in kw:
-                kw["drafter"] = DrafterKind(kw["drafter"])
-            if "kernel" in kw:
-                kw["kernel"] = Kernel(kw["kernel"])
-        except ValueError as err:
-            raise ConfigError(f"system: {err}") from None
+        for knob, kind in (("drafter", DrafterKind), ("kernel", Kernel)):
+            if knob in kw and not isinstance(kw[knob], kind):
+                try:
+                    kw[knob] = kind(kw[knob])
+                except ValueError:
+                    choices = ", ".join(k.value for k in kind)
+                    raise ConfigError(f"system knob {knob}: {kw[knob]!r} is not one of {choices}") from None
         if "adaptive_depth" in kw:
             kw["adaptive_depth"] = tuple(int(x) for x in kw["adaptive_depth"])
         for f in fields(cls):

@@ -1,0 +1,142 @@
+"""A loaded deployment: target, draft model and tokenizer on a device, and generators per system.
+
+Owns: resolving model names ("fixture", directories), width expansion at load, the drafter /
+target vocabulary check, and turning a `System` (the engine's knobs) into a `Generator` — with
+the projection kernels the system asks for applied to a *clone* of the target that shares its
+tensors, so AR and any number of systems can run side by side in one process.
+
+Does not own the decode loop (`generator.py`) or the kernels (`specpilot.kernels`, `specpilot.w12`).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specpilot import env
+from specpilot.config import Deployment, DrafterKind, Kernel, System
+from specpilot.engine.drafters.draft_model import DraftModelDrafter
+from specpilot.engine.drafters.ngram import NgramDrafter
+from specpilot.engine.generator import Generator
+from specpilot.errors import CheckpointError, ConfigError
+from specpilot.models.loading import load_model
+from specpilot.models.tokenizer import Tokenizer, check_same_vocabulary
+from specpilot.models.transformer import Transformer
+
+
+def resolve_model_dir(name: str, role: str) -> Path:
+    """'fixture' -> the shipped checkpoint for `role` ("target" | "drafter"); else a directory."""
+    if name == "fixture":
+        from specpilot.models.fixture import fixture_path
+
+        return fixture_path(role)
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        raise CheckpointError(f"{role} model directory {name!r} does not exist")
+    return path
+
+
+def load_role(name: str, role: str, factor: int, device, dtype) -> Transformer:
+    path = resolve_model_dir(name, role)
+    if factor == 1:
+        return load_model(path, device=device, dtype=dtype)
+    from specpilot.models.expand import load_expanded
+
+    return load_expanded(path, factor, device=device, dtype=dtype)
+
+
+def with_kernels(model: Transformer, system: System) -> Transformer:
+    """The model itself for cuBLAS; otherwise a clone sharing every tensor, projections swapped."""
+    if system.kernel is Kernel.CUBLAS:
+        return model
+    if model.device.type != "cuda" and not env.triton_interpret():
+        raise ConfigError(f"system {system.name!r}: kernel = 'triton' needs a CUDA device (or TRITON_INTERPRET=1)")
+    from specpilot.kernels import swap_projections
+
+    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    clone = copy.deepcopy(model, memo)
+    swap_projections(clone, w12=system.w12, lm_head=system.kernel_lm_head)
+    return clone
+
+
+@dataclass
+class Session:
+    """Models of one deployment loaded once; `generator(system)` is cheap after the first call."""
+
+    deployment: Deployment
+    target: Transformer
+    drafter_model: Transformer | None
+    tokenizer: Tokenizer
+    eos_ids: tuple[int, ...]
+    _generators: dict = field(default_factory=dict)
+    _targets: dict = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, deployment: Deployment, device: str | torch.device | None = None,
+             dtype: torch.dtype | None = None) -> "Session":
+        device = torch.device(device) if device is not None else env.default_device()
+        dtype = dtype or env.default_dtype(device)
+        target = load_role(deployment.target, "target", deployment.target_expand, device, dtype)
+        tokenizer = Tokenizer.from_dir(resolve_model_dir(deployment.target, "target"), target.config.eos_token_ids)
+        drafter = None
+        if deployment.drafter not in ("ngram", "none"):
+            drafter = load_role(deployment.drafter, "drafter", deployment.drafter_expand, device, dtype)
+            d_tok = Tokenizer.from_dir(resolve_model_dir(deployment.drafter, "drafter"))
+            check_same_vocabulary(tokenizer, d_tok)
+            if drafter.config.vocab_size != target.config.vocab_size:
+                raise CheckpointError(
+                    f"drafter vocab_size {drafter.config.vocab_size} != target vocab_size {target.config.vocab_size}"
+                )
+        eos = tuple(sorted(set(target.config.eos_token_ids) | set(tokenizer.eos_ids)))
+        return cls(deployment, target, drafter, tokenizer, eos)
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+    def generator(self, system: System) -> Generator:
+        key = system.fingerprint()
+        gen = self._generators.get(key)
+        if gen is None:
+            gen = self._build(system)
+            self._generators[key] = gen
+        return gen
+
+    def _target_for(self, system: System) -> Transformer:
+        key = (system.kernel, system.w12, system.kernel_lm_head)
+        if key not in self._targets:
+            self._targets[key] = with_kernels(self.target, system)
+        return self._targets[key]
+
+    def _build(self, system: System) -> Generator:
+        target = self._target_for(system)
+        drafters = {}
+        tiers = sorted({system.depth, *system.adaptive_depth})
+        if system.drafter is DrafterKind.MODEL:
+            if self.drafter_model is None:
+                raise ConfigError(
+                    f"system {system.name!r} drafts with a model but deployment "
+                    f"{self.deployment.name!r} has drafter = {self.deployment.drafter!r}"
+                )
+            for d in tiers:
+                drafters[d] = DraftModelDrafter(self.drafter_model, d, system.topk, system.tree_budget, system.window)
+        elif system.drafter is DrafterKind.NGRAM:
+            for d in tiers:
+                drafters[d] = NgramDrafter(d, system.topk, system.tree_budget, system.ngram_min, system.ngram_max)
+        return Generator(
+            target,
+            drafters,
+            eos_ids=self.eos_ids,
+            cuda_graphs=system.cuda_graphs,
+            sync_every=system.sync_every,
+            fault=system.fault or None,
+        )
+
+    def encode_prompt(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode(text)
+        if not ids:
+            raise ConfigError("the prompt encodes to zero tokens")
+        return ids

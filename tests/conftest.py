@@ -1,0 +1,55 @@
+"""Shared fixtures: small random checkpoints written once per test session (CPU, float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specpilot.models.random_checkpoint import tiny_config, write_random_checkpoint, write_truncated_drafter
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ckpt_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("ckpt")
+
+
+@pytest.fixture(scope="session")
+def target_dir(ckpt_root):
+    return write_random_checkpoint(ckpt_root / "target", tiny_config(), seed=0)
+
+
+@pytest.fixture(scope="session")
+def drafter_dir(ckpt_root, target_dir):
+    """Shares the target's first two of three blocks: accepts often, not always."""
+    return write_truncated_drafter(target_dir, ckpt_root / "drafter", num_layers=2)
+
+
+@pytest.fixture(scope="session")
+def llama_dir(ckpt_root):
+    return write_random_checkpoint(ckpt_root / "llama", tiny_config("llama", tie_word_embeddings=True), seed=1)
+
+
+@pytest.fixture
+def rng():
+    return torch.Generator().manual_seed(1234)
+
+
+def random_prompts(n: int, seed: int = 0, lo: int = 1, hi: int = 40, vocab: int = 4096) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(lo, hi, (n,), generator=g)
+    return [torch.randint(1, vocab, (int(L),), generator=g).tolist() for L in lens]
+
+
+@pytest.fixture
+def make_prompts():
+    """random_prompts(n, seed=0, lo=1, hi=40): token-id prompts of random lengths."""
+    return random_prompts

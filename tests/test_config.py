@@ -1,0 +1,64 @@
+"""System and Deployment: validation, TOML round trip, system files as overrides of stock."""
+
+import pytest
+
+from specpilot.config import Deployment, DrafterKind, Kernel, System, load_system
+from specpilot.errors import ConfigError
+
+
+def test_defaults_mirror_sglang():
+    s = System()
+    assert (s.depth, s.topk, s.tree_budget) == (5, 4, 7)  # num_steps 5, eagle_topk 4, 8 draft tokens incl. root
+
+
+def test_toml_round_trip(tmp_path):
+    import tomllib
+
+    s = System(name="x", depth=7, topk=2, tree_budget=20, adaptive_depth=(4, 8), kernel=Kernel.TRITON, w12=True)
+    assert System.from_dict(tomllib.loads(s.to_toml())) == s
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"tree_budget": 0}, "tree_budget must be >= 1"),
+    ({"depth": 0}, "depth must be >= 1"),
+    ({"w12": True}, "needs kernel = 'triton'"),
+    ({"draft_window": 3, "depth": 5}, "would lose accepted tokens"),
+    ({"sync_every": 0}, "sync_every"),
+])
+def test_impossible_systems(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        System(**kw)
+
+
+def test_unknown_knob_and_bad_enum():
+    with pytest.raises(ConfigError, match="unknown system knob"):
+        System.from_dict({"dept": 3})
+    with pytest.raises(ConfigError, match="drafter"):
+        System.from_dict({"drafter": "eagle9"})
+
+
+def test_system_file_overrides_stock(tmp_path):
+    dep = Deployment(name="d", target="t", stock=System(depth=6, topk=3, tree_budget=10))
+    f = tmp_path / "deep.toml"
+    f.write_text('depth = 9\ntree_budget = 30\n')
+    s = load_system(str(f), dep)
+    assert (s.name, s.depth, s.topk, s.tree_budget) == ("deep", 9, 3, 30)
+    assert s.diff(dep.stock) == {"depth": [6, 9], "tree_budget": [10, 30]}
+    assert load_system("ar", dep).drafter is DrafterKind.NONE
+    with pytest.raises(ConfigError, match="neither"):
+        load_system(str(tmp_path / "missing.toml"), dep)
+
+
+def test_deployment_validation(tmp_path):
+    with pytest.raises(ConfigError, match="powers of two"):
+        Deployment(name="d", target="t", target_expand=3)
+    with pytest.raises(ConfigError, match="unknown benchmark set"):
+        Deployment(name="d", target="t", sets=("gsm8k", "imagenet"))
+    f = tmp_path / "d.toml"
+    f.write_text('name = "d"\ntarget = "models/t"\ndrafter = "ngram"\n[regime]\nbatch = 4\n[stock]\ndepth = 3\ntopk = 1\ntree_budget = 3\n')
+    d = Deployment.from_toml(f)
+    assert d.target == str((tmp_path / "models/t").resolve()) and d.drafter == "ngram"
+    assert d.regime.batch == 4 and d.stock.depth == 3
+    f.write_text("name = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        Deployment.from_toml(f)
