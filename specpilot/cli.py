@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as err:
-            if err.name == name:
+            if err.name and name.startswith(err.name):
                 continue  # area not built yet
             raise
         module.register(sub)
