@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specpilot.engine.drafters.base import Drafter
-from specpilot.engine.faults import Fault, parse_fault
+from specpilot.engine.faults import Fault, FaultKind, parse_fault
 from specpilot.engine.graphs import GraphedCallable
 from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.state import DecodeState, extract_outputs
@@ -81,6 +81,8 @@ class Generator:
         self.drafters = drafters or {}
         self.eos_ids = tuple(eos_ids)
         self.fault = parse_fault(fault) if isinstance(fault, str) or fault is None else fault
+        if self.fault is not None and self.fault.kind is FaultKind.ACCEPT_UNVERIFIED and not self.drafters:
+            raise ConfigError("fault 'accept-unverified' needs a drafter: AR decoding verifies nothing")
         self.use_graphs = cuda_graphs and target.device.type == "cuda"
         host = any(d.needs_host_tokens for d in self.drafters.values())
         self.sync_every = 1 if host else sync_every

@@ -73,12 +73,12 @@ def records_from_outputs(prompts: list[list[int]], outputs: list[list[int]]) -> 
 
 def match_prompts(a: list[tuple[int, ...]], b: list[tuple[int, ...]]) -> tuple[list[int], list[int]] | None:
     """Indices (ia, ib) pairing a[ia[k]] with b[ib[k]] on equal prompts, or None when the two lists
-    are not the same multiset of prompts. Repeated prompts pair in order of occurrence."""
+    are not the same multiset of prompts. Pairs come in sorted-prompt order, so what is built on them
+    (the bootstrap) does not depend on line order; repeated prompts pair in order of occurrence."""
     if len(a) != len(b):
         return None
     order_a = sorted(range(len(a)), key=lambda i: (a[i], i))
     order_b = sorted(range(len(b)), key=lambda i: (b[i], i))
     if any(a[i] != b[j] for i, j in zip(order_a, order_b)):
         return None
-    pairs = sorted(zip(order_a, order_b))  # back to a's order
-    return [i for i, _ in pairs], [j for _, j in pairs]
+    return order_a, order_b

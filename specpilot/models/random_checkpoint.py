@@ -3,7 +3,8 @@
 `write_random_checkpoint` writes config.json, model.safetensors and a real trained byte-level BPE
 tokenizer (shipped in specpilot/data/tokenizers) so the directory loads exactly like a downloaded
 model, in SpecPilot and in transformers. `write_truncated_drafter` derives a drafter sharing the
-target's first layers, embeddings and head, so drafts are accepted often but not always.
+target's first layers, embeddings and head, so drafts are accepted often but not always;
+`write_noisy_drafter` perturbs a copy of the target, so drafts are accepted to full depth often.
 
 Weights are scaled so logits spread over several units: random models then rarely produce
 near-ties, which keeps AR-vs-speculative equality tests meaningful in float32.
@@ -93,6 +94,26 @@ def write_truncated_drafter(target_dir: str | Path, out: str | Path, num_layers:
     drafter.load_state_dict(state, strict=False)
     out = Path(out)
     save_model(drafter, out, dtype=target.dtype)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(Path(target_dir) / f, out / f)
+    return out
+
+
+def write_noisy_drafter(target_dir: str | Path, out: str | Path, noise: float = 0.2, seed: int = 1) -> Path:
+    """A drafter that is the target plus Gaussian noise of `noise` x each block weight's std.
+
+    It agrees with the target on most tokens but not all, so trees are often accepted to full
+    depth and sometimes wrong there: what `--fault accept-unverified` needs to show up (a copy of
+    the target never mis-drafts; a truncated drafter rarely reaches full depth).
+    """
+    target = load_model(target_dir)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in target.named_parameters():
+            if name.startswith("layers.") and p.ndim == 2:
+                p.add_(torch.randn(p.shape, generator=g).to(p.dtype) * (noise * p.float().std()).to(p.dtype))
+    out = Path(out)
+    save_model(target, out, dtype=target.dtype)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(Path(target_dir) / f, out / f)
     return out

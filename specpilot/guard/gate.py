@@ -1,0 +1,97 @@
+"""Entry points that force outputs and then decide: `gate` (library) and `controller_gate`.
+
+    gate(session_or_target, candidate, stock, config) -> Verdict
+    controller_gate(request: specpilot.control.gate.GateRequest) -> GateResult
+
+`gate` takes records or already-forced results on either side (force stock once, reuse it for
+every candidate). `controller_gate` is what the controller loads by name
+("specpilot.guard.gate:controller_gate"): it scores the candidate's outputs against *stock AR*
+outputs for the same prompts, which it generates itself with the deployment's stock knobs and
+the drafter off, in the process's session for that deployment and device (so in the dtype the
+workers use). The baseline is stock AR, not the incumbent: comparing against the incumbent
+would let the allowed 0.5 pp excess compound over successive promotions.
+
+Does not own the decision rule (`verdict.py`) or forcing (`forcing.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+from specpilot.guard.config import GuardConfig
+from specpilot.guard.forcing import ForcingResult, force
+from specpilot.guard.records import OutputRecord, records_from_outputs
+from specpilot.guard.verdict import Rule, Verdict, compare, pair_prompts
+
+
+def _prompts_of(side: Sequence[OutputRecord] | ForcingResult) -> list[tuple[int, ...]]:
+    return side.prompts if isinstance(side, ForcingResult) else [tuple(r.prompt_ids) for r in side]
+
+
+def scorer_of(session_or_target):
+    """The stock target: a Session's base model (never a kernel-swapped clone), or a Transformer."""
+    return getattr(session_or_target, "target", session_or_target)
+
+
+def gate(session_or_target, candidate: Sequence[OutputRecord] | ForcingResult,
+         stock: Sequence[OutputRecord] | ForcingResult, config: GuardConfig = GuardConfig()) -> Verdict:
+    """Force what needs forcing (on the stock target, `config.chunk` tokens per forward) and compare."""
+    target = scorer_of(session_or_target)
+    pair_prompts(_prompts_of(candidate), _prompts_of(stock), config.pairing)  # fail before forcing
+    if not isinstance(candidate, ForcingResult):
+        candidate = force(target, candidate, chunk=config.chunk)
+    if not isinstance(stock, ForcingResult):
+        stock = force(target, stock, chunk=config.chunk)
+    return compare(candidate, stock, config)
+
+
+@functools.lru_cache(maxsize=2)
+def _session(deployment: str, device: str | None):
+    from specpilot.config import load_deployment
+    from specpilot.engine.session import Session
+
+    return Session.load(load_deployment(deployment), device=device)
+
+
+@functools.lru_cache(maxsize=4)
+def stock_forcing(deployment: str, device: str | None, prompts: tuple[tuple[int, ...], ...], max_new_tokens: int,
+                  chunk: int) -> ForcingResult:
+    """Stock AR outputs for `prompts`, generated in batches of the deployment's regime, and forced."""
+    from specpilot.config import DrafterKind
+
+    session = _session(deployment, device)
+    system = session.deployment.stock.with_changes(name="stock-ar", drafter=DrafterKind.NONE, fault="")
+    generator = session.generator(system)
+    B = session.deployment.regime.batch
+    ids = [list(p) for p in prompts]
+    outputs: list[list[int]] = []
+    for i in range(0, len(ids), B):
+        outputs += generator.generate(ids[i : i + B], max_new_tokens).outputs
+    return force(session.target, records_from_outputs(ids, outputs), chunk=chunk)
+
+
+def rejection_reason(verdict: Verdict) -> str:
+    """One line naming the violated rules and their numbers ('' when the verdict passed)."""
+    parts = []
+    for rule in verdict.violated:
+        if rule is Rule.RATE:
+            parts.append(f"mismatch rate {100 * verdict.candidate.rate:.2f}% vs stock {100 * verdict.stock.rate:.2f}%, "
+                         f"bound {100 * verdict.bound:+.2f} pp vs margin {100 * verdict.rate_margin:.2f} pp")
+        else:
+            parts.append(f"{verdict.candidate.large_margin} large-margin mismatches (> {verdict.near_tie_nats:g} nats) "
+                         f"vs stock {verdict.stock.large_margin}")
+    return "token forcing: " + "; ".join(parts) if parts else ""
+
+
+def controller_gate(request, config: GuardConfig = GuardConfig()):
+    """The controller's gate: candidate outputs vs stock AR on the request's prompts -> GateResult."""
+    from specpilot.control.gate import GateResult
+
+    device = request.candidate.device
+    prompts = tuple(tuple(p) for p in request.prompts)
+    stock = stock_forcing(request.deployment, device, prompts, request.max_new_tokens, config.chunk)
+    candidate = records_from_outputs([list(p) for p in prompts], [list(o) for o in request.candidate_outputs])
+    verdict = gate(_session(request.deployment, device), candidate, stock, config)
+    return GateResult(verdict.passed, {"guard": "token-forcing", "baseline": "stock-ar", **verdict.to_dict()},
+                      rejection_reason(verdict))
