@@ -41,3 +41,41 @@ def home() -> Path:
 def coding_agent_command() -> str | None:
     """Template of the external coding-agent command (`SPECPILOT_CODING_AGENT`), if configured."""
     return os.environ.get("SPECPILOT_CODING_AGENT") or None
+
+
+def memory_path() -> Path:
+    """The memory database (`SPECPILOT_MEMORY`, default `home()/memory.sqlite`)."""
+    path = os.environ.get("SPECPILOT_MEMORY")
+    return Path(path) if path else home() / "memory.sqlite"
+
+
+# Set for every worker process the controller starts: NVLink multicast (NVLS) stays off.
+WORKER_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def worker_environment(device: str | None) -> dict[str, str]:
+    """Environment of an isolated worker pinned to `device`: this process's, multicast off, and
+    `CUDA_VISIBLE_DEVICES` narrowed to that one GPU ("cuda:N" is the N-th GPU visible here;
+    "cpu" hides every GPU; None leaves visibility as it is)."""
+    out = dict(os.environ)
+    out.update(WORKER_MULTICAST_OFF)
+    if device is None:
+        return out
+    if device == "cpu":
+        out["CUDA_VISIBLE_DEVICES"] = ""
+        return out
+    kind, _, index = device.partition(":")
+    if kind != "cuda":
+        raise ValueError(f"cannot pin a worker to device {device!r}")
+    n = int(index or 0)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",") if v.strip()] if visible is not None else None
+    if ids is not None and n >= len(ids):
+        raise ValueError(f"device {device!r}: only {len(ids)} GPU(s) visible (CUDA_VISIBLE_DEVICES={visible!r})")
+    out["CUDA_VISIBLE_DEVICES"] = ids[n] if ids is not None else str(n)
+    return out
+
+
+def compile_enabled() -> bool:
+    """Fuse elementwise ops with torch.compile on GPU (`SPECPILOT_COMPILE=0` turns it off)."""
+    return os.environ.get("SPECPILOT_COMPILE", "1") != "0"

@@ -2,7 +2,7 @@
 
 Owns: allocation and the one cache mutation besides plain writes, `move_slots`, which commits an
 accepted tree path by copying its entries to contiguous slots. The model writes new entries itself
-(`Attention.forward_cached`); which slots are valid is told by the attention mask, so stale entries
+(`Attention.attend_cached`); which slots are valid is told by the attention mask, so stale entries
 past a row's length are harmless and never cleared.
 """
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from specpilot.models import ops
 from specpilot.models.config import ModelConfig
 
 
@@ -30,10 +31,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 and scale after casting back, as the HF reference does.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return ops.rms_norm(x, self.weight, self.eps)
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
@@ -62,16 +60,6 @@ def rope_tables(config: ModelConfig, max_positions: int) -> tuple[torch.Tensor, 
     return emb.cos(), emb.sin()
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [B, T, H, D]; cos/sin: [B, T, 1, D] already in x.dtype
-    return x * cos + rotate_half(x) * sin
-
-
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -85,34 +73,28 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fuse=None):
         """q [B,T,H,D], k and v [B,T,Hkv,D] with norms and RoPE applied."""
-        B, T, _ = x.shape
-        H, Hkv, D = self.config.num_heads, self.config.num_kv_heads, self.config.head_dim
-        q, k, v = self.qkv_proj(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
-        q, k, v = q.view(B, T, H, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+        c = self.config
+        qkv_rope = fuse or ops.qkv_norm_rope
+        qw = self.q_norm.weight if self.q_norm is not None else None
+        kw = self.k_norm.weight if self.k_norm is not None else None
+        return qkv_rope(self.qkv_proj(x), qw, kw, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps)
 
-    def forward_cached(self, x, cos, sin, k_cache, v_cache, slots, mask):
-        """Write this chunk's K/V at `slots`, attend over the whole static cache under `mask`.
+    def attend_cached(self, q, k, v, k_cache, v_cache, rows, slots, bias):
+        """Write k, v at `slots`, attend over the whole static cache.
 
-        x [B,T,C]; k_cache, v_cache [B,Hkv,S,D]; slots [B,T] int64; mask [B,1,T,S] bool.
+        q [B,T,H,D]; k, v [B,T,Hkv,D]; k_cache, v_cache [B,Hkv,S,D]; rows, slots [B,T] int64;
+        bias [B,1,G*T,S] additive mask (0 or -inf) in q's dtype, G = H / Hkv.
         """
-        B, T, _ = x.shape
-        H, Hkv, D = self.config.num_heads, self.config.num_kv_heads, self.config.head_dim
-        G = H // Hkv
-        q, k, v = self.project(x, cos, sin)
-        rows = torch.arange(B, device=x.device)[:, None].expand(B, T)
+        B, T, H, D = q.shape
+        Hkv = k.shape[2]
         k_cache[rows, :, slots] = k  # advanced indices first: [B,T,Hkv,D]
         v_cache[rows, :, slots] = v
         # GQA without repeating K/V: fold the G query heads of a group into the query axis.
-        q = q.permute(0, 2, 1, 3).reshape(B, Hkv, G * T, D)  # [B,Hkv,G*T,D], head h = j*G + g
-        m = mask.expand(B, G, T, mask.shape[-1]).reshape(B, 1, G * T, mask.shape[-1])
-        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=m)  # [B,Hkv,G*T,D]
-        o = o.view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
-        return self.o_proj(o)
+        q = q.permute(0, 2, 1, 3).reshape(B, Hkv, (H // Hkv) * T, D)  # head h = j*G + g
+        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=bias)  # [B,Hkv,G*T,D]
+        return self.o_proj(o.view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D))
 
     def forward_causal(self, x, cos, sin):
         """Plain causal attention over the chunk itself (no cache). x [B,T,C]."""
@@ -134,9 +116,8 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(C, 2 * I, bias=False)
         self.down_proj = nn.Linear(I, C, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, act=None) -> torch.Tensor:
+        return self.down_proj((act or ops.silu_mul)(self.gate_up_proj(x)))
 
 
 class Block(nn.Module):
@@ -187,17 +168,31 @@ class Transformer(nn.Module):
         logits_for: torch.Tensor | None = None,  # [B,T'] indices of T to project (None: all)
     ) -> torch.Tensor:
         """Logits [B,T,V] (or [B,T',V]) of a chunk attending to the static cache."""
-        h = self.embed_tokens(tokens)
+        c = self.config
+        B, T = tokens.shape
+        dev = tokens.device
+        eps = c.rms_norm_eps
+        norm, add_norm = ops.fused("rms_norm", dev), ops.fused("add_rms_norm", dev)
+        qkv_rope, act = ops.fused("qkv_norm_rope", dev), ops.fused("silu_mul", dev)
+        h = self.embed_tokens(tokens)  # [B,T,C]
         cos, sin = self._rope(positions, h.dtype)
+        # per-forward, not per-layer: the additive mask with GQA groups folded in, and row ids
+        G, S = c.num_heads // c.num_kv_heads, mask.shape[-1]
+        bias = torch.zeros(mask.shape, dtype=h.dtype, device=dev).masked_fill_(~mask, float("-inf"))
+        bias = bias.expand(B, G, T, S).reshape(B, 1, G * T, S)
+        rows = torch.arange(B, device=dev)[:, None].expand(B, T)
+        x = norm(h, self.layers[0].input_layernorm.weight, eps)
         for i, layer in enumerate(self.layers):
-            a = layer.self_attn.forward_cached(
-                layer.input_layernorm(h), cos, sin, cache.k[i], cache.v[i], slots, mask
-            )
-            h = h + a
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            attn = layer.self_attn
+            q, k, v = attn.project(x, cos, sin, fuse=qkv_rope)
+            a = attn.attend_cached(q, k, v, cache.k[i], cache.v[i], rows, slots, bias)
+            h, x = add_norm(h, a, layer.post_attention_layernorm.weight, eps)
+            m = layer.mlp(x, act=act)
+            nxt = self.layers[i + 1].input_layernorm.weight if i + 1 < len(self.layers) else self.norm.weight
+            h, x = add_norm(h, m, nxt, eps)  # x: the next layer's input (or the final norm)
         if logits_for is not None:
-            h = torch.gather(h, 1, logits_for[..., None].expand(-1, -1, h.shape[-1]))
-        return self.lm_head(self.norm(h))
+            x = torch.gather(x, 1, logits_for[..., None].expand(-1, -1, x.shape[-1]))
+        return self.lm_head(x)
 
     def forward_causal(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [B,T,V] of tokens [B,T] starting at position 0, no cache (training, forcing)."""

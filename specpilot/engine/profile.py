@@ -1,0 +1,162 @@
+"""Measure where a system's decoding time goes: the numbers the loop's cost model consumes.
+
+Owns: one profiling pass of a `Generator` on given prompts — a real generation (round time,
+tokens per round, per-depth acceptance), then isolated timings of the pieces of a round replayed
+on the final state (draft proposal, target forward over N tree nodes for a range of N, the plain AR
+step), plus memory-bandwidth and byte-size facts for the byte floors. Replays of the draft and
+verify forwards write only scratch cache slots past each row's length, so they are idempotent.
+
+Does not own what to do with the numbers (`specpilot.loop.cost_model`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from specpilot.engine.generator import Generator
+from specpilot.engine.steps import tree_forward
+from specpilot.engine.tree import DraftTree
+from specpilot.models.transformer import Transformer
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    device: str
+    batch: int
+    tokens_per_round: float  # mean tokens committed per round (accepted + bonus), per row
+    round_ms: float  # mean wall time of one decode round (whole batch)
+    draft_ms: float  # one proposal (0 for AR)
+    verify_ms: float  # one target forward over the system's tree (the AR step's forward for AR)
+    verify_curve_ms: dict  # N nodes -> target forward ms
+    accept_at_depth: tuple[float, ...]  # P(accepted drafts >= d), d = 1..max
+    tree_nodes: int  # N of the system's tree (1 for AR)
+    target_bytes: int  # weight bytes streamed per target forward
+    drafter_bytes: int  # weight bytes streamed per draft forward
+    kv_bytes_per_token: int  # target KV bytes per cached token (K and V, all layers)
+    bandwidth_gbps: float  # measured device copy bandwidth (GB/s, read + write)
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.round_ms / self.tokens_per_round
+
+    @property
+    def overhead_ms(self) -> float:
+        return max(self.round_ms - self.draft_ms - self.verify_ms, 0.0)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ms_per_token"], d["overhead_ms"] = self.ms_per_token, self.overhead_ms
+        return d
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_ms(fn, device: torch.device, reps: int = 10, warmup: int = 2) -> float:
+    """Median ms of fn(); on CUDA the call is captured into a graph and replayed."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    if device.type == "cuda":
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        fn = graph.replay
+        fn()
+    times = []
+    for _ in range(reps):
+        _sync(device)
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - t) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def bandwidth_gbps(device: torch.device, mib: int = 256) -> float:
+    n = mib * (1 << 20) // 4
+    src = torch.ones(n, device=device)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), device, reps=5, warmup=1)
+    return 2 * n * 4 / (ms * 1e-3) / 1e9
+
+
+def streamed_bytes(model: Transformer) -> int:
+    """Weight bytes one forward must read: every parameter and buffer (packed W12 planes are buffers)
+    but the RoPE tables and the embedding table, of which one row is read."""
+    total = 0
+    for name, t in list(model.named_parameters()) + [(n, b) for n, b in model.named_buffers() if "rope" not in n]:
+        total += t.numel() * t.element_size()
+    e = model.embed_tokens.weight
+    if model.lm_head.weight is not e:
+        total -= e.numel() * e.element_size() - e.shape[1] * e.element_size()
+    return total
+
+
+def kv_bytes_per_token(model: Transformer) -> int:
+    c = model.config
+    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * model.dtype.itemsize
+
+
+def acceptance_by_depth(accept_lengths: list[list[int]], max_depth: int) -> tuple[float, ...]:
+    """P(accepted drafts >= d) over all rounds of all rows, d = 1..max_depth."""
+    rounds = [a - 1 for row in accept_lengths for a in row]
+    if not rounds or max_depth < 1:
+        return ()
+    return tuple(sum(r >= d for r in rounds) / len(rounds) for d in range(1, max_depth + 1))
+
+
+def profile(gen: Generator, prompts: list[list[int]], max_new_tokens: int,
+            curve_nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)) -> StepProfile:
+    """Run one generation, then time its round's pieces in isolation."""
+    device = gen.target.device
+    gen.generate(prompts, min(max_new_tokens, 8))  # warm-up: graphs, compilation
+    result = gen.generate(prompts, max_new_tokens)
+    rounds = max(max(result.rounds), 1)
+    round_ms = (result.seconds - result.prefill_seconds) / rounds * 1e3
+    ws = next(iter(gen.workspaces.values()))
+    state, cache = ws.state, ws.cache
+    prefix = state.cache_prefix()
+    B = state.batch
+    drafter = next(iter(gen.drafters.values()), None)
+    with torch.inference_mode():
+        if drafter is not None and not drafter.needs_host_tokens:
+            draft_ms = time_ms(lambda: drafter.propose(state), device)
+            tree = drafter.propose(state)
+        else:
+            draft_ms = 0.0
+            N = drafter.num_nodes if drafter is not None else 1
+            tree = DraftTree.chain(state.roots()[:, None].repeat(1, N))
+        tree.ancestors()
+        verify_ms = time_ms(lambda: tree_forward(gen.target, cache, tree, prefix), device)
+        curve = {}
+        for n in curve_nodes:
+            if int(prefix.max()) + n >= cache.capacity:
+                continue
+            t = DraftTree.chain(state.roots()[:, None].repeat(1, n))
+            t.ancestors()
+            curve[n] = time_ms(lambda: tree_forward(gen.target, cache, t, prefix), device)
+    tokens_per_round = result.num_tokens / max(sum(result.rounds), 1)
+    depth = getattr(drafter, "depth", 0)
+    dmodel = getattr(drafter, "model", None)
+    return StepProfile(
+        device=str(device),
+        batch=B,
+        tokens_per_round=tokens_per_round,
+        round_ms=round_ms,
+        draft_ms=draft_ms,
+        verify_ms=verify_ms,
+        verify_curve_ms=curve,
+        accept_at_depth=acceptance_by_depth(result.accept_lengths, depth),
+        tree_nodes=tree.num_nodes,
+        target_bytes=streamed_bytes(gen.target),
+        drafter_bytes=streamed_bytes(dmodel) if dmodel is not None else 0,
+        kv_bytes_per_token=kv_bytes_per_token(gen.target),
+        bandwidth_gbps=bandwidth_gbps(device),
+    )

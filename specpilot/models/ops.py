@@ -1,0 +1,69 @@
+"""Elementwise pieces of a decoder block, fused on GPU.
+
+Between the projections, a block does only cheap elementwise work (RMSNorm, q/k norm, RoPE, the
+residual add, SiLU x up). In eager PyTorch that is ~40 tiny kernels per layer, several
+milliseconds per token on an 8B model: more than its whole weight-streaming floor. Each function
+here is written once in plain PyTorch (the exact HF math, used as is on CPU) and, on CUDA, compiled
+with `torch.compile` into one or two kernels reused by every layer (same shapes, weights passed as
+arguments, so one compilation serves all layers).
+
+`fusion_enabled()` is False on CPU and when `SPECPILOT_COMPILE=0`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from specpilot import env
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(h + delta, rms_norm(h + delta)): the residual add fused with the next norm."""
+    h = h + delta
+    return h, rms_norm(h, weight, eps)
+
+
+def qkv_norm_rope(qkv, q_weight, k_weight, cos, sin, H: int, Hkv: int, D: int, eps: float):
+    """Split fused qkv [B,T,(H+2Hkv)D] into q [B,T,H,D], k, v [B,T,Hkv,D]; q/k norm (if weights) and RoPE."""
+    B, T, _ = qkv.shape
+    q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+    q, k, v = q.view(B, T, H, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
+    if q_weight is not None:
+        q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    return q, k, v
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def fusion_enabled(device: torch.device) -> bool:
+    return device.type == "cuda" and env.compile_enabled()
+
+
+@functools.cache
+def _compiled(name: str):
+    fn = globals()[name]
+    return torch.compile(fn, dynamic=False, fullgraph=True)
+
+
+def fused(name: str, device: torch.device):
+    """The op `name`, compiled on CUDA when fusion is enabled, plain otherwise."""
+    return _compiled(name) if fusion_enabled(device) else globals()[name]
