@@ -86,7 +86,8 @@ class Generator:
         self.use_graphs = cuda_graphs and target.device.type == "cuda"
         host = any(d.needs_host_tokens for d in self.drafters.values())
         self.sync_every = 1 if host else sync_every
-        self.workspaces: dict[tuple[int, int], Workspace] = {}
+        self.workspaces: dict[tuple[int, int], Workspace] = {}  # (batch, capacity) -> workspace, oldest first
+        self.max_workspaces = 4
         self.max_positions = target.rope_cos.shape[0]
 
     # ---- setup -------------------------------------------------------------------------
@@ -116,13 +117,21 @@ class Generator:
         key = (batch, capacity)
         ws = self.workspaces.get(key)
         if ws is not None and ws.state.accept_log.shape[1] >= max_new + 1:
+            self.workspaces[key] = self.workspaces.pop(key)  # most recently used last
             return ws
         cfg = self.target.config
         dev = self.target.device
         cache = KVCache.allocate(cfg, batch, capacity, dev, self.target.dtype)
         state = DecodeState.allocate(batch, capacity, max(max_new + 1, 64), dev)
         ws = Workspace(cache, state)
-        self.workspaces = {key: ws}  # one live workspace: graphs pin memory
+        self.workspaces.pop(key, None)
+        self.workspaces[key] = ws
+        while len(self.workspaces) > self.max_workspaces:  # graphs pin memory: keep a few, oldest out
+            old = next(iter(self.workspaces))
+            del self.workspaces[old]
+            for d in self.drafters.values():
+                if hasattr(d, "release"):
+                    d.release(old)
         return ws
 
     # ---- rounds ------------------------------------------------------------------------
@@ -223,8 +232,8 @@ class Generator:
         drafter = self.drafters[tier]
         drafter.start(prompts, state)
         for other in self.drafters.values():
-            if other is not drafter and hasattr(other, "cache"):
-                other.cache = drafter.cache
+            if other is not drafter and hasattr(other, "caches"):
+                other.caches, other.cache = drafter.caches, drafter.cache
 
     def _initial_tier(self, tiers: list[int]) -> int:
         return tiers[len(tiers) // 2]

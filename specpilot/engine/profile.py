@@ -120,7 +120,7 @@ def profile(gen: Generator, prompts: list[list[int]], max_new_tokens: int,
     result = gen.generate(prompts, max_new_tokens)
     rounds = max(max(result.rounds), 1)
     round_ms = (result.seconds - result.prefill_seconds) / rounds * 1e3
-    ws = next(iter(gen.workspaces.values()))
+    ws = next(reversed(gen.workspaces.values()))  # the one the generation just used
     state, cache = ws.state, ws.cache
     prefix = state.cache_prefix()
     B = state.batch

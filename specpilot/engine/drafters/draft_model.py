@@ -36,6 +36,9 @@ class DraftModelDrafter(Drafter):
         self.window = window or depth + 1
         if self.window < depth + 1:
             raise ValueError("window must cover depth + 1 tokens")
+        # one draft cache per (batch, capacity) workspace of the generator: a captured graph keeps
+        # pointing at the cache it was captured with, so caches are never reallocated in place
+        self.caches: dict[tuple[int, int], KVCache] = {}
         self.cache: KVCache | None = None
 
     @property
@@ -43,11 +46,15 @@ class DraftModelDrafter(Drafter):
         return self.budget + 1
 
     def start(self, prompts: list[list[int]], state: DecodeState) -> None:
-        capacity = state.capacity
-        c = self.cache
-        if c is None or c.batch != state.batch or c.capacity != capacity:
-            self.cache = KVCache.allocate(self.model.config, state.batch, capacity, self.model.device, self.model.dtype)
+        key = (state.batch, state.capacity)
+        if key not in self.caches:
+            self.caches[key] = KVCache.allocate(self.model.config, *key, self.model.device, self.model.dtype)
+        self.cache = self.caches[key]
         prefill(self.model, self.cache, prompts)
+
+    def release(self, key: tuple[int, int]) -> None:
+        """Forget the cache of a workspace the generator dropped."""
+        self.caches.pop(key, None)
 
     def _catch_up(self, state: DecodeState) -> torch.Tensor:
         """Re-read the last W committed tokens; log-probs at the root [B,V] (float32)."""
