@@ -1,0 +1,193 @@
+"""Stock-vs-stock noise and the cost of one paired evaluation, on the GPU, with the controller's procedure.
+
+    python bench/controller_noise.py --deployment fixture --out bench/results/controller_noise --blocks 30
+
+For each placement it measures (1) the noise floor exactly as `specpilot evaluate` does — stock
+against a second copy of stock, `--blocks` paired blocks, each arm in its own worker process,
+timed from outside — and (2) one full paired evaluation of stock against a copy of stock at the
+default block count (gate generation included, guard scoring excluded: the gate here passes
+everything), whose wall time is what one evaluation costs. One GPU: arms alternate. Two or more
+GPUs: side by side, swapping GPUs within every block (`--placement both` runs both modes).
+Every worker process gets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
+NVSHMEM_DISABLE_NVLS=1 (NVLink multicast stays off).
+
+Writes OUT/controller_noise.json (all numbers) and OUT/controller_noise.md (a table), both with
+date, GPU, commit and versions. Fails with one clear line if the runner factory (default: the
+engine's `SystemRunner`) or the prompt source cannot be imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    from specpilot.control.prompts import DEFAULT_PROMPT_SOURCE
+    from specpilot.control.spec import DEFAULT_RUNNER
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--deployment", default="fixture", help="deployment file or shipped name (default: fixture)")
+    p.add_argument("--out", required=True, help="output folder for controller_noise.json / .md")
+    p.add_argument("--blocks", type=int, default=30, help="paired blocks of the noise measurement (default 30)")
+    p.add_argument("--requests-per-block", type=int, help="requests per arm per block (default: the controller's)")
+    p.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (default: the deployment's)")
+    p.add_argument("--placement", choices=["auto", "alternate", "side-by-side", "both"], default="auto",
+                   help="auto: side by side with >= 2 GPUs, else alternate; both: measure each mode")
+    p.add_argument("--devices", help="comma-separated devices (default: every visible GPU, else cpu)")
+    p.add_argument("--no-evaluation", action="store_true", help="skip the timed full paired evaluation")
+    p.add_argument("--runner", default=DEFAULT_RUNNER, help=f"runner factory module:attr (default {DEFAULT_RUNNER})")
+    p.add_argument("--workdir", help="folder put first on sys.path to import the runner (workers too)")
+    p.add_argument("--prompt-source", default=DEFAULT_PROMPT_SOURCE, help="prompt-source factory module:attr")
+    p.add_argument("--seed", type=int, default=0, help="seed of prompt draws, arm order and bootstrap")
+    p.add_argument("--resamples", type=int, default=9999, help="bootstrap resamples")
+    return p.parse_args(argv)
+
+
+def placements(choice: str, n_devices: int):
+    from specpilot.control.config import Placement
+
+    if choice == "both":
+        if n_devices < 2:
+            raise SystemExit("error: --placement both needs two devices")
+        return [Placement.ALTERNATE, Placement.SIDE_BY_SIDE]
+    if choice == "auto":
+        return [Placement.SIDE_BY_SIDE if n_devices >= 2 else Placement.ALTERNATE]
+    return [Placement(choice)]
+
+
+def measure_mode(args, placement, devices, config, source, stock, gpu_names) -> dict:
+    from specpilot.control.backends.local import LocalBackend
+    from specpilot.control.controller import Controller
+    from specpilot.control.gate import ALWAYS_PASS
+    from specpilot.control.stats import NoiseFloor
+
+    per = 2 if placement.value == "side-by-side" else 1
+    backend = LocalBackend(devices[:per], placement)
+    controller = Controller(config, backend, ALWAYS_PASS, source, args.deployment)
+    aa = controller.stock_vs_stock(stock)
+    noise = NoiseFloor(aa.estimate, controller.procedure)
+    est = aa.estimate
+    per_block = aa.costs.timed_blocks / est.n
+    mode = {
+        "placement": placement.value,
+        "devices": list(devices[:per]),
+        "gpu": gpu_names[:per],
+        "noise": {
+            "value": noise.value,
+            "definition": "max(|L|, |U|) of the 95% interval (hull of BCa and t) of the stock-vs-stock gain",
+            "aa_gain": est.gain, "aa_lower": est.lower, "aa_upper": est.upper, "half_width": est.half_width,
+            "block_std": est.block_std, "standard_error": est.standard_error, "blocks": est.n,
+            "log_ratios": list(est.log_ratios),
+        },
+        "threshold": config.min_gain + config.noise_multiplier * noise.value,
+        "noise_measurement_costs": aa.costs.to_dict(),
+        "seconds_per_block": per_block,
+        "tokens_per_block": aa.outputs.incumbent_tokens / est.n if aa.outputs else None,
+        "projected_evaluation_seconds": {
+            "first_look": aa.costs.open + aa.costs.warmup_blocks + config.blocks * per_block,
+            "full_budget": aa.costs.open + aa.costs.warmup_blocks + config.max_blocks * per_block,
+        },
+    }
+    if not args.no_evaluation:
+        e = controller.evaluate(stock, replace(stock, system={**stock.system, "name": "stock-copy"}), noise)
+        mode["evaluation"] = {"verdict": e.verdict.value, "reasons": [r.value for r in e.decision.reasons],
+                              "gain": e.estimate.gain if e.estimate else None,
+                              "lower": e.estimate.lower if e.estimate else None,
+                              "upper": e.estimate.upper if e.estimate else None,
+                              "costs": e.costs.to_dict()}
+    return mode
+
+
+def render_md(result: dict) -> str:
+    cfg = result["config"]
+    lines = [
+        "# Controller noise: stock vs stock",
+        "",
+        f"- date: {result['date']}",
+        f"- commit: {result['commit']}",
+        f"- GPU: {', '.join(result['gpus'])}",
+        f"- deployment: {result['deployment']}; torch {result['provenance']['versions']['torch']}, "
+        f"CUDA {result['provenance']['cuda']}, driver {result['provenance']['driver']}",
+        f"- procedure: {cfg['requests_per_block']} requests x {cfg['request_size']} prompt(s) per arm per block, "
+        f"{cfg['max_new_tokens']} new tokens, order {cfg['order']}",
+        "",
+        "| placement | blocks | A/A gain | 95% interval | noise | per-block sd | threshold | s / block "
+        "| one evaluation (s) | first look / full budget (s, projected) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in result["modes"]:
+        n = m["noise"]
+        ev = m.get("evaluation")
+        ev_text = f"{ev['costs']['total']:.1f} ({ev['verdict']})" if ev else "n/a"
+        proj = m["projected_evaluation_seconds"]
+        lines.append(
+            f"| {m['placement']} | {n['blocks']} | {n['aa_gain'] * 100:+.3f}% | [{n['aa_lower'] * 100:+.3f}%, "
+            f"{n['aa_upper'] * 100:+.3f}%] | {n['value'] * 100:.3f}% | {n['block_std'] * 100:.3f}% | "
+            f"{m['threshold'] * 100:.2f}% | {m['seconds_per_block']:.2f} | {ev_text} | "
+            f"{proj['first_look']:.0f} / {proj['full_budget']:.0f} |"
+        )
+    lines += ["", "noise = max(|L|, |U|) of the stock-vs-stock gain's 95% interval (hull of BCa and t); "
+              "threshold = 1% + 2 x noise (the promotion rule).", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    from specpilot import env
+
+    os.environ.update(env.WORKER_MULTICAST_OFF)  # workers get it anyway; the controller too
+    args = parse_args(argv)
+    if args.workdir:
+        sys.path.insert(0, os.path.abspath(args.workdir))
+    from specpilot.bench.provenance import capture
+    from specpilot.config import load_deployment
+    from specpilot.control.backends.local import device_name, visible_devices
+    from specpilot.control.evaluate import default_config, runner_spec, source_commit
+    from specpilot.control.prompts import load_prompt_source
+    from specpilot.control.spec import load_object
+    from specpilot.errors import SpecPilotError
+
+    try:
+        load_object(args.runner, "runner factory")
+        deployment = load_deployment(args.deployment)
+        source = load_prompt_source(deployment, args.prompt_source)
+    except SpecPilotError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    changes = {"noise_blocks": args.blocks, "seed": args.seed, "resamples": args.resamples}
+    if args.requests_per_block:
+        changes["requests_per_block"] = args.requests_per_block
+    if args.max_new_tokens:
+        changes["max_new_tokens"] = args.max_new_tokens
+    config = default_config(deployment, **changes)
+    devices = [d.strip() for d in args.devices.split(",")] if args.devices else visible_devices()
+    gpu_names = [device_name(d) for d in devices]
+    stock = runner_spec(args.deployment, deployment.stock, args.runner, args.workdir)
+    modes = [measure_mode(args, p, devices, config, source, stock, gpu_names)
+             for p in placements(args.placement, len(devices))]
+    result = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "commit": source_commit(),
+        "gpus": gpu_names,
+        "device_count": len(devices),
+        "provenance": capture(devices[0]),
+        "deployment": deployment.name,
+        "runner": args.runner,
+        "config": config.to_dict(),
+        "modes": modes,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "controller_noise.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "controller_noise.md").write_text(render_md(result))
+    print(render_md(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

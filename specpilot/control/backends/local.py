@@ -1,0 +1,87 @@
+"""`LocalBackend`: pair sessions as worker processes on this machine (the default backend).
+
+The machine's devices are split into groups — one device per session when arms alternate, two
+when they run side by side — and a session holds its group until it is closed, so with four GPUs
+two side-by-side comparisons (or four alternating ones) can run at once.
+
+Owns: device discovery, the device pool, the device name for fingerprints. Does not own the
+sessions themselves (`session.py`).
+"""
+
+from __future__ import annotations
+
+import platform
+import queue
+from typing import Sequence
+
+from specpilot.control.backends.base import devices_per_session, resolve_placement
+from specpilot.control.config import ControllerConfig, Placement
+from specpilot.control.session import LocalPairSession
+from specpilot.control.spec import RunnerSpec
+from specpilot.errors import ConfigError
+
+
+def visible_devices() -> list[str]:
+    """Every visible GPU as "cuda:i", else ["cpu"]."""
+    import torch
+
+    n = torch.cuda.device_count()
+    return [f"cuda:{i}" for i in range(n)] if n else ["cpu"]
+
+
+def device_name(device: str) -> str:
+    """Marketing name of a device ("NVIDIA H200"), or the CPU's architecture."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(int(device.partition(":")[2] or 0))
+    return f"cpu-{platform.machine()}"
+
+
+class _Lease:
+    """A session that gives its devices back to the pool when closed."""
+
+    def __init__(self, session: LocalPairSession, release):
+        self._session = session
+        self._release = release
+        self.generate = session.generate
+        self.run_block = session.run_block
+
+    def close(self) -> None:
+        try:
+            self._session.close()
+        finally:
+            release, self._release = self._release, None
+            if release:
+                release()
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, devices: Sequence[str] | None = None, placement: Placement = Placement.AUTO):
+        self.devices = tuple(devices) if devices else tuple(visible_devices())
+        self.placement = resolve_placement(placement, len(self.devices))
+        per = devices_per_session(self.placement)
+        groups = [self.devices[i : i + per] for i in range(0, len(self.devices) - per + 1, per)]
+        if not groups:
+            raise ConfigError(f"{self.placement.value} placement needs {per} devices, got {list(self.devices)}")
+        self._free: queue.Queue = queue.Queue()
+        for g in groups:
+            self._free.put(g)
+        self.parallelism = len(groups)
+
+    def open(self, incumbent: RunnerSpec, candidate: RunnerSpec, config: ControllerConfig, warmup=()) -> _Lease:
+        group = self._free.get()  # blocks while every group is in use
+        try:
+            session = LocalPairSession(incumbent, candidate, group, config, self.placement, warmup)
+        except BaseException:
+            self._free.put(group)
+            raise
+        return _Lease(session, lambda: self._free.put(group))
+
+    def device_name(self) -> str:
+        return device_name(self.devices[0])
+
+    def close(self) -> None:
+        pass

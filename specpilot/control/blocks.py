@@ -1,0 +1,128 @@
+"""Paired blocks: what one block asks of the two arms, in which order, and the numbers it yields.
+
+A block is `requests_per_block` requests of `request_size` prompts each, the same prompts for both
+arms. Every request is timed separately by the controller; an arm's block time is the sum over its
+requests, and the block's statistic is
+
+    x = log(T_incumbent / T_candidate)            one device (alternate)
+    x = mean over the two placements of that      two devices (side by side)
+
+* One device: arms alternate request by request, which arm goes first following `Order`: ABBA
+  (A B | B A | A B ..., continued across blocks, so a linear drift within any two consecutive
+  pairs cancels) or a seeded coin. The idle arm is frozen while the other is timed.
+* Two devices: both arms serve each request at once, on different devices; each block is run
+  twice with the devices swapped (and the swap order flips from block to block), so a faster
+  device helps each arm equally inside every block and the device difference cancels in x
+  instead of inflating its variance. The arm sent first alternates per request.
+
+Owns: `Arm`, `Phase`, `BlockPlan`, `BlockResult` and the schedule (`plan_block`). Pure: no
+processes. Does not own running a plan (`session.py`) or the statistics (`stats.py`).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+import random
+from dataclasses import dataclass
+
+from specpilot.control.config import ControllerConfig, Order, Placement
+
+
+class Arm(enum.Enum):
+    INCUMBENT = "A"
+    CANDIDATE = "B"
+
+    @property
+    def other(self) -> "Arm":
+        return Arm.CANDIDATE if self is Arm.INCUMBENT else Arm.INCUMBENT
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Device indices (into the session's devices) of each arm for one pass over the requests."""
+
+    incumbent: int
+    candidate: int
+
+    def device(self, arm: Arm) -> int:
+        return self.incumbent if arm is Arm.INCUMBENT else self.candidate
+
+    @property
+    def concurrent(self) -> bool:
+        return self.incumbent != self.candidate
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    index: int
+    prompts: tuple[tuple[int, ...], ...]
+    request_size: int
+    max_new_tokens: int
+    phases: tuple[Phase, ...]
+    first: tuple[Arm, ...]  # per request: the arm sent (on one device: run) first
+
+    @property
+    def requests(self) -> list[list[list[int]]]:
+        """The prompts of each request, as the runner receives them."""
+        p = [list(x) for x in self.prompts]
+        return [p[i : i + self.request_size] for i in range(0, len(p), self.request_size)]
+
+
+def derived_seed(seed: int, *parts) -> int:
+    """A 63-bit seed from the config seed and labels; stable across processes and versions."""
+    text = ":".join(str(x) for x in (seed, *parts))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+
+
+def phases_for(placement: Placement, index: int) -> tuple[Phase, ...]:
+    if placement is Placement.ALTERNATE:
+        return (Phase(0, 0),)
+    if placement is Placement.SIDE_BY_SIDE:
+        swap = (Phase(0, 1), Phase(1, 0))
+        return swap if index % 2 == 0 else swap[::-1]
+    raise ValueError(f"placement {placement} must be resolved before planning")
+
+
+def first_arms(config: ControllerConfig, index: int, stream: str) -> tuple[Arm, ...]:
+    """Which arm goes first in each request of block `index` (see `Order`)."""
+    R = config.requests_per_block
+    if config.order is Order.ABBA:
+        return tuple(Arm.INCUMBENT if (index * R + r) % 2 == 0 else Arm.CANDIDATE for r in range(R))
+    coin = random.Random(derived_seed(config.seed, "order", stream, index))
+    return tuple(Arm.INCUMBENT if coin.random() < 0.5 else Arm.CANDIDATE for _ in range(R))
+
+
+def plan_block(config: ControllerConfig, placement: Placement, index: int, prompts, stream: str) -> BlockPlan:
+    if len(prompts) != config.block_prompts:
+        raise ValueError(f"block needs {config.block_prompts} prompts, got {len(prompts)}")
+    return BlockPlan(index, tuple(tuple(p) for p in prompts), config.request_size, config.max_new_tokens,
+                     phases_for(placement, index), first_arms(config, index, stream))
+
+
+Outputs = tuple[tuple[int, ...], ...]  # generated ids per prompt
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    index: int
+    incumbent_seconds: tuple[tuple[float, ...], ...]  # [phase][request], controller clock
+    candidate_seconds: tuple[tuple[float, ...], ...]
+    incumbent_outputs: tuple[Outputs, ...]  # [phase] -> per prompt
+    candidate_outputs: tuple[Outputs, ...]
+
+    @property
+    def log_ratio(self) -> float:
+        """x = mean over phases of log(sum T_incumbent / sum T_candidate)."""
+        per_phase = [math.log(sum(a) / sum(b)) for a, b in zip(self.incumbent_seconds, self.candidate_seconds)]
+        return sum(per_phase) / len(per_phase)
+
+    @property
+    def seconds(self) -> float:
+        """Summed request time of both arms (the block's cost when arms alternate)."""
+        return sum(map(sum, self.incumbent_seconds)) + sum(map(sum, self.candidate_seconds))
+
+    def arm_seconds(self, arm: Arm) -> tuple[float, ...]:
+        rows = self.incumbent_seconds if arm is Arm.INCUMBENT else self.candidate_seconds
+        return tuple(t for row in rows for t in row)

@@ -1,0 +1,172 @@
+"""`Worker`: one arm's runner in its own process, seen from the controller's side.
+
+Each worker is a fresh Python interpreter (`worker_main.py`, not a fork), in its own session and
+process group, pinned to one device through `CUDA_VISIBLE_DEVICES` with NVLink multicast off
+(`env.worker_environment`). It talks JSON over a private socket pair; its stdout and stderr go
+to a log file whose tail is quoted when it fails.
+
+Isolation guarantees: a candidate's code never runs in the controller's process (nothing it sends
+is unpickled), never shares a process with the other arm, and cannot touch the controller's
+clock; request-to-response times are taken here, around the round trip. `freeze()` SIGSTOPs the
+whole process group so an idle arm cannot steal CPU from the arm being timed.
+
+Not defended here (the guard and the re-measurement are the backstops): GPU work an arm queued
+before replying still drains while the other arm is timed (a signal cannot recall kernels); a
+worker that starts a process in a new session escapes the group freeze; code that rewrites
+CUDA_VISIBLE_DEVICES before CUDA initialises can see the other GPU.
+
+Owns: starting, talking to, freezing and killing one worker; validating that replies are well
+formed. Does not own what requests are sent when (`session.py`).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from specpilot.control.spec import RunnerSpec
+from specpilot.errors import SpecPilotError
+
+WORKER_MAIN = Path(__file__).with_name("worker_main.py")
+MAX_REPLY_BYTES = 1 << 30
+
+
+class FailureKind(enum.Enum):
+    RAISED = "raised"  # the runner raised; the worker reported it
+    CRASHED = "crashed"  # the process died
+    TIMEOUT = "timeout"  # no reply within the limit
+    PROTOCOL = "protocol"  # a reply that is not the agreed JSON, or malformed outputs
+
+
+class WorkerError(SpecPilotError):
+    """A worker failed; `kind` says how."""
+
+    def __init__(self, message: str, kind: FailureKind):
+        super().__init__(message)
+        self.kind = kind
+
+
+class Worker:
+    """A started worker process; build it with `Worker.start`."""
+
+    def __init__(self, spec: RunnerSpec, label: str, proc: subprocess.Popen, conn: Connection, log_path: Path,
+                 device: str | None = None):
+        self.spec = spec  # as the worker sees it (its one GPU is cuda:0)
+        self.device = device  # as the controller placed it ("cuda:1")
+        self.label = label
+        self.proc = proc
+        self.conn = conn
+        self.log_path = log_path
+        self.frozen = False
+        self.info: dict = {}
+
+    @classmethod
+    def start(cls, spec: RunnerSpec, label: str, log_dir: Path) -> "Worker":
+        """Spawn the process; `build` must follow (kept apart so several can load at once)."""
+        from specpilot import env  # imports torch: only where workers are started
+
+        ours, theirs = socket.socketpair()
+        log_path = Path(log_dir) / f"{label}.log"
+        try:
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-u", str(WORKER_MAIN), str(theirs.fileno()), str(os.getpid())],
+                    pass_fds=(theirs.fileno(),),
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env=env.worker_environment(spec.device), start_new_session=True,
+                )
+        finally:
+            theirs.close()
+        # the runner sees its one visible GPU as cuda:0
+        local = spec.placed("cuda:0" if spec.device and spec.device.startswith("cuda") else spec.device)
+        return cls(local, label, proc, Connection(ours.detach()), log_path, spec.device)
+
+    # ---- messages ----------------------------------------------------------------------
+    def send(self, msg: dict) -> None:
+        self.send_bytes(json.dumps(msg).encode())
+
+    def send_bytes(self, data: bytes) -> None:
+        """Send an encoded request (encode before starting a clock)."""
+        self.thaw()
+        try:
+            self.conn.send_bytes(data)
+        except OSError as err:
+            raise self._failure(f"cannot send: {err}", FailureKind.CRASHED) from None
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until a reply (or EOF) is readable; raise TIMEOUT otherwise."""
+        if not self.conn.poll(timeout):
+            raise self._failure(f"no reply within {timeout:.0f} s", FailureKind.TIMEOUT)
+
+    def receive(self) -> dict:
+        """Read one reply after `wait_ready`; raise unless it is {"ok": true, ...}."""
+        try:
+            raw = self.conn.recv_bytes(MAX_REPLY_BYTES)
+        except (EOFError, OSError):
+            self.proc.poll()
+            raise self._failure(f"died (exit status {self.proc.returncode})", FailureKind.CRASHED) from None
+        try:
+            reply = json.loads(raw)
+        except (UnicodeDecodeError, ValueError):
+            raise self._failure("sent a reply that is not JSON", FailureKind.PROTOCOL) from None
+        if not isinstance(reply, dict) or "ok" not in reply:
+            raise self._failure("sent a reply without 'ok'", FailureKind.PROTOCOL)
+        if reply["ok"] is not True:
+            raise self._failure(f"raised {reply.get('error', '?')}", FailureKind.RAISED, reply.get("traceback", ""))
+        return reply
+
+    def request(self, msg: dict, timeout: float) -> dict:
+        self.send(msg)
+        self.wait_ready(timeout)
+        return self.receive()
+
+    # ---- process control -----------------------------------------------------------------
+    def freeze(self) -> None:
+        if not self.frozen and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+            self.frozen = True
+
+    def thaw(self) -> None:
+        if self.frozen:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGCONT)
+            self.frozen = False
+
+    def close(self, grace: float = 5.0) -> None:
+        """Ask the worker to exit; kill its process group if it does not within `grace` s."""
+        try:
+            if self.proc.poll() is None:
+                try:
+                    self.request({"op": "close"}, grace)
+                    self.proc.wait(grace)
+                except (WorkerError, subprocess.TimeoutExpired):
+                    pass
+        finally:
+            if self.proc.poll() is None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+            self.conn.close()
+
+    def _failure(self, what: str, kind: FailureKind, detail: str = "") -> WorkerError:
+        tail = detail.strip().splitlines()[-1:] if detail else self._log_tail()
+        suffix = f" ({tail[-1].strip()})" if tail else ""
+        return WorkerError(f"worker {self.label} ({self.spec.name}) {what}{suffix}", kind)
+
+    def _log_tail(self, lines: int = 1) -> list[str]:
+        time.sleep(0.05)  # let a dying process flush its last line
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return []
+        return [line for line in text.splitlines() if line.strip()][-lines:]

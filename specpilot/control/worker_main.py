@@ -1,0 +1,107 @@
+"""Entry point of an isolated worker process: builds one arm's runner and serves its requests.
+
+Run as a script by `worker.Worker` — `python worker_main.py FD PARENT_PID` — never imported by
+the controller. Until the runner is built it uses the standard library only, so a patch
+candidate's worktree (`spec.workdir`) can be put first on sys.path before anything of
+`specpilot` is imported: the candidate's code, not the controller's, is what runs here.
+
+Protocol, over the socket FD (one JSON object per message; JSON, never pickle, so a hostile
+worker cannot make the controller execute anything by what it sends back):
+
+    -> {"op": "build", "spec": {...}}                    <- {"ok": true, "pid": .., "specpilot": path}
+    -> {"op": "warmup", "prompts": [[..]], "max_new_tokens": n}    <- {"ok": true}
+    -> {"op": "generate", "prompts": [[..]], "max_new_tokens": n}  <- {"ok": true, "outputs": [[..]]}
+    -> {"op": "close"}                                   <- {"ok": true}, then exit
+    any failure                                          <- {"ok": false, "error": "...", "traceback": "..."}
+
+Nothing here measures time: the controller times each request from its own process.
+"""
+
+import json
+import os
+import signal
+import sys
+import traceback
+import types
+from multiprocessing.connection import Connection
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this worker if the controller dies (also when it is SIGSTOPped)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the EOF on the socket still ends the worker
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _load(path: str):
+    module_name, _, attr = path.partition(":")
+    import importlib
+
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _build(spec: dict):
+    if spec.get("workdir"):
+        sys.path.insert(0, os.path.abspath(spec["workdir"]))
+    try:
+        from specpilot.control.spec import RunnerSpec
+
+        spec_obj = RunnerSpec.from_dict(spec)
+    except ImportError:  # a worktree older than the controller: same fields, plain namespace
+        spec_obj = types.SimpleNamespace(**spec)
+    return _load(spec["factory"])(spec_obj)
+
+
+def _handle(runner, msg: dict):
+    op = msg.get("op")
+    if op == "build":
+        runner = _build(msg["spec"])
+        package = sys.modules.get("specpilot")
+        return runner, {"ok": True, "pid": os.getpid(), "specpilot": getattr(package, "__file__", None)}
+    if runner is None:
+        raise RuntimeError(f"op {op!r} before build")
+    if op == "warmup":
+        runner.warmup(msg["prompts"], msg["max_new_tokens"])
+        return runner, {"ok": True}
+    if op == "generate":
+        return runner, {"ok": True, "outputs": runner.generate(msg["prompts"], msg["max_new_tokens"])}
+    raise RuntimeError(f"unknown op {op!r}")
+
+
+def _encode(reply: dict) -> bytes:
+    try:
+        return json.dumps(reply).encode()
+    except (TypeError, ValueError) as err:
+        return json.dumps({"ok": False, "error": f"reply is not plain JSON data: {err}"}).encode()
+
+
+def main(argv: list[str]) -> int:
+    conn = Connection(int(argv[1]))
+    _die_with_parent(int(argv[2]))
+    runner = None
+    while True:
+        try:
+            msg = json.loads(conn.recv_bytes())
+        except EOFError:
+            return 0
+        if msg.get("op") == "close":
+            conn.send_bytes(_encode({"ok": True}))
+            return 0
+        try:
+            runner, reply = _handle(runner, msg)
+        except BaseException as err:  # noqa: BLE001 - everything the runner does is reported, not fatal
+            reply = {"ok": False, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        conn.send_bytes(_encode(reply))
+
+
+if __name__ == "__main__":
+    del sys.path[0]  # this script's own folder (specpilot/control) must not shadow top-level modules
+    sys.exit(main(sys.argv))

@@ -1,0 +1,5 @@
+"""The memory: a SQLite database of every evaluated candidate, per deployment fingerprint.
+
+`store.Memory` is the API; `schema.py` the tables and their migrations; `fingerprint.py` what
+identifies a deployment; `records.py` what a query returns; `cli.py` `specpilot memory ...`.
+"""

@@ -1,0 +1,249 @@
+"""`Memory`: the SQLite database of every evaluated candidate, and its queries.
+
+Durability and concurrency: WAL journal, `synchronous = FULL`, foreign keys on, a 30 s busy
+timeout. Every write is one `BEGIN IMMEDIATE ... COMMIT` transaction (writers queue on the
+database lock instead of failing), so concurrent writers from many processes interleave whole
+records, and a writer killed mid-transaction (even by SIGKILL) leaves nothing behind: SQLite
+discards the uncommitted WAL frames on the next open. One connection per `Memory`, shared
+across threads behind a lock.
+
+Queries: `entries` (filtered list), `get`, `noise_floor` (latest for a deployment + procedure),
+`best_validated` (largest estimated gain over stock along the chain of promotions),
+`similar_validated` (promoted entries of other deployments, most similar first — what to try
+first on a new deployment), `export` (everything as plain JSON data).
+
+Owns: connections, transactions and SQL. Does not own the schema's text (`schema.py`) or what a
+fingerprint contains (`fingerprint.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sqlite3
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from specpilot.control.config import ControllerConfig, Stage
+from specpilot.control.controller import Evaluation
+from specpilot.control.rule import Reason, Verdict
+from specpilot.control.stats import NoiseFloor
+from specpilot.errors import SpecPilotError
+from specpilot.memory import schema
+from specpilot.memory.fingerprint import DeploymentFingerprint
+from specpilot.memory.records import MemoryRecord, SystemRecord, Validated, knob_diff, patch_sha256, system_hash
+from specpilot.memory.schema import MemoryStoreError, now
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """Open (creating if needed) and migrate the database at `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA busy_timeout = 30000")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        schema.migrate(conn)
+    except sqlite3.DatabaseError as err:
+        conn.close()
+        raise MemoryStoreError(f"{path}: not a usable SpecPilot memory database ({err})") from None
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class Memory:
+    def __init__(self, path: str | Path | None = None):
+        if path is None:
+            from specpilot import env
+
+            path = env.memory_path()
+        self.path = Path(path)
+        self._conn = connect(self.path)
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def schema_version(self) -> int:
+        return schema.version(self._conn)
+
+    @contextmanager
+    def transaction(self):
+        """One write transaction (BEGIN IMMEDIATE): all of it is stored, or none of it."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _rows(self, sql: str, args=()) -> list[sqlite3.Row]:
+        with self._lock:
+            cur = self._conn.execute(sql, args)
+            names = [c[0] for c in cur.description]
+            return [dict(zip(names, row)) for row in cur.fetchall()]
+
+    # ---- the model-file hash cache (fingerprint.HashCache) ------------------------------------
+    def cached_hash(self, path: str, size: int, mtime_ns: int) -> str | None:
+        rows = self._rows("SELECT sha256 FROM file_hashes WHERE path = ? AND size = ? AND mtime_ns = ?",
+                          (path, size, mtime_ns))
+        return rows[0]["sha256"] if rows else None
+
+    def store_hash(self, path: str, size: int, mtime_ns: int, sha256: str) -> None:
+        with self.transaction() as c:
+            c.execute("INSERT OR REPLACE INTO file_hashes VALUES (?, ?, ?, ?)", (path, size, mtime_ns, sha256))
+
+    # ---- writes --------------------------------------------------------------------------------
+    def _deployment(self, c, fp: DeploymentFingerprint) -> str:
+        c.execute("INSERT OR IGNORE INTO deployments VALUES (?, ?, ?, ?)",
+                  (fp.digest, fp.name, json.dumps(fp.to_dict(), sort_keys=True), now()))
+        return fp.digest
+
+    def _system(self, c, knobs: dict, patch: str | None, parent: dict | None, parent_hash: str | None) -> str:
+        h = system_hash(knobs, patch)
+        diff = knob_diff(parent, knobs) if parent is not None else {}
+        c.execute("INSERT OR IGNORE INTO systems VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                  (h, str(knobs.get("name", "unnamed")), json.dumps(knobs, sort_keys=True), patch,
+                   patch_sha256(patch), parent_hash, json.dumps(diff, sort_keys=True), now()))
+        return h
+
+    def record_noise(self, fp: DeploymentFingerprint, noise: NoiseFloor) -> int:
+        e = noise.estimate
+        with self.transaction() as c:
+            self._deployment(c, fp)
+            cur = c.execute(
+                "INSERT INTO noise_floors (deployment, procedure, noise, gain, gain_lower, gain_upper, blocks, detail, "
+                "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (fp.digest, noise.procedure, noise.value, e.gain, e.lower, e.upper, e.n,
+                 json.dumps(noise.to_dict()), now()))
+            return cur.lastrowid
+
+    def record_evaluation(self, fp: DeploymentFingerprint, evaluation: Evaluation, config: ControllerConfig, *,
+                          round: str = "", patch: str | None = None, incumbent_patch: str | None = None,
+                          noise_id: int | None = None, commit: str = "") -> int:
+        """Store one evaluation (with its deployment and both systems) atomically; returns its id."""
+        e, d = evaluation, evaluation.decision
+        est = e.estimate
+        detail = {"evaluation": e.to_dict(), "config": config.to_dict(), "commit": commit, "host": socket.gethostname()}
+        with self.transaction() as c:
+            self._deployment(c, fp)
+            inc = self._system(c, e.incumbent.system, incumbent_patch, None, None)
+            cand = self._system(c, e.candidate.system, patch, e.incumbent.system, inc)
+            cur = c.execute(
+                "INSERT INTO evaluations (deployment, candidate, incumbent, round, stage, verdict, reasons, gain, "
+                "gain_lower, gain_upper, threshold, noise, noise_id, p_value, blocks, guard_passed, guard, detail, "
+                "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (fp.digest, cand, inc, round, e.stage.value, d.verdict.value, json.dumps([r.value for r in d.reasons]),
+                 est.gain if est else None, est.lower if est else None, est.upper if est else None,
+                 d.threshold, e.noise.value if e.noise else None, noise_id, d.p_value, est.n if est else 0,
+                 None if e.gate is None else int(e.gate.passed), json.dumps(e.gate.to_dict() if e.gate else {}),
+                 json.dumps(detail), now()))
+            return cur.lastrowid
+
+    # ---- reads ---------------------------------------------------------------------------------
+    _SELECT = ("SELECT e.*, d.name AS deployment_name, s.name AS s_name, s.knobs AS s_knobs, s.patch AS s_patch, "
+               "s.parent AS s_parent, s.diff AS s_diff, s.created_at AS s_created_at FROM evaluations e "
+               "JOIN deployments d ON d.fingerprint = e.deployment JOIN systems s ON s.hash = e.candidate")
+
+    @staticmethod
+    def _record(row: dict) -> MemoryRecord:
+        system = SystemRecord(row["candidate"], row["s_name"], json.loads(row["s_knobs"]), row["s_patch"],
+                              row["s_parent"], json.loads(row["s_diff"]), row["s_created_at"])
+        return MemoryRecord(
+            id=row["id"], deployment=row["deployment"], deployment_name=row["deployment_name"], candidate=system,
+            incumbent=row["incumbent"], round=row["round"], stage=Stage(row["stage"]), verdict=Verdict(row["verdict"]),
+            reasons=tuple(Reason(r) for r in json.loads(row["reasons"])), gain=row["gain"],
+            gain_lower=row["gain_lower"], gain_upper=row["gain_upper"], threshold=row["threshold"],
+            noise=row["noise"], p_value=row["p_value"], blocks=row["blocks"],
+            guard_passed=None if row["guard_passed"] is None else bool(row["guard_passed"]),
+            guard=json.loads(row["guard"]), detail=json.loads(row["detail"]), created_at=row["created_at"])
+
+    def get(self, entry_id: int) -> MemoryRecord:
+        rows = self._rows(self._SELECT + " WHERE e.id = ?", (entry_id,))
+        if not rows:
+            raise SpecPilotError(f"no memory entry {entry_id} in {self.path}")
+        return self._record(rows[0])
+
+    def entries(self, deployment: str | None = None, verdict: Verdict | None = None,
+                limit: int | None = None) -> list[MemoryRecord]:
+        """Newest first; `deployment` matches a fingerprint prefix or a deployment name."""
+        where, args = [], []
+        if deployment:
+            where.append("(e.deployment LIKE ? OR d.name = ?)")
+            args += [deployment + "%", deployment]
+        if verdict is not None:
+            where.append("e.verdict = ?")
+            args.append(verdict.value)
+        sql = self._SELECT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY e.id DESC"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        return [self._record(r) for r in self._rows(sql, args)]
+
+    def noise_floor(self, deployment: str, procedure: str) -> tuple[int, NoiseFloor] | None:
+        rows = self._rows("SELECT id, detail FROM noise_floors WHERE deployment = ? AND procedure = ? "
+                          "ORDER BY id DESC LIMIT 1", (deployment, procedure))
+        return (rows[0]["id"], NoiseFloor.from_dict(json.loads(rows[0]["detail"]))) if rows else None
+
+    def best_validated(self, deployment: str) -> Validated | None:
+        """The promoted system with the largest estimated gain over stock for `deployment` (digest)."""
+        entries = self.entries(deployment=deployment, verdict=Verdict.PROMOTE)
+        chain = self._chains([r for r in entries if r.deployment == deployment])
+        return max(chain, key=lambda v: (v.cumulative_gain, v.record.id)) if chain else None
+
+    def similar_validated(self, fp: DeploymentFingerprint, limit: int = 10,
+                          min_similarity: float = 0.5) -> list[tuple[float, MemoryRecord]]:
+        """Promoted entries of *other* deployments, most similar deployment first, then largest gain."""
+        out = []
+        for row in self._rows("SELECT fingerprint, components FROM deployments WHERE fingerprint != ?", (fp.digest,)):
+            sim = fp.similarity(DeploymentFingerprint.from_dict(json.loads(row["components"])))
+            if sim >= min_similarity:
+                out += [(sim, r) for r in self.entries(deployment=row["fingerprint"], verdict=Verdict.PROMOTE)
+                        if r.deployment == row["fingerprint"]]
+        out.sort(key=lambda x: (-x[0], -(x[1].gain or 0.0), -x[1].id))
+        return out[:limit]
+
+    @staticmethod
+    def _chains(promoted: list[MemoryRecord]) -> list[Validated]:
+        """Cumulative gain over stock of each promoted system: (1 + gain) times its incumbent's."""
+        latest = {}
+        for r in sorted(promoted, key=lambda r: r.id):
+            latest[r.candidate.hash] = r  # a system promoted twice counts by its latest measurement
+
+        def cumulative(h: str, seen: frozenset) -> float:
+            r = latest.get(h)
+            if r is None or h in seen:
+                return 1.0  # stock, or a base that was never promoted here
+            return (1 + r.gain) * cumulative(r.incumbent, seen | {h})
+
+        return [Validated(r, cumulative(h, frozenset()) - 1) for h, r in latest.items()]
+
+    def export(self) -> dict:
+        """Every table as plain JSON data (JSON columns decoded)."""
+        def table(name: str, json_cols: tuple[str, ...]) -> list[dict]:
+            rows = self._rows(f"SELECT * FROM {name} ORDER BY rowid")
+            for r in rows:
+                for col in json_cols:
+                    r[col] = json.loads(r[col]) if r[col] is not None else None
+            return rows
+
+        return {
+            "schema_version": self.schema_version,
+            "exported_at": now(),
+            "deployments": table("deployments", ("components",)),
+            "systems": table("systems", ("knobs", "diff")),
+            "noise_floors": table("noise_floors", ("detail",)),
+            "evaluations": table("evaluations", ("reasons", "guard", "detail")),
+        }

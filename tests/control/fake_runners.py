@@ -1,0 +1,213 @@
+"""Fake runners for the controller's tests. Standard library only: they run inside worker processes.
+
+Each follows the runner contract (`factory(spec)`, `warmup`, `generate`) and reads its behaviour
+from knobs in `spec.system`:
+
+    seconds   sleep per prompt of a request (the runner's "speed")
+    jitter    relative sd of a per-request lognormal jitter; `spike` adds a rare x(1+spike) outlier
+    seed      seeds the jitter (deterministic per runner)
+
+WORKDIR is the folder to give `RunnerSpec.workdir` so a worker can import this module.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import pickle
+import random
+import threading
+import time
+from pathlib import Path
+
+WORKDIR = str(Path(__file__).resolve().parent)
+TOKENS = 6  # tokens per output (capped by max_new_tokens)
+
+
+def expected_tokens(prompt: list[int], max_new_tokens: int) -> list[int]:
+    """What a lossless system generates for `prompt` in these tests."""
+    return [(sum(prompt) * 31 + i) % 997 for i in range(min(TOKENS, max_new_tokens))]
+
+
+def random_prompts(count: int, seed: int) -> list[list[int]]:
+    """A PromptSource: `count` prompts of 3..10 ids, deterministic in seed."""
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 500) for _ in range(rng.randint(3, 10))] for _ in range(count)]
+
+
+def prompt_source_factory(deployment):
+    """The CLI's prompt-source factory signature: (Deployment) -> PromptSource."""
+    return random_prompts
+
+
+class SpeedRunner:
+    """Sleeps `seconds` per prompt (with jitter) and returns the expected tokens."""
+
+    def __init__(self, spec):
+        knobs = spec.system
+        self.seconds = float(knobs.get("seconds", 0.01))
+        self.jitter = float(knobs.get("jitter", 0.0))
+        self.spike = float(knobs.get("spike", 0.0))
+        self.rng = random.Random(int(knobs.get("seed", 0)))
+        self.device = spec.device
+
+    def warmup(self, prompts, max_new_tokens):
+        self.generate(prompts, max_new_tokens)
+
+    def _sleep(self, n_prompts: int) -> None:
+        factor = math.exp(self.rng.gauss(0.0, self.jitter)) if self.jitter else 1.0
+        if self.spike and self.rng.random() < 0.05:
+            factor *= 1 + self.spike
+        time.sleep(self.seconds * n_prompts * factor)
+
+    def generate(self, prompts, max_new_tokens):
+        self._sleep(len(prompts))
+        return [expected_tokens(p, max_new_tokens) for p in prompts]
+
+
+class ClockCheatRunner(SpeedRunner):
+    """Slow for real, but patches every clock of its own process to run 100x slower (to look fast)."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        real = {name: getattr(time, name) for name in ("perf_counter", "time", "monotonic")}
+        real_ns = {name: getattr(time, name) for name in ("perf_counter_ns", "time_ns", "monotonic_ns")}
+        t0 = {name: f() for name, f in real.items()}
+        t0_ns = {name: f() for name, f in real_ns.items()}
+        for name, f in real.items():
+            setattr(time, name, lambda f=f, base=t0[name]: base + (f() - base) / 100)
+        for name, f in real_ns.items():
+            setattr(time, name, lambda f=f, base=t0_ns[name]: base + (f() - base) // 100)
+
+
+class WrongTokensRunner(SpeedRunner):
+    """Fast, but generates different tokens (a lossy "optimization")."""
+
+    def generate(self, prompts, max_new_tokens):
+        self._sleep(len(prompts))
+        return [[(t + 1) % 997 for t in expected_tokens(p, max_new_tokens)] for p in prompts]
+
+
+class ShortOutputRunner(SpeedRunner):
+    """Fast because it stops after one token."""
+
+    def generate(self, prompts, max_new_tokens):
+        self._sleep(len(prompts))
+        return [expected_tokens(p, max_new_tokens)[:1] for p in prompts]
+
+
+class BadOutputRunner(SpeedRunner):
+    """Returns strings instead of token ids."""
+
+    def generate(self, prompts, max_new_tokens):
+        return [["x"] for _ in prompts]
+
+
+class CrashRunner(SpeedRunner):
+    """Dies in the middle of its second request."""
+
+    calls = 0
+
+    def generate(self, prompts, max_new_tokens):
+        CrashRunner.calls += 1
+        if CrashRunner.calls > 1:
+            os._exit(7)
+        return super().generate(prompts, max_new_tokens)
+
+
+class BuildFailRunner:
+    def __init__(self, spec):
+        raise RuntimeError("cannot load the model")
+
+
+class _Exploit:
+    """Unpickling this would write the marker file: what a hostile worker would love the controller to do."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.path), "pwned"))
+
+
+class PickleAttackRunner(SpeedRunner):
+    """Finds its own socket and answers with a pickle that runs code where it is unpickled."""
+
+    def generate(self, prompts, max_new_tokens):
+        from multiprocessing.connection import Connection
+
+        conn = next(o for o in gc.get_objects() if isinstance(o, Connection))
+        conn.send_bytes(pickle.dumps(_Exploit(self_marker())))
+        time.sleep(0.2)
+        return super().generate(prompts, max_new_tokens)
+
+
+def self_marker() -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), ".pickle_attack_marker")
+
+
+class PidFileRunner(SpeedRunner):
+    """Writes its pid to `pid_file` and keeps a busy background thread (it would steal CPU)."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        Path(spec.system["pid_file"]).write_text(str(os.getpid()))
+        threading.Thread(target=self._spin, daemon=True).start()
+
+    @staticmethod
+    def _spin():
+        x = 0
+        while True:
+            x += 1
+            if x % 100000 == 0:
+                time.sleep(0.001)
+
+
+class WatcherRunner(SpeedRunner):
+    """Records, while it serves a request, the scheduler state of the process in `watch_pid_file`."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.watch = Path(spec.system["watch_pid_file"])
+        self.log = Path(spec.system["log_file"])
+
+    def warmup(self, prompts, max_new_tokens):  # every worker warms up at once: nothing to watch
+        SpeedRunner.generate(self, prompts, max_new_tokens)
+
+    def generate(self, prompts, max_new_tokens):
+        out = super().generate(prompts, max_new_tokens)
+        if self.watch.exists():
+            pid = self.watch.read_text().strip()
+            # a stop signal takes effect when the target is next scheduled: on a busy machine a
+            # frozen process can read 'R' for a moment, so wait briefly for 'T'
+            deadline = time.monotonic() + 0.2
+            while True:
+                try:
+                    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                except OSError:
+                    state = "?"
+                if state == "T" or time.monotonic() > deadline:
+                    break
+                time.sleep(0.002)
+            with open(self.log, "a") as f:
+                f.write(state + "\n")
+        return out
+
+
+class SysPathRunner(SpeedRunner):
+    """Returns, as tokens, a flag: 1 if `specpilot` was imported from the worktree, else 0."""
+
+    def generate(self, prompts, max_new_tokens):
+        import specpilot
+
+        flag = int(getattr(specpilot, "PATCHED", False))
+        return [[flag] for _ in prompts]
+
+
+class KnobSpeedRunner(SpeedRunner):
+    """Speed from a real System knob, for CLI tests: `seconds` = 0.1 / depth per prompt."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.seconds = 0.1 / int(spec.system["depth"])

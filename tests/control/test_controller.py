@@ -1,0 +1,148 @@
+"""The controller's logic on simulated arms (no processes): gate first, rule, outputs, rounds."""
+
+from dataclasses import replace
+
+import pytest
+
+from fake_runners import random_prompts
+from sim_backend import SimBackend
+from specpilot.control.config import ControllerConfig, Multiplicity, Stage
+from specpilot.control.controller import Controller, Costs, Evaluation
+from specpilot.control.gate import ALWAYS_PASS, GateResult
+from specpilot.control.rule import Decision, Reason, Verdict
+from specpilot.control.spec import RunnerSpec
+from specpilot.control.stats import GainEstimate
+from specpilot.errors import ConfigError
+
+CONFIG = ControllerConfig(resamples=1999, requests_per_block=4, max_new_tokens=8)
+
+
+def spec(name, **knobs):
+    return RunnerSpec("sim", {"name": name, **knobs}, factory="sim:none")
+
+
+STOCK = spec("stock")
+
+
+def token_gate(request):
+    """Passes only candidates whose tokens equal the incumbent's (a stand-in for the guard)."""
+    same = request.candidate_outputs == request.incumbent_outputs
+    return GateResult(same, {"identical": same}, "" if same else "tokens differ from the incumbent's")
+
+
+def controller(backend=None, gate=token_gate, config=CONFIG):
+    return Controller(config, backend or SimBackend(), gate, random_prompts, "sim")
+
+
+@pytest.fixture(scope="module")
+def noise():
+    return controller().measure_noise(STOCK)
+
+
+def test_noise_floor_is_stock_against_stock(noise):
+    assert noise.procedure == CONFIG.procedure_key(SimBackend.placement)
+    assert noise.estimate.n == CONFIG.noise_blocks
+    assert abs(noise.estimate.gain) < 0.01 and 0 < noise.value < 0.01
+
+
+@pytest.mark.parametrize("gain", [0.0, 0.3, 3.0])
+def test_a_candidate_failing_the_guard_is_never_promoted_and_never_timed(noise, gain):
+    backend = SimBackend()
+    e = controller(backend).evaluate(STOCK, spec("lossy", gain=gain, wrong=True), noise)
+    assert e.verdict is Verdict.REJECT and e.decision.reasons == (Reason.GUARD_FAILED,)
+    assert e.estimate is None and not e.gate.passed
+    assert backend.blocks() == [] and backend.closed == 1  # gated before any timing
+
+
+def test_fast_lossless_candidate_is_promoted(noise):
+    backend = SimBackend()
+    e = controller(backend).evaluate(STOCK, spec("fast", gain=0.1), noise)
+    assert e.verdict is Verdict.PROMOTE and e.decision.reasons == (Reason.CLEARS_THRESHOLD,)
+    assert e.estimate.gain == pytest.approx(0.1, abs=0.01)
+    assert e.decision.lower_bound > e.decision.threshold == pytest.approx(0.01 + 2 * noise.value)
+    assert e.gate.passed and e.outputs.divergence_rate == 0 and e.outputs.token_ratio == 1
+    assert e.costs.blocks == CONFIG.blocks and len(backend.blocks()) == CONFIG.blocks + CONFIG.warmup_blocks
+    # gate prompts and warm-up prompts are never timed prompts
+    gate_prompts = {p for entry in backend.log if entry[0] == "generate" for p in entry[2]}
+    timed = {p for _, index, prompts in backend.blocks()[CONFIG.warmup_blocks:] for p in prompts}
+    assert gate_prompts and not gate_prompts & timed
+
+
+def test_slower_candidate_is_rejected_at_the_first_look(noise):
+    e = controller().evaluate(STOCK, spec("slow", gain=-0.05), noise)
+    assert e.verdict is Verdict.REJECT and e.decision.reasons == (Reason.BELOW_THRESHOLD,)
+    assert e.decision.look == 1 and e.estimate.n == CONFIG.blocks
+
+
+def test_undecided_candidate_gets_the_declared_extra_blocks_then_need_more_data(noise):
+    e = controller(SimBackend(noise=0.05)).evaluate(STOCK, spec("marginal", gain=0.02), noise)
+    assert e.verdict is Verdict.NEED_MORE_DATA and e.decision.reasons == (Reason.UNDECIDED,)
+    assert e.estimate.n == CONFIG.max_blocks and e.decision.look == CONFIG.looks
+    assert e.verdict.exit_code == 3
+
+
+def test_candidate_returning_fewer_tokens_is_rejected_however_fast(noise):
+    e = controller(gate=ALWAYS_PASS).evaluate(STOCK, spec("short", gain=0.5, short=True), noise)
+    assert e.verdict is Verdict.REJECT and Reason.OUTPUTS_SHORTER in e.decision.reasons
+    assert e.outputs.token_ratio < CONFIG.min_token_ratio
+
+
+def test_round_corrects_gates_and_remeasures_the_winner(noise):
+    backend = SimBackend(seed=3)
+    candidates = [spec("none", gain=0.0), spec("small", gain=0.04), spec("big", gain=0.10),
+                  spec("lossy", gain=0.5, wrong=True)]
+    result = controller(backend).evaluate_round(STOCK, candidates, noise)
+    none, small, big, lossy = result.evaluations
+    assert lossy.decision.reasons == (Reason.GUARD_FAILED,) and lossy.estimate is None
+    assert none.verdict is Verdict.REJECT
+    assert result.winner == 2 and result.promoted is big
+    assert big.stage is Stage.REMEASURE and Reason.REMEASURED in big.decision.reasons
+    assert big.screening.stage is Stage.SCREEN and big.screening.estimate != big.estimate
+    assert big.adjusted_p is not None and big.adjusted_p <= CONFIG.alpha
+    assert small.verdict is Verdict.REJECT and small.decision.reasons[-1] is Reason.NOT_SELECTED
+    # the re-measure ran on fresh prompts
+    screened = {p for _, _, prompts in backend.blocks()[: -(CONFIG.warmup_blocks + big.estimate.n)] for p in prompts}
+    fresh = {p for _, _, prompts in backend.blocks()[-big.estimate.n:] for p in prompts}
+    assert not screened & fresh
+
+
+def _fake_eval(name, p):
+    verdict = Verdict.PROMOTE if p <= CONFIG.alpha else Verdict.REJECT
+    est = GainEstimate((0.05, 0.06, 0.04, 0.05, 0.055), resamples=200)
+    return Evaluation(STOCK, spec(name), Stage.SCREEN, SimBackend.placement,
+                      Decision(verdict, (Reason.CLEARS_THRESHOLD,), 0.01, 0.03, 0.0083, 1, 3, p),
+                      None, GateResult(True), est, None, Costs())
+
+
+@pytest.mark.parametrize("method, significant", [(Multiplicity.HOLM, [0]), (Multiplicity.BH, [0, 1])])
+def test_round_multiplicity(monkeypatch, noise, method, significant):
+    """p = (0.006, 0.016, 0.5): Holm keeps only the first (0.016 * 2 > 0.025), BH keeps both."""
+    c = controller(config=replace(CONFIG, multiplicity=method))
+    ps = {"a": 0.006, "b": 0.016, "c": 0.5}
+
+    def compare(incumbent, candidate, noise, stage, config, gate_result=None):
+        e = _fake_eval(candidate.name, ps[candidate.name])
+        return replace(e, stage=stage)
+
+    monkeypatch.setattr(c, "_compare", compare)
+    result = c.evaluate_round(STOCK, [spec("a"), spec("b"), spec("c")], noise)
+    a, b, cc = result.evaluations
+    assert result.winner == 0 and a.stage is Stage.REMEASURE
+    assert cc.verdict is Verdict.REJECT
+    if 1 in significant:
+        assert b.decision.reasons[-1] is Reason.NOT_SELECTED
+    else:
+        assert b.verdict is Verdict.NEED_MORE_DATA and b.decision.reasons[-1] is Reason.NOT_SIGNIFICANT
+
+
+def test_noise_from_another_procedure_is_refused(noise):
+    other = controller(config=replace(CONFIG, requests_per_block=2))
+    with pytest.raises(ConfigError, match="another timing procedure"):
+        other.evaluate(STOCK, spec("x"), noise)
+
+
+def test_evaluation_round_trips_through_plain_data(noise):
+    e = controller().evaluate(STOCK, spec("fast", gain=0.1), noise)
+    again = Evaluation.from_dict(e.to_dict())
+    assert again.to_dict() == e.to_dict()
+    assert again.estimate == e.estimate and again.decision == e.decision

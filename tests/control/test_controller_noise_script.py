@@ -1,0 +1,45 @@
+"""bench/controller_noise.py on CPU with fake runners: both placements, files written by code."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+from fake_runners import WORKDIR
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "controller_noise.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("controller_noise", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ARGS = ["--deployment", "fixture", "--blocks", "5", "--requests-per-block", "2", "--max-new-tokens", "8",
+        "--runner", "fake_runners:SpeedRunner", "--workdir", WORKDIR, "--prompt-source",
+        "fake_runners:prompt_source_factory", "--resamples", "500"]
+
+
+def test_both_placements_write_json_and_markdown(tmp_path):
+    script = load_script()
+    assert script.main([*ARGS, "--out", str(tmp_path), "--devices", "cpu,cpu", "--placement", "both"]) == 0
+    result = json.loads((tmp_path / "controller_noise.json").read_text())
+    assert [m["placement"] for m in result["modes"]] == ["alternate", "side-by-side"]
+    for mode in result["modes"]:
+        assert mode["noise"]["blocks"] == 5 and mode["noise"]["value"] >= 0
+        assert mode["evaluation"]["verdict"] in ("reject", "need-more-data")  # stock never beats itself
+        assert mode["seconds_per_block"] > 0 and mode["projected_evaluation_seconds"]["full_budget"] > 0
+    assert result["commit"] is not None and result["date"] and result["provenance"]["versions"]["torch"]
+    md = (tmp_path / "controller_noise.md").read_text()
+    assert "| alternate | 5 |" in md and "| side-by-side | 5 |" in md
+
+
+def test_missing_runner_fails_with_one_clear_line(tmp_path, capsys):
+    script = load_script()
+    code = script.main([*ARGS, "--out", str(tmp_path), "--devices", "cpu", "--runner", "specpilot.engine.nope:Runner",
+                        "--no-evaluation"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runner factory 'specpilot.engine.nope:Runner' cannot be imported" in err[0]
+    assert not (tmp_path / "controller_noise.json").exists()

@@ -1,0 +1,121 @@
+"""`specpilot evaluate` end to end on CPU (fake runners, fake prompts) and `evaluate_candidate`."""
+
+import argparse
+import json
+
+import pytest
+
+from fake_runners import WORKDIR
+from specpilot.control import cli as control_cli
+from specpilot.control.rule import Verdict
+from specpilot.errors import SpecPilotError
+from specpilot.memory import cli as memory_cli
+from specpilot.memory.store import Memory
+
+
+def run_cli(argv) -> int:
+    """What `specpilot.cli.main` does with these subcommands: parse, run, map errors to exit 2."""
+    parser = argparse.ArgumentParser(prog="specpilot")
+    sub = parser.add_subparsers()
+    control_cli.register(sub)
+    memory_cli.register(sub)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecPilotError as err:
+        print(f"error: {err}")
+        return err.exit_code
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", WORKDIR)  # the workers import fake_runners too
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 8}')
+    (model / "model.safetensors").write_bytes(b"\0" * 1000)
+    dep = tmp_path / "dep.toml"
+    dep.write_text('name = "cli-fx"\ntarget = "model"\ndrafter = "ngram"\nmax_new_tokens = 8\n')
+    (tmp_path / "deep.toml").write_text('name = "deep"\ndepth = 8\n')
+    (tmp_path / "shallow.toml").write_text('name = "shallow"\ndepth = 3\n')
+    return tmp_path
+
+
+FAST = ["--runner", "fake_runners:KnobSpeedRunner", "--gate", "specpilot.control.gate:ALWAYS_PASS",
+        "--prompt-source", "fake_runners:prompt_source_factory", "--devices", "cpu", "--blocks", "8",
+        "--noise-blocks", "8", "--requests-per-block", "2", "--extra-blocks", "0", "--resamples", "999",
+        "--warmup-requests", "1"]
+
+
+def evaluate(files, candidate, *extra):
+    return run_cli(["evaluate", "--deployment", str(files / "dep.toml"), "--candidate", str(files / candidate),
+                    "--memory", str(files / "m.sqlite"), *FAST, *extra])
+
+
+def test_promote_reject_and_record(files, capsys):
+    assert evaluate(files, "deep.toml", "--json", "--round", "r7") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "promote" and out["noise_measured"] is True
+    ev = out["evaluation"]
+    assert ev["candidate"]["system"]["depth"] == 8 and ev["estimate"]["gain"] > 0.3
+    assert ev["decision"]["lower_bound"] > ev["decision"]["threshold"]
+    assert evaluate(files, "shallow.toml") == 1  # slower: rejected; the stored noise floor is reused
+    text = capsys.readouterr().out
+    assert "verdict     REJECT" in text and "recorded    memory entry 2" in text
+    with Memory(files / "m.sqlite") as m:
+        first, second = m.get(1), m.get(2)
+        assert first.verdict is Verdict.PROMOTE and first.round == "r7" and first.candidate.diff == {"depth": [5, 8]}
+        assert second.verdict is Verdict.REJECT and second.noise == first.noise
+        assert len(m.export()["noise_floors"]) == 1
+        assert m.best_validated(first.deployment).record.id == 1
+    assert run_cli(["memory", "list", "--memory", str(files / "m.sqlite"), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(e["id"], e["verdict"]) for e in listed] == [(2, "reject"), (1, "promote")]
+    assert run_cli(["memory", "show", "1", "--memory", str(files / "m.sqlite")]) == 0
+    assert "verdict     PROMOTE" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, message", [
+    (["--candidate", "missing.toml"], "neither 'stock', 'ar' nor an existing file"),
+    (["--prompt-source", "specpilot.bench.no_such_module:f"], "prompt source"),
+    (["--gate", "specpilot.guard.no_such_module:gate"], "token-forcing guard is needed"),
+    (["--blocks", "2"], "blocks and noise_blocks must be >= 5"),
+])
+def test_bad_input_exits_2_with_one_line(files, capsys, change, message):
+    argv = ["evaluate", "--deployment", str(files / "dep.toml"), "--candidate", str(files / "deep.toml"),
+            "--memory", str(files / "m.sqlite"), *FAST]
+    flag = change[0]
+    value = str(files / change[1]) if flag == "--candidate" else change[1]
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+    assert run_cli(argv) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("error: ") and message in out[0]
+
+
+def test_need_more_data_exits_3(files, monkeypatch, capsys):
+    """The CLI maps the verdict to its exit status; the verdict itself comes from simulated arms far
+    noisier than the gain (see test_controller.py), so the declared budget runs out undecided."""
+    from fake_runners import random_prompts
+    from sim_backend import SimBackend
+    from specpilot.control import evaluate as library
+    from specpilot.control.config import ControllerConfig
+    from specpilot.control.controller import Controller
+    from specpilot.control.gate import ALWAYS_PASS
+    from specpilot.control.spec import RunnerSpec
+    from specpilot.memory.fingerprint import DeploymentFingerprint
+
+    config = ControllerConfig(resamples=999)
+    stock = RunnerSpec("sim", {"name": "stock"})
+    noise = Controller(config, SimBackend(), ALWAYS_PASS, random_prompts, "sim").measure_noise(stock)
+    controller = Controller(config, SimBackend(noise=0.05), ALWAYS_PASS, random_prompts, "sim")
+    evaluation = controller.evaluate(stock, RunnerSpec("sim", {"name": "marginal", "gain": 0.02}), noise)
+    fp = DeploymentFingerprint("sim", (), (), "ngram", (1, 1), "sim")
+    monkeypatch.setattr(library, "evaluate_candidate",
+                        lambda *a, **k: library.Recorded(evaluation, None, None, fp, False))
+    assert evaluate(files, "deep.toml", "--json") == 3
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "need-more-data" and out["exit_code"] == 3
+    assert out["evaluation"]["decision"]["look"] == out["evaluation"]["decision"]["looks"] == 3

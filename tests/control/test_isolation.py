@@ -1,0 +1,160 @@
+"""Real worker processes with fake runners: placement, timing from outside, tampering, failures."""
+
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from fake_runners import WORKDIR, random_prompts, self_marker
+from specpilot import env
+from specpilot.control.backends.local import LocalBackend
+from specpilot.control.config import ControllerConfig, Placement
+from specpilot.control.controller import Controller, EvaluationError
+from specpilot.control.gate import ALWAYS_PASS
+from specpilot.control.rule import Reason, Verdict
+from specpilot.control.session import LocalPairSession
+from specpilot.control.spec import RunnerSpec
+from specpilot.control.stats import GainEstimate, NoiseFloor
+from specpilot.control.worker import FailureKind, Worker, WorkerError
+
+CONFIG = ControllerConfig(blocks=6, requests_per_block=2, extra_blocks=0, noise_blocks=6, max_new_tokens=8,
+                          resamples=999, warmup_requests=1, request_timeout_s=20, startup_timeout_s=60)
+# a quiet stand-in noise floor (measuring one costs seconds; its own test measures it)
+NOISE = NoiseFloor(GainEstimate((0.001, -0.001, 0.0005, -0.0005, 0.0), resamples=999),
+                   CONFIG.procedure_key(Placement.ALTERNATE))
+
+
+def arm(kind="SpeedRunner", name=None, **knobs):
+    return RunnerSpec("fixture", {"name": name or kind, "seconds": 0.01, **knobs}, workdir=WORKDIR,
+                      factory=f"fake_runners:{kind}")
+
+
+def evaluate(candidate, incumbent=None, devices=("cpu",), config=CONFIG, noise=NOISE):
+    backend = LocalBackend(list(devices))
+    if noise.procedure != config.procedure_key(backend.placement):
+        noise = replace(noise, procedure=config.procedure_key(backend.placement))
+    c = Controller(config, backend, ALWAYS_PASS, random_prompts, "fixture")
+    return c.evaluate(incumbent or arm(name="stock"), candidate, noise)
+
+
+def test_worker_environment_pins_one_gpu_and_turns_multicast_off(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    e = env.worker_environment("cuda:1")
+    assert e["CUDA_VISIBLE_DEVICES"] == "6"
+    assert (e["NCCL_NVLS_ENABLE"], e["TORCH_SYMM_MEM_DISABLE_MULTICAST"], e["NVSHMEM_DISABLE_NVLS"]) == ("0", "1", "1")
+    assert env.worker_environment("cpu")["CUDA_VISIBLE_DEVICES"] == ""
+    with pytest.raises(ValueError):
+        env.worker_environment("cuda:2")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert env.worker_environment("cuda:3")["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+def test_alternate_promotes_a_faster_candidate_timed_from_outside():
+    e = evaluate(arm(name="fast", seconds=0.006))
+    assert e.verdict is Verdict.PROMOTE and e.placement is Placement.ALTERNATE
+    assert 0.3 < e.estimate.gain < 0.8  # 10 ms vs 6 ms per prompt, plus fixed IPC cost
+    assert e.outputs.runs == CONFIG.blocks * CONFIG.block_prompts and e.outputs.divergence_rate == 0
+    assert e.costs.open > 0 and e.costs.timed_blocks > 0
+
+
+def test_side_by_side_two_workers_per_arm_swap_devices():
+    """The two-GPU code path on CPU: four workers, arms run at once, devices swapped in every block."""
+    config = replace(CONFIG, placement=Placement.SIDE_BY_SIDE)
+    with LocalPairSession(arm(name="stock"), arm(name="fast", seconds=0.006), ["cpu", "cpu"], config,
+                          Placement.SIDE_BY_SIDE) as session:
+        assert sorted((a.value, d) for a, d in session.workers) == [("A", 0), ("A", 1), ("B", 0), ("B", 1)]
+        pids = {w.proc.pid for w in session.workers.values()}
+        assert len(pids) == 4 and os.getpid() not in pids
+        from specpilot.control.blocks import plan_block
+
+        plan = plan_block(config, Placement.SIDE_BY_SIDE, 1, random_prompts(config.block_prompts, 1), "t")
+        assert [(p.incumbent, p.candidate) for p in plan.phases] == [(1, 0), (0, 1)]
+        t0 = time.monotonic()
+        r = session.run_block(plan)
+        wall = time.monotonic() - t0
+    assert len(r.incumbent_seconds) == 2 and len(r.candidate_seconds[0]) == config.requests_per_block
+    assert r.log_ratio > 0.1
+    # arms ran concurrently: the block took about the slower arm's time, not the sum of both
+    assert wall < 0.9 * r.seconds
+    e = evaluate(arm(name="fast", seconds=0.006), devices=("cpu", "cpu"), config=config)
+    assert e.placement is Placement.SIDE_BY_SIDE and e.verdict is Verdict.PROMOTE
+
+
+def test_candidate_faking_its_clocks_cannot_win():
+    """Really 50% slower; every clock in its own process runs 100x slow so it would 'see' itself fast."""
+    e = evaluate(arm("ClockCheatRunner", name="cheat", seconds=0.015))
+    assert e.verdict is Verdict.REJECT and e.estimate.gain < -0.2
+
+
+def test_idle_arm_is_frozen_while_the_other_is_timed(tmp_path):
+    pid_file, log = tmp_path / "pid", tmp_path / "states"
+    incumbent = arm("WatcherRunner", name="stock", watch_pid_file=str(pid_file), log_file=str(log))
+    candidate = arm("PidFileRunner", name="spinner", pid_file=str(pid_file))
+    config = replace(CONFIG, blocks=5)
+    evaluate(candidate, incumbent, config=config)
+    states = log.read_text().split()
+    assert len(states) >= config.blocks * config.requests_per_block and set(states) == {"T"}
+    log.unlink()
+    evaluate(candidate, incumbent, config=replace(config, freeze_idle=False))
+    assert "T" not in log.read_text().split()  # the check above does discriminate
+
+
+@pytest.mark.parametrize("kind, reason", [
+    ("BadOutputRunner", Reason.BAD_OUTPUT),
+    ("CrashRunner", Reason.WORKER_FAILED),
+    ("BuildFailRunner", Reason.WORKER_FAILED),
+])
+def test_failing_candidates_are_rejected(kind, reason):
+    e = evaluate(arm(kind))
+    assert e.verdict is Verdict.REJECT and e.decision.reasons == (reason,) and e.error
+
+
+def test_a_worker_cannot_make_the_controller_unpickle():
+    marker = Path(self_marker())
+    marker.unlink(missing_ok=True)
+    e = evaluate(arm("PickleAttackRunner", name="evil", seconds=0.001))
+    assert e.verdict is Verdict.REJECT and e.decision.reasons == (Reason.BAD_OUTPUT,)
+    assert "not JSON" in e.error
+    assert not marker.exists()
+
+
+def test_failing_incumbent_is_an_error_not_a_verdict():
+    with pytest.raises(EvaluationError, match="incumbent failed"):
+        evaluate(arm(), incumbent=arm("BuildFailRunner"))
+
+
+def test_worktree_comes_first_on_the_workers_path(tmp_path):
+    (tmp_path / "specpilot").mkdir()
+    (tmp_path / "specpilot" / "__init__.py").write_text("PATCHED = True\n")
+    (tmp_path / "patched_runner.py").write_text(
+        "import specpilot\n"
+        "class Runner:\n"
+        "    def __init__(self, spec):\n        self.flag = int(getattr(specpilot, 'PATCHED', False))\n"
+        "    def warmup(self, prompts, n):\n        pass\n"
+        "    def generate(self, prompts, n):\n        return [[self.flag] for _ in prompts]\n")
+    w = Worker.start(RunnerSpec("fixture", {"name": "p"}, "cpu", str(tmp_path), "patched_runner:Runner"), "p", tmp_path)
+    try:
+        w.send({"op": "build", "spec": w.spec.to_dict()})
+        w.wait_ready(20)
+        info = w.receive()
+        assert info["specpilot"] == str(tmp_path / "specpilot" / "__init__.py")
+        w.send({"op": "generate", "prompts": [[1], [2]], "max_new_tokens": 4})
+        w.wait_ready(20)
+        assert w.receive()["outputs"] == [[1], [1]]
+        w.send({"op": "explode"})  # failures inside the worker are reported, not fatal
+        w.wait_ready(20)
+        with pytest.raises(WorkerError) as err:
+            w.receive()
+        assert err.value.kind is FailureKind.RAISED
+    finally:
+        w.close()
+    assert w.proc.returncode is not None
+
+
+def test_stock_vs_stock_noise_with_real_workers():
+    backend = LocalBackend(["cpu"])
+    noise = Controller(CONFIG, backend, ALWAYS_PASS, random_prompts, "fixture").measure_noise(arm(name="stock"))
+    assert noise.estimate.n == CONFIG.noise_blocks and abs(noise.estimate.gain) < 0.1
+    assert noise.procedure == CONFIG.procedure_key(Placement.ALTERNATE)

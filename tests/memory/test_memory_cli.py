@@ -1,0 +1,68 @@
+"""`specpilot memory list|show|export` on a database written through the API."""
+
+import argparse
+import json
+
+import pytest
+
+from memory_fixtures import CONFIG, evaluation, fingerprint, spec
+from specpilot.control.rule import Verdict
+from specpilot.errors import SpecPilotError
+from specpilot.memory import cli
+from specpilot.memory.store import Memory
+
+
+def run_cli(argv) -> int:
+    parser = argparse.ArgumentParser(prog="specpilot")
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecPilotError as err:
+        print(f"error: {err}")
+        return err.exit_code
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = tmp_path / "m.sqlite"
+    with Memory(path) as m:
+        m.record_evaluation(fingerprint("alpha"), evaluation(spec("deep", depth=8), gain=0.12), CONFIG, round="r1")
+        m.record_evaluation(fingerprint("alpha"), evaluation(spec("slow", depth=2), gain=-0.03,
+                                                             verdict=Verdict.REJECT), CONFIG, round="r1")
+        m.record_evaluation(fingerprint("beta", gpu="NVIDIA H100"), evaluation(spec("lossy", fault="x"), passed=False),
+                            CONFIG, round="r2")
+    return str(path)
+
+
+def test_list_table_and_filters(db, capsys):
+    assert run_cli(["memory", "list", "--memory", db]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["id", "created"] and len(lines) == 4
+    assert "lossy" in lines[1] and "reject" in lines[1] and "+12.01%" in lines[3]
+    assert run_cli(["memory", "list", "--memory", db, "--deployment", "alpha", "--verdict", "promote", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["candidate"], r["verdict"], r["round"]) for r in rows] == [("deep", "promote", "r1")]
+
+
+def test_show_prints_the_numbers(db, capsys):
+    assert run_cli(["memory", "show", "1", "--memory", db]) == 0
+    out = capsys.readouterr().out
+    assert "deep" in out and '"depth": [5, 8]' in out and "verdict     PROMOTE" in out and "gain        +12.01%" in out
+    assert run_cli(["memory", "show", "3", "--memory", db, "--json"]) == 0
+    entry = json.loads(capsys.readouterr().out)
+    assert entry["verdict"] == "reject" and entry["guard_passed"] is False and entry["reasons"] == ["guard-failed"]
+
+
+def test_export_to_file(db, tmp_path):
+    out = tmp_path / "export.json"
+    assert run_cli(["memory", "export", "--memory", db, "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert len(data["evaluations"]) == 3 and len(data["deployments"]) == 2
+
+
+def test_bad_input(db, tmp_path, capsys):
+    assert run_cli(["memory", "show", "42", "--memory", db]) == 2
+    assert capsys.readouterr().out.strip() == f"error: no memory entry 42 in {db}"
+    assert run_cli(["memory", "list", "--memory", str(tmp_path / "none.sqlite")]) == 2
+    assert "no memory database at" in capsys.readouterr().out

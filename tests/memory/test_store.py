@@ -1,0 +1,107 @@
+"""Memory: recording, reading back, queries (best validated, similar deployments), export."""
+
+import json
+
+import pytest
+
+from memory_fixtures import CONFIG, evaluation, fingerprint, noise_floor, spec
+from specpilot.control.rule import Reason, Verdict
+from specpilot.errors import SpecPilotError
+from specpilot.memory.records import knob_diff, system_hash
+from specpilot.memory.store import Memory
+
+
+@pytest.fixture
+def memory(tmp_path):
+    with Memory(tmp_path / "m.sqlite") as m:
+        yield m
+
+
+def test_record_and_read_back_everything(memory):
+    fp = fingerprint()
+    noise_id = memory.record_noise(fp, noise_floor())
+    e = evaluation(spec("deeper", depth=8), gain=0.07)
+    entry = memory.record_evaluation(fp, e, CONFIG, round="r1", patch="--- a\n+++ b\n", noise_id=noise_id,
+                                     commit="abc123")
+    r = memory.get(entry)
+    assert (r.deployment, r.deployment_name, r.round, r.verdict, r.reasons) == (
+        fp.digest, "fx", "r1", Verdict.PROMOTE, (Reason.CLEARS_THRESHOLD,))
+    assert r.gain == pytest.approx(e.estimate.gain) and (r.gain_lower, r.gain_upper) == e.estimate.interval
+    assert r.noise == pytest.approx(noise_floor().value) and r.threshold == 0.015 and r.blocks == 6
+    assert r.guard_passed is True and r.guard["summary"] == {"mismatch_rate": 0.007}
+    assert r.candidate.name == "deeper" and r.candidate.patch.startswith("---")
+    assert r.candidate.parent == system_hash(spec("stock").system)
+    assert r.candidate.diff == {"depth": [5, 8]}
+    assert r.detail["commit"] == "abc123" and r.detail["config"] == CONFIG.to_dict()
+    assert r.evaluation().to_dict() == e.to_dict()
+    got = memory.noise_floor(fp.digest, noise_floor().procedure)
+    assert got[0] == noise_id and got[1] == noise_floor()
+    assert memory.noise_floor(fp.digest, "other procedure") is None
+    with pytest.raises(SpecPilotError, match="no memory entry 99"):
+        memory.get(99)
+
+
+def test_guard_failures_are_remembered_untimed(memory):
+    entry = memory.record_evaluation(fingerprint(), evaluation(spec("lossy", fault="x"), passed=False), CONFIG)
+    r = memory.get(entry)
+    assert r.verdict is Verdict.REJECT and r.guard_passed is False and r.gain is None and r.blocks == 0
+
+
+def test_system_identity_ignores_names_and_includes_patches():
+    assert system_hash({"name": "a", "depth": 6}) == system_hash({"name": "b", "depth": 6})
+    assert system_hash({"depth": 6}) != system_hash({"depth": 6}, patch="diff")
+    assert knob_diff({"name": "s", "depth": 5, "topk": 4}, {"name": "c", "depth": 6, "topk": 4}) == {"depth": [5, 6]}
+
+
+def test_entries_filters(memory):
+    a, b = fingerprint("alpha"), fingerprint("beta", gpu="NVIDIA H100")
+    memory.record_evaluation(a, evaluation(spec("s1", depth=6)), CONFIG)
+    memory.record_evaluation(a, evaluation(spec("s2", depth=7), gain=-0.02, verdict=Verdict.REJECT), CONFIG)
+    memory.record_evaluation(b, evaluation(spec("s3", depth=8)), CONFIG)
+    assert [r.candidate.name for r in memory.entries()] == ["s3", "s2", "s1"]
+    assert [r.candidate.name for r in memory.entries("alpha")] == ["s2", "s1"]
+    assert [r.candidate.name for r in memory.entries(b.digest[:6])] == ["s3"]
+    assert [r.candidate.name for r in memory.entries(verdict=Verdict.REJECT)] == ["s2"]
+    assert len(memory.entries(limit=1)) == 1
+
+
+def test_best_validated_follows_the_chain_of_promotions(memory):
+    fp = fingerprint()
+    stock, s1, s2, s3 = spec("stock"), spec("s1", depth=6), spec("s2", depth=7), spec("s3", depth=8)
+    memory.record_evaluation(fp, evaluation(s1, stock, gain=0.05), CONFIG)
+    memory.record_evaluation(fp, evaluation(s2, s1, gain=0.03), CONFIG)  # on top of s1
+    memory.record_evaluation(fp, evaluation(s3, stock, gain=0.06), CONFIG)  # alone: smaller than 1.05 * 1.03
+    memory.record_evaluation(fp, evaluation(spec("bad", depth=9), s2, gain=0.5, passed=False), CONFIG)
+    memory.record_evaluation(fingerprint(gpu="other"), evaluation(spec("elsewhere", depth=3), gain=0.9), CONFIG)
+    best = memory.best_validated(fp.digest)
+    assert best.record.candidate.name == "s2"
+    assert best.cumulative_gain == pytest.approx((1 + best.record.gain) * (1 + memory.entries(
+        verdict=Verdict.PROMOTE)[-1].gain) - 1)
+    assert memory.best_validated("0" * 16) is None
+
+
+def test_similar_deployments_first(memory):
+    here = fingerprint("new", torch="2.14")
+    same_models_other_gpu = fingerprint("h100", gpu="NVIDIA H100")
+    other_models = fingerprint("other", target=(("config.json", "d" * 64), ("model.safetensors", "b" * 64)))
+    assert here.similarity(here) == 1.0
+    assert here.similarity(same_models_other_gpu) == pytest.approx(0.75)
+    assert here.similarity(other_models) == pytest.approx(0.55)
+    memory.record_evaluation(same_models_other_gpu, evaluation(spec("a", depth=6), gain=0.02), CONFIG)
+    memory.record_evaluation(other_models, evaluation(spec("b", depth=7), gain=0.30), CONFIG)
+    memory.record_evaluation(other_models, evaluation(spec("c", depth=8), gain=-0.1, verdict=Verdict.REJECT), CONFIG)
+    memory.record_evaluation(here, evaluation(spec("d", depth=9), gain=0.1), CONFIG)  # the same deployment: excluded
+    found = memory.similar_validated(here)
+    assert [(round(s, 2), r.candidate.name) for s, r in found] == [(0.75, "a"), (0.55, "b")]
+    assert [r.candidate.name for _, r in memory.similar_validated(here, min_similarity=0.6)] == ["a"]
+
+
+def test_export_is_plain_json(memory, tmp_path):
+    fp = fingerprint()
+    memory.record_noise(fp, noise_floor())
+    memory.record_evaluation(fp, evaluation(spec("s1", depth=6)), CONFIG)
+    data = json.loads(json.dumps(memory.export()))
+    assert data["schema_version"] == memory.schema_version
+    assert [len(data[k]) for k in ("deployments", "systems", "noise_floors", "evaluations")] == [1, 2, 1, 1]
+    assert data["evaluations"][0]["detail"]["evaluation"]["candidate"]["system"]["name"] == "s1"
+    assert data["deployments"][0]["components"]["gpu"] == "NVIDIA H200"
