@@ -1,4 +1,9 @@
-"""Train a byte-level BPE tokenizer with the `tokenizers` library (deterministic for a corpus)."""
+"""Train a byte-level BPE tokenizer with the `tokenizers` library (deterministic for a corpus).
+
+The only special token is EOS `<|endoftext|>` (id 0), appended after every training document.
+`tokenizer_config.json` names `PreTrainedTokenizerFast` so transformers loads tokenizer.json as
+is, instead of rebuilding a family tokenizer (e.g. Qwen2's) with different pre-tokenization.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +33,9 @@ def train_bpe(documents: list[str], vocab_size: int) -> Tokenizer:
 def save_tokenizer(tok: Tokenizer, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOS, "bos_token": None}, indent=2) + "\n")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS, "bos_token": None,
+              "model_max_length": 4096}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
 if __name__ == "__main__":
@@ -43,6 +50,6 @@ if __name__ == "__main__":
     ap.add_argument("--python-bytes", type=int, default=8_000_000)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
-    corpus = build_corpus(python_bytes=a.python_bytes, english_bytes=1_000_000, seed=a.seed)
+    corpus = build_corpus(python_bytes=a.python_bytes, english_chars=1_000_000, seed=a.seed)
     print(json.dumps(corpus.sources, indent=1))
     save_tokenizer(train_bpe(corpus.documents, a.vocab_size), a.out)

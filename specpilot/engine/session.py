@@ -22,6 +22,7 @@ from specpilot.engine.drafters.draft_model import DraftModelDrafter
 from specpilot.engine.drafters.ngram import NgramDrafter
 from specpilot.engine.generator import Generator
 from specpilot.errors import CheckpointError, ConfigError
+from specpilot.models.fixture import resolve_checkpoint
 from specpilot.models.loading import load_model
 from specpilot.models.tokenizer import Tokenizer, check_same_vocabulary
 from specpilot.models.transformer import Transformer
@@ -29,14 +30,7 @@ from specpilot.models.transformer import Transformer
 
 def resolve_model_dir(name: str, role: str) -> Path:
     """'fixture' -> the shipped checkpoint for `role` ("target" | "drafter"); else a directory."""
-    if name == "fixture":
-        from specpilot.models.fixture import fixture_path
-
-        return fixture_path(role)
-    path = Path(name).expanduser()
-    if not path.is_dir():
-        raise CheckpointError(f"{role} model directory {name!r} does not exist")
-    return path
+    return resolve_checkpoint(name, role)
 
 
 def load_role(name: str, role: str, factor: int, device, dtype) -> Transformer:

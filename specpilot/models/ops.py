@@ -5,7 +5,7 @@ residual add, SiLU x up). In eager PyTorch that is ~40 tiny kernels per layer, s
 milliseconds per token on an 8B model: more than its whole weight-streaming floor. Each function
 here is written once in plain PyTorch (the exact HF math, used as is on CPU) and, on CUDA, compiled
 with `torch.compile` into one or two kernels reused by every layer (same shapes, weights passed as
-arguments, so one compilation serves all layers).
+arguments, and shapes symbolic, so one compilation serves all layers and all shapes).
 
 `fusion_enabled()` is False on CPU and when `SPECPILOT_COMPILE=0`.
 """
@@ -60,8 +60,11 @@ def fusion_enabled(device: torch.device) -> bool:
 
 @functools.cache
 def _compiled(name: str):
+    # dynamic=True: one compilation serves every batch size and token count (decode step, tree
+    # verification, draft expansions, prefill); with static shapes each new (B, T) recompiled and
+    # the recompile limit was hit on the first real workload.
     fn = globals()[name]
-    return torch.compile(fn, dynamic=False, fullgraph=True)
+    return torch.compile(fn, dynamic=True, fullgraph=True)
 
 
 def fused(name: str, device: torch.device):

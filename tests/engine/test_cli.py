@@ -43,7 +43,7 @@ def one_error_line(err: str) -> str:
 
 def test_missing_target(capsys):
     code, _, err = run(capsys, "generate", "--target", "/no/such/model", "--prompt", "x")
-    assert code == 2 and "does not exist" in one_error_line(err)
+    assert code == 2 and "is not a directory" in one_error_line(err)
 
 
 def test_corrupt_checkpoint(capsys, target_dir, tmp_path):
