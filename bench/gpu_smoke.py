@@ -23,14 +23,8 @@ from specpilot.engine.drafters.draft_model import DraftModelDrafter  # noqa: E40
 from specpilot.engine.drafters.ngram import NgramDrafter  # noqa: E402
 from specpilot.engine.generator import Generator  # noqa: E402
 from specpilot.engine.profile import profile  # noqa: E402
+from specpilot.guard.divergence import first_divergence  # noqa: E402
 from specpilot.models.random_checkpoint import random_model, tiny_config  # noqa: E402
-
-
-def first_divergence(a, b):
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None
 
 
 def margin(model, prompt, out, i, other):

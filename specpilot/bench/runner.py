@@ -30,6 +30,7 @@ from specpilot.bench.prompts import BenchPrompt
 from specpilot.bench.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, IntervalMethod
 from specpilot.config import Deployment, System, load_system
 from specpilot.errors import ConfigError
+from specpilot.guard.divergence import first_divergence
 
 AR_NAME = "ar"
 
@@ -154,14 +155,6 @@ class BatchMeasurement:
         return {"set": self.set_name, "batch": self.batch_index,
                 "prompts": [asdict(p) for p in self.prompts], "order": list(self.order),
                 "ar": self.ar.to_dict(), "systems": [s.to_dict() for s in self.systems]}
-
-
-def first_divergence(tokens: list[int], reference: list[int]) -> int | None:
-    """Index of the first position where the two differ (a length mismatch counts); None if equal."""
-    for i, (x, y) in enumerate(zip(tokens, reference)):
-        if x != y:
-            return i
-    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
 
 
 def accept_histogram(accept_lengths: list[int]) -> tuple[int, ...]:

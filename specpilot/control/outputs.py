@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
+from specpilot.guard.divergence import first_divergence
+
 
 class OutputError(ValueError):
     """A reply's outputs are malformed."""
@@ -35,14 +37,6 @@ def validate_outputs(outputs, prompts: int, max_new_tokens: int) -> tuple[tuple[
             raise OutputError(f"output {i} has {len(ids)} tokens, more than max_new_tokens = {max_new_tokens}")
         out.append(tuple(ids))
     return tuple(out)
-
-
-def first_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:
-    """Index of the first differing token (or of the shorter's end); None if identical."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 @dataclass(frozen=True)

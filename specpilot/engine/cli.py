@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from specpilot.config import Deployment, DrafterKind, Kernel, System, load_deployment, load_system
 from specpilot.errors import ConfigError
+from specpilot.guard.divergence import first_divergence
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,13 +71,6 @@ def system_from_args(args, dep: Deployment) -> System:
     if "depth" in changes and "tree_budget" not in changes and changes.get("topk", system.topk) == 1:
         changes["tree_budget"] = changes["depth"]
     return system.with_changes(**changes) if changes else system
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def run_generate(args) -> int:

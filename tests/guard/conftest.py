@@ -26,15 +26,6 @@ SYSTEMS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two shared cores: oversubscribed intra-op threads make these tiny models 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("guard_ckpt")
