@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Run several GPU benchmark scripts in one device call, each under its own time limit, and pack
+# everything they wrote into $OUT/results.tgz (the device returns at most 8 files).
+#
+#   bash bench/run_on_gpu.sh COMMIT STEP:SECONDS [STEP:SECONDS ...]
+#
+# Steps: smoke, engine, engine-kernels, w12, fixture, guard, speed, noise, loop. Each writes under
+# /tmp/specpilot-results/<step>/ and logs to <step>.log there; a step that fails or runs out of
+# time does not stop the next one. Unpack here with: tar xzf results.tgz -C bench/results/
+set -u
+commit=$1; shift
+res=/tmp/specpilot-results
+mkdir -p "$res"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm,clocks.mem --format=csv > "$res/nvidia-smi.csv" 2>&1
+
+for item in "$@"; do
+  step=${item%%:*}; secs=${item##*:}
+  out="$res/$step"; mkdir -p "$out"
+  case $step in
+    smoke)   cmd=(python bench/gpu_smoke.py --out "$out") ;;
+    engine)  cmd=(python bench/engine_ar.py --out "$out" --commit "$commit" --skip kernels) ;;
+    engine-kernels) cmd=(python bench/engine_ar.py --out "$out" --commit "$commit" --skip hf curve) ;;
+    w12)     cmd=(python bench/w12_kernels.py --out "$out") ;;
+    fixture) cmd=(python tools/fixture_report.py --out "$out" --compile) ;;
+    guard)   cmd=(python bench/guard_report.py --deployment fixture --out "$out") ;;
+    speed)   cmd=(python bench/speed_fixture.py --out "$out" --overwrite) ;;
+    noise)   cmd=(python bench/controller_noise.py --deployment fixture-x16 --out "$out") ;;
+    loop)    cmd=(python bench/loop_fixture.py --deployment fixture-x16 --out "$out") ;;
+    *) echo "unknown step $step" >&2; continue ;;
+  esac
+  echo "=== $step (limit ${secs}s): ${cmd[*]}"
+  start=$(date +%s)
+  timeout --signal=INT --kill-after=20 "$secs" "${cmd[@]}" > "$res/$step.log" 2>&1
+  rc=$?
+  echo "=== $step rc=$rc in $(( $(date +%s) - start ))s"
+  tail -n 25 "$res/$step.log"
+done
+echo "$commit" > "$res/commit.txt"
+tar czf "$OUT/results.tgz" -C "$res" .
+ls -la "$OUT"
