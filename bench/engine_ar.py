@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specpilot.engine.generator import Generator  # noqa: E402
 from specpilot.engine.kv_cache import KVCache  # noqa: E402
-from specpilot.engine.steps import tree_forward  # noqa: E402
+from specpilot.engine.state import DecodeState  # noqa: E402
+from specpilot.engine.steps import ar_step, tree_forward  # noqa: E402
 from specpilot.engine.tree import DraftTree  # noqa: E402
 from specpilot.models.config import ModelConfig  # noqa: E402
 from specpilot.models.transformer import Transformer  # noqa: E402
@@ -150,10 +151,24 @@ def projections_only(model, batch=1) -> dict:
     return {"ms": ms, "per_projection": per}
 
 
+def ar_step_at(model, cache, context: int) -> float:
+    """ms of one full AR step (forward, argmax, commit) at `context` cached tokens, graph-replayed."""
+    state = DecodeState.allocate(1, cache.capacity, 64, "cuda")
+    state.reset([[1] * (context + 1)], eos_ids=(), max_new=1 << 30)  # root at slot `context`
+    fn = lambda: ar_step(model, cache, state)  # noqa: E731 (each replay advances one token: fine)
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return timed(graph.replay)
+
+
 def verify_curve(model, nodes=(1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 56, 64), context=512) -> dict:
     cache = KVCache.allocate(model.config, 1, 1024, "cuda", torch.bfloat16)
     prefix = torch.tensor([context], device="cuda")
     out = {}
+    ar_ms = ar_step_at(model, cache, context)
     g = torch.Generator().manual_seed(2)
     for n in nodes:
         # a best-first-shaped tree: root, then nodes hung under random earlier nodes
@@ -169,7 +184,8 @@ def verify_curve(model, nodes=(1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 56,
             fn()
         out[n] = timed(graph.replay)
         del graph
-    return {"ms": out, "relative_to_1": {n: v / out[1] for n, v in out.items()}, "context": context}
+    return {"ms": out, "relative_to_1": {n: v / out[1] for n, v in out.items()}, "context": context,
+            "ar_step_ms": ar_ms, "relative_to_ar_step": {n: v / ar_ms for n, v in out.items()}}
 
 
 def transformers_generate(model, prompt, new_tokens) -> dict:
@@ -180,7 +196,8 @@ def transformers_generate(model, prompt, new_tokens) -> dict:
     cfg = Qwen3Config(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
                       num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
                       num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
-                      rope_theta=c.rope_theta, max_position_embeddings=4096, tie_word_embeddings=False)
+                      rope_theta=c.rope_theta, max_position_embeddings=4096, tie_word_embeddings=False,
+                      rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta})
     with torch.device("meta"):
         hf = Qwen3ForCausalLM(cfg)
     hf.model.rotary_emb = type(hf.model.rotary_emb)(config=cfg, device="cuda")
@@ -205,6 +222,12 @@ def transformers_generate(model, prompt, new_tokens) -> dict:
         raise RuntimeError(f"transformers model has tensors left on meta: {still_meta[:4]}")
     hf.eval()
     ids = torch.tensor([prompt], device="cuda")
+    with torch.no_grad():  # same weights, same input: logits agree up to bf16 kernel rounding
+        ref = hf(ids).logits[0].float()
+        ours = model.forward_causal(ids)[0].float()
+    parity = {"max_abs_logit_diff": float((ref - ours).abs().max()), "max_abs_logit": float(ref.abs().max()),
+              "argmax_agreement": float((ref.argmax(-1) == ours.argmax(-1)).float().mean()),
+              "hf_rope_theta": float(getattr(hf.config, "rope_parameters", {}).get("rope_theta", float("nan")))}
     hf.generate(ids, max_new_tokens=4, do_sample=False)
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -213,7 +236,7 @@ def transformers_generate(model, prompt, new_tokens) -> dict:
     dt = time.perf_counter() - t
     del hf
     return {"version": transformers.__version__, "tokens_per_second": new_tokens / dt,
-            "tokens": out[0, len(prompt):].tolist()}
+            "tokens": out[0, len(prompt):].tolist(), "logit_parity": parity}
 
 
 def kernel_variants(model, prompt_len, new_tokens, batches) -> dict:
@@ -316,9 +339,13 @@ def render(res: dict) -> str:
                  f"parameters), {fl['streamed_per_token']:.3f} ms (bytes a token must stream: embedding table excluded).")
     hf = res.get("transformers")
     if hf and ar:
+        lp = hf.get("logit_parity", {})
         L.append(f"\ntransformers {hf['version']} `generate` (eager, greedy): {hf['tokens_per_second']:.1f} tok/s → "
                  f"ours is {ar['tokens_per_second'] / hf['tokens_per_second']:.1f}× faster; "
-                 f"{hf['tokens_equal_ours']}/{hf['tokens_compared']} greedy tokens equal ours.")
+                 f"{hf['tokens_equal_ours']}/{hf['tokens_compared']} greedy tokens equal ours. Same weights, one "
+                 f"forward over the prompt: max |logit difference| {lp.get('max_abs_logit_diff', float('nan')):.4f} "
+                 f"(max |logit| {lp.get('max_abs_logit', float('nan')):.2f}), argmax agreement "
+                 f"{100 * lp.get('argmax_agreement', float('nan')):.1f}% of positions.")
     po = res.get("projections_only")
     if po and ar:
         L += ["", f"Breakdown: projections alone (cuBLAS, graph) {po['ms']:.3f} ms of the {ar['ms_per_step']:.3f} ms step; "
@@ -328,11 +355,12 @@ def render(res: dict) -> str:
             L.append(f"| {k} | {v['shape']} | {v['us']:.1f} | {v['tb_per_s']:.2f} |")
     vc = res.get("verify_curve")
     if vc:
-        step = ar["ms_per_step"] if ar else float("nan")
-        L += ["", f"Verify-cost curve (one target forward over N tree nodes at context {vc['context']}, graph-replayed):", "",
-              "| N | ms | × forward of 1 node | × full AR step (decode loop above) |", "|---|---|---|---|"]
+        L += ["", f"Verify-cost curve: one target forward over N tree nodes at context {vc['context']} (cache of 1024 "
+              f"slots), graph-replayed, against a full AR step (forward + argmax + commit) at the same context and "
+              f"cache: {vc['ar_step_ms']:.3f} ms.", "",
+              "| N | ms | × AR step, same context | × forward of 1 node |", "|---|---|---|---|"]
         for n, ms in vc["ms"].items():
-            L.append(f"| {n} | {ms:.3f} | {vc['relative_to_1'][n]:.3f} | {ms / step:.3f} |")
+            L.append(f"| {n} | {ms:.3f} | {vc['relative_to_ar_step'][n]:.3f} | {vc['relative_to_1'][n]:.3f} |")
     kv = res.get("kernels")
     if kv:
         L += ["", "AR decode ms/step by projection kernel:", "", "| batch | cuBLAS | Triton BF16 | W12 | W12 speedup vs cuBLAS | same tokens (bf16 / w12) |",

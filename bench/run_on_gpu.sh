@@ -11,7 +11,7 @@ set -u
 commit=$1; shift
 res=/tmp/specpilot-results
 mkdir -p "$res"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SPECPILOT_COMMIT=$commit
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm,clocks.mem --format=csv > "$res/nvidia-smi.csv" 2>&1
 
@@ -25,7 +25,7 @@ for item in "$@"; do
     w12)     cmd=(python bench/w12_kernels.py --out "$out") ;;
     fixture) cmd=(python tools/fixture_report.py --out "$out" --compile) ;;
     guard)   cmd=(python bench/guard_report.py --deployment fixture --out "$out") ;;
-    speed)   cmd=(python bench/speed_fixture.py --out "$out" --overwrite) ;;
+    speed)   cmd=(python bench/speed_fixture.py --out "$out" --overwrite --n-prompts 10 --max-new-tokens 512) ;;
     noise)   cmd=(python bench/controller_noise.py --deployment fixture-x16 --out "$out") ;;
     loop)    cmd=(python bench/loop_fixture.py --deployment fixture-x16 --out "$out") ;;
     *) echo "unknown step $step" >&2; continue ;;

@@ -79,3 +79,8 @@ def worker_environment(device: str | None) -> dict[str, str]:
 def compile_enabled() -> bool:
     """Fuse elementwise ops with torch.compile on GPU (`SPECPILOT_COMPILE=0` turns it off)."""
     return os.environ.get("SPECPILOT_COMPILE", "1") != "0"
+
+
+def source_commit() -> str | None:
+    """Commit of a source tree copied without its .git (`SPECPILOT_COMMIT`), for provenance."""
+    return os.environ.get("SPECPILOT_COMMIT") or None

@@ -94,7 +94,8 @@ class Attention(nn.Module):
         # GQA without repeating K/V: fold the G query heads of a group into the query axis.
         q = q.permute(0, 2, 1, 3).reshape(B, Hkv, (H // Hkv) * T, D)  # head h = j*G + g
         o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=bias)  # [B,Hkv,G*T,D]
-        return self.o_proj(o.view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D))
+        # reshape, not view: the fused attention kernels may return a non-contiguous layout
+        return self.o_proj(o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D))
 
     def forward_causal(self, x, cos, sin):
         """Plain causal attention over the chunk itself (no cache). x [B,T,C]."""

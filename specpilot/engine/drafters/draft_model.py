@@ -87,8 +87,8 @@ class DraftModelDrafter(Drafter):
         base = k
         for d in range(1, K):  # process the depth-d frontier, creating depth d+1 candidates
             own = (d - 1) * k + torch.arange(k, device=dev)  # region slots of this frontier
-            anc = anc.clone()
-            anc[:, torch.arange(k, device=dev), own] = True
+            # mark each frontier node's own slot (pure device ops: graph-capturable)
+            anc = anc | (torch.arange(tree_slots, device=dev)[None, None, :] == own[None, :, None])
             slots = L[:, None] + own[None, :]  # [B,k]
             pos = (L - 1 + d)[:, None].expand(B, k)
             vis = anc.gather(2, rel.clamp(0, tree_slots - 1)[:, None, :].expand(B, k, s.numel()))
