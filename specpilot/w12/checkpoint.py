@@ -1,11 +1,190 @@
-"""Placeholder until the W12 format lands: no directory is a W12 checkpoint yet."""
+"""W12 tensors on disk: shard files, the manifest with format version and checksums, and reading
+them back with every corruption reported as one clear `CheckpointError`.
 
+A converted model directory holds, next to the copied config and tokenizer files:
+
+    model.safetensors        every tensor left unconverted (norms, and by default embeddings and
+                             lm_head), readable by any safetensors loader
+    w12-00001.safetensors    W12 planes, one safetensors entry per plane, named `<hf name>.<plane>`
+    ...                      (planes: mant, offs, base, esc_ptr, esc_col, esc_val; see layout.py)
+    w12_index.json           the manifest: {"format": "specpilot-w12", "version": 1, "tensors":
+                             {hf name: {"file", "shape", "escapes", "crc32": {plane: crc}}},
+                             "files": {file: {"bytes": size}}}
+
+Reading checks, in order: manifest format and version; each shard's size (truncation); the
+safetensors header and its format metadata; each plane's dtype and shape; each plane's CRC-32
+(altered bytes); the W12 invariants the kernels rely on (`W12Weight.validate`).
+
+Owns `is_w12_checkpoint` and `read_w12_tensors` (what `specpilot.models.loading` calls), the
+streaming shard writer and reader. Does not own which tensors get converted or verification
+against a source (`convert.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from specpilot.errors import CheckpointError
+from specpilot.w12.layout import FORMAT_VERSION
+from specpilot.w12.weight import PLANES, W12Weight
+
+MANIFEST = "w12_index.json"
+FORMAT_NAME = "specpilot-w12"
+SHARD_PREFIX = "w12-"
+DEFAULT_SHARD_BYTES = 2 << 30
+EMBEDDINGS = "model.embed_tokens.weight"
 
 
 def is_w12_checkpoint(path: str | Path) -> bool:
-    return False
+    """True when `path` is a model directory holding W12 tensors (it has a W12 manifest)."""
+    return (Path(path) / MANIFEST).is_file()
 
 
-def read_w12_tensors(path: str | Path) -> dict:
-    return {}
+def crc32(t: torch.Tensor) -> int:
+    """CRC-32 of a CPU tensor's bytes."""
+    return zlib.crc32(memoryview(t.contiguous().numpy()).cast("B"))
+
+
+class ShardWriter:
+    """Writes W12 tensors into numbered shards of about `shard_bytes`, then the manifest."""
+
+    def __init__(self, directory: Path, shard_bytes: int = DEFAULT_SHARD_BYTES):
+        self.directory = directory
+        self.shard_bytes = shard_bytes
+        self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.tensors: dict[str, dict] = {}
+        self.files: dict[str, dict] = {}
+
+    def add(self, name: str, weight: W12Weight) -> None:
+        weight = weight.to("cpu")
+        file = f"{SHARD_PREFIX}{len(self.files) + 1:05d}.safetensors"
+        planes = weight.planes()
+        self.tensors[name] = {
+            "file": file,
+            "shape": list(weight.shape),
+            "escapes": weight.num_escapes,
+            "crc32": {plane: crc32(t) for plane, t in planes.items()},
+        }
+        self.pending.update({f"{name}.{plane}": t for plane, t in planes.items()})
+        self.pending_bytes += weight.nbytes_total
+        if self.pending_bytes >= self.shard_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        file = f"{SHARD_PREFIX}{len(self.files) + 1:05d}.safetensors"
+        path = self.directory / file
+        save_file(self.pending, str(path), metadata={"format": FORMAT_NAME, "version": str(FORMAT_VERSION)})
+        self.files[file] = {"bytes": path.stat().st_size}
+        self.pending, self.pending_bytes = {}, 0
+
+    def close(self, extra: dict | None = None) -> dict:
+        """Flush the last shard and write the manifest (last, so a partial write has none)."""
+        self.flush()
+        manifest = {"format": FORMAT_NAME, "version": FORMAT_VERSION, **(extra or {}),
+                    "tensors": self.tensors, "files": self.files}
+        (self.directory / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        return manifest
+
+
+def read_manifest(path: str | Path) -> dict:
+    """The validated manifest of a W12 checkpoint directory."""
+    file = Path(path) / MANIFEST
+    try:
+        manifest = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: not a W12 checkpoint (no {MANIFEST})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CheckpointError(f"{file}: not valid JSON (altered or truncated)") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise CheckpointError(f"{file}: not a {FORMAT_NAME} manifest")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{file}: W12 format version {manifest.get('version')!r} is not supported "
+            f"(this SpecPilot reads {FORMAT_VERSION})"
+        )
+    tensors, files = manifest.get("tensors"), manifest.get("files")
+    if not isinstance(tensors, dict) or not isinstance(files, dict):
+        raise CheckpointError(f"{file}: manifest lacks its 'tensors' or 'files' table")
+    for name, entry in tensors.items():
+        ok = (
+            isinstance(entry, dict) and entry.get("file") in files
+            and isinstance(entry.get("shape"), list) and len(entry["shape"]) == 2
+            and isinstance(entry.get("crc32"), dict) and set(entry["crc32"]) == set(PLANES)
+        )
+        if not ok:
+            raise CheckpointError(f"{file}: manifest entry of {name} is malformed")
+    return manifest
+
+
+def _open_shard(path: Path, expected_bytes: int):
+    if not path.is_file():
+        raise CheckpointError(f"{path}: W12 shard named in {MANIFEST} is missing")
+    size = path.stat().st_size
+    if size != expected_bytes:
+        raise CheckpointError(
+            f"{path}: W12 shard is {size} bytes, the manifest says {expected_bytes} (truncated or altered)"
+        )
+    try:
+        handle = safe_open(str(path), framework="pt")
+        metadata = handle.metadata() or {}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"{path}: unreadable W12 shard ({str(err).splitlines()[0]})") from None
+    if metadata.get("format") != FORMAT_NAME or metadata.get("version") != str(FORMAT_VERSION):
+        raise CheckpointError(f"{path}: not a version-{FORMAT_VERSION} W12 shard (header metadata {metadata})")
+    return handle
+
+
+def iter_w12_tensors(path: str | Path) -> Iterator[tuple[str, W12Weight]]:
+    """(HF name, W12Weight) of every W12 tensor in the directory, one shard in memory at a time."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    by_file: dict[str, list[str]] = {}
+    for name, entry in manifest["tensors"].items():
+        by_file.setdefault(entry["file"], []).append(name)
+    for file, names in by_file.items():
+        handle = _open_shard(path / file, manifest["files"][file].get("bytes"))
+        stored = set(handle.keys())
+        for name in names:
+            entry = manifest["tensors"][name]
+            planes = {}
+            for plane in PLANES:
+                key = f"{name}.{plane}"
+                if key not in stored:
+                    raise CheckpointError(f"{path / file}: W12 plane {key} is missing")
+                try:
+                    planes[plane] = handle.get_tensor(key)
+                except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+                    raise CheckpointError(f"{path / file}: cannot read {key} ({str(err).splitlines()[0]})") from None
+                if crc32(planes[plane]) != entry["crc32"][plane]:
+                    raise CheckpointError(f"{path / file}: {key} fails its CRC-32 check (file altered or corrupted)")
+            where = f"{path / file}: {name}"
+            try:
+                weight = W12Weight.from_planes(tuple(entry["shape"]), planes)
+            except ValueError as err:
+                raise CheckpointError(f"{where}: {err}") from None
+            weight.validate(where)
+            yield name, weight
+
+
+def read_w12_tensors(path: str | Path) -> dict[str, W12Weight | torch.Tensor]:
+    """{HF name: W12Weight} of a W12 checkpoint, checksums verified.
+
+    The token embedding, if it was converted, comes back decoded (a BF16 tensor): a lookup reads a
+    few rows per step, so there is nothing to stream and W12 only saves disk space there.
+    """
+    from specpilot.w12.codec import decode
+
+    out: dict[str, W12Weight | torch.Tensor] = {}
+    for name, weight in iter_w12_tensors(path):
+        out[name] = decode(weight) if name == EMBEDDINGS else weight
+    return out

@@ -1,0 +1,460 @@
+"""GPU benchmark of the W12 and plain-BF16 projection kernels against cuBLAS BF16.
+
+    python bench/w12_kernels.py --out DIR [--quick] [--budget-s 200]
+
+On one CUDA GPU, for every projection of Qwen3-8B and Qwen3-32B (qkv fused, o, gate_up fused,
+down, lm_head) at M = 1, 2, 4, 8, 16, 32, 64 rows it times cuBLAS (`F.linear`), our BF16 kernel and
+our W12 kernel. Every kernel config is first checked against the reference (decode, then a float32
+matmul) under the error bound of `specpilot.kernels.reference.error_bound`; a config that fails is
+reported and never timed. Timing: ≥4 rotating weight sets (together ≥ 3x L2, so L2 never serves
+the weights), random normal BF16 weights of std 0.02 (no zeros), calls captured in a CUDA graph
+(as the engine runs them) and timed with CUDA events, median over replays. Reported: µs per call,
+achieved TB/s on the bytes a call must move (weights incl. every W12 metadata byte, activations,
+output), fraction of the measured copy bandwidth, and speedup over cuBLAS.
+
+Writes, as it goes, into --out: w12_kernels.json (all data), w12_kernels.md (tables, targets) and
+tuned_<gpu>.json (best config per format, M bucket, N, K; copy it to specpilot/kernels/tuned/ to
+make the dispatcher use it). Each section runs in try/except, so a failure costs only that part.
+The config sweep stops (heuristic configs only) once --budget-s has elapsed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from specpilot.kernels import configs as kc  # noqa: E402
+from specpilot.kernels.configs import LaunchConfig, WeightFormat  # noqa: E402
+from specpilot.kernels.dispatch import run_config  # noqa: E402
+from specpilot.kernels.reference import error_bound, reference_linear  # noqa: E402
+from specpilot.w12 import decode, encode  # noqa: E402
+from specpilot.w12.layout import bits_to_bf16  # noqa: E402
+
+M_ORDER = (1, 32, 8, 64, 2, 4, 16)  # the targets first, in case the budget runs out
+L2_COVER_BYTES = 200e6  # weight sets of one projection together exceed this (>= 3x a 50-60 MB L2)
+WEIGHT_STD = 0.02
+DEVICE = "cuda"
+# (N, K, M values, sweep every candidate config?): a shape every candidate tiles evenly (so its
+# compiled variants are the timing ones) and an odd one for the default configs' masked paths.
+CORRECTNESS_CASES = [(1024, 4096, (1, 3, 8, 17, 64), True), (1000, 1000, (1, 5, 33), False)]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    def projections(self) -> list[tuple[str, int, int]]:
+        """(name, N, K) of each fused projection."""
+        C, I, D = self.hidden, self.intermediate, self.head_dim
+        return [
+            ("qkv", (self.heads + 2 * self.kv_heads) * D, C),
+            ("o", C, self.heads * D),
+            ("gate_up", 2 * I, C),
+            ("down", C, I),
+            ("lm_head", self.vocab, C),
+        ]
+
+
+QWEN3_8B = ModelShape("Qwen3-8B", 4096, 12288, 32, 8, 128, 151936)
+QWEN3_32B = ModelShape("Qwen3-32B", 5120, 25600, 64, 8, 128, 151936)
+MODELS = [QWEN3_8B, QWEN3_32B]
+
+
+class Results:
+    """Everything measured, rewritten to --out after every section."""
+
+    def __init__(self, out: Path, meta: dict):
+        self.out = out
+        self.data = {"meta": meta, "copy_bandwidth": None, "correctness": [], "timings": [],
+                     "decode_variants": [], "errors": []}
+        self.best: dict[tuple, LaunchConfig] = {}
+
+    def error(self, section: str, err: BaseException) -> None:
+        line = f"{section}: {type(err).__name__}: {err}".splitlines()[0][:400]
+        print("ERROR", line, file=sys.stderr)
+        traceback.print_exc()
+        self.data["errors"].append(line)
+        self.save()
+
+    def save(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "w12_kernels.json").write_text(json.dumps(self.data, indent=1) + "\n")
+        (self.out / "w12_kernels.md").write_text(render_markdown(self.data))
+        entries = [{"format": f, "m": m, "n": n, "k": k, "config": c.to_dict()} for (f, m, n, k), c in sorted(self.best.items())]
+        slug = kc.device_slug(self.data["meta"].get("gpu", "gpu"))
+        (self.out / f"tuned_{slug}.json").write_text(json.dumps({"device": self.data["meta"].get("gpu"), "entries": entries}, indent=1) + "\n")
+
+
+def git_commit() -> str:
+    try:
+        root = Path(__file__).resolve().parents[1]
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5,
+                             check=False).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, timeout=5,
+                               check=False).stdout.strip()
+        return (sha or "unknown") + ("+dirty" if dirty else "")
+    except Exception:  # noqa: BLE001 - no git on the machine
+        return "unknown"
+
+
+def environment() -> dict:
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(0),
+        "sm_count": props.multi_processor_count,
+        "l2_bytes": getattr(props, "L2_cache_size", None),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "git_commit": git_commit(),
+    }
+
+
+# -- timing -----------------------------------------------------------------------------------
+def graph_time_us(calls: list, passes: int = 2, replays: int = 7) -> float:
+    """Median µs per call of `calls` (one per weight set) replayed back to back in a CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for fn in calls:
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(passes):
+            for fn in calls:
+                fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    per_call = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        per_call.append(start.elapsed_time(end) * 1e3 / (passes * len(calls)))
+    del graph
+    return statistics.median(per_call)
+
+
+def copy_bandwidth(results: Results) -> None:
+    n = 1 << 29  # 1 GiB of bf16
+    src = torch.empty(n, dtype=torch.bfloat16, device=DEVICE).normal_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(15):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    t = statistics.median(times)
+    results.data["copy_bandwidth"] = {"bytes_moved": 2 * n * 2, "seconds": t, "tbps": 2 * n * 2 / t / 1e12}
+    print(f"copy bandwidth: {results.data['copy_bandwidth']['tbps']:.3f} TB/s")
+    del src, dst
+
+
+# -- correctness ------------------------------------------------------------------------------
+def check_output(y: torch.Tensor, x: torch.Tensor, weight, exact=None, bound=None) -> float:
+    """Worst |y - exact| / bound over finite outputs; raises if non-finite outputs differ from the reference."""
+    ref = reference_linear(x, weight)
+    if not torch.equal(torch.isnan(y), torch.isnan(ref)):
+        raise AssertionError("NaN positions differ from the reference")
+    inf = torch.isinf(ref)
+    if not torch.equal(y[inf], ref[inf]) or not torch.isfinite(y[~inf & ~torch.isnan(ref)]).all():
+        raise AssertionError("Inf positions differ from the reference")
+    if exact is None:
+        exact, bound = error_bound(x, weight, y.dtype)
+    fin = torch.isfinite(ref)
+    return float(((y.double() - exact).abs() / bound)[fin].max()) if fin.any() else 0.0
+
+
+def escape_heavy(N: int, K: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, K, generator=g) * WEIGHT_STD
+    w[0, [0, 7]] = 0.0
+    w[0, 5] = float("inf")
+    w[1] = 0.0
+    w[2] = torch.randn(K, generator=g) * 2.0**9
+    w[2, [1, 70 % K, 200 % K]] = 0.0
+    w[3, [2, 3]] = 1e-40
+    w[3, [4, 100 % K]] = 3.0e4
+    w[4, 9] = float("nan")
+    w[5, 11] = -float("inf")
+    w[6:, :] *= torch.where(torch.rand(N - 6, K, generator=g) < 0.001, 0.0, 1.0)  # ~1 zero per 1000
+    return w.bfloat16().to(DEVICE)
+
+
+def correctness(results: Results, quick: bool) -> None:
+    """Every candidate config, both formats, escape-heavy weights, against the reference."""
+    allb = bits_to_bf16(torch.arange(65536, dtype=torch.int32)).reshape(256, 256).to(DEVICE)
+    from specpilot.kernels.w12_unpack import unpack
+
+    ok = torch.equal(unpack(encode(allb)).view(torch.int16), allb.view(torch.int16))
+    results.data["correctness"].append({"case": "unpack all 65536 bf16 patterns", "ok": ok})
+    for N, K, Ms, all_configs in CORRECTNESS_CASES:
+        w = escape_heavy(N, K, seed=N)
+        weights = {WeightFormat.W12: encode(w), WeightFormat.DENSE: w}
+        for M in Ms:
+            g = torch.Generator().manual_seed(M)
+            x = torch.randn(M, K, generator=g).bfloat16().to(DEVICE)
+            x[0, 5] = 0.0
+            defaults = [kc.heuristic_config(M), kc.gemm_candidates(M)[0]]
+            configs = list(kc.candidates(M)) if all_configs and not quick else defaults
+            configs = list(dict.fromkeys(configs + [dataclasses.replace(c, ptx_decode=False) for c in defaults]))
+            for fmt, weight in weights.items():
+                exact, bound = error_bound(x, weight, x.dtype)
+                for cfg in configs:
+                    row = {"case": f"escape-heavy {N}x{K}", "M": M, "format": fmt.value, "config": cfg.label()}
+                    try:
+                        row["worst_error_over_bound"] = check_output(run_config(x, weight, cfg), x, weight, exact, bound)
+                        row["ok"] = row["worst_error_over_bound"] <= 1.0
+                    except Exception as err:  # noqa: BLE001 - record it and go on with the next part
+                        row.update(ok=False, error=f"{type(err).__name__}: {err}".splitlines()[0][:300])
+                    results.data["correctness"].append(row)
+                    if not row["ok"]:
+                        print("CORRECTNESS FAILURE", row, file=sys.stderr)
+    results.save()
+
+
+# -- timing sweep -----------------------------------------------------------------------------
+def weight_sets(N: int, K: int, set_bytes: float) -> int:
+    return max(4, min(32, math.ceil(L2_COVER_BYTES / set_bytes)))
+
+
+def random_weight(N: int, K: int) -> torch.Tensor:
+    w = torch.randn(N, K, device=DEVICE, dtype=torch.bfloat16) * WEIGHT_STD
+    return torch.where(w == 0, torch.full_like(w, WEIGHT_STD), w)  # never zeros
+
+
+def time_config(x, weights, cfg, exact, bound) -> dict:
+    """Check `cfg` on the first weight set, then time it over all sets."""
+    row = {"config": cfg.to_dict(), "label": cfg.label()}
+    try:
+        y = run_config(x, weights[0], cfg)
+        row["worst_error_over_bound"] = check_output(y, x, weights[0], exact, bound)
+        if row["worst_error_over_bound"] > 1.0:
+            row["error"] = "exceeds the error bound"
+            return row
+        row["us"] = graph_time_us([lambda w=w: run_config(x, w, cfg) for w in weights])
+    except Exception as err:  # noqa: BLE001 - record it and go on with the next part
+        row["error"] = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+    return row
+
+
+def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: int, quick: bool,
+                     deadline: float, ms: tuple[int, ...]) -> None:
+    dense_sets = weight_sets(N, K, N * K * 2)
+    dense = [random_weight(N, K) for _ in range(dense_sets)]
+    w12 = [encode(dense[i % dense_sets]) if i < dense_sets else encode(random_weight(N, K))
+           for i in range(weight_sets(N, K, N * K * 1.5))]
+    w12_bytes = w12[0].nbytes_total
+    bits = w12[0].bits_per_weight
+    print(f"{model.name} {proj} [{N}, {K}]: {len(dense)} BF16 / {len(w12)} W12 weight sets, {bits:.4f} bits/weight")
+    for M in ms:
+        x = torch.randn(M, K, device=DEVICE, dtype=torch.bfloat16)
+        moved_io = M * K * 2 + M * N * 2
+        row = {"model": model.name, "proj": proj, "N": N, "K": K, "M": M, "bits_per_weight": bits,
+               "escapes_per_row": w12[0].num_escapes / N,
+               "bytes": {"cublas": N * K * 2 + moved_io, "bf16_kernel": N * K * 2 + moved_io, "w12": w12_bytes + moved_io}}
+        try:
+            row["cublas_us"] = graph_time_us([lambda w=w, x=x: F.linear(x, w) for w in dense])
+        except Exception as err:  # noqa: BLE001 - record it and go on with the next part
+            row["cublas_error"] = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        sweep = not quick and time.monotonic() < deadline
+        for fmt, sets in ((WeightFormat.DENSE, dense), (WeightFormat.W12, w12)):
+            exact, bound = error_bound(x, sets[0], x.dtype)
+            heuristic = kc.heuristic_config(M)
+            configs = list(kc.candidates(M)) if sweep else [heuristic, kc.gemm_candidates(M)[0]]
+            configs = list(dict.fromkeys(configs))
+            tried = [time_config(x, sets, cfg, exact, bound) for cfg in configs]
+            timed = [t for t in tried if "us" in t]
+            best = min(timed, key=lambda t: t["us"]) if timed else None
+            key = "w12" if fmt is WeightFormat.W12 else "bf16_kernel"
+            row[key] = {
+                "tried": tried,
+                "heuristic_us": next((t.get("us") for t in tried if t["label"] == heuristic.label()), None),
+                "best_us": best["us"] if best else None,
+                "best_config": best["label"] if best else None,
+                "swept": sweep,
+            }
+            if best:
+                results.best[(fmt.value, kc.m_bucket(M), N, K)] = LaunchConfig.from_dict(best["config"])
+            del exact, bound
+        for key in ("cublas", "bf16_kernel", "w12"):
+            us = row.get("cublas_us") if key == "cublas" else (row.get(key) or {}).get("best_us")
+            if us:
+                row.setdefault("tbps", {})[key] = row["bytes"][key] / (us * 1e-6) / 1e12
+        if row.get("cublas_us"):
+            for key in ("bf16_kernel", "w12"):
+                us = (row.get(key) or {}).get("best_us")
+                if us:
+                    row.setdefault("speedup_vs_cublas", {})[key] = row["cublas_us"] / us
+        results.data["timings"].append(row)
+        s = row.get("speedup_vs_cublas", {})
+        print(f"  M={M:>2}: cuBLAS {row.get('cublas_us', float('nan')):8.2f} us | BF16 kernel x{s.get('bf16_kernel', float('nan')):.3f}"
+              f" | W12 {(row.get('w12') or {}).get('best_us') or float('nan'):8.2f} us x{s.get('w12', float('nan')):.3f}")
+        results.save()
+    del dense, w12
+    torch.cuda.empty_cache()
+
+
+def decode_variants(results: Results) -> None:
+    """Heuristic configs on Qwen3-8B qkv and down: PTX vs portable decode, and ~1 escape per row
+    (as in trained checkpoints) vs the few of random weights."""
+    for proj, N, K in [p for p in MODELS[0].projections() if p[0] in ("qkv", "down")]:
+        clean = [encode(random_weight(N, K)) for _ in range(weight_sets(N, K, N * K * 1.5))]
+        dirty = []
+        for w in clean:
+            dense = decode(w)
+            dense[torch.arange(N, device=DEVICE), torch.randint(0, K, (N,), device=DEVICE)] = 0.0
+            dirty.append(encode(dense))
+        for M in (1, 32):
+            x = torch.randn(M, K, device=DEVICE, dtype=torch.bfloat16)
+            cfg = kc.heuristic_config(M)
+            portable = dataclasses.replace(cfg, ptx_decode=False)
+            row = {"proj": proj, "N": N, "K": K, "M": M, "config": cfg.label(),
+                   "escapes_per_row": {"clean": clean[0].num_escapes / N, "dirty": dirty[0].num_escapes / N},
+                   "bits_per_weight": {"clean": clean[0].bits_per_weight, "dirty": dirty[0].bits_per_weight}}
+            for name, sets, c in (("ptx", clean, cfg), ("portable", clean, portable), ("ptx_1_escape_per_row", dirty, cfg)):
+                exact, bound = error_bound(x, sets[0], x.dtype)
+                row[name] = time_config(x, sets, c, exact, bound)
+            results.data["decode_variants"].append(row)
+            print(f"variants {proj} M={M}: " + ", ".join(f"{k} {row[k].get('us', float('nan')):.2f} us"
+                                                          for k in ("ptx", "portable", "ptx_1_escape_per_row")))
+        del clean, dirty
+        torch.cuda.empty_cache()
+    results.save()
+
+
+# -- report -----------------------------------------------------------------------------------
+def fmt_num(v, spec=".2f") -> str:
+    return format(v, spec) if isinstance(v, (int, float)) else "-"
+
+
+def render_markdown(data: dict) -> str:
+    meta = data["meta"]
+    lines = ["# W12 kernel benchmark", ""]
+    lines += [f"- {k}: {v}" for k, v in meta.items()]
+    copy = (data.get("copy_bandwidth") or {}).get("tbps")
+    lines += [f"- device copy bandwidth: {fmt_num(copy, '.3f')} TB/s (read + write of 1 GiB)", ""]
+    bad = [c for c in data["correctness"] if not c.get("ok")]
+    lines += [f"Correctness: {len(data['correctness']) - len(bad)} / {len(data['correctness'])} checks passed "
+              "(reference: decode, then float32 matmul; bound: specpilot.kernels.reference.error_bound)."]
+    lines += [f"- FAILED: {c}" for c in bad] + [""]
+    header = ("| model | proj | N x K | M | cuBLAS µs | BF16 kernel µs | W12 µs | W12 TB/s | W12 % copy "
+              "| BF16 kernel / cuBLAS | **W12 / cuBLAS** | W12 config | W12 heuristic µs | bits/w |")
+    lines += [header, "|" + "---|" * (header.count("|") - 1)]
+    order = {name: i for i, (name, _, _) in enumerate(QWEN3_8B.projections())}
+    for r in sorted(data["timings"], key=lambda r: (r["model"], order.get(r["proj"], 99), r["M"])):
+        w12, bk = r.get("w12") or {}, r.get("bf16_kernel") or {}
+        s, tb = r.get("speedup_vs_cublas", {}), r.get("tbps", {})
+        pct = 100 * tb["w12"] / copy if copy and "w12" in tb else None
+        lines.append(
+            f"| {r['model']} | {r['proj']} | {r['N']}x{r['K']} | {r['M']} | {fmt_num(r.get('cublas_us'))} "
+            f"| {fmt_num(bk.get('best_us'))} | {fmt_num(w12.get('best_us'))} | {fmt_num(tb.get('w12'), '.3f')} "
+            f"| {fmt_num(pct, '.1f')} | {fmt_num(s.get('bf16_kernel'), '.3f')} | **{fmt_num(s.get('w12'), '.3f')}** "
+            f"| {w12.get('best_config') or '-'} | {fmt_num(w12.get('heuristic_us'))} | {fmt_num(r['bits_per_weight'], '.4f')} |"
+        )
+    lines += ["", "Targets (issue 3):"]
+    for M, target in ((1, 1.25), (32, 1.15)):
+        rows = [r for r in data["timings"] if r["M"] == M and "w12" in r.get("speedup_vs_cublas", {})]
+        if rows:
+            worst = min(rows, key=lambda r: r["speedup_vs_cublas"]["w12"])
+            ok = all(r["speedup_vs_cublas"]["w12"] >= target for r in rows)
+            lines.append(f"- W12 >= {target}x cuBLAS at M={M}: {'met' if ok else 'NOT met'} on {len(rows)} projections "
+                         f"(worst {worst['speedup_vs_cublas']['w12']:.3f}x: {worst['model']} {worst['proj']})")
+    big = [r for r in data["timings"] if r["M"] == 1 and r["proj"] in ("gate_up", "down", "lm_head") and "w12" in r.get("tbps", {})]
+    if big and copy:
+        worst = min(big, key=lambda r: r["tbps"]["w12"])
+        lines.append(f"- W12 >= 85% of copy bandwidth on large matrices at M=1: worst {100 * worst['tbps']['w12'] / copy:.1f}% "
+                     f"({worst['model']} {worst['proj']})")
+    if data["decode_variants"]:
+        lines += ["", "Decode variants (heuristic config; µs): PTX decode vs portable Triton decode, and with ~1 escape per row",
+                  "", "| proj | M | PTX | portable | PTX, ~1 escape/row | escapes/row | bits/w | config |", "|---|---|---|---|---|---|---|---|"]
+        for r in data["decode_variants"]:
+            us = [fmt_num(r[k].get("us")) for k in ("ptx", "portable", "ptx_1_escape_per_row")]
+            lines.append(f"| {r['proj']} {r['N']}x{r['K']} | {r['M']} | {' | '.join(us)} "
+                         f"| {r['escapes_per_row']['clean']:.3f} -> {r['escapes_per_row']['dirty']:.3f} "
+                         f"| {r['bits_per_weight']['clean']:.4f} -> {r['bits_per_weight']['dirty']:.4f} | {r['config']} |")
+    if data["errors"]:
+        lines += ["", "Errors:"] + [f"- {e}" for e in data["errors"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, type=Path, help="directory for w12_kernels.json/.md and the tuned table")
+    p.add_argument("--quick", action="store_true", help="Qwen3-8B only, M in {1, 8, 32}, heuristic configs only")
+    p.add_argument("--budget-s", type=float, default=150.0, help="seconds after which the config sweep stops")
+    args = p.parse_args(argv)
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("error: this benchmark needs a CUDA GPU", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    torch.manual_seed(0)
+    results = Results(args.out, {})
+    try:
+        results.data["meta"] = environment()
+    except Exception as err:  # noqa: BLE001 - record it and go on with the next part
+        results.error("environment", err)
+    results.data["meta"]["mode"] = "quick" if args.quick else "full"
+    print(json.dumps(results.data["meta"]))
+    results.data["meta"]["budget_s"] = args.budget_s
+    seconds = results.data["meta"]["section_seconds"] = {}
+    deadline = start + args.budget_s
+    models = MODELS[:1] if args.quick else MODELS
+    ms = (1, 32, 8) if args.quick else M_ORDER
+    sections = [("copy bandwidth", lambda: copy_bandwidth(results)),
+                ("correctness", lambda: correctness(results, args.quick))]
+    sections += [(f"{model.name} {proj}", lambda m=model, p=proj, n=N, k=K: sweep_projection(
+                     results, m, p, n, k, args.quick, deadline, ms))
+                 for model in models for proj, N, K in model.projections()]
+    if not args.quick:
+        sections.append(("decode variants", lambda: decode_variants(results)))
+    for name, section in sections:
+        t = time.monotonic()
+        try:
+            section()
+        except Exception as err:  # noqa: BLE001 - record it and go on with the next part
+            results.error(name, err)
+            torch.cuda.empty_cache()
+        seconds[name] = round(time.monotonic() - t, 1)
+    results.data["meta"]["seconds"] = time.monotonic() - start
+    results.save()
+    print(render_markdown(results.data))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,31 @@
+"""Triton projection kernels: W12 and plain-BF16 GEMV (1-8 rows) and tensor-core GEMM (up to 64 rows).
+
+Files: `tiles.py` (shared @triton.jit pieces), `gemv.py`, `gemm.py`, `w12_unpack.py` (kernels,
+each with launcher and reference), `reference.py` (pure-torch reference and error bound),
+`configs.py` (launch configs, heuristic, tuned tables), `launch.py` (operands, split-K plan),
+`workspace.py` (split-K scratch), `dispatch.py` (choice by M), `modules.py` (`TritonLinear`,
+`swap_projections`).
+
+Importing this package imports neither Triton nor anything that needs a GPU; kernel modules are
+imported on first use.
+"""
+
+from specpilot.kernels.configs import (
+    KernelPath,
+    LaunchConfig,
+    WeightFormat,
+    choose_config,
+)
+from specpilot.kernels.dispatch import kernels_available, linear
+from specpilot.kernels.modules import TritonLinear, swap_projections
+
+__all__ = [
+    "KernelPath",
+    "LaunchConfig",
+    "TritonLinear",
+    "WeightFormat",
+    "choose_config",
+    "kernels_available",
+    "linear",
+    "swap_projections",
+]

@@ -1,0 +1,188 @@
+"""GEMM path: y[M, N] = x[M, K] @ W[N, K].T on tensor cores for 1..64 rows, W12 or plain weights.
+
+Owns the `tl.dot` kernel, its launcher and its reference. Each program decodes a [BLOCK_N, BLOCK_K]
+weight tile in registers to BF16 (exact: the low 16 bits of a decoded float32 are zero) and uses it
+as the B operand of y_tile += x_tile @ w_tile.T, so the decoded tile goes to shared memory once and
+the MMA reads it there. (With the weights as the A operand -- "swap AB" -- the sm_90 build spent
+~40% more instructions per weight: ~9 against ~6.3, reshuffling registers through shared memory.)
+Rows of x beyond M are masked (no traffic); padding M up to 16 costs only MMA slots, which are
+plentiful. With float32 or float16 activations both operands are widened to
+float32 and the dot runs in IEEE float32, so no input is ever rounded.
+
+Row blocks are split along K when there are too few of them to fill the GPU (tensor-core tiles
+are wide, so small N needs it); the reduction is deterministic (`tiles.reduce_split_k`). Escapes
+are applied by the program finishing a row block as two small dots per 16 escapes: a one-hot
+matrix of escape values minus one of placeholders, times the gathered x columns. Inf/NaN escape
+values are kept out of those dots (0 * Inf would leak NaN into other rows) and added row by row.
+
+Does not own tile decoding (`tiles.py`), config choice (`configs.py`) or dispatch (`dispatch.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specpilot.kernels import tiles
+from specpilot.kernels.configs import (
+    GEMM_MAX_M,
+    KernelPath,
+    LaunchConfig,
+    block_m,
+    gemm_candidates,
+)
+from specpilot.kernels.launch import (
+    bf16_dots,
+    check_activations,
+    output_buffer,
+    plan_split,
+    ptx_decode,
+    weight_operands,
+)
+from specpilot.kernels.reference import reference_linear
+from specpilot.kernels.workspace import SplitKWorkspace
+from specpilot.w12.weight import W12Weight
+
+ESCAPE_CHUNK = 16  # the smallest K of a tl.dot
+
+# -- configs ----------------------------------------------------------------------------------
+configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
+
+
+# -- kernel -----------------------------------------------------------------------------------
+@triton.jit
+def _dot(a, b, acc, DOT_BF16: tl.constexpr):
+    if DOT_BF16:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+
+
+@triton.jit
+def _escape_correction(
+    x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr,
+    rows, row0, M, N, stride_xm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, DOT_BF16: tl.constexpr,
+):
+    """[BLOCK_M, BLOCK_N] float32: sum over escapes (n, c, v) of `rows` of x[m, c] * v - x[m, c] * p_n."""
+    m = tl.arange(0, BLOCK_M)
+    row_ok = rows < N
+    own_lo = tl.load(esc_ptr_ptr + rows, mask=row_ok, other=0)
+    own_hi = tl.load(esc_ptr_ptr + rows + 1, mask=row_ok, other=0)
+    first = tl.load(esc_ptr_ptr + row0)
+    last = tl.load(esc_ptr_ptr + tl.minimum(row0 + BLOCK_N, N))
+    p = tiles.placeholder_values(base_ptr, rows, N)  # [BN]
+    corr = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for e0 in range(first, last, CHUNK):
+        e = e0 + tl.arange(0, CHUNK)
+        emask = e < last
+        col = tiles.escape_columns(esc_col_ptr, e, emask)
+        v, finite = tiles.escape_values(esc_val_ptr, e, emask)
+        xe = tl.load(x_ptr + m[:, None] * stride_xm + col[None, :],
+                     mask=(m < M)[:, None] & emask[None, :], other=0.0)  # [BM, CHUNK]
+        own = (e[:, None] >= own_lo[None, :]) & (e[:, None] < own_hi[None, :])  # [CHUNK, BN]
+        values = tl.where(own & finite[:, None], v[:, None], 0.0)  # exact in BF16: they are BF16
+        places = tl.where(own, p[None, :], 0.0)  # powers of two >= 2^-126: exact in BF16
+        corr = _dot(xe, values, corr, DOT_BF16)
+        corr = _dot(xe, -places, corr, DOT_BF16)
+        if tl.sum((emask & ~finite).to(tl.int32)) > 0:
+            for i in range(e0, tl.minimum(e0 + CHUNK, last)):  # rare: Inf/NaN weights, one at a time
+                bits = tl.load(esc_val_ptr + i).to(tl.int32) << 16
+                if (bits & tiles.EXP_FIELD) == tiles.EXP_FIELD:
+                    ci = tl.load(esc_col_ptr + i).to(tl.int32)
+                    if esc_col_ptr.dtype.element_ty == tl.int16:
+                        ci = ci & 0xFFFF
+                    xi = tl.load(x_ptr + m * stride_xm + ci, mask=m < M, other=0.0).to(tl.float32)  # [BM]
+                    owner = (i >= own_lo) & (i < own_hi)  # [BN]
+                    vi = bits.to(tl.float32, bitcast=True)
+                    corr += tl.where(owner[None, :], xi[:, None] * vi, 0.0)
+    return corr
+
+
+@triton.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
+def _gemm_kernel(
+    # pointers
+    x_ptr, w_ptr, nib_ptr, base_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, y_ptr, ws_ptr, count_ptr,
+    # sizes
+    M, N, K, Kp, split_k, steps_per_split,
+    # strides
+    stride_xm, stride_ym, stride_w, stride_nib,
+    # meta
+    IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
+    ESC_CHUNK: tl.constexpr,
+):
+    HALF_K: tl.constexpr = BLOCK_K // 2
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    row0 = pid_n * BLOCK_N
+    rows = row0 + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    m_ok = (m < M)[:, None]
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # y tile [BM, BN]
+    step0 = pid_k * steps_per_split
+    step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
+    for step in range(step0, step1):
+        k0 = step * BLOCK_K
+        w_lo, w_hi, lo = tiles.load_weight_tile(
+            w_ptr, nib_ptr, base_ptr, rows, k0, N, K, Kp, stride_w, stride_nib,
+            IS_W12, HALF_K, EVEN_N, EVEN_K, PTX_DECODE,
+        )
+        x_rows = x_ptr + m[:, None] * stride_xm  # x tile [BM, HK]
+        if EVEN_K:
+            x_lo = tl.load(x_rows + lo[None, :], mask=m_ok, other=0.0)
+            x_hi = tl.load(x_rows + (lo + tiles.HALF)[None, :], mask=m_ok, other=0.0)
+        else:
+            x_lo = tl.load(x_rows + lo[None, :], mask=m_ok & (lo < K)[None, :], other=0.0)
+            x_hi = tl.load(x_rows + (lo + tiles.HALF)[None, :], mask=m_ok & (lo + tiles.HALF < K)[None, :], other=0.0)
+        # The decoded tile is the B operand: it goes to shared memory once, where the MMA reads it.
+        acc = _dot(x_lo, tl.trans(w_lo), acc, DOT_BF16)
+        acc = _dot(x_hi, tl.trans(w_hi), acc, DOT_BF16)
+
+    y_offsets = m[:, None] * stride_ym + rows[None, :]
+    y_mask = m_ok & (rows < N)[None, :]
+    if split_k > 1:
+        is_last, acc = tiles.reduce_split_k(
+            acc, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N,
+        )
+    else:
+        is_last = pid_k == 0
+    if is_last:
+        if IS_W12:
+            acc += _escape_correction(
+                x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, rows, row0, M, N, stride_xm,
+                BLOCK_M, BLOCK_N, ESC_CHUNK, DOT_BF16,
+            )
+        tl.store(y_ptr + y_offsets, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+
+
+# -- wrapper ----------------------------------------------------------------------------------
+def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
+         workspace: SplitKWorkspace | None = None) -> torch.Tensor:
+    """y [M, N] in x's dtype for x [M, K] (1 <= M <= 64) and a W12 or plain weight [N, K]."""
+    if config.path is not KernelPath.GEMM:
+        raise ValueError(f"gemm() got a {config.path.value} config")
+    ops = weight_operands(weight)
+    check_activations(x, ops, GEMM_MAX_M)
+    M = x.shape[0]
+    y = output_buffer(x, ops.N)  # [M, N]
+    n_tiles = triton.cdiv(ops.N, config.block_n)
+    plan = plan_split(config, ops, M, n_tiles, workspace)
+    ws = plan.workspace
+    _gemm_kernel[(n_tiles, plan.split_k)](
+        x, ops.w, ops.nib, ops.base, ops.esc_ptr, ops.esc_col, ops.esc_val, y,
+        ws.partials, ws.counters,
+        M, ops.N, ops.K, ops.Kp, plan.split_k, plan.steps_per_split,
+        x.stride(0), y.stride(0), ops.stride_w, ops.stride_nib,
+        IS_W12=ops.is_w12, DOT_BF16=bf16_dots(x, ops),
+        BLOCK_M=block_m(KernelPath.GEMM, M), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        EVEN_N=ops.N % config.block_n == 0, EVEN_K=ops.K % config.block_k == 0,
+        PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK, num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return y.to(x.dtype)
+
+
+# -- reference --------------------------------------------------------------------------------
+reference = reference_linear  # decode (W12) or take the weight, then a float32 matmul

@@ -1,0 +1,200 @@
+"""GEMV path: y[M, N] = x[M, K] @ W[N, K].T for 1..8 rows, W12 or plain weights, fp32 accumulation.
+
+Owns the FMA kernel for few rows, its launcher and its reference. Each program streams a block of
+BLOCK_N weight rows over its share of K, decoding W12 codes in registers right after the loads
+(W12 moves 1.5 bytes per weight instead of 2, which is the whole speedup when weights dominate
+traffic). Each activation row m keeps its own [BLOCK_N, BLOCK_K/2] float32 tile of partial
+products, reduced once at the end, so the loop body is loads, ~3 integer ops per weight for the
+decode (inline PTX, `tiles.decode_w12_ptx`), and per row a widening of x and an FMA. x is read as
+a tile of the weights' shape with row stride 0, which gives it the weights' register layout (no
+shuffles through shared memory). Row blocks are split along K when there are too few of them to
+keep every SM streaming; splits reduce through `tiles.reduce_split_k` in a fixed order, so results
+do not depend on scheduling. Escapes are added by the program that finishes a row block, in
+float32, before the output is rounded.
+
+Cost per weight in the sm_90 SASS of the main loop: ~6.5 instructions at M = 1, ~9 at M = 2,
+~13 at M = 4, ~22 at M = 8 -- which is why the dispatcher prefers the tensor-core GEMM from M = 2
+unless a tuned table says otherwise.
+
+Does not own tile decoding (`tiles.py`), config choice (`configs.py`) or the M-based dispatch
+(`dispatch.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specpilot.kernels import tiles
+from specpilot.kernels.configs import (
+    GEMV_MAX_M,
+    KernelPath,
+    LaunchConfig,
+    block_m,
+    gemv_candidates,
+)
+from specpilot.kernels.launch import (
+    check_activations,
+    output_buffer,
+    plan_split,
+    ptx_decode,
+    weight_operands,
+)
+from specpilot.kernels.reference import reference_linear
+from specpilot.kernels.workspace import SplitKWorkspace
+from specpilot.w12.weight import W12Weight
+
+ESCAPE_CHUNK = 16
+
+# -- configs ----------------------------------------------------------------------------------
+configs = gemv_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
+
+
+# -- kernel -----------------------------------------------------------------------------------
+@triton.jit
+def _fma_row(acc, w_lo, w_hi, x_tile, zero_rows, row, M, K, lo, stride_xm,
+             EVEN_M: tl.constexpr, EVEN_K: tl.constexpr, PTX: tl.constexpr):
+    """acc [BN, HK] += w * x[row] over both tile halves; x_tile [BN, HK] points at row 0."""
+    ptr = x_tile + row * stride_xm
+    row_ok = (zero_rows + row) < M  # [BN, 1]
+    if EVEN_M and EVEN_K:
+        x_lo = tl.load(ptr)
+        x_hi = tl.load(ptr + tiles.HALF)
+    elif EVEN_K:
+        x_lo = tl.load(ptr, mask=row_ok, other=0.0)
+        x_hi = tl.load(ptr + tiles.HALF, mask=row_ok, other=0.0)
+    else:
+        x_lo = tl.load(ptr, mask=row_ok & (lo < K)[None, :], other=0.0)
+        x_hi = tl.load(ptr + tiles.HALF, mask=row_ok & (lo + tiles.HALF < K)[None, :], other=0.0)
+    acc = tl.fma(w_lo, tiles.to_float32(x_lo, PTX), acc)
+    return tl.fma(w_hi, tiles.to_float32(x_hi, PTX), acc)
+
+
+@triton.jit
+def _put_row(out, acc, row, m):
+    """out [BM, BN] with row `row` set to the K-sum of acc [BN, HK]."""
+    return tl.where((m == row)[:, None], tl.sum(acc, axis=1)[None, :], out)
+
+
+@triton.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
+def _gemv_kernel(
+    # pointers
+    x_ptr, w_ptr, nib_ptr, base_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, y_ptr, ws_ptr, count_ptr,
+    # sizes
+    M, N, K, Kp, split_k, steps_per_split,
+    # strides
+    stride_xm, stride_ym, stride_w, stride_nib,
+    # meta
+    IS_W12: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
+    ESC_CHUNK: tl.constexpr,
+):
+    HALF_K: tl.constexpr = BLOCK_K // 2
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    row0 = pid_n * BLOCK_N
+    rows = row0 + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    m_ok = (m < M)[:, None]
+    step0 = pid_k * steps_per_split
+    step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
+    # One [BN, HK] accumulator per activation row (unrolled: BLOCK_M <= 8); unused ones fold away.
+    acc0 = tl.zeros([BLOCK_N, HALF_K], dtype=tl.float32)
+    acc1 = tl.zeros_like(acc0)
+    acc2 = tl.zeros_like(acc0)
+    acc3 = tl.zeros_like(acc0)
+    acc4 = tl.zeros_like(acc0)
+    acc5 = tl.zeros_like(acc0)
+    acc6 = tl.zeros_like(acc0)
+    acc7 = tl.zeros_like(acc0)
+    zero_rows = (rows * 0)[:, None]
+    for step in range(step0, step1):
+        w_lo, w_hi, lo = tiles.load_weight_tile(
+            w_ptr, nib_ptr, base_ptr, rows, step * BLOCK_K, N, K, Kp, stride_w, stride_nib,
+            IS_W12, HALF_K, EVEN_N, EVEN_K, PTX_DECODE,
+        )
+        w_lo = tiles.to_float32(w_lo, PTX_DECODE)
+        w_hi = tiles.to_float32(w_hi, PTX_DECODE)
+        # x row m is read as a [BN, HK] tile with row stride 0: the same shape and contiguity as the
+        # weight tile, hence the same register layout (no shuffle through shared memory); the
+        # repeated reads hit L1.
+        x_tile = x_ptr + zero_rows + lo[None, :]
+        acc0 = _fma_row(acc0, w_lo, w_hi, x_tile, zero_rows, 0, M, K, lo, stride_xm,
+                        EVEN_M, EVEN_K, PTX_DECODE)
+        if BLOCK_M > 1:
+            acc1 = _fma_row(acc1, w_lo, w_hi, x_tile, zero_rows, 1, M, K, lo, stride_xm,
+                            EVEN_M, EVEN_K, PTX_DECODE)
+        if BLOCK_M > 2:
+            acc2 = _fma_row(acc2, w_lo, w_hi, x_tile, zero_rows, 2, M, K, lo, stride_xm,
+                            EVEN_M, EVEN_K, PTX_DECODE)
+            acc3 = _fma_row(acc3, w_lo, w_hi, x_tile, zero_rows, 3, M, K, lo, stride_xm,
+                            EVEN_M, EVEN_K, PTX_DECODE)
+        if BLOCK_M > 4:
+            acc4 = _fma_row(acc4, w_lo, w_hi, x_tile, zero_rows, 4, M, K, lo, stride_xm,
+                            EVEN_M, EVEN_K, PTX_DECODE)
+            acc5 = _fma_row(acc5, w_lo, w_hi, x_tile, zero_rows, 5, M, K, lo, stride_xm,
+                            EVEN_M, EVEN_K, PTX_DECODE)
+            acc6 = _fma_row(acc6, w_lo, w_hi, x_tile, zero_rows, 6, M, K, lo, stride_xm,
+                            EVEN_M, EVEN_K, PTX_DECODE)
+            acc7 = _fma_row(acc7, w_lo, w_hi, x_tile, zero_rows, 7, M, K, lo, stride_xm,
+                            EVEN_M, EVEN_K, PTX_DECODE)
+    out = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # [BM, BN]
+    out = _put_row(out, acc0, 0, m)
+    if BLOCK_M > 1:
+        out = _put_row(out, acc1, 1, m)
+    if BLOCK_M > 2:
+        out = _put_row(out, acc2, 2, m)
+        out = _put_row(out, acc3, 3, m)
+    if BLOCK_M > 4:
+        out = _put_row(out, acc4, 4, m)
+        out = _put_row(out, acc5, 5, m)
+        out = _put_row(out, acc6, 6, m)
+        out = _put_row(out, acc7, 7, m)
+
+    y_offsets = m[:, None] * stride_ym + rows[None, :]
+    y_mask = m_ok & (rows < N)[None, :]
+    if split_k > 1:
+        is_last, out = tiles.reduce_split_k(
+            out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N,
+        )
+    else:
+        is_last = pid_k == 0
+    if is_last:
+        if IS_W12:
+            out += tiles.escape_correction_mn(
+                x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, rows, row0, M, N, stride_xm,
+                BLOCK_M, BLOCK_N, ESC_CHUNK,
+            )
+        tl.store(y_ptr + y_offsets, out.to(y_ptr.dtype.element_ty), mask=y_mask)
+
+
+# -- wrapper ----------------------------------------------------------------------------------
+def gemv(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
+         workspace: SplitKWorkspace | None = None) -> torch.Tensor:
+    """y [M, N] in x's dtype for x [M, K] (1 <= M <= 8) and a W12 or plain weight [N, K]."""
+    if config.path is not KernelPath.GEMV:
+        raise ValueError(f"gemv() got a {config.path.value} config")
+    ops = weight_operands(weight)
+    check_activations(x, ops, GEMV_MAX_M)
+    M = x.shape[0]
+    y = output_buffer(x, ops.N)  # [M, N]
+    n_tiles = triton.cdiv(ops.N, config.block_n)
+    plan = plan_split(config, ops, M, n_tiles, workspace)
+    ws = plan.workspace
+    _gemv_kernel[(n_tiles, plan.split_k)](
+        x, ops.w, ops.nib, ops.base, ops.esc_ptr, ops.esc_col, ops.esc_val, y,
+        ws.partials, ws.counters,
+        M, ops.N, ops.K, ops.Kp, plan.split_k, plan.steps_per_split,
+        x.stride(0), y.stride(0), ops.stride_w, ops.stride_nib,
+        IS_W12=ops.is_w12, BLOCK_M=block_m(KernelPath.GEMV, M), BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, EVEN_M=M == block_m(KernelPath.GEMV, M), EVEN_N=ops.N % config.block_n == 0,
+        EVEN_K=ops.K % config.block_k == 0,
+        PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK, num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return y.to(x.dtype)
+
+
+# -- reference --------------------------------------------------------------------------------
+reference = reference_linear  # decode (W12) or take the weight, then a float32 matmul

@@ -1,0 +1,131 @@
+"""Python-side plumbing shared by the kernel wrappers: weight operands, input checks, split-K plan.
+
+Owns: flattening a `W12Weight` or a plain weight into the pointer/size/stride arguments of the
+kernels (one kernel body serves both formats), validating activations, planning the split-K grid,
+choosing the decoder (inline PTX on a GPU), and the two concessions to Triton's CPU interpreter
+(TRITON_INTERPRET=1), which computes on the raw bits of bfloat16 values in `tl.dot` and truncates
+float32 -> bfloat16 casts instead of rounding them (triton-lang/triton#11584): there, dots run on
+float32 operands (the same values, since both are exact BF16) and outputs are stored as float32
+and rounded by PyTorch. No Triton import. Does not own the kernels (`gemv.py`, `gemm.py`) or
+config choice (`configs.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from specpilot import env
+from specpilot.kernels.configs import LaunchConfig, WeightFormat, auto_split_k
+from specpilot.kernels.workspace import SplitKWorkspace, shared_workspace
+from specpilot.w12.layout import padded_columns
+from specpilot.w12.weight import W12Weight
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclass(frozen=True)
+class WeightOperands:
+    """Kernel arguments describing a weight; plain weights pass themselves as the unused planes."""
+
+    fmt: WeightFormat
+    w: torch.Tensor  # W12: mant [N, Kp] uint8; plain: weight [N, K]
+    nib: torch.Tensor  # W12: offs [N, Kp/2] uint8
+    base: torch.Tensor  # W12: [N] uint8
+    esc_ptr: torch.Tensor
+    esc_col: torch.Tensor
+    esc_val: torch.Tensor
+    N: int
+    K: int
+    Kp: int  # K rounded up to 128: the column range the K loop covers
+    stride_w: int
+    stride_nib: int
+
+    @property
+    def is_w12(self) -> bool:
+        return self.fmt is WeightFormat.W12
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the weights decode to."""
+        return torch.bfloat16 if self.is_w12 else self.w.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.w.device
+
+
+def weight_operands(weight: W12Weight | torch.Tensor) -> WeightOperands:
+    if isinstance(weight, W12Weight):
+        N, K = weight.shape
+        return WeightOperands(
+            WeightFormat.W12, weight.mant, weight.offs, weight.base, weight.esc_ptr, weight.esc_col,
+            weight.esc_val, N, K, padded_columns(K), weight.mant.stride(0), weight.offs.stride(0),
+        )
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise TypeError(f"weight must be a W12Weight or a 2-D tensor, got {type(weight).__name__}")
+    if weight.dtype not in FLOAT_DTYPES or weight.stride(1) != 1:
+        raise ValueError(f"plain weights must be float16/bfloat16/float32 with contiguous rows, got {weight.dtype}")
+    N, K = weight.shape
+    w = weight
+    return WeightOperands(WeightFormat.DENSE, w, w, w, w, w, w, N, K, padded_columns(K), w.stride(0), 0)
+
+
+def check_activations(x: torch.Tensor, ops: WeightOperands, max_m: int) -> None:
+    if x.dim() != 2 or x.shape[1] != ops.K:
+        raise ValueError(f"x must be [M, {ops.K}], got {list(x.shape)}")
+    if not 1 <= x.shape[0] <= max_m:
+        raise ValueError(f"this kernel takes 1..{max_m} rows, got M = {x.shape[0]}")
+    if x.dtype not in FLOAT_DTYPES or x.stride(1) != 1:
+        raise ValueError(f"x must be float16/bfloat16/float32 with contiguous rows, got {x.dtype}")
+    if x.device != ops.device:
+        raise ValueError(f"x is on {x.device}, the weight on {ops.device}")
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 1 under the CPU interpreter."""
+    return _sm_count(device) if device.type == "cuda" else 1
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    split_k: int
+    steps_per_split: int  # K steps (of block_k columns) each split covers
+    workspace: SplitKWorkspace  # passed even when split_k = 1, so pointer types never change
+
+
+def plan_split(cfg: LaunchConfig, ops: WeightOperands, M: int, n_tiles: int,
+               workspace: SplitKWorkspace | None) -> SplitPlan:
+    """How many programs share each row tile along K, and the workspace they reduce through."""
+    workspace = workspace or shared_workspace(ops.device)
+    k_steps = -(-ops.Kp // cfg.block_k)
+    split = cfg.split_k or auto_split_k(n_tiles, k_steps, sm_count(ops.device))
+    split = max(1, min(split, k_steps))
+    while split > 1 and not workspace.fits(split, M, ops.N, n_tiles):
+        split -= 1
+    steps = -(-k_steps // split)
+    split = -(-k_steps // steps)  # drop splits that would get no K steps
+    return SplitPlan(split, steps, workspace)
+
+
+def bf16_dots(x: torch.Tensor, ops: WeightOperands) -> bool:
+    """Whether tl.dot may take BF16 operands (both sides BF16, and not under the interpreter)."""
+    return x.dtype == torch.bfloat16 and ops.dtype == torch.bfloat16 and not env.triton_interpret()
+
+
+def output_buffer(x: torch.Tensor, N: int) -> torch.Tensor:
+    """The [M, N] tensor the kernel stores to: x's dtype, float32 under the interpreter."""
+    dtype = torch.float32 if env.triton_interpret() else x.dtype
+    return torch.empty(x.shape[0], N, dtype=dtype, device=x.device)
+
+
+def ptx_decode(config: LaunchConfig | None = None) -> bool:
+    """Whether W12 tiles decode with the inline-PTX decoder: on a GPU, unless the config opts out."""
+    return not env.triton_interpret() and (config is None or config.ptx_decode)

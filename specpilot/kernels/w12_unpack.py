@@ -1,0 +1,75 @@
+"""W12 -> BF16 unpack on the GPU: the whole [N, K] matrix, bit-exact.
+
+Owns the kernel that decodes the dense planes (the same `tiles.decode_w12` the GEMV/GEMM kernels
+use, so a test of this kernel against the reference decoder pins down their decoding too), its
+launcher, which then writes the escapes with one scatter, and its reference (`codec.decode`).
+Used for projections with more than 64 rows (prefill), where decoding once and calling cuBLAS
+beats decoding per tile. Does not own the codec (`specpilot.w12.codec`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specpilot.kernels import tiles
+from specpilot.kernels.launch import ptx_decode
+from specpilot.w12.codec import decode, escape_columns, escape_rows
+from specpilot.w12.layout import padded_columns
+from specpilot.w12.weight import W12Weight
+
+# -- configs ----------------------------------------------------------------------------------
+BLOCK_N = 16
+BLOCK_K = 256
+NUM_WARPS = 4
+
+
+# -- kernel -----------------------------------------------------------------------------------
+@triton.jit
+def _unpack_kernel(
+    # pointers
+    mant_ptr, nib_ptr, base_ptr, out_ptr,
+    # sizes
+    N, K, Kp,
+    # strides
+    stride_w, stride_nib, stride_out,
+    # meta
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PTX_DECODE: tl.constexpr,
+):
+    HALF_K: tl.constexpr = BLOCK_K // 2
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    w_lo, w_hi, lo = tiles.load_weight_tile(
+        mant_ptr, nib_ptr, base_ptr, rows, k0, N, K, Kp, stride_w, stride_nib,
+        True, HALF_K, False, False, PTX_DECODE,
+    )
+    # Store BF16 bit patterns as int16: exact, and no float conversion involved.
+    bits_lo = (w_lo.to(tl.int32, bitcast=True) >> 16).to(tl.int16)
+    bits_hi = (w_hi.to(tl.int32, bitcast=True) >> 16).to(tl.int16)
+    out = out_ptr + rows[:, None] * stride_out
+    row_ok = (rows < N)[:, None]
+    tl.store(out + lo[None, :], bits_lo, mask=row_ok & (lo < K)[None, :])
+    tl.store(out + (lo + tiles.HALF)[None, :], bits_hi, mask=row_ok & (lo + tiles.HALF < K)[None, :])
+
+
+# -- wrapper ----------------------------------------------------------------------------------
+def unpack(weight: W12Weight) -> torch.Tensor:
+    """The exact BF16 matrix [N, K] of `weight`, decoded on its device."""
+    N, K = weight.shape
+    out = torch.empty(N, K, dtype=torch.int16, device=weight.device)  # BF16 bits [N, K]
+    grid = (triton.cdiv(N, BLOCK_N), triton.cdiv(padded_columns(K), BLOCK_K))
+    _unpack_kernel[grid](
+        weight.mant, weight.offs, weight.base, out,
+        N, K, padded_columns(K),
+        weight.mant.stride(0), weight.offs.stride(0), out.stride(0),
+        BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PTX_DECODE=ptx_decode(), num_warps=NUM_WARPS,
+    )
+    if weight.num_escapes:
+        flat = escape_rows(weight) * K + escape_columns(weight)
+        out.view(-1)[flat] = weight.esc_val
+    return out.view(torch.bfloat16)
+
+
+# -- reference --------------------------------------------------------------------------------
+reference = decode

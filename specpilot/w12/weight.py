@@ -1,0 +1,149 @@
+"""`W12Weight`: the tensors of one W12-encoded matrix and what can be done with them as a unit.
+
+Owns: the container (planes, per-row bases, CSR escapes), its exact storage cost, moving it
+between devices, fusing projections row-wise (q/k/v -> qkv, gate/up -> gate_up), structural
+validation of untrusted data (files), and turning it into a module. Does not own the encoding
+rule (`codec.py`), the layout constants (`layout.py`) or files (`checkpoint.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specpilot.errors import CheckpointError
+from specpilot.w12.layout import (
+    HALF,
+    MAX_BASE,
+    MIN_BASE,
+    escape_column_dtype,
+    padded_columns,
+)
+
+PLANES = ("mant", "offs", "base", "esc_ptr", "esc_col", "esc_val")
+
+
+@dataclass(frozen=True, repr=False)
+class W12Weight:
+    """A BF16 matrix [N, K] in W12 form; see `specpilot.w12.layout` for the meaning of each tensor."""
+
+    shape: tuple[int, int]  # (N, K)
+    mant: torch.Tensor  # [N, Kp] uint8: sign << 7 | mantissa
+    offs: torch.Tensor  # [N, Kp/2] uint8: exponent offsets, two per byte
+    base: torch.Tensor  # [N] uint8: window bottom e0
+    esc_ptr: torch.Tensor  # [N+1] int32: CSR row pointers into the escapes
+    esc_col: torch.Tensor  # [E] int16 (uint16 values) or int32: escape columns
+    esc_val: torch.Tensor  # [E] int16: escape BF16 bit patterns
+
+    def __post_init__(self):
+        N, K = self.shape
+        Kp = padded_columns(K)
+        expected = {
+            "mant": (torch.uint8, (N, Kp)),
+            "offs": (torch.uint8, (N, Kp // 2)),
+            "base": (torch.uint8, (N,)),
+            "esc_ptr": (torch.int32, (N + 1,)),
+            "esc_col": (escape_column_dtype(Kp), (self.esc_val.shape[0],)),
+            "esc_val": (torch.int16, (self.esc_val.shape[0],)),
+        }
+        for name, (dtype, shape) in expected.items():
+            t = getattr(self, name)
+            if t.dtype != dtype or tuple(t.shape) != shape:
+                raise ValueError(
+                    f"W12 plane {name} of a {N}x{K} weight must be {dtype} {list(shape)}, "
+                    f"got {t.dtype} {list(t.shape)}"
+                )
+            if not t.is_contiguous():
+                raise ValueError(f"W12 plane {name} must be contiguous")
+
+    def __repr__(self) -> str:
+        N, K = self.shape
+        return (f"W12Weight(N={N}, K={K}, escapes={self.num_escapes}, "
+                f"bits/weight={self.bits_per_weight:.4f}, device={self.device})")
+
+    @property
+    def device(self) -> torch.device:
+        return self.mant.device
+
+    @property
+    def num_escapes(self) -> int:
+        return self.esc_val.shape[0]
+
+    @property
+    def nbytes_total(self) -> int:
+        """Exact storage cost in bytes: both planes (with padding), bases, escape pointers and escapes."""
+        return sum(t.numel() * t.element_size() for t in self.planes().values())
+
+    @property
+    def bits_per_weight(self) -> float:
+        N, K = self.shape
+        return 8.0 * self.nbytes_total / (N * K)
+
+    def planes(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in PLANES}
+
+    @classmethod
+    def from_planes(cls, shape: tuple[int, int], planes: dict[str, torch.Tensor]) -> W12Weight:
+        return cls(shape=(int(shape[0]), int(shape[1])), **{name: planes[name] for name in PLANES})
+
+    def to(self, device: torch.device | str) -> W12Weight:
+        planes = {k: v.to(device) for k, v in self.planes().items()}
+        return W12Weight.from_planes(self.shape, planes)
+
+    @classmethod
+    def concat_rows(cls, weights: list[W12Weight]) -> W12Weight:
+        """Stack [N_i, K] weights into one [sum N_i, K] weight (rows are stored independently)."""
+        Ks = {w.shape[1] for w in weights}
+        if len(Ks) != 1:
+            raise ValueError(f"cannot fuse W12 weights with different in-features: {sorted(Ks)}")
+        ptrs, total = [weights[0].esc_ptr[:1]], 0
+        for w in weights:
+            ptrs.append(w.esc_ptr[1:] + total)
+            total += w.num_escapes
+        return cls(
+            shape=(sum(w.shape[0] for w in weights), Ks.pop()),
+            mant=torch.cat([w.mant for w in weights]),
+            offs=torch.cat([w.offs for w in weights]),
+            base=torch.cat([w.base for w in weights]),
+            esc_ptr=torch.cat(ptrs),
+            esc_col=torch.cat([w.esc_col for w in weights]),
+            esc_val=torch.cat([w.esc_val for w in weights]),
+        )
+
+    def validate(self, where: str) -> None:
+        """Check invariants a kernel relies on; raise `CheckpointError` naming `where` if one fails.
+
+        Structural only (the CRCs in the file guard the bits): bases in 1..239, CSR pointers from 0
+        to E and non-decreasing, escape columns strictly increasing within a row and < K, and every
+        escape slot holding the placeholder code 0 (the kernels subtract the placeholder's product).
+        """
+        N, K = self.shape
+        base = self.base.to(torch.int32)
+        if N and (int(base.min()) < MIN_BASE or int(base.max()) > MAX_BASE):
+            raise CheckpointError(f"{where}: window base outside {MIN_BASE}..{MAX_BASE}")
+        ptr = self.esc_ptr.long()
+        if int(ptr[0]) != 0 or int(ptr[-1]) != self.num_escapes or bool((ptr[1:] < ptr[:-1]).any()):
+            raise CheckpointError(f"{where}: escape row pointers are not a valid CSR index")
+        if not self.num_escapes:
+            return
+        from specpilot.w12.codec import escape_columns, escape_rows
+
+        rows, cols = escape_rows(self), escape_columns(self)
+        if int(cols.max()) >= K:
+            raise CheckpointError(f"{where}: escape column out of range (K = {K})")
+        same_row = rows[1:] == rows[:-1]
+        if bool((same_row & (cols[1:] <= cols[:-1])).any()):
+            raise CheckpointError(f"{where}: escape columns are not strictly increasing within a row")
+        mant = self.mant[rows, cols]
+        nibble = self.offs[rows, (cols // (2 * HALF)) * HALF + cols % HALF].to(torch.int32)
+        nibble = torch.where((cols % (2 * HALF)) < HALF, nibble & 0xF, nibble >> 4)
+        if bool((mant != 0).any()) or bool((nibble != 0).any()):
+            raise CheckpointError(f"{where}: an escape slot does not hold the placeholder code")
+
+    def to_module(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+        """A `W12Linear` computing x @ W.T from this weight on `device` (the output follows x's dtype)."""
+        from specpilot.w12.linear import W12Linear
+
+        weight = self if device is None else self.to(device)
+        return W12Linear(weight)

@@ -1,0 +1,135 @@
+"""Kernel tests: compiled on a CUDA GPU when there is one, else on CPU under Triton's interpreter.
+
+Triton decides interpreted vs compiled when a `@triton.jit` function is defined, and its own
+standard library (tl.zeros, tl.sum, ...) is defined when `triton.language` is first imported --
+which `torch` may do early (loading a model on the meta device imports it). So on a machine
+without CUDA this conftest imports `triton.language` with TRITON_INTERPRET=1 at collection time,
+then restores the variable; the tests below set it again while they run (the kernel modules are
+imported then). If Triton was already imported compiled, or is not installed, the tests skip.
+"""
+
+import importlib
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+from specpilot.kernels.reference import error_bound, reference_linear
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if ON_GPU else "cpu"  # compiled kernels on a GPU, the interpreter on CPU
+
+if not ON_GPU and importlib.util.find_spec("triton") is not None and "triton.language" not in sys.modules:
+    previous = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    importlib.import_module("triton.language")
+    if previous is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = previous
+
+
+@pytest.fixture(scope="package", autouse=True)
+def triton_runtime():
+    pytest.importorskip("triton")
+    if ON_GPU:
+        yield
+        return
+    from triton.language import standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(standard.zeros, InterpretedFunction):
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set; run tests/kernels on its own")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        gemv = importlib.import_module("specpilot.kernels.gemv")
+        if not isinstance(gemv._gemv_kernel, InterpretedFunction):
+            pytest.skip("kernel modules were imported compiled before the interpreter tests")
+        yield
+
+
+def escape_heavy_weight(N: int, K: int, seed: int = 0) -> torch.Tensor:
+    """BF16 [N, K] weights of scale 0.02 with every kind of escape in the first rows:
+    row 0 zeros and +Inf, row 1 all zero, row 2 a high window with zeros (a missing placeholder
+    correction would show), row 3 subnormals and large values, row 4 NaN, row 5 -Inf, and an
+    escape in the last column of the last row and at a high-nibble column."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, K, generator=g) * 0.02
+
+    def cols(*c):
+        return [k % K for k in c]
+
+    if N > 6:
+        w[0, cols(0, 7)] = 0.0
+        w[0, cols(5)] = float("inf")
+        w[1] = 0.0
+        w[2] = torch.randn(K, generator=g) * 2.0**9
+        w[2, cols(1, 70, 200)] = 0.0
+        w[3, cols(2, 3)] = 1e-40
+        w[3, cols(4, 100)] = 3.0e4
+        w[4, cols(9)] = float("nan")
+        w[5, cols(11)] = -float("inf")
+    w[N - 1, K - 1] = 0.0
+    w[N - 1, cols(64 + 3)] = 5e3
+    return w.bfloat16()
+
+
+def activations(M: int, K: int, seed: int = 1, dtype=torch.float32) -> torch.Tensor:
+    """[M, K] activations on the test device, BF16 values (as the engine's are) held in `dtype`;
+    x[0, 5] = 0 so the +Inf weight of row 0 yields NaN there, as in the reference."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g).bfloat16()
+    x[0, 5 % K] = 0.0
+    return x.to(device=DEVICE, dtype=dtype)
+
+
+def on_device(t):
+    """A tensor or W12Weight moved to the test device."""
+    return t.to(DEVICE)
+
+
+def assert_matches_reference(y: torch.Tensor, x: torch.Tensor, weight) -> None:
+    """Non-finite outputs equal the reference's exactly; finite ones are within `error_bound`.
+
+    x and weight may live on the test device; the check runs on CPU in float64."""
+    y, x, weight = y.cpu(), x.cpu(), weight.to("cpu")
+    ref = reference_linear(x, weight)
+    assert y.dtype == x.dtype and y.shape == ref.shape
+    assert torch.equal(torch.isnan(y), torch.isnan(ref))
+    inf = torch.isinf(ref)
+    assert torch.equal(y[inf], ref[inf])
+    fin = torch.isfinite(ref)
+    assert torch.isfinite(y[fin]).all()
+    exact, bound = error_bound(x, weight, y.dtype)
+    err = (y.double() - exact).abs()
+    worst = (err / bound)[fin].max().item() if fin.any() else 0.0
+    assert worst <= 1.0, f"error {worst:.3g}x the bound"
+
+
+# Shared cases, handed to tests as fixtures (tests are not importable modules under
+# --import-mode=importlib).
+@pytest.fixture(scope="session")
+def device():
+    return DEVICE
+
+
+@pytest.fixture(scope="session")
+def to_device():
+    return on_device
+
+
+@pytest.fixture(scope="session")
+def make_weight():
+    return escape_heavy_weight
+
+
+@pytest.fixture(scope="session")
+def make_x():
+    return activations
+
+
+@pytest.fixture(scope="session")
+def check():
+    return assert_matches_reference

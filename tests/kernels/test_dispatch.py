@@ -1,0 +1,106 @@
+"""Dispatch by M, config choice, and the modules the engine swaps in (TritonLinear, W12Linear)."""
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+from specpilot.errors import ConfigError
+from specpilot.kernels import TritonLinear, configs, linear, swap_projections
+from specpilot.kernels.configs import (
+    KernelPath,
+    LaunchConfig,
+    WeightFormat,
+    auto_split_k,
+    choose_config,
+)
+from specpilot.models.random_checkpoint import random_model, tiny_config
+from specpilot.w12 import W12Linear, encode
+
+# numpy (the interpreter) warns when 0 * Inf makes a NaN, which these tests do on purpose
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+
+@pytest.fixture(scope="module")
+def weight(make_weight):
+    return make_weight(37, 300)
+
+
+def test_heuristic_picks_gemv_for_one_row_and_tensor_cores_above():
+    assert choose_config(WeightFormat.W12, 1, 4096, 4096).path is KernelPath.GEMV
+    assert choose_config(WeightFormat.W12, 2, 4096, 4096).path is KernelPath.GEMM
+    assert choose_config(WeightFormat.DENSE, 5, 4096, 4096).path is KernelPath.GEMM
+    assert choose_config(WeightFormat.W12, 64, 4096, 4096).path is KernelPath.GEMM
+
+
+def test_tuned_table_overrides_the_heuristic(tmp_path, monkeypatch):
+    pinned = LaunchConfig(KernelPath.GEMM, block_n=128, block_k=128, split_k=2, num_warps=8)
+    table = {"entries": [{"format": "w12", "m": 2, "n": 4096, "k": 4096, "config": pinned.to_dict()}]}
+    (tmp_path / "nvidia_h200.json").write_text(json.dumps(table))
+    monkeypatch.setattr(configs, "TUNED_DIR", tmp_path)
+    configs.tuned_table.cache_clear()
+    try:
+        assert choose_config(WeightFormat.W12, 2, 4096, 4096, "NVIDIA H200") == pinned
+        assert choose_config(WeightFormat.W12, 2, 4096, 4096, "NVIDIA H100") != pinned  # other device
+        assert choose_config(WeightFormat.DENSE, 2, 4096, 4096, "NVIDIA H200") != pinned  # other format
+    finally:
+        configs.tuned_table.cache_clear()
+
+
+def test_auto_split_fills_the_gpu_only_when_row_tiles_are_few():
+    assert auto_split_k(n_tiles=1024, k_steps=16, sm_count=132) == 1
+    assert auto_split_k(n_tiles=64, k_steps=16, sm_count=132) == 5
+    assert auto_split_k(n_tiles=64, k_steps=3, sm_count=132) == 1  # each split keeps >= 2 steps
+    assert auto_split_k(n_tiles=1, k_steps=1000, sm_count=132) == configs.MAX_SPLIT_K
+
+
+@pytest.mark.parametrize("rows", [1, 6, 65])  # GEMV, GEMM, decode + F.linear (heuristic configs)
+def test_linear_dispatches_by_rows(weight, make_x, to_device, check, rows):
+    for w in map(to_device, (encode(weight), weight)):
+        x = make_x(rows, 300)
+        y = linear(x.reshape(rows, 1, 300), w)
+        assert y.shape == (rows, 1, 37)
+        check(y.reshape(rows, 37), x, w)
+    assert linear(make_x(1, 300)[:0], to_device(weight)).shape == (0, 37)
+
+
+def test_modules_run_the_kernels(weight, make_x, device, check):
+    lin = nn.Linear(300, 37, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(weight.float())
+    x = make_x(4, 300)
+    for module in (TritonLinear.from_linear(lin), W12Linear.from_linear(lin)):
+        y = module.to(device)(x.reshape(2, 2, 300))
+        assert y.shape == (2, 2, 37)
+        check(y.reshape(4, 37), x, weight.float())
+
+
+def bf16_exact_model():
+    model = random_model(tiny_config(num_layers=2), seed=0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.bfloat16().float())
+    return model.eval()
+
+
+@pytest.mark.parametrize("w12", [False, True])
+def test_swap_projections(device, w12):
+    model = bf16_exact_model()
+    tokens = torch.randint(0, 4096, (1, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model.forward_causal(tokens)
+    assert swap_projections(model, w12=w12, lm_head=True) == 2 * 4 + 1
+    kind = W12Linear if w12 else TritonLinear
+    assert isinstance(model.layers[1].mlp.down_proj, kind) and isinstance(model.lm_head, kind)
+    with torch.no_grad():
+        got = model.to(device).forward_causal(tokens.to(device)).cpu()
+    # Each projection is bounded by the kernel tests; this checks the wiring (a wrong or transposed
+    # weight, or a lost escape, moves logits by O(1)), allowing float32 re-association through the model.
+    assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+
+
+def test_w12_swap_refuses_weights_that_are_not_bf16():
+    model = random_model(tiny_config(num_layers=1), seed=0)  # float32 weights
+    with pytest.raises(ConfigError, match="BF16"):
+        swap_projections(model, w12=True)

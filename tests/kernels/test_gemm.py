@@ -1,0 +1,91 @@
+"""Tensor-core GEMM kernel (1..64 rows) vs the reference, W12 and plain weights (interpreter on CPU)."""
+
+import pytest
+import torch
+
+from specpilot.kernels.configs import KernelPath, LaunchConfig
+from specpilot.kernels.workspace import SplitKWorkspace
+from specpilot.w12 import encode
+
+# numpy (the interpreter) warns when 0 * Inf makes a NaN, which these tests do on purpose
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+CONFIGS = [
+    LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128),
+    LaunchConfig(KernelPath.GEMM, block_n=32, block_k=256, split_k=2),
+]
+
+
+@pytest.fixture(scope="module")
+def weights(make_weight, to_device):
+    w = make_weight(37, 300)
+    return {"w12": to_device(encode(w)), "dense": to_device(w)}
+
+
+@pytest.mark.parametrize("M", [1, 3, 8, 17, 64])
+@pytest.mark.parametrize("fmt", ["w12", "dense"])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.label())
+def test_matches_reference(weights, make_x, check, M, fmt, config):
+    from specpilot.kernels.gemm import gemm
+
+    x = make_x(M, 300)  # float32 output: the bound is tight enough to see a lost escape
+    check(gemm(x, weights[fmt], config), x, weights[fmt])
+
+
+@pytest.mark.parametrize("M", [3, 17])
+def test_bf16_activations(weights, make_x, check, M):
+    from specpilot.kernels.gemm import gemm
+
+    x = make_x(M, 300, dtype=torch.bfloat16)
+    for weight in weights.values():
+        check(gemm(x, weight, CONFIGS[0]), x, weight)
+
+
+def test_many_escapes_per_tile_and_non_finite_ones_in_one_chunk(make_x, to_device, check):
+    from specpilot.kernels.gemm import gemm
+
+    g = torch.Generator().manual_seed(4)
+    w = (torch.randn(20, 256, generator=g) * 0.02).bfloat16()
+    w[3, ::5] = 0.0  # 52 escapes in one row: four chunks of 16
+    w[3, 17] = float("inf")  # non-finite escapes inside a chunk of finite ones
+    w[3, 18] = float("inf")
+    w[7, 40:60] = 1e-39
+    w[8, 100] = float("nan")
+    enc = to_device(encode(w))
+    x = make_x(5, 256)
+    x[1, 17] = 0.0  # 0 * Inf -> NaN in row 3 for token 1 only
+    check(gemm(x, enc, CONFIGS[0]), x, enc)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 300), (5, 1), (3, 129)])
+def test_tiny_and_odd_shapes(make_weight, make_x, to_device, check, shape):
+    from specpilot.kernels.gemm import gemm
+
+    w = make_weight(*shape, seed=2)
+    x = make_x(18, shape[1])
+    for weight in map(to_device, (encode(w), w, w.float())):
+        check(gemm(x, weight, CONFIGS[0]), x, weight)
+
+
+def test_split_k_is_deterministic_and_resets_its_counters(weights, make_x, check, device):
+    from specpilot.kernels.gemm import gemm
+
+    ws = SplitKWorkspace.allocate(device, 1 << 15, 64)
+    x = make_x(17, 300)
+    config = LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, split_k=3)
+    first = gemm(x, weights["w12"], config, ws)
+    assert int(ws.counters.abs().sum()) == 0
+    again = gemm(x, weights["w12"], config, ws)
+    assert torch.equal(again.view(torch.int32), first.view(torch.int32))  # bit for bit, NaNs included
+    check(first, x, weights["w12"])
+
+
+def test_rejects_bad_inputs(weights, make_x):
+    from specpilot.kernels.gemm import gemm
+
+    with pytest.raises(ValueError, match="rows"):
+        gemm(make_x(65, 300), weights["w12"], CONFIGS[0])
+    with pytest.raises(ValueError, match="gemv config"):
+        gemm(make_x(2, 300), weights["w12"], LaunchConfig(KernelPath.GEMV, 4, 128))
+    with pytest.raises(ValueError, match="block_n"):
+        LaunchConfig(KernelPath.GEMM, 8, 128)

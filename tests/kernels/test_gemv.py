@@ -1,0 +1,90 @@
+"""GEMV kernel (1..8 rows) vs the reference, W12 and plain weights (interpreter on CPU)."""
+
+import pytest
+import torch
+
+from specpilot.kernels.configs import KernelPath, LaunchConfig
+from specpilot.kernels.workspace import SplitKWorkspace
+from specpilot.w12 import encode
+
+# numpy (the interpreter) warns when 0 * Inf makes a NaN, which these tests do on purpose
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+
+CONFIGS = [  # few programs each: the interpreter pays per program
+    LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128),
+    LaunchConfig(KernelPath.GEMV, block_n=16, block_k=256, split_k=2),
+    LaunchConfig(KernelPath.GEMV, block_n=4, block_k=128, split_k=3, num_warps=2),
+]
+
+
+@pytest.fixture(scope="module")
+def weights(make_weight, to_device):
+    w = make_weight(37, 300)
+    return {"w12": to_device(encode(w)), "dense": to_device(w)}
+
+
+@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("fmt", ["w12", "dense"])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.label())
+def test_matches_reference(weights, make_x, check, M, fmt, config):
+    from specpilot.kernels.gemv import gemv
+
+    x = make_x(M, 300)  # float32 output: the bound is tight enough to see a lost escape
+    check(gemv(x, weights[fmt], config), x, weights[fmt])
+
+
+@pytest.mark.parametrize("M", [1, 3])
+def test_bf16_activations(weights, make_x, check, M):
+    from specpilot.kernels.gemv import gemv
+
+    x = make_x(M, 300, dtype=torch.bfloat16)
+    for weight in weights.values():
+        check(gemv(x, weight, CONFIGS[1]), x, weight)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 300), (5, 1), (3, 129)])
+def test_tiny_and_odd_shapes(make_weight, make_x, to_device, check, shape):
+    from specpilot.kernels.gemv import gemv
+
+    w = make_weight(*shape, seed=2)
+    x = make_x(2, shape[1])
+    for weight in map(to_device, (encode(w), w, w.float())):
+        check(gemv(x, weight, CONFIGS[0]), x, weight)
+
+
+def test_split_k_is_deterministic_and_resets_its_counters(weights, make_x, device):
+    from specpilot.kernels.gemv import gemv
+
+    ws = SplitKWorkspace.allocate(device, 1 << 14, 64)
+    x = make_x(3, 300)
+    first = gemv(x, weights["w12"], CONFIGS[2], ws)
+    assert int(ws.counters.abs().sum()) == 0
+    again = gemv(x, weights["w12"], CONFIGS[2], ws)
+    assert torch.equal(again.view(torch.int32), first.view(torch.int32))  # bit for bit, NaNs included
+
+
+@pytest.mark.parametrize("K, col_dtype", [(40_000, torch.int16), (65_536 + 128, torch.int32)])
+def test_wide_rows_escape_columns(make_x, to_device, check, K, col_dtype):
+    """Columns >= 32768 are negative in int16 storage (uint16 values); beyond 65536 they are int32."""
+    from specpilot.kernels.gemm import gemm
+    from specpilot.kernels.gemv import gemv
+
+    w = (torch.randn(2, K, generator=torch.Generator().manual_seed(0)) * 0.02).bfloat16()
+    w[1, 39_000] = 40.0
+    w[0, K - 1] = 0.0
+    enc = to_device(encode(w))
+    assert enc.esc_col.dtype == col_dtype
+    x = make_x(1, K)
+    check(gemv(x, enc, LaunchConfig(KernelPath.GEMV, 2, 4096, num_warps=2)), x, enc)
+    check(gemm(x, enc, LaunchConfig(KernelPath.GEMM, 16, 4096)), x, enc)
+
+
+def test_rejects_bad_inputs(weights, make_x):
+    from specpilot.kernels.gemv import gemv
+
+    with pytest.raises(ValueError, match="rows"):
+        gemv(make_x(9, 300), weights["w12"], CONFIGS[0])
+    with pytest.raises(ValueError, match="x must be"):
+        gemv(make_x(2, 299), weights["w12"], CONFIGS[0])
+    with pytest.raises(ValueError, match="gemm config"):
+        gemv(make_x(2, 300), weights["w12"], LaunchConfig(KernelPath.GEMM, 16, 128))
