@@ -37,6 +37,11 @@ class StepProfile:
     drafter_bytes: int  # weight bytes streamed per draft forward
     kv_bytes_per_token: int  # target KV bytes per cached token (K and V, all layers)
     bandwidth_gbps: float  # measured device copy bandwidth (GB/s, read + write)
+    matmul_tflops: float  # measured dense matmul rate in the model's dtype
+    target_params: int  # parameters touched per token (FLOPs per token ~ 2 x this)
+    drafter_params: int
+    draft_forwards: int  # draft-model forwards per round (catch-up + expansions)
+    context: float  # mean cached tokens per row during the profiled generation
 
     @property
     def ms_per_token(self) -> float:
@@ -85,6 +90,19 @@ def bandwidth_gbps(device: torch.device, mib: int = 256) -> float:
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src), device, reps=5, warmup=1)
     return 2 * n * 4 / (ms * 1e-3) / 1e9
+
+
+def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int = 2048) -> float:
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    ms = time_ms(lambda: a @ b, device, reps=5, warmup=1)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def touched_params(model: Transformer) -> int:
+    """Parameters a token multiplies (embedding lookups excluded), whatever their storage format."""
+    c = model.config
+    return c.num_params - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size)
 
 
 def streamed_bytes(model: Transformer) -> int:
@@ -159,4 +177,9 @@ def profile(gen: Generator, prompts: list[list[int]], max_new_tokens: int,
         drafter_bytes=streamed_bytes(dmodel) if dmodel is not None else 0,
         kv_bytes_per_token=kv_bytes_per_token(gen.target),
         bandwidth_gbps=bandwidth_gbps(device),
+        matmul_tflops=matmul_tflops(device, gen.target.dtype),
+        target_params=touched_params(gen.target),
+        drafter_params=touched_params(dmodel) if dmodel is not None else 0,
+        draft_forwards=depth if dmodel is not None else 0,
+        context=sum(len(p) for p in prompts) / len(prompts) + result.num_tokens / len(prompts) / 2,
     )

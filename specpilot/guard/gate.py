@@ -47,7 +47,8 @@ def gate(session_or_target, candidate: Sequence[OutputRecord] | ForcingResult,
 
 
 @functools.lru_cache(maxsize=2)
-def _session(deployment: str, device: str | None):
+def cached_session(deployment: str, device: str | None):
+    """The scorer's loaded deployment, cached per process (the loop shares it: one copy of the models)."""
     from specpilot.config import load_deployment
     from specpilot.engine.session import Session
 
@@ -60,7 +61,7 @@ def stock_forcing(deployment: str, device: str | None, prompts: tuple[tuple[int,
     """Stock AR outputs for `prompts`, generated in batches of the deployment's regime, and forced."""
     from specpilot.config import DrafterKind
 
-    session = _session(deployment, device)
+    session = cached_session(deployment, device)
     system = session.deployment.stock.with_changes(name="stock-ar", drafter=DrafterKind.NONE, fault="")
     generator = session.generator(system)
     B = session.deployment.regime.batch
@@ -92,6 +93,6 @@ def controller_gate(request, config: GuardConfig = GuardConfig()):
     prompts = tuple(tuple(p) for p in request.prompts)
     stock = stock_forcing(request.deployment, device, prompts, request.max_new_tokens, config.chunk)
     candidate = records_from_outputs([list(p) for p in prompts], [list(o) for o in request.candidate_outputs])
-    verdict = gate(_session(request.deployment, device), candidate, stock, config)
+    verdict = gate(cached_session(request.deployment, device), candidate, stock, config)
     return GateResult(verdict.passed, {"guard": "token-forcing", "baseline": "stock-ar", **verdict.to_dict()},
                       rejection_reason(verdict))

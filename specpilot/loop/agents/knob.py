@@ -1,0 +1,226 @@
+"""The knob agent: searches the engine's settings, guided by the cost model and the memory.
+
+A deterministic, gap-directed local search around the incumbent (no optimiser dependency: the
+candidates are few and each costs a paired timing, so the search spends its effort on ranking).
+Each round it proposes, best first:
+
+1. *Memory seeds*: changes validated (promoted) on similar deployments, most similar first
+   (`Memory.similar_validated`), applied to the incumbent — knowledge transfers before search.
+2. *Predicted moves*, ranked by the cost model's estimated ms/token (`CostTable.
+   predict_ms_per_token`, measured costs + the fitted acceptance model): tree shapes within two
+   steps of the incumbent's (depth +-2, topk one step in 1/2/4/8, node budget two steps on its
+   ladder), the model's best shape anywhere, the ceiling's shape, and plain AR decoding when it
+   was measured faster than drafting. Only moves predicted faster than the measurement are kept;
+   savings the acceptance model extrapolates are ranked at `MODEL_TRUST` of their size against
+   measured ones (AR). From AR, the shapes the last speculative system's table predicts faster.
+3. *Exploratory moves*, which the model cannot price, ordered by the size of the gap they target:
+   the other drafter (draft model <-> n-gram), adaptive depth tiers, and on GPU CUDA graphs,
+   fewer host syncs (`sync_every`), Triton kernels, W12 weights, the Triton lm_head.
+Predicted and exploratory moves are interleaved 2:1 so a round times at least one of each when
+both exist. Knobs that change nothing on the device are never proposed (on CPU: CUDA graphs,
+sync_every, kernel choice and W12). A knob move on a patched incumbent keeps its patch.
+
+The loop drops proposals the memory has already judged, so the search moves outward round by
+round as the neighbourhood is used up, and re-centres whenever a move is promoted.
+
+Owns: the move sets, their ranking and their rationale. Does not own predictions (cost model).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+from specpilot.config import DrafterKind, Kernel, System
+from specpilot.errors import ConfigError
+from specpilot.loop.acceptance import TreeShape
+from specpilot.loop.agents.base import Proposal, Proposer, ProposerContext, register
+from specpilot.loop.cost_model import BUDGETS, MAX_DEPTH, TOPKS, GapKind, tree_shapes
+from specpilot.loop.systems import Candidate, describe, short_name
+
+GPU_ONLY = frozenset({"cuda_graphs", "sync_every", "kernel", "w12", "kernel_lm_head"})
+MIN_PREDICTED_SAVING = 0.005  # a predicted move must be at least 0.5% faster than the measurement
+# Savings the acceptance model extrapolates count at this share of their size when ranked against
+# measured ones (AR is measured each round): on the fixture, shape moves predicted ~20% faster
+# were measured ~9% faster.
+MODEL_TRUST = 0.5
+EXPLORE_EVERY = 3  # every third proposal is an exploratory one (when there are both kinds)
+
+
+def _step(ladder: tuple[int, ...], value: int, steps: int) -> set[int]:
+    """Values within `steps` places of `value` on a sorted ladder (value itself included)."""
+    points = sorted(set(ladder) | {value})
+    i = points.index(value)
+    return set(points[max(0, i - steps): i + steps + 1])
+
+
+@register("knob")
+class KnobAgent(Proposer):
+    def propose(self, ctx: ProposerContext) -> list[Proposal]:
+        inc = ctx.incumbent.candidate
+        seeds = self._memory_seeds(ctx)
+        predicted = self._predicted(ctx)
+        explore = self._exploratory(ctx)
+        ordered = seeds + interleave(predicted, explore, EXPLORE_EVERY)
+        out, seen = [], {inc.hash}
+        for p in ordered:
+            if p.hash not in seen:
+                seen.add(p.hash)
+                out.append(p)
+        return out[: max(6 * ctx.limit, 12)]
+
+    # ---- building candidates ------------------------------------------------------------------
+    def _candidate(self, ctx: ProposerContext, changes: dict) -> Candidate | None:
+        """The incumbent with `changes` (plain JSON knob values), or None if invalid or pointless here."""
+        inc = ctx.incumbent.candidate
+        base = inc.system.knobs()
+        changes = {k: v for k, v in changes.items() if k in base and base[k] != v}
+        if not changes:
+            return None
+        if not ctx.on_gpu and (set(changes) <= GPU_ONLY or changes.get("kernel") == Kernel.TRITON.value):
+            return None
+        if changes.get("depth") and base["draft_window"] and base["draft_window"] < changes["depth"] + 1:
+            changes["draft_window"] = 0
+        try:
+            system = System.from_dict({**base, **changes}, name="candidate")
+        except ConfigError:
+            return None
+        name = short_name(self.name, {k: [base[k], v] for k, v in changes.items()})
+        return Candidate(system.with_changes(name=name), inc.patch, inc.workdir)
+
+    def _proposal(self, ctx, changes, gap, rationale, predicted=None, **details) -> Proposal | None:
+        cand = self._candidate(ctx, changes)
+        if cand is None:
+            return None
+        return Proposal(self.name, cand, rationale, gap, predicted, details)
+
+    # ---- 1. memory seeds --------------------------------------------------------------------------
+    def _memory_seeds(self, ctx: ProposerContext) -> list[Proposal]:
+        out = []
+        for similarity, record in ctx.recall.similar:
+            if record.candidate.patch or not record.candidate.diff:
+                continue  # code changes are the integration agent's; an empty diff says nothing
+            changes = {k: new for k, (_, new) in record.candidate.diff.items()}
+            gain = f"{record.gain:+.1%}" if record.gain is not None else "n/a"
+            why = (f"validated on {record.deployment_name} (similarity {similarity:.2f}, entry {record.id}): "
+                   f"{describe(record.candidate.diff)}, gain {gain}")
+            p = self._proposal(ctx, changes, None, why, None, source_entry=record.id, similarity=similarity)
+            if p is not None:
+                out.append(p)
+        return out
+
+    # ---- 2. predicted moves -----------------------------------------------------------------------
+    def _predicted(self, ctx: ProposerContext) -> list[Proposal]:
+        cost, inc = ctx.cost, ctx.incumbent.candidate.system
+        measured = cost.ms_per_token
+        moves: list[tuple[float, Proposal]] = []
+
+        def consider(shape: TreeShape | None, changes: dict, why: str) -> None:
+            t = cost.predict_ms_per_token(shape)
+            if math.isfinite(t) and t < measured * (1 - MIN_PREDICTED_SAVING):
+                gap = self._gap_of(ctx, shape)
+                modelled = shape is not None or cost.ar_ms_per_token is None
+                text = (f"{why}: {'predicted' if modelled else 'measured'} {t:.3f} ms/token vs {measured:.3f} "
+                        f"measured ({1 - t / measured:.0%} less)")
+                p = self._proposal(ctx, changes, gap, text, t, shape=asdict(shape) if shape else None)
+                if p is not None:
+                    moves.append((rank_key(measured, t, modelled), p))
+
+        if inc.drafter is not DrafterKind.NONE and cost.shape is not None and cost.acceptance is not None:
+            here = cost.shape
+            shapes = {TreeShape(d, k, b)
+                      for d in range(max(1, here.depth - 2), min(MAX_DEPTH, here.depth + 2) + 1)
+                      for k in _step(TOPKS, here.topk, 1)
+                      for b in _step(BUDGETS, here.budget, 2)}
+            best = min(tree_shapes(MAX_DEPTH), key=cost.predict_ms_per_token)
+            shapes |= {best} | ({cost.ceiling_shape} if cost.ceiling_shape else set())
+            for s in sorted(shapes):
+                if s != here and s.budget <= s.num_candidates:
+                    consider(s, {"depth": s.depth, "topk": s.topk, "tree_budget": s.budget},
+                             f"tree {here.label()} -> {s.label()}")
+            consider(None, {"drafter": DrafterKind.NONE.value}, "plain AR decoding (drafting does not pay here)")
+        elif inc.drafter is DrafterKind.NONE:
+            self._reenter(ctx, moves)
+        moves.sort(key=lambda m: (m[0], m[1].candidate.name))
+        return [p for _, p in moves]
+
+    def _reenter(self, ctx: ProposerContext, moves: list) -> None:
+        """From AR, back to drafting: shapes that the last speculative system measured in this run
+        predicts faster than the AR measured now (its costs, its fitted acceptance)."""
+        prior = next(((s, c) for s, c in reversed(ctx.history) if c.acceptance is not None and c.shape), None)
+        if prior is None:
+            return
+        system, table = prior
+        measured = ctx.cost.ms_per_token
+        for s in tree_shapes(MAX_DEPTH):
+            t = table.predict_ms_per_token(s)
+            if math.isfinite(t) and t < measured * (1 - MIN_PREDICTED_SAVING):
+                why = (f"drafting again with {s.label()} ({system.drafter.value} drafter, costs measured on "
+                       f"{system.name!r}): predicted {t:.3f} ms/token vs AR {measured:.3f}")
+                changes = {"drafter": system.drafter.value, "depth": s.depth, "topk": s.topk, "tree_budget": s.budget}
+                p = self._proposal(ctx, changes, GapKind.ACCEPTANCE, why, t, shape=asdict(s))
+                if p is not None:
+                    moves.append((rank_key(measured, t, True), p))
+
+    @staticmethod
+    def _gap_of(ctx: ProposerContext, shape: TreeShape | None) -> GapKind:
+        """The gap a shape move mostly closes: acceptance if it commits more per round, else the
+        forward (draft or verify) whose time it cuts most."""
+        cost = ctx.cost
+        if shape is None:
+            return GapKind.DRAFT_KERNELS
+        if cost.tokens_per_round_for(shape) > cost.tokens_per_round:
+            return GapKind.ACCEPTANCE
+        draft_cut = cost.draft_forward_ms * (cost.shape.depth - shape.depth)
+        verify_cut = cost.verify_ms - cost.verify_ms_at(shape.nodes)
+        return GapKind.DRAFT_KERNELS if draft_cut >= verify_cut else GapKind.VERIFY_KERNELS
+
+    # ---- 3. exploratory moves ----------------------------------------------------------------------
+    def _exploratory(self, ctx: ProposerContext) -> list[Proposal]:
+        inc = ctx.incumbent.candidate.system
+        has_model = ctx.deployment.drafter not in ("ngram", "none")
+        moves: list[tuple[GapKind, dict, str]] = []
+        if inc.drafter is DrafterKind.MODEL:
+            moves.append((GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.NGRAM.value},
+                          "prompt lookup instead of the draft model: no draft forwards at all"))
+        elif has_model:
+            moves.append((GapKind.ACCEPTANCE, {"drafter": DrafterKind.MODEL.value},
+                          "the deployment's draft model: higher acceptance than the current drafter"))
+        if inc.drafter is not DrafterKind.NONE and not inc.adaptive_depth:
+            tiers = sorted({max(1, inc.depth - 2), inc.depth + 2} - {inc.depth})
+            moves.append((GapKind.ACCEPTANCE, {"adaptive_depth": tiers},
+                          f"adaptive depth tiers {tiers} around {inc.depth}: deeper where drafts are accepted"))
+        if ctx.on_gpu:
+            if not inc.cuda_graphs:
+                moves.append((GapKind.OVERHEAD, {"cuda_graphs": True}, "replay each round as a CUDA graph"))
+            for n in (2, 4):
+                if inc.sync_every < n:
+                    moves.append((GapKind.OVERHEAD, {"sync_every": n},
+                                  f"check for EOS every {n} rounds, not every round"))
+            if inc.kernel is Kernel.CUBLAS:
+                moves.append((GapKind.VERIFY_KERNELS, {"kernel": Kernel.TRITON.value},
+                              "Triton projection kernels for the target's verify forward"))
+                moves.append((GapKind.VERIFY_KERNELS, {"kernel": Kernel.TRITON.value, "w12": True},
+                              "W12 weights (12 bits, lossless) under the Triton kernels: 25% fewer bytes"))
+            elif not inc.w12:
+                moves.append((GapKind.VERIFY_KERNELS, {"w12": True}, "W12 weights: 25% fewer bytes per forward"))
+            if inc.kernel is Kernel.TRITON and not inc.kernel_lm_head:
+                moves.append((GapKind.VERIFY_KERNELS, {"kernel_lm_head": True}, "the lm_head through the same kernels"))
+        rank = {kind: i for i, kind in enumerate(ctx.gaps)}
+        moves.sort(key=lambda m: rank.get(m[0], len(rank)))
+        out = [self._proposal(ctx, changes, gap, why) for gap, changes, why in moves]
+        return [p for p in out if p is not None]
+
+
+def rank_key(measured: float, predicted: float, modelled: bool) -> float:
+    """The time a move is ranked by: a modelled prediction keeps MODEL_TRUST of its predicted saving."""
+    return measured - (MODEL_TRUST if modelled else 1.0) * (measured - predicted)
+
+
+def interleave(first: list, second: list, every: int) -> list:
+    """first[0], first[1], second[0], first[2], first[3], second[1], ... (every-th from `second`)."""
+    out, a, b = [], list(first), list(second)
+    while a or b:
+        take_second = b and (not a or (len(out) + 1) % every == 0)
+        out.append(b.pop(0) if take_second else a.pop(0))
+    return out

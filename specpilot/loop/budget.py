@@ -1,0 +1,70 @@
+"""The run's wall-clock budget and the estimates it is spent by.
+
+A run with `--budget-minutes` starts a round only if the round *and* the final measurement fit in
+what is left, so it stops cleanly and still measures and reports. The estimates:
+
+- one paired evaluation: scaled from the noise measurement when it ran in this run (its worker
+  start-up, warm-up, and its per-block time times the blocks of a candidate — half the extra
+  blocks counted — plus the guard's outputs), else the median cost of this deployment's stored
+  evaluations, else a guess per device;
+- a round: the longest round so far; before the first, the measurement plus (waves of screening
+  + the winner's re-measurement) evaluations, a wave being as many candidates as the backend
+  times at once;
+- the final measurement: AR, stock and the final system over every prompt at their measured (AR
+  and incumbent) ms per token, plus warm-up (CUDA graphs and compilation on GPU).
+
+Owns: `Budget` and the three estimates. Does not own what runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from specpilot.control.config import ControllerConfig
+
+GUESS_EVALUATION_S = {"cpu": 20.0, "cuda": 90.0}
+WARMUP_S = {"cpu": 10.0, "cuda": 60.0}
+
+
+class Budget:
+    """Wall-clock left for the run; `fits(s)` says whether `s` more seconds stay within it."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds
+        self.start = time.monotonic()
+
+    def left(self) -> float:
+        return math.inf if self.seconds is None else self.seconds - (time.monotonic() - self.start)
+
+    def fits(self, seconds: float) -> bool:
+        return seconds <= self.left()
+
+
+def evaluation_seconds(noise_costs, ccfg: ControllerConfig, memory, digest: str, device: str) -> float:
+    """What one paired evaluation should cost (see the module docstring)."""
+    if noise_costs is not None and noise_costs.blocks:
+        per_block = noise_costs.timed_blocks / noise_costs.blocks
+        gate = ccfg.gate_prompts / ccfg.block_prompts * per_block  # both arms generate the gate's prompts
+        blocks = ccfg.blocks + ccfg.extra_blocks / 2  # extra blocks are spent on undecided candidates only
+        return noise_costs.open + noise_costs.warmup_blocks + gate + blocks * per_block
+    totals = sorted(e.detail["evaluation"]["costs"]["total"] for e in memory.entries(deployment=digest, limit=20)
+                    if e.detail.get("evaluation", {}).get("estimate"))
+    if totals:
+        return totals[len(totals) // 2]
+    return GUESS_EVALUATION_S[device]
+
+
+def round_seconds(past: list[float], per_evaluation: float, candidates: int, parallelism: int) -> float:
+    """The next round's time: the longest so far, else measurement + screening waves + re-measurement."""
+    if past:
+        return max(past)
+    return 5.0 + (math.ceil(candidates / max(1, parallelism)) + 1) * per_evaluation
+
+
+def final_seconds(cost, bench, batch: int, device: str) -> float:
+    """The final measurement's time for a `BenchConfig` `bench`, from the incumbent's cost table."""
+    ar = cost.predict_ms_per_token(None)
+    per_token = (ar if math.isfinite(ar) else cost.ms_per_token) + 2 * cost.ms_per_token  # AR, stock, final
+    tokens = len(bench.sets) * bench.n_prompts * bench.max_new_tokens / batch
+    return 1.2 * per_token * tokens / 1e3 + WARMUP_S[device]

@@ -1,0 +1,124 @@
+"""`LoopConfig`: every setting of one loop run, frozen, and the timing presets per device.
+
+The loop's own settings (rounds, wall-clock budget, agents, candidates per round, how the
+incumbent is profiled, how the final measurement is sized) and the controller's
+(`ControllerConfig`, chosen by a `Timing` preset and the deployment). The CLI's flags map onto
+these fields; `to_dict` goes into the report and the journal.
+
+Timing presets (how candidates are timed; the noise floor is measured once per deployment and
+procedure and reused from the memory, so a preset's numbers are fixed, not adapted per run):
+
+    quick      CPU default. 8 paired blocks of 1 request x 32 new tokens (8 more when undecided),
+               10 noise blocks: a candidate costs ~20 s on the fixture on two cores, most of it starting
+               its two workers and generating the guard's outputs. The noise floor of a shared CPU is
+               large (3-16% measured on the 2-core dev machine), so only large gains clear the bar
+               (1% + 2 x noise).
+    scaled     GPU default. 10 blocks of 2 requests x 256 new tokens (capped by the deployment's),
+               12 noise blocks, up to 10 extra blocks in looks of 5. Estimated, not yet measured: about
+               a minute per candidate on an H200 for fixture-x16, most of it worker start-up (load,
+               x16 expansion, compilation, graph capture).
+    standard   the controller's own defaults (`control.evaluate.default_config`): 20 blocks x 4
+               requests x the deployment's max_new_tokens, 30 noise blocks — for long runs.
+
+Owns: `LoopConfig`, `Timing`, `StopReason`, `controller_config`, `for_device`. Does not own
+what the numbers do (rounds, controller).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field, replace
+
+from specpilot.config import Deployment
+from specpilot.control.config import ControllerConfig
+from specpilot.errors import ConfigError
+
+
+class Timing(enum.Enum):
+    QUICK = "quick"
+    SCALED = "scaled"
+    STANDARD = "standard"
+
+
+class StopReason(enum.Enum):
+    ROUNDS = "rounds"  # the requested number of rounds ran
+    BUDGET = "budget"  # the next round would not fit in the time left (the final report is reserved)
+    CONVERGED = "converged"  # `patience` rounds in a row had nothing new to time
+    INTERRUPTED = "interrupted"  # Ctrl-C: the report is still written
+    ERROR = "error"  # a round could not be decided (the incumbent's workers failed, the gate broke)
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    rounds: int = 2
+    budget_minutes: float | None = None  # wall clock of the whole run, final measurement included
+    agents: tuple[str, ...] = ("integration", "knob", "kernel", "coding")
+    max_candidates: int = 3  # candidates timed per round (the controller screens them together)
+    timing: Timing = Timing.QUICK
+    profile_batches: int = 5  # batches of the regime's size the incumbent is profiled on (drawn round-robin
+    profile_tokens: int = 64  # over the benchmark sets: 5 batches of one prompt = one prompt of each set)
+    final: bool = True  # measure stock and the final system against AR at the end
+    final_prompts: int = 2  # per benchmark set
+    final_tokens: int = 64
+    patience: int = 2  # stop after this many rounds in a row with nothing new to time
+    seed: int = 0
+    coding_command: str | None = None
+    coding_timeout_s: float = 1800.0
+    kernel_budget_s: float = 60.0
+    controller: dict = field(default_factory=dict)  # ControllerConfig fields laid over the timing preset
+
+    def __post_init__(self):
+        if self.rounds < 0:
+            raise ConfigError(f"--rounds must be >= 0 (got {self.rounds})")
+        if self.budget_minutes is not None and self.budget_minutes <= 0:
+            raise ConfigError(f"--budget-minutes must be > 0 (got {self.budget_minutes})")
+        if self.max_candidates < 1:
+            raise ConfigError("--max-candidates must be >= 1")
+        for name in ("profile_batches", "profile_tokens", "final_prompts", "final_tokens", "patience"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.final_prompts < 2:
+            raise ConfigError("final_prompts must be >= 2: an interval needs two prompts per set")
+
+    @property
+    def budget_s(self) -> float | None:
+        return None if self.budget_minutes is None else self.budget_minutes * 60
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["agents"] = list(self.agents)
+        d["timing"] = self.timing.value
+        d["controller"] = dict(self.controller)
+        return d
+
+
+def for_device(device: str, **changes) -> LoopConfig:
+    """Defaults sized for the device kind ("cpu" / "cuda"), then `changes` (None values ignored)."""
+    if device == "cuda":
+        base = LoopConfig(rounds=3, timing=Timing.SCALED, profile_tokens=256, final_prompts=4, final_tokens=512)
+    else:
+        base = LoopConfig(rounds=2, budget_minutes=4.0, timing=Timing.QUICK, profile_tokens=48, final_prompts=3,
+                          final_tokens=48)
+    return replace(base, **{k: v for k, v in changes.items() if v is not None})
+
+
+PRESETS = {
+    Timing.STANDARD: {},
+    Timing.SCALED: {"blocks": 10, "requests_per_block": 2, "max_new_tokens": 256, "noise_blocks": 12,
+                    "extra_blocks": 10, "extra_step": 5},
+    Timing.QUICK: {"blocks": 8, "requests_per_block": 1, "max_new_tokens": 32, "warmup_requests": 1,
+                   "warmup_blocks": 1, "noise_blocks": 10, "extra_blocks": 8, "extra_step": 8, "gate_prompts": 4,
+                   "resamples": 1999},
+}
+
+
+def controller_config(config: LoopConfig, deployment: Deployment) -> ControllerConfig:
+    """The controller's settings: the timing preset (see the module docstring) for the deployment,
+    its token budget capped by the deployment's, then `config.controller`."""
+    from specpilot.control.evaluate import default_config
+
+    fields = dict(PRESETS[config.timing], seed=config.seed)
+    if "max_new_tokens" in fields:
+        fields["max_new_tokens"] = min(fields["max_new_tokens"], deployment.max_new_tokens)
+    fields.update(config.controller)
+    return default_config(deployment, **fields)

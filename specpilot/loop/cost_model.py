@@ -1,0 +1,309 @@
+"""The cost model: where the current system's time per token goes, its ceiling, and the gaps.
+
+From one `StepProfile` (measured, see `specpilot.engine.profile`):
+
+    time per token = (draft + verify + overhead) per round / tokens per round (tau)
+
+* draft: one proposal = `depth` draft-model forwards (the catch-up and depth - 1 expansions), so
+  the measured proposal time gives the cost of one forward, and of any other depth;
+* verify: one target forward over the tree's N nodes; the profile's verify-cost curve (N -> ms)
+  gives it for other N (linear interpolation, the last slope past the last point);
+* overhead: the rest of the round (host syncs, launch gaps, acceptance and commit bookkeeping);
+* acceptance: per-depth acceptance of the measured tree, and through the fitted model of
+  `acceptance.py` the expected tokens per round of any (depth, topk, node budget) best-first tree;
+* plain AR decoding on the same prompts, when measured (what drafting has to beat).
+
+Floors come from bytes and FLOPs: a forward of a model over n tokens of a batch B cannot take less
+than (weight bytes + KV-cache bytes read) / measured bandwidth, nor less than 2 x params x n x B /
+measured matmul rate (for the target and, with its own KV bytes when known, the drafter). The
+*ceiling* is the best time per token with every piece at its floor, no overhead, and the best tree
+shape (or plain AR decoding, when drafting cannot pay even at floor cost) for the acceptance model.
+The model's tau is calibrated so that it equals the measured tau on the measured shape; other
+shapes are estimates (labelled so), which is why a candidate is always timed before it counts.
+
+Gaps, each in ms per token that closing it would save end to end (ranked largest first):
+- `verify-kernels`: target forward above its floor (projection kernels, W12, attention);
+- `draft-kernels`: draft forwards above their floor;
+- `overhead`: round time not spent in draft or verify forwards;
+- `acceptance`: time per token at floor costs with the current tree vs the ceiling's shape.
+They add up to measured - ceiling (exactly, unless a measurement fell below its floor).
+
+Owns: `GapKind`, `Gap`, `CostTable` (with `predict_ms_per_token` for any tree shape, what the knob
+agent ranks moves by), `analyze`, `render`. Does not own measuring (engine) or acting on gaps
+(proposer agents).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import asdict, dataclass
+
+from specpilot.engine.profile import StepProfile
+from specpilot.loop.acceptance import AcceptanceModel, TreeShape
+
+MAX_DEPTH = 16
+TOPKS = (1, 2, 4, 8)
+BUDGETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
+
+
+class GapKind(enum.Enum):
+    VERIFY_KERNELS = "verify-kernels"
+    DRAFT_KERNELS = "draft-kernels"
+    OVERHEAD = "overhead"
+    ACCEPTANCE = "acceptance"
+
+
+@dataclass(frozen=True)
+class Gap:
+    kind: GapKind
+    measured_ms: float  # per round (per token for ACCEPTANCE)
+    floor_ms: float
+    saving_ms_per_token: float  # end-to-end time per token saved if closed
+    estimated: bool = False  # rests on the extrapolated acceptance model, not only on measurements
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["kind"] = self.kind.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Gap:
+        return cls(GapKind(d["kind"]), d["measured_ms"], d["floor_ms"], d["saving_ms_per_token"],
+                   d.get("estimated", False))
+
+
+def forward_floor_ms(params: int, weight_bytes: int, kv_bytes: float, tokens: int, p: StepProfile) -> float:
+    """Lower bound on one forward over `tokens` tokens of the whole batch."""
+    bw = p.bandwidth_gbps * 1e9 / 2  # copy bandwidth counts read + write; a forward mostly reads
+    memory = (weight_bytes + kv_bytes) / bw
+    compute = 2 * params * tokens / (p.matmul_tflops * 1e12)
+    return max(memory, compute) * 1e3
+
+
+def interpolate(curve: tuple[tuple[int, float], ...], n: int) -> float:
+    """Linear interpolation of a sorted (N, ms) curve at n; the end slopes extrapolate."""
+    if len(curve) == 1:
+        return curve[0][1]
+    for (n0, t0), (n1, t1) in zip(curve, curve[1:]):
+        if n <= n1 or (n1, t1) == curve[-1]:
+            return max(t0 + (t1 - t0) * (n - n0) / (n1 - n0), 0.0)
+    return curve[-1][1]
+
+
+@dataclass(frozen=True)
+class CostTable:
+    system: str  # name of the measured system
+    profile: StepProfile  # what every number below is derived from
+    shape: TreeShape | None  # the measured tree's shape (None for AR or a drafter without a tree)
+    acceptance: AcceptanceModel | None
+    draft_kv_bytes_per_token: int  # drafter KV bytes per cached token (0 when unknown or none)
+    ceiling_ms_per_token: float  # best achievable with every piece at its floor
+    ceiling_shape: TreeShape | None  # shape reaching the ceiling; None = plain AR decoding
+    gaps: tuple[Gap, ...]  # largest saving first
+    ar_ms_per_token: float | None = None  # plain AR decoding measured on the same prompts (None: not measured)
+
+    # ---- measured ----------------------------------------------------------------------------
+    @property
+    def ms_per_token(self) -> float:
+        return self.profile.ms_per_token
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.profile.tokens_per_round
+
+    @property
+    def round_ms(self) -> float:
+        return self.profile.round_ms
+
+    @property
+    def draft_ms(self) -> float:
+        return self.profile.draft_ms
+
+    @property
+    def verify_ms(self) -> float:
+        return self.profile.verify_ms
+
+    @property
+    def overhead_ms(self) -> float:
+        return self.profile.overhead_ms
+
+    @property
+    def draft_forward_ms(self) -> float:
+        """Measured time of one draft-model forward (0 without a draft model)."""
+        p = self.profile
+        return p.draft_ms / p.draft_forwards if p.draft_forwards else 0.0
+
+    @property
+    def verify_curve(self) -> tuple[tuple[int, float], ...]:
+        return tuple(sorted((int(n), float(t)) for n, t in self.profile.verify_curve_ms.items()))
+
+    @property
+    def top(self) -> Gap | None:
+        return self.gaps[0] if self.gaps else None
+
+    def gap(self, kind: GapKind) -> Gap | None:
+        return next((g for g in self.gaps if g.kind is kind), None)
+
+    # ---- floors ------------------------------------------------------------------------------
+    def verify_floor_ms(self, nodes: int) -> float:
+        p = self.profile
+        kv = p.kv_bytes_per_token * p.context * p.batch
+        return forward_floor_ms(p.target_params, p.target_bytes, kv, nodes * p.batch, p)
+
+    def draft_forward_floor_ms(self, topk: int = 1) -> float:
+        p = self.profile
+        if not p.drafter_bytes:
+            return 0.0
+        kv = self.draft_kv_bytes_per_token * p.context * p.batch
+        return forward_floor_ms(p.drafter_params, p.drafter_bytes, kv, topk * p.batch, p)
+
+    @property
+    def verify_floor(self) -> float:
+        return self.verify_floor_ms(self.profile.tree_nodes)
+
+    @property
+    def draft_floor(self) -> float:
+        return self.draft_forward_floor_ms(self.shape.topk if self.shape else 1) * self.profile.draft_forwards
+
+    # ---- predictions (estimates) -------------------------------------------------------------
+    def verify_ms_at(self, nodes: int) -> float:
+        """Target forward time over `nodes` nodes, scaled from the measured verify by the curve."""
+        curve = self.verify_curve
+        if not curve:
+            return self.verify_ms
+        here = interpolate(curve, self.profile.tree_nodes)
+        return self.verify_ms * interpolate(curve, nodes) / here if here > 0 else interpolate(curve, nodes)
+
+    def tokens_per_round_for(self, shape: TreeShape) -> float:
+        """Expected tokens per round of `shape`, calibrated to the measured tau on the measured shape."""
+        if self.acceptance is None or self.shape is None:
+            return self.tokens_per_round if shape == self.shape else float("nan")
+        scale = self.tokens_per_round / self.acceptance.tokens_per_round(self.shape)
+        return max(1.0, scale * self.acceptance.tokens_per_round(shape))
+
+    def predict_ms_per_token(self, shape: TreeShape | None) -> float:
+        """Estimated ms/token at today's measured costs for another tree shape (None = AR decoding)."""
+        if shape is None:
+            if self.ar_ms_per_token is not None:
+                return self.ar_ms_per_token
+            # not measured: an AR step keeps the host loop but none of the drafting and tree
+            # bookkeeping, so half the round's measured overhead is the estimate between the two
+            return interpolate(self.verify_curve, 1) + self.overhead_ms / 2 if self.verify_curve else self.verify_ms
+        if self.shape is None:
+            return float("nan")
+        draft = self.draft_forward_ms * shape.depth
+        return (draft + self.verify_ms_at(shape.nodes) + self.overhead_ms) / self.tokens_per_round_for(shape)
+
+    def floor_ms_per_token(self, shape: TreeShape | None) -> float:
+        """ms/token of `shape` with draft and verify forwards at their floors and no overhead."""
+        if shape is None:
+            return self.verify_floor_ms(1)
+        draft = self.draft_forward_floor_ms(shape.topk) * shape.depth if self.profile.drafter_bytes else 0.0
+        return (draft + self.verify_floor_ms(shape.nodes)) / self.tokens_per_round_for(shape)
+
+    # ---- plain data --------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "system": self.system,
+            "device": self.profile.device,
+            "ms_per_token": self.ms_per_token,
+            "tokens_per_round": self.tokens_per_round,
+            "round_ms": self.round_ms,
+            "draft_ms": self.draft_ms,
+            "verify_ms": self.verify_ms,
+            "overhead_ms": self.overhead_ms,
+            "verify_floor_ms": self.verify_floor,
+            "draft_floor_ms": self.draft_floor,
+            "ceiling_ms_per_token": self.ceiling_ms_per_token,
+            "ceiling_shape": asdict(self.ceiling_shape) if self.ceiling_shape else None,
+            "shape": asdict(self.shape) if self.shape else None,
+            "acceptance": self.acceptance.to_dict() if self.acceptance else None,
+            "draft_kv_bytes_per_token": self.draft_kv_bytes_per_token,
+            "ar_ms_per_token": self.ar_ms_per_token,
+            "gaps": [g.to_dict() for g in self.gaps],
+            "profile": _profile_dict(self.profile),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CostTable:
+        return cls(d["system"], profile_from_dict(d["profile"]), TreeShape(**d["shape"]) if d["shape"] else None,
+                   AcceptanceModel.from_dict(d["acceptance"]) if d["acceptance"] else None,
+                   d["draft_kv_bytes_per_token"], d["ceiling_ms_per_token"],
+                   TreeShape(**d["ceiling_shape"]) if d["ceiling_shape"] else None,
+                   tuple(Gap.from_dict(g) for g in d["gaps"]), d.get("ar_ms_per_token"))
+
+    def render(self) -> str:
+        ceiling = self.ceiling_shape.label() if self.ceiling_shape else "AR decoding"
+        lines = [
+            f"{self.system}: {self.ms_per_token:.3f} ms/token measured ({self.tokens_per_round:.2f} tokens/round, "
+            f"{self.round_ms:.3f} ms/round = draft {self.draft_ms:.3f} + verify {self.verify_ms:.3f} "
+            f"+ overhead {self.overhead_ms:.3f}); ceiling {self.ceiling_ms_per_token:.3f} ms/token ({ceiling})"
+            + (f"; AR {self.ar_ms_per_token:.3f} ms/token" if self.ar_ms_per_token is not None else ""),
+            f"  {'gap':<16}{'measured ms':>12}{'floor ms':>10}{'saves ms/tok':>14}{'share':>8}",
+        ]
+        for g in self.gaps:
+            share = g.saving_ms_per_token / self.ms_per_token if self.ms_per_token > 0 else 0.0
+            lines.append(f"  {g.kind.value:<16}{g.measured_ms:>12.3f}{g.floor_ms:>10.3f}"
+                         f"{g.saving_ms_per_token:>14.3f}{share:>8.1%}" + ("  (estimate)" if g.estimated else ""))
+        return "\n".join(lines)
+
+
+def _profile_dict(p: StepProfile) -> dict:
+    d = asdict(p)
+    d["verify_curve_ms"] = {str(k): v for k, v in p.verify_curve_ms.items()}
+    d["accept_at_depth"] = list(p.accept_at_depth)
+    return d
+
+
+def profile_from_dict(d: dict) -> StepProfile:
+    """A `StepProfile` from its `asdict` form (JSON turns the curve's keys into strings)."""
+    names = StepProfile.__dataclass_fields__
+    kw = {k: v for k, v in d.items() if k in names}
+    kw["verify_curve_ms"] = {int(k): float(v) for k, v in kw["verify_curve_ms"].items()}
+    kw["accept_at_depth"] = tuple(kw["accept_at_depth"])
+    return StepProfile(**kw)
+
+
+def tree_shapes(max_depth: int = MAX_DEPTH):
+    """Every (depth, topk, budget) the ceiling search considers."""
+    for depth in range(1, max_depth + 1):
+        for topk in TOPKS:
+            limit = topk + (depth - 1) * topk * topk
+            for budget in BUDGETS:
+                if budget <= limit:
+                    yield TreeShape(depth, topk, budget)
+
+
+def analyze(p: StepProfile, shape: TreeShape | None = None, system: str = "", draft_kv_bytes_per_token: int = 0,
+            max_depth: int = MAX_DEPTH, ar_ms_per_token: float | None = None) -> CostTable:
+    """The cost table of one measured system; `shape` is its tree (None: inferred, AR if no acceptance);
+    `ar_ms_per_token`, when measured, is what plain AR decoding costs on the same prompts."""
+    if shape is None and p.accept_at_depth and p.tree_nodes > 1:
+        depth = len(p.accept_at_depth)
+        shape = TreeShape(depth, max(1, -(-(p.tree_nodes - 1) // depth)), p.tree_nodes - 1)
+    acceptance = AcceptanceModel.fit(p.accept_at_depth, shape) if shape is not None and p.accept_at_depth else None
+    table = CostTable(system, p, shape, acceptance, draft_kv_bytes_per_token, math.nan, None, (), ar_ms_per_token)
+    tau = p.tokens_per_round
+    verify_floor, draft_floor = table.verify_floor, table.draft_floor
+    gaps = [
+        Gap(GapKind.VERIFY_KERNELS, p.verify_ms, verify_floor, max(p.verify_ms - verify_floor, 0.0) / tau),
+        Gap(GapKind.OVERHEAD, p.overhead_ms, 0.0, p.overhead_ms / tau),
+    ]
+    if p.draft_forwards:
+        gaps.append(Gap(GapKind.DRAFT_KERNELS, p.draft_ms, draft_floor, max(p.draft_ms - draft_floor, 0.0) / tau))
+    # the ceiling: every piece at its floor, the best tree shape for the acceptance model (or AR)
+    at_floor_now = (verify_floor + draft_floor) / tau
+    best, best_shape = table.floor_ms_per_token(None), None
+    if acceptance is not None:
+        for s in [shape, *tree_shapes(max_depth)]:
+            t = at_floor_now if s == shape else table.floor_ms_per_token(s)
+            if t < best:
+                best, best_shape = t, s
+    if shape is not None and at_floor_now <= best:
+        best, best_shape = at_floor_now, shape
+    if shape is not None:
+        gaps.append(Gap(GapKind.ACCEPTANCE, at_floor_now, best, max(at_floor_now - best, 0.0), estimated=True))
+    gaps.sort(key=lambda g: g.saving_ms_per_token, reverse=True)
+    return CostTable(system, p, shape, acceptance, draft_kv_bytes_per_token, best, best_shape, tuple(gaps),
+                     ar_ms_per_token)

@@ -1,0 +1,112 @@
+"""Measuring the incumbent for the cost model: a profile of its rounds, pooled over a few batches.
+
+`engine.profile.profile` times the pieces of a round on one batch (draft, verify over the tree,
+the verify-cost curve, bandwidth and matmul rate). Acceptance from one batch of one prompt is thin,
+so `measure` profiles the first batch and then decodes the others, pooling their tokens per round,
+per-depth acceptance and round time into the profile before the cost model reads it.
+
+Where the code runs matters: a knob-only incumbent is measured in this process on the loop's
+loaded session; an incumbent carrying a patch is measured in a subprocess that imports its
+worktree first (`python -c ...`, the same way the controller's workers do), so the profile is of
+the patched code. On CPU both run torch single-threaded, like the loop's workers (`runner.py`).
+
+Plain AR decoding of the same batches is timed too (what drafting has to beat; the knob agent's
+estimate for switching drafting off).
+
+Owns: `measure`, `measure_in_worktree`, pooling, `ar_ms_per_token`. Does not own profiling (engine) or the cost
+model's arithmetic (`cost_model.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from specpilot.config import DrafterKind, System
+from specpilot.errors import SpecPilotError
+from specpilot.loop.acceptance import TreeShape
+from specpilot.loop.cost_model import CostTable, analyze
+
+
+def shape_of(system: System) -> TreeShape | None:
+    return TreeShape.of(system) if system.speculative else None
+
+
+def measure(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> CostTable:
+    """Profile `system` on the first batch, pool acceptance and round time over all; its cost table."""
+    import torch
+
+    from specpilot.engine.profile import acceptance_by_depth, kv_bytes_per_token, profile
+
+    gen = session.generator(system)
+    p = profile(gen, batches[0], max_new_tokens)
+    depth = len(p.accept_at_depth)
+    taus, round_ms, curves = [p.tokens_per_round], [p.round_ms], [p.accept_at_depth]
+    for batch in batches[1:]:  # each batch weighs the same in the means
+        r = gen.generate(batch, max_new_tokens)
+        taus.append(r.num_tokens / max(sum(r.rounds), 1))
+        round_ms.append((r.seconds - r.prefill_seconds) / max(max(r.rounds), 1) * 1e3)
+        curves.append(acceptance_by_depth(r.accept_lengths, depth) if depth else ())
+    n = len(taus)
+    p = replace(p, tokens_per_round=sum(taus) / n, round_ms=sum(round_ms) / n,
+                accept_at_depth=tuple(sum(c[d] for c in curves) / n for d in range(depth)))
+    drafter = session.drafter_model if system.drafter.value == "model" else None
+    kv = kv_bytes_per_token(drafter) if drafter is not None else 0
+    ar_ms = ar_ms_per_token(session, system, batches, max_new_tokens) if system.speculative else p.ms_per_token
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return analyze(p, shape_of(system), system.name, kv, ar_ms_per_token=ar_ms)
+
+
+def ar_ms_per_token(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> float:
+    """Plain AR decoding (the same engine and kernels, drafting off) on the same batches: ms per token."""
+    gen = session.generator(system.with_changes(name="ar", drafter=DrafterKind.NONE, adaptive_depth=()))
+    gen.generate(batches[0], min(max_new_tokens, 8))  # warm-up: graphs, compilation
+    per_token = []
+    for batch in batches:
+        r = gen.generate(batch, max_new_tokens)
+        per_token.append((r.seconds - r.prefill_seconds) / max(max(r.rounds), 1) * 1e3)
+    return sum(per_token) / len(per_token)
+
+
+def measure_in_worktree(workdir: str, deployment: str, system: System, batches: list[list[list[int]]],
+                        max_new_tokens: int, device: str, timeout_s: float = 1800.0) -> CostTable:
+    """`measure` in a subprocess that imports the code of `workdir` first."""
+    with tempfile.TemporaryDirectory(prefix="specpilot-measure-") as tmp:
+        args = Path(tmp) / "args.json"
+        out = Path(tmp) / "cost.json"
+        args.write_text(json.dumps({"deployment": deployment, "system": {"name": system.name, **system.knobs()},
+                                    "batches": batches, "max_new_tokens": max_new_tokens, "device": device,
+                                    "out": str(out)}))
+        code = (f"import sys; sys.path.insert(0, {str(Path(workdir).resolve())!r}); "
+                f"from specpilot.loop.measure import main; main({str(args)!r})")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
+        if proc.returncode != 0 or not out.is_file():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise SpecPilotError(f"measuring {system.name} in its worktree failed: {tail[0]}")
+        return CostTable.from_dict(json.loads(out.read_text()))
+
+
+def main(args_file: str) -> None:
+    """Subprocess entry of `measure_in_worktree`."""
+    import torch
+
+    from specpilot.config import load_deployment
+    from specpilot.engine.session import Session
+
+    a = json.loads(Path(args_file).read_text())
+    if a["device"].startswith("cpu"):
+        torch.set_num_threads(1)
+    deployment = load_deployment(a["deployment"])
+    knobs = dict(a["system"])
+    name = knobs.pop("name")
+    system = System.from_dict({**deployment.stock.knobs(), **knobs}, name=name)
+    session = Session.load(deployment, device=a["device"])
+    table = measure(session, system, a["batches"], a["max_new_tokens"])
+    from specpilot.loop.journal import plain_json
+
+    Path(a["out"]).write_text(json.dumps(plain_json(table.to_dict())))

@@ -1,0 +1,66 @@
+"""What the loop remembers at the start of a round: a read-only snapshot of the memory.
+
+Agents run in parallel threads and must agree on what has been tried, so each round takes one
+snapshot of the memory (`Recall`) instead of letting every agent query the database:
+
+- `evaluations`: every evaluation of this deployment (fingerprint), newest first;
+- `similar`: promoted entries of other deployments, most similar deployment first (what to try
+  first here, `Memory.similar_validated`);
+- `verdict(hash)`: the latest evaluation of a system — the loop reuses it instead of timing the
+  same system again;
+- `promotable_changes(...)`: changes measured as gains on some incumbent (promoted, significant
+  but not selected, or positive but below the bar), the integration agent's material.
+
+Owns: the snapshot and its queries. Does not own writing (`specpilot.memory.store`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specpilot.control.rule import Reason, Verdict
+from specpilot.memory.fingerprint import DeploymentFingerprint
+from specpilot.memory.records import MemoryRecord
+from specpilot.memory.store import Memory
+
+# reasons that say the candidate is broken, not merely slow: never stacked
+DISQUALIFYING = {Reason.GUARD_FAILED, Reason.OUTPUTS_SHORTER, Reason.BAD_OUTPUT, Reason.WORKER_FAILED}
+
+
+@dataclass(frozen=True)
+class Recall:
+    deployment: str  # fingerprint digest
+    evaluations: tuple[MemoryRecord, ...]  # this deployment, newest first
+    similar: tuple[tuple[float, MemoryRecord], ...]  # other deployments' promoted entries
+
+    @classmethod
+    def snapshot(cls, memory: Memory, fp: DeploymentFingerprint, similar_limit: int = 20) -> Recall:
+        own = tuple(r for r in memory.entries(deployment=fp.digest) if r.deployment == fp.digest)
+        return cls(fp.digest, own, tuple(memory.similar_validated(fp, limit=similar_limit)))
+
+    def verdict(self, system_hash: str) -> MemoryRecord | None:
+        """The latest evaluation of this system on this deployment, if any."""
+        return next((r for r in self.evaluations if r.candidate.hash == system_hash), None)
+
+    @property
+    def known(self) -> frozenset[str]:
+        return frozenset(r.candidate.hash for r in self.evaluations)
+
+    def promoted(self) -> tuple[MemoryRecord, ...]:
+        return tuple(r for r in self.evaluations if r.verdict is Verdict.PROMOTE)
+
+    def promotable_changes(self, min_gain: float = 0.0) -> list[MemoryRecord]:
+        """Evaluations whose candidate beat its incumbent by more than `min_gain` (point estimate)
+        and was not disqualified; for each system only its latest evaluation. Largest gain first."""
+        seen, out = set(), []
+        for r in self.evaluations:
+            if r.candidate.hash in seen:
+                continue
+            seen.add(r.candidate.hash)
+            if r.gain is None or r.gain <= min_gain or DISQUALIFYING & set(r.reasons):
+                continue
+            if r.guard_passed is False:
+                continue
+            out.append(r)
+        out.sort(key=lambda r: (-r.gain, r.id))
+        return out

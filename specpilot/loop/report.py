@@ -1,0 +1,270 @@
+"""The run's report: report.json (every number), report.md (for people) and the plots.
+
+Built from data only: the journal's records (this run's, including the part before a resume),
+the memory's chain of promotions from stock to the final system (each change with its
+re-measured, stored gain and interval; their compounded gain), the final benchmark (stock and
+final system against AR in one run, with intervals) and the cost tables before and after.
+
+    report.json       schema "specpilot.loop/1": settings, noise floor, rounds (cost table, every
+                      decision with its numbers), promotions, final measurement, gaps before/after
+    report.md         the same for people: headline, promoted changes, rounds, gaps, settings
+    trajectory.png    estimated gain over stock by round with intervals; final speedups over AR
+    gaps.png          where a token's time goes, before and after, against the ceiling
+    decisions.jsonl   (the journal, written as the run goes)
+
+Owns: assembling and rendering the report, writing its files atomically. Does not own any number.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from specpilot.bench.report import write_text_atomic
+from specpilot.loop.journal import JOURNAL_FILE, EventKind, plain_json
+from specpilot.loop.systems import describe
+
+SCHEMA = "specpilot.loop/1"
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+
+
+def rounds_from_journal(events) -> list[dict]:
+    """One dict per round of the run (its last attempt, when a round was cut short and re-run)."""
+    by_round: dict[int, list] = {}
+    for e in events:
+        if e.round <= 0:
+            continue
+        if e.kind is EventKind.MEASURE:
+            by_round[e.round] = []  # a re-run of a round replaces its cut-short attempt
+        by_round.setdefault(e.round, []).append(e)
+    out = []
+    for index in sorted(by_round):
+        evs = by_round[index]
+        measure = next((e for e in evs if e.kind is EventKind.MEASURE), None)
+        end = next((e for e in evs if e.kind is EventKind.ROUND_END), None)
+        promo = next((e for e in evs if e.kind is EventKind.PROMOTION), None)
+        out.append({
+            "index": index,
+            "incumbent": measure.data.get("incumbent") if measure else None,
+            "cost": measure.data.get("cost") if measure else None,
+            "proposals": next((e.data.get("counts") for e in evs if e.kind is EventKind.PROPOSALS), {}),
+            "agent_errors": next((e.data.get("errors") for e in evs if e.kind is EventKind.PROPOSALS), {}),
+            "reused": [e.data for e in evs if e.kind is EventKind.REUSED],
+            "evaluations": [e.data for e in evs if e.kind is EventKind.EVALUATION],
+            "promotion": promo.data if promo else None,
+            "completed": end is not None,
+            "seconds": end.data.get("seconds") if end else None,
+        })
+    return out
+
+
+def promotions(chain, journal_events) -> list[dict]:
+    """Each promotion from stock to the final system with its stored, re-measured numbers."""
+    why = {e.data.get("entry_id"): e.data for e in journal_events if e.kind is EventKind.EVALUATION}
+    out = []
+    for r in chain:
+        ev = r.detail["evaluation"]
+        parent = {k: v for k, v in ev["incumbent"]["system"].items() if k != "name"}
+        child = {k: v for k, v in r.candidate.knobs.items() if k != "name"}
+        changes = {k: [parent.get(k), child.get(k)] for k in child if parent.get(k) != child.get(k)}
+        agent = why.get(r.id, {}).get("agent") or r.candidate.name.split(":", 1)[0]
+        out.append({"entry_id": r.id, "round": r.round, "name": r.candidate.name, "agent": agent,
+                    "changes": changes, "has_patch": r.candidate.patch is not None,
+                    "incumbent": ev["incumbent"]["system"].get("name"),
+                    "gain": r.gain, "gain_lower": r.gain_lower, "gain_upper": r.gain_upper, "threshold": r.threshold,
+                    "noise": r.noise, "blocks": r.blocks, "rationale": why.get(r.id, {}).get("rationale", ""),
+                    "patch": r.candidate.patch})
+    return out
+
+
+def build_report(paths, journal, deployment, fp, config, ccfg, noise, start, incumbent, after, final, stop,
+                 memory) -> dict:
+    from specpilot.control.evaluate import source_commit
+    from specpilot.control.rule import promotion_threshold
+    from specpilot.loop.state import promotion_chain
+
+    events = list(start.previous) + list(journal.events)
+    rounds = rounds_from_journal(events)
+    chain = promotions(promotion_chain(memory, fp.digest, incumbent), events)
+    compounded = 1.0
+    for p in chain:
+        compounded *= 1 + (p["gain"] or 0.0)
+    before = next((r["cost"] for r in rounds if r["cost"]), None)
+    agents = {e.data["agent"]: {"enabled": e.data["enabled"], "reason": e.data["reason"]}
+              for e in journal.events if e.kind is EventKind.AGENT}
+    return plain_json({
+        "schema": SCHEMA,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": source_commit(),
+        "run": {"id": paths.run_id, "out": str(paths.out), "resumed": bool(start.previous), "stop": stop.value,
+                "wall_seconds": journal.elapsed(), "memory": str(memory.path)},
+        "deployment": {"name": deployment.name, "fingerprint": fp.digest, "device": fp.gpu,
+                       "fields": deployment.fingerprint_fields()},
+        "config": config.to_dict(),
+        "controller": ccfg.to_dict(),
+        "agents": agents,
+        "noise": {**noise.to_dict(), "threshold": promotion_threshold(ccfg, noise)},
+        "start": {"incumbent": start.incumbent.name, "entry_id": start.incumbent.entry_id,
+                  "cumulative_gain": start.incumbent.cumulative_gain, "note": start.note},
+        "rounds": rounds,
+        "final_system": {"name": incumbent.name, "entry_id": incumbent.entry_id,
+                         "knobs": incumbent.candidate.system.knobs(),
+                         "changes_from_stock": incumbent.candidate.changes_from(_stock_candidate(deployment)),
+                         "has_patch": incumbent.candidate.patch is not None,
+                         "estimated_gain_over_stock": incumbent.cumulative_gain,
+                         "toml": incumbent.candidate.system.to_toml()},
+        "promotions": chain,
+        "compounded_gain": compounded - 1,
+        "final": final.to_dict() if final else None,
+        "gaps": {"before": before, "after": after.to_dict() if after else None},
+    })
+
+
+def _stock_candidate(deployment):
+    from specpilot.loop.systems import Candidate
+
+    return Candidate(deployment.stock)
+
+
+def write_report(paths, journal, deployment, fp, config, ccfg, noise, start, incumbent, after, final, stop,
+                 memory) -> tuple[list[Path], dict]:
+    """Write the report's files; (their paths, the journal's last; the report document)."""
+    from specpilot.loop.plots import plot_gaps, plot_trajectory
+
+    report = build_report(paths, journal, deployment, fp, config, ccfg, noise, start, incumbent, after, final, stop,
+                          memory)
+    files = [paths.out / REPORT_JSON, paths.out / REPORT_MD]
+    write_text_atomic(files[0], json.dumps(report, indent=1, allow_nan=False) + "\n")
+    write_text_atomic(files[1], render_markdown(report))
+    for f in files:
+        f.chmod(0o644)  # results are meant to be read (and committed), like the plots next to them
+    for name, plot in (("trajectory.png", plot_trajectory), ("gaps.png", plot_gaps)):
+        try:
+            files.append(plot(report, paths.out / name))
+        except Exception as err:
+            journal.say(f"plot {name} failed: {type(err).__name__}: {err}")
+    return files + [paths.out / JOURNAL_FILE], report
+
+
+# ---- Markdown -----------------------------------------------------------------------------------
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"
+
+
+def format_gain(est, lo, hi, fmt="{:+.1%}") -> str:
+    if est is None:
+        return "n/a"
+    if lo is None or hi is None:
+        return fmt.format(est) + " [n/a]"
+    return f"{fmt.format(est)} [{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
+def format_speedup(interval: dict | None) -> str:
+    if not interval or interval.get("estimate") is None:
+        return "n/a"
+    return format_gain(interval["estimate"], interval.get("low"), interval.get("high"), "{:.2f}x")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
+            *("| " + " | ".join(str(c).replace("|", "/") for c in r) + " |" for r in rows)]
+
+
+def render_markdown(r: dict) -> str:
+    dep, run, final = r["deployment"], r["run"], r["final"]
+    lines = [f"# SpecPilot loop: `{dep['name']}` on {dep['device']}", "",
+             f"{r['created']}, commit {r['commit'] or 'unknown'}; fingerprint `{dep['fingerprint']}`; "
+             f"{len(r['rounds'])} round(s), stopped: {run['stop']}; {run['wall_seconds']:.0f} s"
+             + (" (resumed run)" if run["resumed"] else "") + ".", "", "## Result", ""]
+    if final:
+        rows = [["AR", "1.00x", ""], [f"stock (`{final['stock']}`)", format_speedup(final["stock_speedup"]), ""]]
+        if final["final"]:
+            rows.append([f"final `{r['final_system']['name']}`", format_speedup(final["final_speedup"]),
+                         format_speedup(final["final_gain"])])
+        bench = final["bench"]["config"]
+        lines += _table(["system", "speedup over AR (95% CI)", "over stock (95% CI)"], rows)
+        note = f" Note: {final['note']}." if final["note"] else ""
+        lines += ["", f"Measured in one run: AR and the systems interleaved batch by batch on {len(bench['sets'])} "
+                      f"sets x {bench['n_prompts']} prompts x {bench['max_new_tokens']} new tokens (batch "
+                      f"{bench['batch']}); per set total AR time / total system time, geometric mean over sets, "
+                      f"{bench['interval']} bootstrap intervals.{note}", ""]
+    else:
+        lines += ["No final benchmark in this run (interrupted, or disabled).", ""]
+    fs = r["final_system"]
+    lines += [f"Final system `{fs['name']}`: {describe(fs['changes_from_stock'])}; estimated "
+              f"{_pct(fs['estimated_gain_over_stock'])} over stock from the promotions' re-measured gains "
+              f"(compounded {_pct(r['compounded_gain'])}).", "", "```toml", fs["toml"].strip(), "```", "",
+              "## Promoted changes", ""]
+    if r["promotions"]:
+        rows = [[p["round"] or "-", f"`{p['name']}`", p["agent"],
+                 describe(p["changes"]) + (" + patch" if p["has_patch"] else ""),
+                 format_gain(p["gain"], p["gain_lower"], p["gain_upper"]), _pct(p["threshold"]), p["entry_id"]]
+                for p in r["promotions"]]
+        lines += _table(["round", "system", "agent", "change vs its incumbent", "re-measured gain (95% CI)",
+                         "threshold", "memory entry"], rows)
+        lines += ["", "Why each was proposed:", ""]
+        lines += [f"- `{p['name']}`: {p['rationale'] or 'n/a'}" for p in r["promotions"]]
+    else:
+        lines += ["None: no candidate's lower bound cleared the promotion threshold."]
+    lines += ["", "## Rounds", ""]
+    for rd in r["rounds"]:
+        cut = "" if rd["completed"] else " (cut short)"
+        lines += [f"### Round {rd['index']}: incumbent `{rd['incumbent']}`{cut}", ""]
+        if rd["cost"]:
+            lines += ["```", _render_cost(rd["cost"]), "```", ""]
+        lines.append("Proposals: " + ", ".join(f"{k} {v}" for k, v in (rd["proposals"] or {}).items())
+                     + "".join(f"; {k} failed: {v}" for k, v in (rd["agent_errors"] or {}).items()) + ".")
+        if rd["reused"]:
+            judged = [f"`{x['proposal']['name']}` (entry {x['entry_id']}, {x['verdict']} {_pct(x.get('gain'))})"
+                      for x in rd["reused"]]
+            lines.append("Already judged by the memory (not timed again): " + ", ".join(judged) + ".")
+        if rd["evaluations"]:
+            rows = []
+            for e in rd["evaluations"]:
+                g = e.get("guard") or {}
+                guard = "n/a" if not g else ("pass" if g.get("passed") else f"FAIL: {g.get('reason')}")
+                rows.append([f"`{e['candidate']}`", e["agent"], describe(e["changes"]),
+                             f"**{e['verdict']}** ({', '.join(e['reasons'])})",
+                             format_gain(e["gain"], e["gain_lower"], e["gain_upper"]), _pct(e["lower_bound"]),
+                             _pct(e["threshold"]), guard, e["entry_id"]])
+            lines += [""] + _table(["candidate", "agent", "change", "verdict", "gain (95% CI)", "bound", "threshold",
+                                    "guard", "entry"], rows)
+        lines.append("")
+    gb, ga = r["gaps"]["before"], r["gaps"]["after"]
+    if gb or ga:
+        lines += ["## Gaps before and after", ""]
+        rows = []
+        for key, label in (("ms_per_token", "ms per token"), ("tokens_per_round", "tokens per round"),
+                           ("draft_ms", "draft ms / round"), ("verify_ms", "verify ms / round"),
+                           ("overhead_ms", "overhead ms / round"), ("ceiling_ms_per_token", "ceiling ms per token")):
+            rows.append([label, f"{gb[key]:.3f}" if gb else "n/a", f"{ga[key]:.3f}" if ga else "n/a"])
+        for kind in ("verify-kernels", "draft-kernels", "overhead", "acceptance"):
+            b = next((g["saving_ms_per_token"] for g in (gb or {}).get("gaps", []) if g["kind"] == kind), None)
+            a = next((g["saving_ms_per_token"] for g in (ga or {}).get("gaps", []) if g["kind"] == kind), None)
+            rows.append([f"gap {kind} (ms/token)", "n/a" if b is None else f"{b:.3f}",
+                         "n/a" if a is None else f"{a:.3f}"])
+        header = ["", f"before (`{gb['system'] if gb else '-'}`)", f"after (`{ga['system'] if ga else '-'}`)"]
+        lines += _table(header, rows)
+        lines.append("")
+    n = r["noise"]
+    c = r["controller"]
+    lines += ["## Settings", "",
+              f"- noise floor {n['value']:.2%} (stock vs stock over {n['estimate']['n']} blocks); promotion threshold "
+              f"{n['threshold']:.2%} = {c['min_gain']:.0%} + {c['noise_multiplier']:g} x noise",
+              f"- timing: {r['config']['timing']}: {c['blocks']} paired blocks (+{c['extra_blocks']} extra) of "
+              f"{c['requests_per_block']} request(s) x {c['request_size']} prompt(s) x {c['max_new_tokens']} new "
+              f"tokens; {c['multiplicity']} across a round's candidates; the winner re-measured on fresh blocks",
+              "- agents: " + "; ".join(f"{k} {'on' if v['enabled'] else 'off'}"
+                                       + (f" ({v['reason']})" if v["reason"] else "") for k, v in r["agents"].items()),
+              f"- start: {r['start']['note']}",
+              f"- memory: {run['memory']}", "",
+              "Written by `specpilot run`; every number is in report.json, every decision in decisions.jsonl.", ""]
+    return "\n".join(lines)
+
+
+def _render_cost(d: dict) -> str:
+    from specpilot.loop.cost_model import CostTable
+
+    return CostTable.from_dict(d).render()

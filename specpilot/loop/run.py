@@ -1,0 +1,291 @@
+"""A whole loop run: set up, measure the noise floor, run rounds within the budget, measure, report.
+
+    setup      fingerprint the deployment, open the memory, build the controller (local workers,
+               the token-forcing gate, the benchmark prompt source), ask each agent once whether it
+               is on, load the models in this process (profiles, the guard's scorer, the final
+               benchmark: one copy, shared with the guard)
+    noise      the stock-vs-stock noise floor for this deployment and timing procedure: from the
+               memory when it was measured before, else measured now and stored
+    resume     the incumbent is the memory's best validated system (`state.py`)
+    rounds     `rounds.run_round` until the run has `rounds` completed rounds, the budget would be
+               overrun by the next one (the final measurement's time is reserved, `budget.py`), or
+               `patience` rounds in a row had nothing new to time
+    final      the last incumbent's cost table (the "after" of the gap breakdown), and stock and the
+               final system against AR in one benchmark run (`final.py`)
+    report     report.json, report.md, the plots (`report.py`, `plots.py`)
+Ctrl-C stops the work and still writes the report (without the final benchmark if it was cut); so
+does a round that cannot be decided (the incumbent's workers fail: `StopReason.ERROR`, with the
+error in the journal). A killed run leaves its journal and the memory consistent, and `--resume`
+continues it. Worktrees are removed at the end.
+
+On CPU the loop runs torch single-threaded in this process, as its workers do (`runner.py`).
+
+Owns: `RunOptions`, `LoopResult`, `run_loop` and the order of the steps. Does not own any step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TextIO
+
+from specpilot.config import load_deployment
+from specpilot.control.gate import DEFAULT_GATE, load_gate
+from specpilot.control.prompts import DEFAULT_PROMPT_SOURCE, derived_seed, load_prompt_source
+from specpilot.control.rule import promotion_threshold
+from specpilot.errors import SpecPilotError
+from specpilot.loop.agents.base import AgentOptions, LoopSetup, make_proposers
+from specpilot.loop.budget import Budget, evaluation_seconds, final_seconds, round_seconds
+from specpilot.loop.config import LoopConfig, StopReason, controller_config
+from specpilot.loop.journal import EventKind, Journal
+from specpilot.loop.measure import measure, measure_in_worktree
+from specpilot.loop.rounds import RoundInputs, RoundOutcome, run_round
+from specpilot.loop.runner import CPU_THREADS, LOOP_RUNNER
+from specpilot.loop.state import RunPaths, prepare_run, resume_point, round_label
+from specpilot.loop.systems import Candidate, Incumbent
+from specpilot.loop.worktree import Checkout, package_checkout, remove
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Inputs of a run besides `LoopConfig` (the CLI's other flags)."""
+
+    deployment: str | None = None  # file or shipped name; None = the default deployment
+    out: str | None = None
+    resume: bool = False
+    memory: str | None = None  # None = $SPECPILOT_MEMORY or $SPECPILOT_HOME/memory.sqlite
+    devices: tuple[str, ...] | None = None  # None = every visible GPU, else the CPU
+    gate: str = DEFAULT_GATE
+    prompt_source: str = DEFAULT_PROMPT_SOURCE
+    runner: str = LOOP_RUNNER
+    remeasure_noise: bool = False  # measure the noise floor again even if the memory has one
+    quiet: bool = False
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    paths: RunPaths
+    stop: StopReason
+    incumbent: Incumbent
+    rounds: tuple[RoundOutcome, ...]
+    report: dict
+    files: tuple
+
+
+def run_loop(config: LoopConfig, options: RunOptions = RunOptions(), stream: TextIO | None = None) -> LoopResult:
+    """Run the loop; returns where it wrote its report and what it found."""
+    import torch
+
+    run = _Run(config, options, stream)
+    threads = torch.get_num_threads()
+    if run.device == "cpu":
+        torch.set_num_threads(CPU_THREADS)
+    try:
+        return run.execute()
+    finally:
+        run.close()
+        torch.set_num_threads(threads)
+
+
+class _Run:
+    def __init__(self, config: LoopConfig, options: RunOptions, stream: TextIO | None):
+        from specpilot.control.backends.local import LocalBackend, visible_devices
+        from specpilot.memory.store import Memory
+
+        self.config, self.options = config, options
+        self.budget = Budget(config.budget_s)
+        self.deployment_file = options.deployment or "fixture"
+        self.deployment = load_deployment(self.deployment_file)
+        self.devices = tuple(options.devices or visible_devices())
+        self.device = "cuda" if self.devices[0].startswith("cuda") else "cpu"
+        self.ccfg = controller_config(config, self.deployment)
+        self.agents = make_proposers(config.agents, AgentOptions(config.coding_command, config.coding_timeout_s,
+                                                                 config.kernel_budget_s))
+        self.paths = prepare_run(options.out, self.deployment.name, options.resume)
+        self.journal = Journal(self.paths.journal, stream, quiet=options.quiet)
+        self.backend = LocalBackend(devices=list(self.devices), placement=self.ccfg.placement)
+        self.memory = Memory(options.memory)
+        root = package_checkout()
+        self.checkout = Checkout.capture(root) if root else None
+        self.stock = Candidate(self.deployment.stock)
+
+    def close(self) -> None:
+        self.memory.close()
+        self.backend.close()
+        if self.checkout is not None:
+            for path in sorted(self.paths.scratch.iterdir()):
+                if path.is_dir() and (path / ".git").exists():
+                    remove(self.checkout.root, path)
+
+    # ---- the steps ---------------------------------------------------------------------------
+    def execute(self) -> LoopResult:
+        from specpilot.control.controller import Controller
+        from specpilot.loop.progress import ObservedBackend
+        from specpilot.loop.report import write_report
+        from specpilot.memory.fingerprint import fingerprint_deployment
+
+        j, dep = self.journal, self.deployment
+        self.fp = fingerprint_deployment(dep, self.backend.device_name(), cache=self.memory)
+        self.source = load_prompt_source(dep, self.options.prompt_source)
+        self.controller = Controller(self.ccfg, ObservedBackend(self.backend, j), load_gate(self.options.gate),
+                                     self.source, self.deployment_file)
+        self.start = resume_point(self.paths, self.memory, self.fp.digest, dep.stock, self.checkout,
+                                  self.options.resume)
+        self._announce()
+        self.setup = LoopSetup(dep, self.device, self.backend.device_name(), self.checkout, self.paths.scratch)
+        self.enabled = tuple(a for a in self.agents if self._agent_on(a))
+        self.session = shared_session(self.deployment_file, dep, self.devices[0])
+        j.say(f"loaded {dep.name} in this process (profiles, the guard's scorer, the final benchmark)")
+        self._noise()
+        self.batches = profile_batches(self.source, dep, self.config)
+        incumbent, outcomes, stop, cost = self._rounds()
+        final, after = None, cost
+        if stop is not StopReason.INTERRUPTED:
+            try:
+                after = cost or self.measure(incumbent.candidate)
+                if self.config.final:
+                    final = self._final(incumbent)
+            except KeyboardInterrupt:
+                stop = StopReason.INTERRUPTED
+                j.emit(EventKind.STOP, "interrupted during the final measurement: writing the report without it",
+                       0, reason=stop.value)
+            except SpecPilotError as err:
+                j.emit(EventKind.STOP, f"the final measurement failed: {err}", 0, reason=stop.value, error=str(err))
+        files, report = write_report(self.paths, j, dep, self.fp, self.config, self.ccfg, self.noise, self.start,
+                                     incumbent, after, final, stop, self.memory)
+        j.emit(EventKind.REPORT, "wrote " + ", ".join(str(f) for f in files), 0, files=[str(f) for f in files])
+        return LoopResult(self.paths, stop, incumbent, tuple(outcomes), report, tuple(files))
+
+    def _announce(self) -> None:
+        c, dep, start = self.config, self.deployment, self.start
+        budget = f"budget {c.budget_minutes:g} min" if c.budget_minutes else "no time budget"
+        self.journal.emit(
+            EventKind.START, f"specpilot run: deployment {dep.name!r} [{self.fp.digest}] on "
+            f"{self.backend.device_name()} ({len(self.devices)} device(s), {self.backend.placement.value}); "
+            f"{c.rounds} round(s), {budget}, timing {c.timing.value}; report in {self.paths.out}\n{start.note}", 0,
+            deployment=dep.name, deployment_file=self.deployment_file, fingerprint=self.fp.digest,
+            device=self.backend.device_name(), devices=list(self.devices), placement=self.backend.placement.value,
+            config=c.to_dict(), controller=self.ccfg.to_dict(), memory=str(self.memory.path),
+            resumed=self.options.resume, incumbent=start.incumbent.name, incumbent_entry=start.incumbent.entry_id,
+            next_round=start.next_round, rounds_done=start.rounds_done)
+
+    def _agent_on(self, agent) -> bool:
+        """Ask the agent once whether it can run here; log the answer (and why it is off)."""
+        status = agent.status(self.setup)
+        self.journal.emit(EventKind.AGENT, f"agent {agent.name}: {'on' if status.enabled else 'off'}"
+                          + (f" - {status.reason}" if status.reason else ""), 0, agent=agent.name,
+                          enabled=status.enabled, reason=status.reason)
+        return status.enabled
+
+    def _noise(self) -> None:
+        """The noise floor from the memory, or measured now (stock against a copy of stock) and stored."""
+        from specpilot.control.stats import NoiseFloor
+
+        stored = None if self.options.remeasure_noise else self.memory.noise_floor(self.fp.digest,
+                                                                                   self.controller.procedure)
+        costs = None
+        if stored is not None:
+            self.noise_id, self.noise = stored
+        else:
+            aa = self.controller.stock_vs_stock(self.stock.runner_spec(self.deployment_file, self.options.runner))
+            self.noise, costs = NoiseFloor(aa.estimate, self.controller.procedure), aa.costs
+            self.noise_id = self.memory.record_noise(self.fp, self.noise)
+        self.per_evaluation = evaluation_seconds(costs, self.ccfg, self.memory, self.fp.digest, self.device)
+        est, threshold = self.noise.estimate, promotion_threshold(self.ccfg, self.noise)
+        self.journal.emit(
+            EventKind.NOISE, f"noise floor {self.noise.value:.2%} ({'measured now' if costs else 'from the memory'}, "
+            f"stock vs stock {est.gain:+.2%} [{est.lower:+.2%}, {est.upper:+.2%}] over {est.n} blocks); promotion "
+            f"threshold {threshold:.2%} = {self.ccfg.min_gain:.0%} + {self.ccfg.noise_multiplier:g} x noise", 0,
+            noise=self.noise.to_dict(), noise_id=self.noise_id, measured=costs is not None, threshold=threshold)
+
+    def measure(self, c: Candidate):
+        """The cost table of `c`: in this process, or from its worktree when it carries a patch."""
+        if c.patch:
+            return measure_in_worktree(c.workdir, self.deployment_file, c.system, self.batches,
+                                       self.config.profile_tokens, str(self.session.device))
+        return measure(self.session, c.system, self.batches, self.config.profile_tokens)
+
+    def _rounds(self):
+        from specpilot.loop.final import bench_config
+
+        c, j = self.config, self.journal
+        incumbent, outcomes, history, idle = self.start.incumbent, [], [], 0
+        index, done, cost, stop = self.start.next_round, self.start.rounds_done, None, StopReason.ROUNDS
+        bench = bench_config(self.deployment, c.final_prompts, c.final_tokens, c.seed)
+        try:
+            while done < c.rounds:
+                cost = cost or self.measure(incumbent.candidate)
+                estimate = round_seconds([o.seconds for o in outcomes if not o.nothing_new], self.per_evaluation,
+                                         c.max_candidates, self.backend.parallelism)
+                reserve = final_seconds(cost, bench, self.deployment.regime.batch, self.device) if c.final else 0.0
+                if not self.budget.fits(estimate + reserve):
+                    stop = StopReason.BUDGET
+                    j.emit(EventKind.STOP, f"stopping: round {index} (~{estimate:.0f} s) and the final measurement "
+                           f"(~{reserve:.0f} s) would not fit in the {self.budget.left():.0f} s left", index,
+                           reason=stop.value, round_estimate_s=estimate, final_estimate_s=reserve,
+                           left_s=self.budget.left())
+                    break
+                outcome = run_round(RoundInputs(
+                    index, round_label(self.paths.run_id, index), self.setup, incumbent, self.stock, self.enabled,
+                    self.controller, self.ccfg, self.noise, self.noise_id, self.memory, self.fp, self.deployment_file,
+                    self.options.runner, c.max_candidates, self.measure, self.session, cost, tuple(history)), j)
+                history.append((outcome.incumbent_before.candidate.system, outcome.cost))
+                outcomes.append(outcome)
+                done, index = done + 1, index + 1
+                cost = None if outcome.promoted else outcome.cost
+                incumbent = outcome.incumbent_after
+                idle = idle + 1 if outcome.nothing_new else 0
+                if idle >= c.patience:
+                    stop = StopReason.CONVERGED
+                    j.emit(EventKind.STOP, f"stopping: {idle} round(s) in a row with nothing new to time", index - 1,
+                           reason=stop.value)
+                    break
+            else:
+                j.emit(EventKind.STOP, f"stopping: {done} round(s) done", index - 1, reason=stop.value)
+        except KeyboardInterrupt:
+            stop = StopReason.INTERRUPTED
+            j.emit(EventKind.STOP, "interrupted: writing the report without the final benchmark", index,
+                   reason=stop.value)
+        except SpecPilotError as err:  # e.g. the incumbent's workers failed: nothing can be compared
+            stop = StopReason.ERROR
+            j.emit(EventKind.STOP, f"stopping: round {index} failed: {err}", index, reason=stop.value, error=str(err))
+        return incumbent, outcomes, stop, cost
+
+    def _final(self, incumbent: Incumbent):
+        from specpilot.loop.final import bench_config, measure_final
+        from specpilot.loop.report import format_speedup
+
+        c = self.config
+        cfg = bench_config(self.deployment, c.final_prompts, c.final_tokens, c.seed)
+        also = "" if incumbent.candidate.hash == self.stock.hash else f" and {incumbent.name!r}"
+        self.journal.say(f"final measurement: AR, stock{also} on {len(cfg.sets)} sets x {cfg.n_prompts} prompts x "
+                         f"{cfg.max_new_tokens} tokens, interleaved")
+        final = measure_final(self.session, self.deployment, self.deployment_file, self.stock, incumbent.candidate,
+                              cfg, self.paths.scratch)
+        s, f, g = final.stock_speedup, final.final_speedup, final.final_gain
+        over = f"; final / stock {format_speedup(g)}" if g else " (the final system is stock)"
+        note = f"\n  note: {final.note}" if final.note else ""
+        self.journal.emit(EventKind.FINAL, f"speedup over AR (same run, 95% intervals): stock {format_speedup(s)}; "
+                          f"final {format_speedup(f)}{over}{note}", 0, stock_speedup=s, final_speedup=f, final_gain=g,
+                          note=final.note, seconds=final.seconds)
+        return final
+
+
+def profile_batches(source, deployment, config: LoopConfig) -> list[list[list[int]]]:
+    """`profile_batches` batches of the regime's size from the controller's prompt source (own stream)."""
+    b = deployment.regime.batch
+    prompts = source(config.profile_batches * b, derived_seed(config.seed, "prompts", "loop-profile", 0))
+    return [prompts[i : i + b] for i in range(0, len(prompts), b)]
+
+
+def shared_session(deployment_file: str, deployment, device: str):
+    """The loop's loaded models. The guard gate scores on a session it caches per (deployment, None)
+    (its requests carry unplaced specs), on the default device; when that is the loop's device too,
+    the loop uses that very session, so this process holds one copy of the models, not two."""
+    from specpilot import env
+    from specpilot.engine.session import Session
+    from specpilot.guard.gate import cached_session as guard_session
+
+    default = env.default_device()
+    if device == str(default) or (default.type == "cuda" and device == "cuda:0" and default.index in (None, 0)):
+        return guard_session(deployment_file, None)
+    return Session.load(deployment, device=device)

@@ -1,0 +1,126 @@
+"""What the loop times and promotes: a system's knobs, its patch, and where its code lives.
+
+A `Candidate` is a `config.System` (the engine's knobs) plus, for code changes, a patch against
+the loop's baseline checkout and the worktree that holds it (`worktree.py`). Its identity is the
+memory's (`memory.records.system_hash`: knobs without the name, and the patch), so the loop and
+the memory agree on what "already evaluated" means. The incumbent is a candidate that won.
+
+Knob groups say which knobs interact: a change measured on one incumbent transfers to another
+only if every group it touches is the same on both (the integration agent's test of independence).
+
+Owns: `Candidate`, `Incumbent`, knob groups and describing changes. Does not own running anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specpilot.config import System
+from specpilot.control.spec import RunnerSpec
+from specpilot.memory.records import knob_diff, system_hash
+
+# knobs that interact, by group: a tree's shape, its drafter and window form one; kernels another
+KNOB_GROUPS: dict[str, tuple[str, ...]] = {
+    "tree": ("drafter", "depth", "topk", "tree_budget", "draft_window", "adaptive_depth", "ngram_min", "ngram_max"),
+    "kernels": ("kernel", "w12", "kernel_lm_head"),
+    "runtime": ("cuda_graphs", "sync_every"),
+    "fault": ("fault",),
+}
+PATCH_GROUP = "code"
+
+
+def group_of(knob: str) -> str:
+    for group, knobs in KNOB_GROUPS.items():
+        if knob in knobs:
+            return group
+    return knob  # a knob added later is its own group until someone says otherwise
+
+
+@dataclass(frozen=True)
+class Candidate:
+    system: System
+    patch: str | None = None  # complete patch against the baseline checkout ('' is normalised to None)
+    workdir: str | None = None  # worktree holding the patch (None: the code this process runs)
+
+    def __post_init__(self):
+        if not self.patch:
+            object.__setattr__(self, "patch", None)
+
+    @property
+    def name(self) -> str:
+        return self.system.name
+
+    @property
+    def knobs(self) -> dict:
+        """The memory's knob dict: every knob plus the name (hashes ignore the name)."""
+        return {"name": self.system.name, **self.system.knobs()}
+
+    @property
+    def hash(self) -> str:
+        return system_hash(self.knobs, self.patch)
+
+    def runner_spec(self, deployment: str, factory: str) -> RunnerSpec:
+        return RunnerSpec(deployment, self.knobs, workdir=self.workdir, factory=factory)
+
+    def changes_from(self, parent: Candidate) -> dict:
+        """{knob: [parent's, ours]} plus {"patch": [had one, has one]} when the patches differ."""
+        diff = knob_diff(parent.system.knobs(), self.system.knobs())
+        if self.patch != parent.patch:
+            diff["patch"] = [parent.patch is not None, self.patch is not None]
+        return diff
+
+    def groups_changed_from(self, parent: Candidate) -> set[str]:
+        return {PATCH_GROUP if k == "patch" else group_of(k) for k in self.changes_from(parent)}
+
+    def describe_changes(self, parent: Candidate) -> str:
+        return describe(self.changes_from(parent))
+
+
+def describe(diff: dict) -> str:
+    """'depth 5->3, tree_budget 7->4, + patch' for a changes dict (see `Candidate.changes_from`)."""
+    parts = []
+    for k, (old, new) in diff.items():
+        if k == "patch":
+            parts.append("+ patch" if new else "- patch")
+        else:
+            parts.append(f"{k} {_value(old)}->{_value(new)}")
+    return ", ".join(parts) or "no change"
+
+
+def _value(v) -> str:
+    if isinstance(v, list):
+        return "(" + ",".join(map(str, v)) + ")"
+    if isinstance(v, str):
+        return v or "''"
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def short_name(agent: str, diff: dict, limit: int = 56) -> str:
+    """A system name for tables: 'knob:depth=3,tree_budget=4'."""
+    parts = [("patch" if k == "patch" else f"{k}={_value(v[1])}") for k, v in diff.items()]
+    text = f"{agent}:" + (",".join(parts) or "same")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True)
+class Incumbent:
+    """The current best system and how it got there."""
+
+    candidate: Candidate
+    entry_id: int | None = None  # the memory entry that promoted it (None: stock)
+    cumulative_gain: float = 0.0  # estimated gain over stock along its chain of promotions
+    round: str = ""  # round label of that promotion
+    lineage: frozenset[str] = frozenset()  # hashes of stock and every system it was promoted over
+
+    def promote(self, candidate: Candidate, entry_id: int, gain: float, round: str) -> Incumbent:
+        """The incumbent after `candidate` won `gain` over this one."""
+        return Incumbent(candidate, entry_id, (1 + self.cumulative_gain) * (1 + gain) - 1, round,
+                         self.lineage | {self.candidate.hash})
+
+    @property
+    def name(self) -> str:
+        return self.candidate.name
+
+    @property
+    def is_stock(self) -> bool:
+        return self.entry_id is None

@@ -1,0 +1,79 @@
+"""The kernel agent: off on CPU; on a (simulated) GPU it tunes the shapes furthest from their floor."""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+from loop_fixtures import context, git_repo
+
+from specpilot.kernels.configs import KernelPath, LaunchConfig
+from specpilot.loop.agents.base import AgentOptions, LoopSetup
+from specpilot.loop.agents.kernel import KernelAgent, projection_shapes, table_document, tune
+from specpilot.models.random_checkpoint import tiny_config
+
+SLOW = LaunchConfig(KernelPath.GEMV, block_n=4, block_k=512)
+FAST = LaunchConfig(KernelPath.GEMV, block_n=8, block_k=256)
+BROKEN = LaunchConfig(KernelPath.GEMV, block_n=2, block_k=512, num_warps=2)
+
+
+class SimulatedBench:
+    """Today's config is SLOW everywhere; FAST is 2x faster on 'down' only; BROKEN fails the check."""
+
+    device_name = "NVIDIA H200"
+
+    def __init__(self):
+        self.timed = []
+
+    def current(self, shape):
+        return SLOW
+
+    def candidates(self, shape):
+        return [SLOW, BROKEN, FAST]
+
+    def floor_us(self, shape):
+        return shape.n * shape.k * 2 / 4e6  # 4 TB/s
+
+    def time_us(self, shape, config):
+        self.timed.append((shape.name, config))
+        if config == BROKEN:
+            return None
+        base = 3 * self.floor_us(shape) + 200.0  # launch-bound: far above the floor
+        return base / 2 if (config == FAST and shape.name == "down") else base
+
+
+def test_off_on_cpu_and_says_why(tmp_path):
+    status = KernelAgent().status(LoopSetup(context().deployment, "cpu", "cpu-x86_64", None, tmp_path))
+    assert not status.enabled and "cpu" in status.reason
+
+
+def test_shapes_are_tuned_in_order_of_their_excess_and_only_improvements_enter_the_table():
+    config = tiny_config(hidden_size=256, intermediate_size=1024, num_layers=4)
+    shapes = projection_shapes(config, rows=8, lm_head=False)
+    assert [(s.name, s.m, s.n, s.k, s.count) for s in shapes] == [  # 4 heads, 2 kv heads of 16
+        ("qkv", 8, 128, 256, 4), ("o", 8, 256, 64, 4), ("gate_up", 8, 2048, 256, 4), ("down", 8, 256, 1024, 4)]
+    bench = SimulatedBench()
+    timings = tune(shapes, bench, budget_s=60)
+    excess = [t.excess_us for t in timings]
+    assert excess == sorted(excess, reverse=True)
+    assert [t.shape.name for t in timings if t.improved] == ["down"]
+    assert all(t.tried == 2 for t in timings)  # today's config is not timed twice
+    existing = {("dense", 1, 4096, 4096): SLOW}
+    doc = table_document("NVIDIA H200", "dense", existing, timings)
+    keys = [(e["format"], e["m"], e["n"], e["k"]) for e in doc["entries"]]
+    assert keys == [("dense", 1, 4096, 4096), ("dense", 8, 256, 1024)] and doc["entries"][1]["config"] == FAST.to_dict()
+    assert tune(shapes, SimulatedBench(), budget_s=0)[0].tried == 0  # no budget: today's configs only
+
+
+def test_the_tuned_table_is_proposed_as_a_patch_with_triton_kernels(tmp_path):
+    from specpilot.loop.worktree import Checkout
+
+    checkout = Checkout.capture(git_repo(tmp_path / "repo"))
+    models = SimpleNamespace(target=SimpleNamespace(config=tiny_config(hidden_size=256, intermediate_size=1024)))
+    ctx = context(checkout=checkout, scratch=tmp_path / "scratch", models=models)
+    ctx.setup.scratch.mkdir()
+    (p,) = KernelAgent(AgentOptions(kernel_budget_s=60)).propose_with(ctx, SimulatedBench())
+    assert p.candidate.system.kernel.value == "triton" and p.gap.value == "verify-kernels"
+    table = Path(p.candidate.workdir) / "specpilot/kernels/tuned/nvidia_h200.json"
+    assert json.loads(table.read_text())["entries"][0]["config"] == FAST.to_dict()
+    assert "specpilot/kernels/tuned/nvidia_h200.json" in p.candidate.patch
+    assert p.rationale.startswith("tuned launch configs for 1 projection shape(s) at M=8 (down ")

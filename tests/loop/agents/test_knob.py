@@ -1,0 +1,72 @@
+"""The knob agent: memory seeds first, predicted moves by the cost model, exploratory moves by gap."""
+
+from loop_fixtures import CONFIG, STOCK, context, cost_table, evaluation, fingerprint
+
+from specpilot.config import DrafterKind
+from specpilot.control.rule import Verdict
+from specpilot.loop.agents.knob import GPU_ONLY, KnobAgent, interleave
+from specpilot.loop.recall import Recall
+from specpilot.loop.systems import Candidate, Incumbent
+from specpilot.memory.store import Memory
+
+
+def test_interleave_takes_every_third_from_the_second_list():
+    assert interleave([1, 2, 3, 4], ["a", "b"], 3) == [1, 2, "a", 3, 4, "b"]
+    assert interleave([], ["a"], 3) == ["a"] and interleave([1], [], 3) == [1]
+
+
+def test_on_gpu_predicted_tree_moves_come_first_best_predicted_first():
+    ctx = context()
+    out = KnobAgent().propose(ctx)
+    predicted = [p for p in out if p.predicted_ms_per_token is not None]
+    assert predicted and [p.predicted_ms_per_token for p in predicted] == sorted(p.predicted_ms_per_token
+                                                                              for p in predicted)
+    assert all(p.predicted_ms_per_token < ctx.cost.ms_per_token for p in predicted)
+    assert out[0] is predicted[0] and out[0].candidate.system.tree_budget > 7  # memory bound: a wider tree
+    assert out[2].predicted_ms_per_token is None  # every third: an exploratory move
+    explored = {k for p in out if p.predicted_ms_per_token is None for k in p.candidate.changes_from(ctx.stock)}
+    assert {"kernel", "w12", "sync_every"} <= explored
+    assert len({p.hash for p in out}) == len(out) and ctx.incumbent.candidate.hash not in {p.hash for p in out}
+
+
+def test_on_cpu_knobs_without_effect_there_are_never_proposed():
+    out = KnobAgent().propose(context(device="cpu"))
+    assert out
+    for p in out:
+        changed = set(p.candidate.changes_from(Candidate(STOCK)))
+        assert not changed <= GPU_ONLY and p.candidate.system.kernel.value == "cublas"
+
+
+def test_memory_seeds_from_similar_deployments_come_first(tmp_path):
+    with Memory(tmp_path / "m.sqlite") as memory:
+        elsewhere = fingerprint("fx-batch", batch=8)
+        wide = STOCK.with_changes(name="wide", tree_budget=24, topk=8)
+        memory.record_evaluation(elsewhere, evaluation(wide, gain=0.3), CONFIG)
+        slower = STOCK.with_changes(name="rejected", depth=2)
+        memory.record_evaluation(elsewhere, evaluation(slower, gain=-0.1, verdict=Verdict.REJECT), CONFIG)
+        here = fingerprint("fx")
+        recall = Recall.snapshot(memory, here)
+    out = KnobAgent().propose(context(recall=recall))
+    first = out[0]
+    assert (first.candidate.system.tree_budget, first.candidate.system.topk) == (24, 8)
+    assert "validated on fx-batch" in first.rationale and first.details["source_entry"] == 1
+    assert sum("validated on" in p.rationale for p in out) == 1  # the rejected one is no seed
+
+
+def test_from_ar_it_proposes_drafting_again_with_shapes_measured_earlier_in_the_run():
+    ar = STOCK.with_changes(name="ar", drafter=DrafterKind.NONE)
+    ar_cost = cost_table(ar, accept_at_depth=(), tree_nodes=1, draft_ms=0.0, draft_forwards=0, drafter_bytes=0,
+                         tokens_per_round=1.0, round_ms=6.0)
+    ctx = context(ar_cost, Incumbent(Candidate(ar), 1, 0.1), history=[(STOCK, cost_table())])
+    out = KnobAgent().propose(ctx)
+    reentry = [p for p in out if p.predicted_ms_per_token is not None]
+    assert reentry and all(p.candidate.system.drafter is DrafterKind.MODEL for p in reentry)
+    assert all(p.predicted_ms_per_token < 6.0 for p in reentry) and "drafting again" in reentry[0].rationale
+
+
+def test_knob_moves_keep_the_incumbents_patch_and_fix_the_draft_window():
+    patched = Candidate(STOCK.with_changes(name="patched", draft_window=6), "diff --git a/x b/x\n", "/tmp/wt")
+    out = KnobAgent().propose(context(cost_table(patched.system), Incumbent(patched, 3, 0.05)))
+    assert all(p.candidate.patch == patched.patch and p.candidate.workdir == "/tmp/wt" for p in out)
+    deeper = [p for p in out if p.candidate.system.depth >= 6]
+    assert deeper and all(p.candidate.system.draft_window == 0 for p in deeper)

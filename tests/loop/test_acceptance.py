@@ -1,0 +1,50 @@
+"""The positional acceptance model: trees it builds, expected lengths, and fitting measurements."""
+
+import numpy as np
+import pytest
+
+from specpilot.loop.acceptance import AcceptanceModel, TreeShape, depth_curve, node_values
+
+
+def test_a_chain_accepts_depth_d_with_probability_alpha_to_the_d():
+    alpha = 0.6
+    curve = depth_curve(TreeShape(4, 1, 4), alpha, 1.0)
+    assert np.allclose(curve, [alpha ** d for d in range(1, 5)], rtol=0, atol=1e-15)
+    model = AcceptanceModel(alpha, 1.0, TreeShape(4, 1, 4), (), 0.0)
+    assert model.tokens_per_round(TreeShape(4, 1, 4)) == pytest.approx(1 + sum(alpha ** d for d in range(1, 5)))
+
+
+def test_trees_follow_the_drafter_best_first_and_hold_budget_nodes():
+    shape = TreeShape(5, 4, 7)
+    values, depths = node_values(shape, 0.5, 0.9)
+    assert len(values) == 7 == shape.nodes - 1
+    assert list(values) == sorted(values, reverse=True)  # the budget's best nodes
+    assert depths.min() == 1 and np.all(np.diff(sorted(depths)) <= 1)  # prefix-closed: no level skipped
+    # depth-1 values are alpha (1 - alpha)^j: the root's children by rank
+    assert np.allclose(np.sort(values[depths == 1])[::-1], 0.5 * 0.5 ** np.arange((depths == 1).sum()))
+    assert TreeShape(2, 2, 100).nodes == 2 + 4 + 1  # a budget above the candidates is capped by them
+
+
+def test_more_nodes_never_accept_less_and_more_depth_helps_a_good_drafter():
+    model = AcceptanceModel(0.7, 0.95, TreeShape(5, 4, 7), (), 0.0)
+    taus = [model.tokens_per_round(TreeShape(6, 4, b)) for b in (1, 2, 4, 8, 16, 32, 64)]
+    assert taus == sorted(taus) and taus[0] == pytest.approx(1.7)
+    assert model.tokens_per_round(TreeShape(8, 1, 8)) > model.tokens_per_round(TreeShape(3, 1, 3))
+
+
+def test_fit_recovers_the_parameters_that_made_the_curve():
+    shape = TreeShape(5, 4, 7)
+    measured = tuple(depth_curve(shape, 0.62, 0.85))
+    model = AcceptanceModel.fit(measured, shape)
+    assert model.residual < 0.01
+    assert model.alpha == pytest.approx(0.62, abs=0.03) and model.decay == pytest.approx(0.85, abs=0.06)
+    assert model.curve(shape) == pytest.approx(measured, abs=0.02)
+
+
+def test_fit_without_acceptance_is_plain_ar_and_round_trips():
+    model = AcceptanceModel.fit((0.0, 0.0, 0.0), TreeShape(3, 2, 4))
+    assert model.alpha == 0.0 and model.tokens_per_round(TreeShape(8, 8, 64)) == 1.0
+    fitted = AcceptanceModel.fit((0.7, 0.4), TreeShape(2, 2, 3))
+    assert AcceptanceModel.from_dict(fitted.to_dict()) == fitted
+    with pytest.raises(ValueError):
+        TreeShape(0, 1, 1)

@@ -1,0 +1,41 @@
+"""The budget and the estimates a run spends it by."""
+
+import time
+
+import pytest
+from loop_fixtures import CONFIG, DEPLOYMENT, STOCK, cost_table, evaluation, fingerprint
+
+from specpilot.control.controller import Costs
+from specpilot.loop.budget import Budget, evaluation_seconds, final_seconds, round_seconds
+from specpilot.loop.final import bench_config
+from specpilot.memory.store import Memory
+
+
+def test_budget():
+    assert Budget(None).fits(1e9)
+    b = Budget(10.0)
+    assert b.fits(9.0) and not b.fits(11.0) and b.left() <= 10.0
+    b.start = time.monotonic() - 20
+    assert b.left() < 0 and not b.fits(0.0)
+
+
+def test_an_evaluation_is_scaled_from_the_noise_measurement_else_taken_from_the_memory(tmp_path):
+    costs = Costs(open=5.0, warmup_blocks=1.0, timed_blocks=20.0, total=26.0, blocks=10)  # 2 s per block
+    # start-up + warm-up + the gate's prompts (4 prompts = 1 block of 4) + 20 blocks + half of 20 extra
+    assert evaluation_seconds(costs, CONFIG, None, "d", "cpu") == pytest.approx(5 + 1 + 2 + 30 * 2)
+    fp = fingerprint()
+    with Memory(tmp_path / "m.sqlite") as memory:
+        assert evaluation_seconds(None, CONFIG, memory, fp.digest, "cuda") == 90.0
+        for gain in (0.1, 0.2, 0.3):
+            memory.record_evaluation(fp, evaluation(STOCK.with_changes(name=str(gain), depth=3), gain=gain), CONFIG)
+        assert evaluation_seconds(None, CONFIG, memory, fp.digest, "cuda") == 3.0  # the stored costs' median
+
+
+def test_rounds_and_the_final_measurement():
+    assert round_seconds([30.0, 50.0], 20.0, 3, 1) == 50.0
+    assert round_seconds([], 20.0, 3, 1) == 5.0 + 4 * 20.0 and round_seconds([], 20.0, 3, 3) == 5.0 + 2 * 20.0
+    cost = cost_table(STOCK)
+    bench = bench_config(DEPLOYMENT, 4, 512)
+    tokens = 5 * 4 * 512
+    expected = 1.2 * (cost.predict_ms_per_token(None) + 2 * cost.ms_per_token) * tokens / 1e3 + 60.0
+    assert final_seconds(cost, bench, 1, "cuda") == pytest.approx(expected)

@@ -1,0 +1,43 @@
+"""Loop settings: device defaults, timing presets, controller overrides, validation, the CLI's flags."""
+
+import argparse
+
+import pytest
+from loop_fixtures import DEPLOYMENT
+
+from specpilot.errors import ConfigError
+from specpilot.loop import cli
+from specpilot.loop.config import LoopConfig, Timing, controller_config, for_device
+
+
+def test_device_defaults_and_presets():
+    cpu, gpu = for_device("cpu"), for_device("cuda", rounds=5)
+    assert (cpu.timing, cpu.budget_minutes, gpu.timing, gpu.rounds, gpu.budget_minutes) == (
+        Timing.QUICK, 4.0, Timing.SCALED, 5, None)
+    quick = controller_config(cpu, DEPLOYMENT)
+    assert (quick.blocks, quick.requests_per_block, quick.max_new_tokens, quick.looks) == (8, 1, 32, 2)
+    scaled = controller_config(gpu, DEPLOYMENT)
+    assert (scaled.blocks, scaled.max_new_tokens, scaled.looks) == (10, 256, 3)
+    standard = controller_config(for_device("cuda", timing=Timing.STANDARD), DEPLOYMENT)
+    assert standard.max_new_tokens == DEPLOYMENT.max_new_tokens and standard.blocks == 20
+    tuned = controller_config(for_device("cpu", controller={"blocks": 9}, seed=3), DEPLOYMENT)
+    assert (tuned.blocks, tuned.seed) == (9, 3)
+    with pytest.raises(ConfigError, match="unknown field"):
+        controller_config(for_device("cpu", controller={"blockz": 9}), DEPLOYMENT)
+    with pytest.raises(ConfigError, match="final_prompts must be >= 2"):
+        LoopConfig(final_prompts=1)
+
+
+def test_flags_map_onto_the_config():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    cli.register(sub)
+    args = parser.parse_args(["run", "--rounds", "4", "--agents", "knob,integration", "--budget-minutes", "9",
+                              "--controller", "blocks=8", "--controller", "order=random", "--no-final"])
+    config = cli.config_from_args(args, "cuda")
+    assert (config.rounds, config.agents, config.budget_minutes, config.final) == (4, ("knob", "integration"), 9.0,
+                                                                                  False)
+    assert config.controller == {"blocks": 8, "order": "random"} and config.timing is Timing.SCALED
+    assert args.func is cli.run_command
+    with pytest.raises(ConfigError, match="FIELD=VALUE"):
+        cli.controller_fields(["blocks"])

@@ -1,0 +1,62 @@
+"""The cost model: floors, gaps, the ceiling and predictions, on a synthetic GPU profile."""
+
+import json
+
+import pytest
+from loop_fixtures import STOCK, cost_table, gpu_profile
+
+from specpilot.config import DrafterKind
+from specpilot.loop.acceptance import TreeShape
+from specpilot.loop.cost_model import CostTable, GapKind, analyze, forward_floor_ms, interpolate
+
+
+def test_floors_are_bytes_over_bandwidth_unless_compute_bound():
+    p = gpu_profile()
+    kv = p.kv_bytes_per_token * p.context
+    assert forward_floor_ms(p.target_params, p.target_bytes, kv, 8, p) == pytest.approx(
+        (p.target_bytes + kv) / 4e12 * 1e3, rel=1e-12)
+    assert forward_floor_ms(p.target_params, p.target_bytes, kv, 100_000, p) == pytest.approx(
+        2 * p.target_params * 100_000 / 500e12 * 1e3, rel=1e-12)
+
+
+def test_gaps_add_up_to_measured_minus_ceiling_and_are_ranked():
+    t = cost_table()
+    assert t.ms_per_token == pytest.approx(10.0 / 2.6)
+    assert [g.kind for g in t.gaps] == sorted((g.kind for g in t.gaps), key=lambda k: -t.gap(k).saving_ms_per_token)
+    assert {g.kind for g in t.gaps} == set(GapKind)
+    assert sum(g.saving_ms_per_token for g in t.gaps) == pytest.approx(t.ms_per_token - t.ceiling_ms_per_token,
+                                                                      rel=1e-12)
+    v = t.gap(GapKind.VERIFY_KERNELS)
+    assert v.saving_ms_per_token == pytest.approx((5.0 - t.verify_floor) / 2.6, rel=1e-12)
+    assert t.gap(GapKind.OVERHEAD).measured_ms == pytest.approx(2.0)
+    # memory bound: a bigger tree costs little at floor and accepts more, so the ceiling's tree is bigger
+    assert t.ceiling_shape is not None and t.ceiling_shape.nodes > 8
+    assert t.gap(GapKind.ACCEPTANCE).estimated
+
+
+def test_predictions_reproduce_the_measurement_and_follow_the_curve():
+    t = cost_table()
+    here = TreeShape.of(STOCK)
+    assert t.predict_ms_per_token(here) == pytest.approx(t.ms_per_token, rel=1e-12)
+    assert t.tokens_per_round_for(here) == pytest.approx(2.6, rel=1e-12)
+    assert t.verify_ms_at(64) == pytest.approx(5.0 * 7.6 / 5.0)
+    assert t.predict_ms_per_token(TreeShape(6, 8, 48)) < t.ms_per_token  # cheap verify: wider wins
+    assert t.predict_ms_per_token(None) == pytest.approx(4.6 + 1.0)  # AR: one-node forward + half the overhead
+    assert analyze(gpu_profile(), here, "x", ar_ms_per_token=3.25).predict_ms_per_token(None) == 3.25  # measured
+    assert interpolate(((1, 1.0), (3, 3.0)), 2) == 2.0 and interpolate(((1, 1.0), (3, 3.0)), 5) == 5.0
+
+
+def test_ar_has_no_acceptance_gap_and_its_floor_is_the_ceiling():
+    ar = STOCK.with_changes(name="ar", drafter=DrafterKind.NONE)
+    t = analyze(gpu_profile(accept_at_depth=(), tree_nodes=1, draft_ms=0.0, draft_forwards=0, drafter_bytes=0,
+                            tokens_per_round=1.0, round_ms=5.0), None, ar.name)
+    assert {g.kind for g in t.gaps} == {GapKind.VERIFY_KERNELS, GapKind.OVERHEAD}
+    assert t.ceiling_shape is None and t.ceiling_ms_per_token == pytest.approx(t.verify_floor_ms(1))
+
+
+def test_round_trip_and_render():
+    t = cost_table()
+    again = CostTable.from_dict(json.loads(json.dumps(t.to_dict())))
+    assert again.to_dict() == t.to_dict() and again.render() == t.render()
+    text = t.render()
+    assert "ceiling" in text and all(k.value in text for k in GapKind) and "(estimate)" in text

@@ -1,0 +1,57 @@
+"""A system carrying a patch is measured from its worktree: the profile and the final benchmark run its code."""
+
+import pytest
+
+from specpilot.config import Deployment
+from specpilot.loop.final import bench_config, measure_final
+from specpilot.loop.measure import measure_in_worktree
+from specpilot.loop.systems import Candidate
+from specpilot.loop.worktree import Checkout, package_checkout
+
+# appended by the "patch": observable marks in what the worktree's code returns
+COST_MARK = '''
+_unpatched_analyze = analyze
+
+
+def analyze(*args, **kwargs):
+    from dataclasses import replace
+
+    table = _unpatched_analyze(*args, **kwargs)
+    return replace(table, system=table.system + " (patched)")
+'''
+BENCH_MARK = '\nSCHEMA = "specpilot.bench/1+patched"\n'
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory, target_dir, drafter_dir):
+    root = package_checkout()
+    if root is None:
+        pytest.skip("the package is not imported from a git checkout")
+    tmp = tmp_path_factory.mktemp("patched")
+    dep_file = tmp / "tiny.toml"
+    dep_file.write_text(f'name = "tiny"\ntarget = "{target_dir}"\ndrafter = "{drafter_dir}"\nmax_new_tokens = 8\n'
+                        "[stock]\ndepth = 2\ntopk = 2\ntree_budget = 3\n")
+    wt = Checkout.capture(root).create(tmp / "wt")
+    for rel, text in (("specpilot/loop/cost_model.py", COST_MARK), ("specpilot/bench/results.py", BENCH_MARK)):
+        path = wt.path / rel
+        path.write_text(path.read_text() + text)
+    yield Deployment.from_toml(dep_file), str(dep_file), wt, tmp
+    wt.remove()
+
+
+def test_the_profile_of_a_patched_incumbent_comes_from_its_worktree(patched):
+    dep, dep_file, wt, _ = patched
+    system = dep.stock.with_changes(name="chain")
+    table = measure_in_worktree(str(wt.path), dep_file, system, [[[5, 6, 7]], [[8, 9]]], 8, "cpu")
+    assert table.system == "chain (patched)" and table.shape.depth == 2 and table.tokens_per_round >= 1
+
+
+def test_the_final_benchmark_of_a_patched_system_runs_its_code(patched):
+    dep, dep_file, wt, tmp = patched
+    stock = Candidate(dep.stock)
+    final = Candidate(dep.stock.with_changes(name="mine", topk=1), wt.diff(), str(wt.path))
+    config = bench_config(dep, prompts_per_set=2, max_new_tokens=6)
+    assert (config.n_prompts, config.max_new_tokens) == (2, 6)
+    result = measure_final(None, dep, dep_file, stock, final, config, tmp)
+    assert result.bench["schema"] == "specpilot.bench/1+patched" and "patched code" in result.note
+    assert [s["name"] for s in result.bench["systems"]] == ["stock", "final"] and result.final_gain is not None

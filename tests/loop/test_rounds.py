@@ -1,0 +1,34 @@
+"""Selecting a round's candidates: round-robin over agents, the memory's verdicts reused, limits."""
+
+from loop_fixtures import CONFIG, STOCK, evaluation, fingerprint
+
+from specpilot.loop.agents.base import Proposal
+from specpilot.loop.recall import Recall
+from specpilot.loop.rounds import select
+from specpilot.loop.systems import Candidate, Incumbent
+from specpilot.memory.store import Memory
+
+
+def proposal(agent: str, **knobs) -> Proposal:
+    return Proposal(agent, Candidate(STOCK.with_changes(name=f"{agent}-{knobs}", **knobs)), "why")
+
+
+def test_round_robin_over_agents_skips_what_is_known_settled_or_repeated(tmp_path):
+    judged = STOCK.with_changes(name="judged", depth=3)
+    fp = fingerprint()
+    with Memory(tmp_path / "m.sqlite") as memory:
+        entry = memory.record_evaluation(fp, evaluation(judged, gain=-0.1), CONFIG)
+        recall = Recall.snapshot(memory, fp)
+    ancestor = STOCK.with_changes(name="ancestor", topk=2)
+    inc = Incumbent(Candidate(STOCK.with_changes(name="inc", depth=6)), 7, 0.2,
+                    lineage=frozenset({Candidate(STOCK).hash, Candidate(ancestor).hash}))
+    lists = {
+        "knob": [proposal("knob", depth=3), proposal("knob", depth=6), proposal("knob", depth=4),
+                 proposal("knob", depth=2)],
+        "coding": [proposal("coding", topk=2), proposal("coding", depth=4), proposal("coding", tree_budget=9)],
+    }
+    selected, reused, dropped = select(lists, inc, recall, limit=2)
+    # knob depth 3: judged; coding topk 2: an ancestor; knob depth 6: the incumbent; coding depth 4: a repeat
+    assert [p.candidate.system.depth for p in selected] == [4, 5] and selected[1].candidate.system.tree_budget == 9
+    assert [(p.candidate.system.depth, r.id) for p, r in reused] == [(3, entry)]
+    assert len(dropped) == 5 and all(p not in selected for p in dropped)
