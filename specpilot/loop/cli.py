@@ -148,20 +148,10 @@ def summary(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`specpilot run` without the top-level CLI (errors as one `error:` line, like it)."""
-    from specpilot.errors import SpecPilotError
+    """`specpilot run` without typing `specpilot` (same parsing and error handling)."""
+    from specpilot.cli import main as specpilot_main
 
-    parser = argparse.ArgumentParser(prog="specpilot run", description="The SpecPilot loop.")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run_command(args)
-    except SpecPilotError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return specpilot_main(["run", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
