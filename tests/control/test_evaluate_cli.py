@@ -1,30 +1,18 @@
 """`specpilot evaluate` end to end on CPU (fake runners, fake prompts) and `evaluate_candidate`."""
 
-import argparse
 import json
 
 import pytest
 
 from fake_runners import WORKDIR
-from specpilot.control import cli as control_cli
+from specpilot.cli import main as specpilot_main
 from specpilot.control.rule import Verdict
-from specpilot.errors import SpecPilotError
-from specpilot.memory import cli as memory_cli
 from specpilot.memory.store import Memory
 
 
 def run_cli(argv) -> int:
-    """What `specpilot.cli.main` does with these subcommands: parse, run, map errors to exit 2."""
-    parser = argparse.ArgumentParser(prog="specpilot")
-    sub = parser.add_subparsers()
-    control_cli.register(sub)
-    memory_cli.register(sub)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except SpecPilotError as err:
-        print(f"error: {err}")
-        return err.exit_code
+    """The real `specpilot` entry point (parsing, dispatch, errors as one line on stderr)."""
+    return specpilot_main(argv)
 
 
 @pytest.fixture
@@ -91,7 +79,7 @@ def test_bad_input_exits_2_with_one_line(files, capsys, change, message):
     else:
         argv += [flag, value]
     assert run_cli(argv) == 2
-    out = capsys.readouterr().out.strip().splitlines()
+    out = capsys.readouterr().err.strip().splitlines()
     assert len(out) == 1 and out[0].startswith("error: ") and message in out[0]
 
 

@@ -1,26 +1,18 @@
 """`specpilot memory list|show|export` on a database written through the API."""
 
-import argparse
 import json
 
 import pytest
 
 from memory_fixtures import CONFIG, evaluation, fingerprint, spec
 from specpilot.control.rule import Verdict
-from specpilot.errors import SpecPilotError
-from specpilot.memory import cli
+from specpilot.cli import main as specpilot_main
 from specpilot.memory.store import Memory
 
 
 def run_cli(argv) -> int:
-    parser = argparse.ArgumentParser(prog="specpilot")
-    cli.register(parser.add_subparsers())
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except SpecPilotError as err:
-        print(f"error: {err}")
-        return err.exit_code
+    """The real `specpilot` entry point (parsing, dispatch, errors as one line on stderr)."""
+    return specpilot_main(argv)
 
 
 @pytest.fixture
@@ -63,6 +55,6 @@ def test_export_to_file(db, tmp_path):
 
 def test_bad_input(db, tmp_path, capsys):
     assert run_cli(["memory", "show", "42", "--memory", db]) == 2
-    assert capsys.readouterr().out.strip() == f"error: no memory entry 42 in {db}"
+    assert capsys.readouterr().err.strip() == f"error: no memory entry 42 in {db}"
     assert run_cli(["memory", "list", "--memory", str(tmp_path / "none.sqlite")]) == 2
-    assert "no memory database at" in capsys.readouterr().out
+    assert "no memory database at" in capsys.readouterr().err
