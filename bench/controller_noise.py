@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from dataclasses import replace
@@ -46,7 +47,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-source", default=DEFAULT_PROMPT_SOURCE, help="prompt-source factory module:attr")
     p.add_argument("--seed", type=int, default=0, help="seed of prompt draws, arm order and bootstrap")
     p.add_argument("--resamples", type=int, default=9999, help="bootstrap resamples")
+    p.add_argument("--variants", nargs="+", default=["default"], choices=sorted(VARIANTS),
+                   help="procedures to measure the noise under (default: the controller's own); "
+                        "the first one also gets the timed full evaluation")
+    p.add_argument("--in-process", action="store_true",
+                   help="also time stock against itself inside this process (no workers, CUDA-synchronized): "
+                        "the engine's own run-to-run noise, for comparison")
     return p.parse_args(argv)
+
+
+# Procedure variants for diagnosing noise: ControllerConfig changes on top of the default procedure.
+VARIANTS = {
+    "default": {},
+    "gc-during-requests": {"collect_garbage": False},  # Python's GC may run inside timed requests
+    "no-freeze": {"freeze_idle": False},  # the idle arm is not SIGSTOPped
+}
 
 
 def placements(choice: str, n_devices: int):
@@ -61,7 +76,91 @@ def placements(choice: str, n_devices: int):
     return [Placement(choice)]
 
 
-def measure_mode(args, placement, devices, config, source, stock, gpu_names) -> dict:
+def timing_summary(timings: list[dict]) -> dict:
+    """Spread of per-request times (controller clock and the workers' own reports) over the blocks."""
+    import statistics
+
+    def flat(key):
+        return [t for block in timings for row in block[key] for t in row]
+
+    out = {}
+    for arm in ("incumbent", "candidate"):
+        ctl, rep = flat(arm), flat(f"{arm}_reported")
+        over = [c - r for c, r in zip(ctl, rep) if r == r]
+        out[arm] = {
+            "requests": len(ctl),
+            "median_s": statistics.median(ctl) if ctl else None,
+            "min_s": min(ctl) if ctl else None,
+            "max_s": max(ctl) if ctl else None,
+            "round_trip_overhead_median_ms": statistics.median(over) * 1e3 if over else None,
+            "round_trip_overhead_max_ms": max(over) * 1e3 if over else None,
+        }
+    # Same prompt, both arms: the relative difference of each request pair is the noise per request.
+    pairs = [(a, b) for block in timings for ra, rb in zip(block["incumbent"], block["candidate"])
+             for a, b in zip(ra, rb)]
+    diffs = [abs(a / b - 1) for a, b in pairs]
+    out["pair_abs_rel_diff"] = {"median": statistics.median(diffs), "max": max(diffs)} if diffs else None
+    return out
+
+
+def in_process_noise(args, deployment, config, source, stock) -> dict:
+    """Stock against itself in this process: one runner, both 'arms', CUDA-synchronized wall time."""
+    import gc
+    import time
+
+    import torch
+
+    from specpilot.control.config import Stage
+    from specpilot.control.controller import STREAMS
+    from specpilot.control.prompts import draw
+    from specpilot.control.spec import load_object
+    from specpilot.control.stats import GainEstimate
+
+    runner = load_object(args.runner, "runner factory")(stock.placed("cuda:0" if torch.cuda.is_available() else "cpu"))
+    stream = STREAMS[Stage.NOISE]  # the controller's own prompt draws for the noise measurement
+    warm = draw(source, config.warmup_requests * config.request_size, config.seed, f"{stream}-warmup-requests", 0)
+    runner.warmup([list(p) for p in warm], config.max_new_tokens)
+    gc.collect()
+    gc.freeze()
+
+    def timed(prompts) -> float:
+        gc.collect()
+        gc.disable()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        runner.generate(prompts, config.max_new_tokens)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t = time.perf_counter() - t0
+        gc.enable()
+        return t
+
+    ratios, times = [], []
+    for b in range(config.noise_blocks):
+        prompts = draw(source, config.block_prompts, config.seed, stream, b)
+        reqs = [[list(p) for p in prompts[i : i + config.request_size]]
+                for i in range(0, len(prompts), config.request_size)]
+        a, c = [], []
+        for r, req in enumerate(reqs):
+            order = (a, c) if (b * len(reqs) + r) % 2 == 0 else (c, a)
+            for arm in order:
+                arm.append(timed(req))
+        times.append({"a": a, "b": c})
+        ratios.append(math.log(sum(a) / sum(c)))
+    est = GainEstimate(tuple(ratios), config.level, config.resamples, config.seed)
+    runner = None  # noqa: F841 - free the model before the caller goes on
+    gc.unfreeze()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return {"aa_gain": est.gain, "aa_lower": est.lower, "aa_upper": est.upper,
+            "noise": max(abs(est.lower), abs(est.upper)), "block_std": est.block_std, "blocks": est.n,
+            "log_ratios": list(est.log_ratios), "request_seconds": times}
+
+
+def measure_mode(args, placement, devices, config, source, stock, gpu_names, variant="default",
+                 evaluation=True) -> dict:
     from specpilot.control.backends.local import LocalBackend
     from specpilot.control.controller import Controller
     from specpilot.control.gate import ALWAYS_PASS
@@ -75,6 +174,8 @@ def measure_mode(args, placement, devices, config, source, stock, gpu_names) -> 
     est = aa.estimate
     per_block = aa.costs.timed_blocks / est.n
     mode = {
+        "variant": variant,
+        "variant_changes": VARIANTS[variant],
         "placement": placement.value,
         "devices": list(devices[:per]),
         "gpu": gpu_names[:per],
@@ -85,6 +186,8 @@ def measure_mode(args, placement, devices, config, source, stock, gpu_names) -> 
             "block_std": est.block_std, "standard_error": est.standard_error, "blocks": est.n,
             "log_ratios": list(est.log_ratios),
         },
+        "request_timing": timing_summary(list(aa.timings)),
+        "timings": list(aa.timings),
         "threshold": config.min_gain + config.noise_multiplier * noise.value,
         "noise_measurement_costs": aa.costs.to_dict(),
         "seconds_per_block": per_block,
@@ -94,7 +197,7 @@ def measure_mode(args, placement, devices, config, source, stock, gpu_names) -> 
             "full_budget": aa.costs.open + aa.costs.warmup_blocks + config.max_blocks * per_block,
         },
     }
-    if not args.no_evaluation:
+    if evaluation and not args.no_evaluation:
         e = controller.evaluate(stock, replace(stock, system={**stock.system, "name": "stock-copy"}), noise)
         mode["evaluation"] = {"verdict": e.verdict.value, "reasons": [r.value for r in e.decision.reasons],
                               "gain": e.estimate.gain if e.estimate else None,
@@ -117,9 +220,9 @@ def render_md(result: dict) -> str:
         f"- procedure: {cfg['requests_per_block']} requests x {cfg['request_size']} prompt(s) per arm per block, "
         f"{cfg['max_new_tokens']} new tokens, order {cfg['order']}",
         "",
-        "| placement | blocks | A/A gain | 95% interval | noise | per-block sd | threshold | s / block "
+        "| procedure | placement | blocks | A/A gain | 95% interval | noise | per-block sd | threshold | s / block "
         "| one evaluation (s) | first look / full budget (s, projected) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m in result["modes"]:
         n = m["noise"]
@@ -127,13 +230,33 @@ def render_md(result: dict) -> str:
         ev_text = f"{ev['costs']['total']:.1f} ({ev['verdict']})" if ev else "n/a"
         proj = m["projected_evaluation_seconds"]
         lines.append(
-            f"| {m['placement']} | {n['blocks']} | {n['aa_gain'] * 100:+.3f}% | [{n['aa_lower'] * 100:+.3f}%, "
+            f"| {m['variant']} | {m['placement']} | {n['blocks']} | {n['aa_gain'] * 100:+.3f}% | [{n['aa_lower'] * 100:+.3f}%, "
             f"{n['aa_upper'] * 100:+.3f}%] | {n['value'] * 100:.3f}% | {n['block_std'] * 100:.3f}% | "
             f"{m['threshold'] * 100:.2f}% | {m['seconds_per_block']:.2f} | {ev_text} | "
             f"{proj['first_look']:.0f} / {proj['full_budget']:.0f} |"
         )
     lines += ["", "noise = max(|L|, |U|) of the stock-vs-stock gain's 95% interval (hull of BCa and t); "
-              "threshold = 1% + 2 x noise (the promotion rule).", ""]
+              "threshold = 1% + 2 x noise (the promotion rule). Procedures: "
+              + "; ".join(f"`{k}` = default with {v or 'no change'}" for k, v in VARIANTS.items()
+                          if any(m["variant"] == k for m in result["modes"])) + ".", ""]
+    lines += ["Request times (controller clock; round trip = controller time minus the worker's own report):", "",
+              "| procedure | placement | arm | requests | median s | min s | max s | round trip median / max ms "
+              "| same-prompt pair abs diff median / max |", "|---|---|---|---|---|---|---|---|---|"]
+    for m in result["modes"]:
+        rt = m["request_timing"]
+        pair = rt["pair_abs_rel_diff"]
+        for arm in ("incumbent", "candidate"):
+            a = rt[arm]
+            over = (f"{a['round_trip_overhead_median_ms']:.2f} / {a['round_trip_overhead_max_ms']:.2f}"
+                    if a["round_trip_overhead_median_ms"] is not None else "n/a")
+            lines.append(f"| {m['variant']} | {m['placement']} | {arm} | {a['requests']} | {a['median_s']:.4f} | "
+                         f"{a['min_s']:.4f} | {a['max_s']:.4f} | {over} | "
+                         f"{pair['median'] * 100:.2f}% / {pair['max'] * 100:.2f}% |")
+    ip = result.get("in_process")
+    if ip:
+        lines += ["", f"In-process (one runner, no workers, CUDA-synchronized, same prompts and order): A/A gain "
+                  f"{ip['aa_gain'] * 100:+.3f}% [{ip['aa_lower'] * 100:+.3f}%, {ip['aa_upper'] * 100:+.3f}%], "
+                  f"noise {ip['noise'] * 100:.3f}%, per-block sd {ip['block_std'] * 100:.3f}% over {ip['blocks']} blocks.", ""]
     return "\n".join(lines)
 
 
@@ -168,8 +291,13 @@ def main(argv=None) -> int:
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else visible_devices()
     gpu_names = [device_name(d) for d in devices]
     stock = runner_spec(args.deployment, deployment.stock, args.runner, args.workdir)
-    modes = [measure_mode(args, p, devices, config, source, stock, gpu_names)
-             for p in placements(args.placement, len(devices))]
+    modes = []
+    for p in placements(args.placement, len(devices)):
+        for i, variant in enumerate(args.variants):
+            print(f"measuring: {p.value}, procedure {variant}", flush=True)
+            modes.append(measure_mode(args, p, devices, replace(config, **VARIANTS[variant]), source, stock,
+                                      gpu_names, variant, evaluation=i == 0))
+    in_process = in_process_noise(args, deployment, config, source, stock) if args.in_process else None
     result = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "commit": source_commit(),
@@ -180,6 +308,7 @@ def main(argv=None) -> int:
         "runner": args.runner,
         "config": config.to_dict(),
         "modes": modes,
+        "in_process": in_process,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

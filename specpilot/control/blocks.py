@@ -111,6 +111,11 @@ class BlockResult:
     candidate_seconds: tuple[tuple[float, ...], ...]
     incumbent_outputs: tuple[Outputs, ...]  # [phase] -> per prompt
     candidate_outputs: tuple[Outputs, ...]
+    # What each worker says its own generate call took, [phase][request]. Untrusted (a candidate
+    # could report anything): never used in a statistic, only kept to tell engine time from the
+    # cost of the round trip when a report shows noise.
+    incumbent_reported: tuple[tuple[float, ...], ...] = ()
+    candidate_reported: tuple[tuple[float, ...], ...] = ()
 
     @property
     def log_ratio(self) -> float:
@@ -122,6 +127,13 @@ class BlockResult:
     def seconds(self) -> float:
         """Summed request time of both arms (the block's cost when arms alternate)."""
         return sum(map(sum, self.incumbent_seconds)) + sum(map(sum, self.candidate_seconds))
+
+    def timings(self) -> dict:
+        """Plain-data request times of this block: controller clock, and the workers' own reports."""
+        return {"index": self.index, "incumbent": [list(r) for r in self.incumbent_seconds],
+                "candidate": [list(r) for r in self.candidate_seconds],
+                "incumbent_reported": [list(r) for r in self.incumbent_reported],
+                "candidate_reported": [list(r) for r in self.candidate_reported]}
 
     def arm_seconds(self, arm: Arm) -> tuple[float, ...]:
         rows = self.incumbent_seconds if arm is Arm.INCUMBENT else self.candidate_seconds

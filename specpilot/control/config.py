@@ -65,6 +65,7 @@ class ControllerConfig:
     order: Order = Order.ABBA
     placement: Placement = Placement.AUTO
     freeze_idle: bool = True  # SIGSTOP workers that are not being timed
+    collect_garbage: bool = True  # workers run Python's GC untimed before each timed request, none during it
     # ---- statistics --------------------------------------------------------------------
     level: float = 0.95  # two-sided confidence level of the reported interval
     resamples: int = 9999  # bootstrap resamples
@@ -132,7 +133,7 @@ class ControllerConfig:
         placement) says nothing about this one, so the memory keys noise floors by this value.
         """
         keep = ("requests_per_block", "request_size", "max_new_tokens", "warmup_requests",
-                "warmup_blocks", "order", "freeze_idle", "level", "noise_blocks")
+                "warmup_blocks", "order", "freeze_idle", "collect_garbage", "level", "noise_blocks")
         d = {k: v for k, v in self.to_dict().items() if k in keep}
         d["placement"] = placement.value
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

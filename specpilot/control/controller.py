@@ -80,6 +80,7 @@ class Evaluation:
     error: str = ""  # the failure, for rejections by WORKER_FAILED / BAD_OUTPUT
     adjusted_p: float | None = None  # after the round's multiplicity correction
     screening: "Evaluation | None" = None  # a re-measured winner's screening evaluation
+    timings: tuple[dict, ...] = ()  # per timed block: request seconds of each arm (`BlockResult.timings`)
 
     @property
     def verdict(self) -> Verdict:
@@ -100,6 +101,7 @@ class Evaluation:
             "error": self.error,
             "adjusted_p": self.adjusted_p,
             "screening": self.screening.to_dict() if self.screening else None,
+            "timings": list(self.timings),
         }
 
     @classmethod
@@ -110,7 +112,8 @@ class Evaluation:
         return cls(RunnerSpec.from_dict(d["incumbent"]), RunnerSpec.from_dict(d["candidate"]), Stage(d["stage"]),
                    Placement(d["placement"]), Decision.from_dict(d["decision"]), opt(NoiseFloor, "noise"),
                    opt(GateResult, "gate"), opt(GainEstimate, "estimate"), opt(OutputComparison, "outputs"),
-                   Costs(**d["costs"]), d.get("error", ""), d.get("adjusted_p"), opt(Evaluation, "screening"))
+                   Costs(**d["costs"]), d.get("error", ""), d.get("adjusted_p"), opt(Evaluation, "screening"),
+                   tuple(d.get("timings", ())))
 
 
 @dataclass(frozen=True)
@@ -195,11 +198,11 @@ class Controller:
         start = time.monotonic()
         marks = {}
 
-        def result(decision, estimate=None, outputs=None, error="", gate=None) -> Evaluation:
+        def result(decision, estimate=None, outputs=None, error="", gate=None, blocks=()) -> Evaluation:
             total = time.monotonic() - start
             costs = Costs(total=total, blocks=estimate.n if estimate else 0, **marks)
             return Evaluation(incumbent, candidate, stage, self.backend.placement, decision, noise,
-                              gate, estimate, outputs, costs, error)
+                              gate, estimate, outputs, costs, error, timings=tuple(b.timings() for b in blocks))
 
         stream = STREAMS[stage]
         R = config.request_size
@@ -241,7 +244,7 @@ class Controller:
                            for r in blocks), EMPTY_COMPARISON)
             if not trusted and outputs.token_ratio < config.min_token_ratio:
                 decision = decision.with_verdict(Verdict.REJECT, Reason.OUTPUTS_SHORTER)
-            return result(decision, estimate, outputs, gate=gate)
+            return result(decision, estimate, outputs, gate=gate, blocks=blocks)
         except ArmFailure as failure:
             return self._failed(failure, trusted, result, threshold, gate)
         finally:

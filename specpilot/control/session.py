@@ -9,7 +9,11 @@ Timing: for every request the session freezes every worker not serving it (`free
 `time.perf_counter_ns()` in this process right before the request is written to the worker's
 socket and again when the reply becomes readable, then reads, decodes and checks the reply
 outside the timed span. Concurrent requests (side by side) are sent back to back and their
-arrivals taken from one `multiprocessing.connection.wait` loop.
+arrivals taken from one `multiprocessing.connection.wait` loop. With `collect_garbage`, each worker
+about to be timed first runs Python's cyclic garbage collector on request (untimed) and keeps it
+off for the timed generate call, so a collection pause never lands inside one arm's request at
+random (as `timeit` and pyperf do); objects that were alive after warm-up are frozen out of
+every collection.
 
 The Ray backend runs this same class inside a GPU-pinned actor, so the timer is never in a
 worker's process on either backend.
@@ -90,25 +94,35 @@ class LocalPairSession:
     def run_block(self, plan: BlockPlan) -> BlockResult:
         seconds = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
         outputs = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
+        reported = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
         for phase in plan.phases:
             times = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
+            reports = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
             outs = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
             for request, first in zip(plan.requests, plan.first):
                 order = (first, first.other)
                 workers = {arm: self.workers[arm, phase.device(arm)] for arm in order}
-                msg = json.dumps({"op": "generate", "prompts": request, "max_new_tokens": plan.max_new_tokens}).encode()
+                msg = json.dumps({"op": "generate", "prompts": request, "max_new_tokens": plan.max_new_tokens,
+                                  "gc_off": self.config.collect_garbage}).encode()
                 if phase.concurrent:
+                    self._collect(order, workers)
                     got = self._timed_together(order, workers, msg)
                 else:
-                    got = {arm: self._timed_alone(arm, workers[arm], msg) for arm in order}
+                    got = {}
+                    for arm in order:
+                        self._collect((arm,), workers)
+                        got[arm] = self._timed_alone(arm, workers[arm], msg)
                 for arm, (t, reply) in got.items():
                     times[arm].append(t)
+                    reports[arm].append(_reported_seconds(reply))
                     outs[arm].extend(self._outputs(arm, workers[arm], reply, len(request), plan.max_new_tokens))
             for arm in seconds:
                 seconds[arm].append(tuple(times[arm]))
+                reported[arm].append(tuple(reports[arm]))
                 outputs[arm].append(tuple(outs[arm]))
         return BlockResult(plan.index, tuple(seconds[Arm.INCUMBENT]), tuple(seconds[Arm.CANDIDATE]),
-                           tuple(outputs[Arm.INCUMBENT]), tuple(outputs[Arm.CANDIDATE]))
+                           tuple(outputs[Arm.INCUMBENT]), tuple(outputs[Arm.CANDIDATE]),
+                           tuple(reported[Arm.INCUMBENT]), tuple(reported[Arm.CANDIDATE]))
 
     def close(self) -> None:
         for w in self.workers.values():
@@ -130,6 +144,22 @@ class LocalPairSession:
             for w in self.workers.values():
                 if all(w is not a for a in active):
                     w.freeze()
+
+    def _collect(self, arms: Sequence[Arm], workers: dict[Arm, Worker]) -> None:
+        """Untimed: the workers about to be timed collect their garbage (when configured)."""
+        if not self.config.collect_garbage:
+            return
+        self._activate([workers[arm] for arm in arms])
+        for step in ("send", "receive"):  # both arms collect at once when they run side by side
+            for arm in arms:
+                try:
+                    if step == "send":
+                        workers[arm].send({"op": "collect"})
+                    else:
+                        workers[arm].wait_ready(self.config.request_timeout_s)
+                        workers[arm].receive()
+                except WorkerError as err:
+                    raise ArmFailure(arm, err) from None
 
     def _timed_alone(self, arm: Arm, worker: Worker, msg: bytes) -> tuple[float, dict]:
         self._activate([worker])
@@ -194,3 +224,9 @@ class LocalPairSession:
             except WorkerError as err:
                 raise ArmFailure(arm, err) from None
         return replies
+
+
+def _reported_seconds(reply: dict) -> float:
+    """The worker's own account of its generate call (diagnostics only); NaN if absent or not a number."""
+    value = reply.get("seconds")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")

@@ -10,17 +10,22 @@ worker cannot make the controller execute anything by what it sends back):
 
     -> {"op": "build", "spec": {...}}                    <- {"ok": true, "pid": .., "specpilot": path}
     -> {"op": "warmup", "prompts": [[..]], "max_new_tokens": n}    <- {"ok": true}
-    -> {"op": "generate", "prompts": [[..]], "max_new_tokens": n}  <- {"ok": true, "outputs": [[..]]}
+    -> {"op": "collect"}                                 <- {"ok": true}   (gc.collect(), untimed)
+    -> {"op": "generate", "prompts": [[..]], "max_new_tokens": n, "gc_off": bool}
+                                                         <- {"ok": true, "outputs": [[..]], "seconds": s}
     -> {"op": "close"}                                   <- {"ok": true}, then exit
     any failure                                          <- {"ok": false, "error": "...", "traceback": "..."}
 
-Nothing here measures time: the controller times each request from its own process.
+The controller times each request from its own process; the "seconds" a worker reports about its
+own generate call are kept for diagnostics only (a candidate could report anything).
 """
 
+import gc
 import json
 import os
 import signal
 import sys
+import time
 import traceback
 import types
 from multiprocessing.connection import Connection
@@ -70,9 +75,25 @@ def _handle(runner, msg: dict):
         raise RuntimeError(f"op {op!r} before build")
     if op == "warmup":
         runner.warmup(msg["prompts"], msg["max_new_tokens"])
+        gc.collect()
+        gc.freeze()  # what is alive after warm-up (modules, compiled graphs) is never scanned again
+        return runner, {"ok": True}
+    if op == "collect":
+        gc.collect()
         return runner, {"ok": True}
     if op == "generate":
-        return runner, {"ok": True, "outputs": runner.generate(msg["prompts"], msg["max_new_tokens"])}
+        gc_was_on = gc.isenabled()
+        if msg.get("gc_off"):
+            gc.disable()
+        start = time.perf_counter()
+        try:
+            outputs = runner.generate(msg["prompts"], msg["max_new_tokens"])
+        finally:
+            seconds = time.perf_counter() - start
+            if gc_was_on:
+                gc.enable()
+        # "seconds" is this process's own account: the controller keeps it for diagnostics only.
+        return runner, {"ok": True, "outputs": outputs, "seconds": seconds}
     raise RuntimeError(f"unknown op {op!r}")
 
 
@@ -91,8 +112,10 @@ def main(argv: list[str]) -> int:
         try:
             msg = json.loads(conn.recv_bytes())
         except EOFError:
+            gc.unfreeze()  # let interpreter shutdown free the frozen objects normally
             return 0
         if msg.get("op") == "close":
+            gc.unfreeze()
             conn.send_bytes(_encode({"ok": True}))
             return 0
         try:

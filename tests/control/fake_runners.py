@@ -211,3 +211,22 @@ class KnobSpeedRunner(SpeedRunner):
     def __init__(self, spec):
         super().__init__(spec)
         self.seconds = 0.1 / int(spec.system["depth"])
+
+
+class GarbageRunner(SpeedRunner):
+    """Makes reference cycles on every request and records, per request, whether Python's cyclic
+    GC was enabled while it ran and how many collections happened since the previous request."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.log = Path(spec.system["log"])
+
+    def generate(self, prompts, max_new_tokens):
+        enabled = gc.isenabled()
+        collections = sum(s["collections"] for s in gc.get_stats())
+        for _ in range(2000):  # garbage only the cyclic collector can free
+            a = []
+            a.append(a)
+        with self.log.open("a") as f:
+            f.write(f"{int(enabled)} {collections}\n")
+        return super().generate(prompts, max_new_tokens)

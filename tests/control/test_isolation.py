@@ -61,7 +61,9 @@ def test_alternate_promotes_a_faster_candidate_timed_from_outside():
 
 def test_side_by_side_two_workers_per_arm_swap_devices():
     """The two-GPU code path on CPU: four workers, arms run at once, devices swapped in every block."""
-    config = replace(CONFIG, placement=Placement.SIDE_BY_SIDE)
+    # No untimed garbage collection between requests here: the wall-clock check below is about the
+    # timed spans overlapping.
+    config = replace(CONFIG, placement=Placement.SIDE_BY_SIDE, collect_garbage=False)
     with LocalPairSession(arm(name="stock"), arm(name="fast", seconds=0.006), ["cpu", "cpu"], config,
                           Placement.SIDE_BY_SIDE) as session:
         assert sorted((a.value, d) for a, d in session.workers) == [("A", 0), ("A", 1), ("B", 0), ("B", 1)]
@@ -158,3 +160,30 @@ def test_stock_vs_stock_noise_with_real_workers():
     noise = Controller(CONFIG, backend, ALWAYS_PASS, random_prompts, "fixture").measure_noise(arm(name="stock"))
     assert noise.estimate.n == CONFIG.noise_blocks and abs(noise.estimate.gain) < 0.1
     assert noise.procedure == CONFIG.procedure_key(Placement.ALTERNATE)
+
+
+@pytest.mark.parametrize("collect", [True, False])
+def test_garbage_collection_runs_between_timed_requests_not_inside_them(tmp_path, collect):
+    """With collect_garbage the workers' cyclic GC is off inside every timed request and a collection
+    runs (untimed) before each; without it the GC stays on. The workers' own timings are kept apart."""
+    config = replace(CONFIG, collect_garbage=collect)
+    logs = {name: tmp_path / f"{name}.log" for name in ("a", "b")}
+    with LocalPairSession(arm("GarbageRunner", name="a", log=str(logs["a"])),
+                          arm("GarbageRunner", name="b", log=str(logs["b"])), ["cpu"], config,
+                          Placement.ALTERNATE) as session:
+        from specpilot.control.blocks import plan_block
+
+        for index in range(3):
+            r = session.run_block(plan_block(config, Placement.ALTERNATE, index,
+                                             random_prompts(config.block_prompts, index), "t"))
+    for log in logs.values():
+        rows = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
+        timed = rows  # no warm-up requests in this session: every request was a timed one
+        assert len(timed) == 3 * config.requests_per_block
+        assert all(enabled == (not collect) for enabled, _ in timed)
+        if collect:  # a collection between any two timed requests of the same worker
+            assert all(b > a for (_, a), (_, b) in zip(timed, timed[1:]))
+    t = r.timings()
+    assert len(t["incumbent_reported"][0]) == config.requests_per_block
+    # the worker's own account is never longer than the round trip the controller timed
+    assert all(0 < rep <= ctl for rep, ctl in zip(t["incumbent_reported"][0], t["incumbent"][0]))
