@@ -22,11 +22,12 @@ for item in "$@"; do
     smoke)   cmd=(python bench/gpu_smoke.py --out "$out") ;;
     engine)  cmd=(python bench/engine_ar.py --out "$out" --commit "$commit" --skip kernels) ;;
     engine-kernels) cmd=(python bench/engine_ar.py --out "$out" --commit "$commit" --skip hf curve) ;;
-    w12)     cmd=(python bench/w12_kernels.py --out "$out") ;;
+    w12)     cmd=(python bench/w12_kernels.py --out "$out" --budget-s $(( secs * 3 / 5 ))) ;;
     fixture) cmd=(python tools/fixture_report.py --out "$out" --compile) ;;
     guard)   cmd=(python bench/guard_report.py --deployment fixture --out "$out") ;;
     speed)   cmd=(python bench/speed_fixture.py --out "$out" --overwrite --n-prompts 10 --max-new-tokens 512) ;;
-    noise)   cmd=(python bench/controller_noise.py --deployment fixture-x16 --out "$out") ;;
+    noise)   cmd=(python bench/controller_noise.py --deployment fixture-x16 --out "$out" --blocks 12
+                  --requests-per-block 2 --max-new-tokens 256 --variants default gc-during-requests --in-process) ;;
     loop)    cmd=(python bench/loop_fixture.py --deployment fixture-x16 --out "$out") ;;
     *) echo "unknown step $step" >&2; continue ;;
   esac
@@ -36,6 +37,9 @@ for item in "$@"; do
   rc=$?
   echo "=== $step rc=$rc in $(( $(date +%s) - start ))s"
   tail -n 25 "$res/$step.log"
+  if [ "$step" = w12 ]; then  # later steps of this call (engine-kernels) use the fresh tuned table
+    mkdir -p specpilot/kernels/tuned && cp "$out"/tuned_*.json specpilot/kernels/tuned/ 2>/dev/null
+  fi
 done
 echo "$commit" > "$res/commit.txt"
 tar czf "$OUT/results.tgz" -C "$res" .

@@ -1,6 +1,6 @@
 """GPU benchmark of the W12 and plain-BF16 projection kernels against cuBLAS BF16.
 
-    python bench/w12_kernels.py --out DIR [--quick] [--budget-s 200]
+    python bench/w12_kernels.py --out DIR [--quick] [--budget-s 330]
 
 On one CUDA GPU, for every projection of Qwen3-8B and Qwen3-32B (qkv fused, o, gate_up fused,
 down, lm_head) at M = 1, 2, 4, 8, 16, 32, 64 rows it times cuBLAS (`F.linear`), our BF16 kernel and
@@ -15,7 +15,9 @@ output), fraction of the measured copy bandwidth, and speedup over cuBLAS.
 Writes, as it goes, into --out: w12_kernels.json (all data), w12_kernels.md (tables, targets) and
 tuned_<gpu>.json (best config per format, M bucket, N, K; copy it to specpilot/kernels/tuned/ to
 make the dispatcher use it). Each section runs in try/except, so a failure costs only that part.
-The config sweep stops (heuristic configs only) once --budget-s has elapsed.
+The config sweep stops (heuristic configs only) once --budget-s has elapsed; projections are
+visited twice, first at the target rows M = 1 and 32 for every projection, then at the other M, so
+the budget goes to the targets first.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -47,6 +50,7 @@ from specpilot.w12 import decode, encode  # noqa: E402
 from specpilot.w12.layout import bits_to_bf16  # noqa: E402
 
 M_ORDER = (1, 32, 8, 64, 2, 4, 16)  # the targets first, in case the budget runs out
+TARGET_MS = (1, 32)  # swept for every projection before any other M
 L2_COVER_BYTES = 200e6  # weight sets of one projection together exceed this (>= 3x a 50-60 MB L2)
 WEIGHT_STD = 0.02
 DEVICE = "cuda"
@@ -357,6 +361,80 @@ def decode_variants(results: Results) -> None:
     results.save()
 
 
+# -- parallel precompilation ----------------------------------------------------------------
+def compile_problems(quick: bool, models, ms) -> list[tuple[int, int, int, LaunchConfig]]:
+    """(N, K, M, config) of every kernel launch the correctness checks and the sweep will make.
+
+    Triton compiles one binary per config, M bucket and tile evenness (N % block_n, K % block_k),
+    so launching each of these once, on any weights of the same shape, fills the on-disk cache
+    with exactly the binaries the timed sections load.
+    """
+    out = []
+    for N, K, Ms, all_configs in CORRECTNESS_CASES:
+        for M in Ms:
+            defaults = [kc.heuristic_config(M), kc.gemm_candidates(M)[0]]
+            configs = list(kc.candidates(M)) if all_configs and not quick else defaults
+            configs += [dataclasses.replace(c, ptx_decode=False) for c in defaults]
+            out += [(N, K, M, c) for c in dict.fromkeys(configs)]
+    for model in models:
+        for _, N, K in model.projections():
+            for M in ms:
+                configs = kc.candidates(M) if not quick else [kc.heuristic_config(M), kc.gemm_candidates(M)[0]]
+                out += [(N, K, M, c) for c in dict.fromkeys(configs)]
+    return list(dict.fromkeys(out))
+
+
+def distinct_binaries(problems) -> dict:
+    """One representative problem per compiled binary (what Triton specializes on: the config's
+    constexprs, the M bucket and whether it is full, tile evenness, and divisibility of sizes by 16)."""
+    reps = {}
+    for N, K, M, cfg in problems:
+        bm = kc.block_m(cfg.path, M)
+        key = (cfg, bm, M == bm, N % cfg.block_n == 0, K % cfg.block_k == 0, N % 16 == 0, K % 16 == 0)
+        if key not in reps or N * K < reps[key][0] * reps[key][1]:
+            reps[key] = (N, K, M, cfg)  # the smallest weights that build this binary
+    return reps
+
+
+def precompile_worker(index: int, jobs: int, quick: bool, models, ms) -> int:
+    """Launch this worker's share of the distinct binaries once per format; failures are the timed run's to report."""
+    mine = list(distinct_binaries(compile_problems(quick, models, ms)).values())[index::jobs]
+    weights: dict[tuple[int, int], dict] = {}
+    for N, K, M, cfg in mine:
+        if (N, K) not in weights:
+            weights.clear()
+            torch.cuda.empty_cache()
+            w = random_weight(N, K)
+            weights[N, K] = {WeightFormat.DENSE: w, WeightFormat.W12: encode(w)}
+        x = torch.randn(M, K, device=DEVICE, dtype=torch.bfloat16)
+        for weight in weights[N, K].values():
+            try:
+                run_config(x, weight, cfg)
+            except Exception:  # noqa: BLE001 - the timed run records the failure
+                pass
+    torch.cuda.synchronize()
+    return 0
+
+
+def precompile(jobs: int, quick: bool, timeout_s: float) -> dict:
+    """Compile every kernel variant in `jobs` processes at once (compiling is CPU-bound and the
+    sweep would otherwise spend most of its budget on it); the timed sections then load them."""
+    t = time.monotonic()
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--out", "/dev/null", "--jobs", str(jobs)] + (
+        ["--quick"] if quick else [])
+    procs = [subprocess.Popen(cmd + ["--precompile-worker", str(i)]) for i in range(jobs)]
+    codes = []
+    for proc in procs:
+        try:
+            codes.append(proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - t))))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            codes.append("timeout")
+    info = {"jobs": jobs, "seconds": round(time.monotonic() - t, 1), "exit_codes": codes}
+    print(f"precompile: {info}")
+    return info
+
+
 # -- report -----------------------------------------------------------------------------------
 def fmt_num(v, spec=".2f") -> str:
     return format(v, spec) if isinstance(v, (int, float)) else "-"
@@ -416,11 +494,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, type=Path, help="directory for w12_kernels.json/.md and the tuned table")
     p.add_argument("--quick", action="store_true", help="Qwen3-8B only, M in {1, 8, 32}, heuristic configs only")
-    p.add_argument("--budget-s", type=float, default=150.0, help="seconds after which the config sweep stops")
+    p.add_argument("--budget-s", type=float, default=330.0,
+                   help="seconds (from the start) after which the config sweep stops; later rows time the heuristic only")
+    p.add_argument("--jobs", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)),
+                   help="processes that compile the kernel variants in parallel first (1: no precompilation)")
+    p.add_argument("--precompile-worker", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("error: this benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
+    models = MODELS[:1] if args.quick else MODELS
+    ms = (1, 32, 8) if args.quick else M_ORDER
+    if args.precompile_worker is not None:
+        return precompile_worker(args.precompile_worker, args.jobs, args.quick, models, ms)
     start = time.monotonic()
     torch.manual_seed(0)
     results = Results(args.out, {})
@@ -433,13 +519,14 @@ def main(argv: list[str] | None = None) -> int:
     results.data["meta"]["budget_s"] = args.budget_s
     seconds = results.data["meta"]["section_seconds"] = {}
     deadline = start + args.budget_s
-    models = MODELS[:1] if args.quick else MODELS
-    ms = (1, 32, 8) if args.quick else M_ORDER
+    if args.jobs > 1:
+        results.data["meta"]["precompile"] = precompile(args.jobs, args.quick, 0.6 * args.budget_s)
     sections = [("copy bandwidth", lambda: copy_bandwidth(results)),
                 ("correctness", lambda: correctness(results, args.quick))]
-    sections += [(f"{model.name} {proj}", lambda m=model, p=proj, n=N, k=K: sweep_projection(
-                     results, m, p, n, k, args.quick, deadline, ms))
-                 for model in models for proj, N, K in model.projections()]
+    passes = [tuple(M for M in ms if M in TARGET_MS), tuple(M for M in ms if M not in TARGET_MS)]
+    sections += [(f"{model.name} {proj} M{','.join(map(str, group))}",
+                  lambda m=model, p=proj, n=N, k=K, g=group: sweep_projection(results, m, p, n, k, args.quick, deadline, g))
+                 for group in passes if group for model in models for proj, N, K in model.projections()]
     if not args.quick:
         sections.append(("decode variants", lambda: decode_variants(results)))
     for name, section in sections:

@@ -52,12 +52,16 @@ class LaunchConfig:
     num_warps: int = 4
     num_stages: int = 1
     ptx_decode: bool = True  # W12: decode with inline PTX (GPU); False = portable Triton ops
+    prefetch: bool = False  # load the raw tiles of K step i + 1 before decoding step i (register double buffer)
+    bf16_decode: bool = False  # GEMM, W12 with PTX: decode straight to packed BF16 (no float32 -> BF16 step)
 
     def __post_init__(self):
         if not _pow2(self.block_n) or not _pow2(self.block_k) or self.block_k < GROUP:
             raise ValueError(f"block_n must be a power of two and block_k a power of two >= {GROUP}: {self}")
         if self.path is KernelPath.GEMM and self.block_n < 16:
             raise ValueError(f"tl.dot needs block_n >= 16: {self}")
+        if self.bf16_decode and self.path is not KernelPath.GEMM:
+            raise ValueError(f"bf16_decode is a GEMM option: {self}")
         if not 0 <= self.split_k <= MAX_SPLIT_K:
             raise ValueError(f"split_k must be in 0..{MAX_SPLIT_K}: {self}")
 
@@ -72,7 +76,10 @@ class LaunchConfig:
 
     def label(self) -> str:
         s = f"{self.path.value} n{self.block_n} k{self.block_k} w{self.num_warps} s{self.num_stages}"
-        return s + (f" sk{self.split_k}" if self.split_k else "") + ("" if self.ptx_decode else " portable")
+        s += f" sk{self.split_k}" if self.split_k else ""
+        s += " pf" if self.prefetch else ""
+        s += " bf16d" if self.bf16_decode else ""
+        return s + ("" if self.ptx_decode else " portable")
 
 
 def next_pow2(v: int) -> int:
@@ -91,19 +98,29 @@ def m_bucket(M: int) -> int:
 # Candidates the benchmark sweeps, chosen from the SASS of sm_90 builds (instructions per weight in
 # the main loop, registers). GEMV: ~32 weights per thread per step (three 16-byte W12 loads), one or
 # two weight rows per thread (a second row reuses the converted x), shrinking tiles as BLOCK_M grows
-# so the per-row accumulators fit registers; Triton does not pipeline these loads, so occupancy hides
-# latency and num_stages stays 1. GEMM: the decoded tile is the MMA's B operand (written to shared
-# memory once); 64- and 128-row tiles, cp.async pipelining of the planes (num_stages 2-3).
+# so the per-row accumulators fit registers. Triton does not pipeline these loads (they feed no
+# tl.dot), so without `prefetch` only occupancy hides DRAM latency; `prefetch` carries the raw tiles
+# of the next K step in registers (two steps in flight per program). Explicit split_k 2 doubles the
+# programs of small-N shapes at the cost of a workspace reduction. GEMM: the decoded tile is the
+# MMA's B operand (written to shared memory once); 64- to 256-row tiles, pipelining of the planes
+# (num_stages 2-4) or register prefetch, and the direct-to-BF16 decoder. The first entry of each
+# list is the untuned heuristic: keep it stable, since tuned tables and reports refer to labels.
 def gemv_candidates(M: int) -> tuple[LaunchConfig, ...]:
     g = KernelPath.GEMV
     if block_m(g, M) <= 2:
         return (
             LaunchConfig(g, block_n=4, block_k=1024, num_warps=4),  # 1 row/thread, ~56 registers
+            LaunchConfig(g, block_n=4, block_k=1024, num_warps=4, prefetch=True),
             LaunchConfig(g, block_n=8, block_k=1024, num_warps=4),  # 2 rows/thread, ~93 registers
-            LaunchConfig(g, block_n=2, block_k=1024, num_warps=2),
+            LaunchConfig(g, block_n=8, block_k=1024, num_warps=4, prefetch=True),
+            LaunchConfig(g, block_n=4, block_k=2048, num_warps=4),  # 64 weights/thread/step
+            LaunchConfig(g, block_n=2, block_k=1024, num_warps=2, prefetch=True),
+            LaunchConfig(g, block_n=16, block_k=512, num_warps=8, prefetch=True),
+            LaunchConfig(g, block_n=4, block_k=1024, num_warps=4, split_k=2, prefetch=True),
         )
     return (
         LaunchConfig(g, block_n=4, block_k=512, num_warps=4),
+        LaunchConfig(g, block_n=4, block_k=512, num_warps=4, prefetch=True),
         LaunchConfig(g, block_n=8, block_k=256, num_warps=4),
         LaunchConfig(g, block_n=2, block_k=512, num_warps=2),
     )
@@ -116,6 +133,12 @@ def gemm_candidates(M: int) -> tuple[LaunchConfig, ...]:
         LaunchConfig(g, block_n=64, block_k=256, num_warps=4, num_stages=2),
         LaunchConfig(g, block_n=128, block_k=256, num_warps=8, num_stages=2),
         LaunchConfig(g, block_n=128, block_k=128, num_warps=8, num_stages=2),
+        LaunchConfig(g, block_n=64, block_k=128, num_warps=4, num_stages=3, bf16_decode=True),
+        LaunchConfig(g, block_n=128, block_k=128, num_warps=4, num_stages=4, bf16_decode=True),
+        LaunchConfig(g, block_n=128, block_k=128, num_warps=8, num_stages=3, bf16_decode=True),
+        LaunchConfig(g, block_n=256, block_k=128, num_warps=8, num_stages=3, bf16_decode=True),
+        LaunchConfig(g, block_n=64, block_k=256, num_warps=4, num_stages=1, prefetch=True, bf16_decode=True),
+        LaunchConfig(g, block_n=128, block_k=128, num_warps=8, num_stages=1, prefetch=True, bf16_decode=True),
     )
 
 

@@ -9,6 +9,10 @@ Rows of x beyond M are masked (no traffic); padding M up to 16 costs only MMA sl
 plentiful. With float32 or float16 activations both operands are widened to
 float32 and the dot runs in IEEE float32, so no input is ever rounded.
 
+Config flags: `bf16_decode` decodes W12 straight to packed BF16 pairs in PTX
+(`tiles.decode_w12_bf16_ptx`, no float32 intermediate or conversion); `prefetch` double-buffers
+the raw planes and x of the next K step in registers (as in the GEMV), for num_stages = 1.
+
 Row blocks are split along K when there are too few of them to fill the GPU (tensor-core tiles
 are wide, so small N needs it); the reduction is deterministic (`tiles.reduce_split_k`). Escapes
 are applied by the program finishing a row block as two small dots per 16 escapes: a one-hot
@@ -56,6 +60,35 @@ def _dot(a, b, acc, DOT_BF16: tl.constexpr):
     if DOT_BF16:
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
     return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+
+
+@triton.jit
+def _load_x(x_ptr, m, M, K, k0, stride_xm, live, HALF_K: tl.constexpr, EVEN_K: tl.constexpr, GUARD: tl.constexpr):
+    """x tile [BM, HK] at the lo and hi columns of the K tile at k0 (rows >= M read as zero).
+    GUARD: predicate the loads on the scalar `live` too (a prefetch past the last step)."""
+    lo = tiles.tile_columns(k0, HALF_K)
+    x_rows = x_ptr + m[:, None] * stride_xm
+    m_ok = (m < M)[:, None]
+    if EVEN_K:
+        mask_lo = m_ok
+        mask_hi = m_ok
+    else:
+        mask_lo = m_ok & (lo < K)[None, :]
+        mask_hi = m_ok & (lo + tiles.HALF < K)[None, :]
+    if GUARD:
+        mask_lo = tiles.predicate(mask_lo, live)
+        mask_hi = tiles.predicate(mask_hi, live)
+    x_lo = tl.load(x_rows + lo[None, :], mask=mask_lo, other=0.0)
+    x_hi = tl.load(x_rows + (lo + tiles.HALF)[None, :], mask=mask_hi, other=0.0)
+    return x_lo, x_hi
+
+
+@triton.jit
+def _decode(a, b, c, base, IS_W12: tl.constexpr, PTX_DECODE: tl.constexpr, BF16_DECODE: tl.constexpr):
+    """(lo, hi) weight tiles from raw planes: W12 as float32, or as BF16 (same values) with BF16_DECODE."""
+    if BF16_DECODE:
+        return tiles.decode_planes_bf16(a, b, c, base, IS_W12, PTX_DECODE)
+    return tiles.decode_planes(a, b, c, base, IS_W12, PTX_DECODE)
 
 
 @triton.jit
@@ -110,7 +143,7 @@ def _gemm_kernel(
     # meta
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
-    ESC_CHUNK: tl.constexpr,
+    ESC_CHUNK: tl.constexpr, PREFETCH: tl.constexpr, BF16_DECODE: tl.constexpr,
 ):
     HALF_K: tl.constexpr = BLOCK_K // 2
     pid_n = tl.program_id(0)
@@ -123,22 +156,42 @@ def _gemm_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # y tile [BM, BN]
     step0 = pid_k * steps_per_split
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
-    for step in range(step0, step1):
-        k0 = step * BLOCK_K
-        w_lo, w_hi, lo = tiles.load_weight_tile(
-            w_ptr, nib_ptr, base_ptr, rows, k0, N, K, Kp, stride_w, stride_nib,
-            IS_W12, HALF_K, EVEN_N, EVEN_K, PTX_DECODE,
+    if IS_W12:
+        base = tiles.load_base(base_ptr, rows, N)  # loop-invariant
+    else:
+        base = 0
+    if PREFETCH:
+        # Register double buffering (as in the GEMV): the raw planes and x of step + 1 are loaded
+        # before step is decoded and multiplied; the last iteration's prefetch is predicated off.
+        a, b, c = tiles.load_planes(
+            w_ptr, nib_ptr, rows, step0 * BLOCK_K, N, K, Kp, stride_w, stride_nib, True,
+            IS_W12, HALF_K, EVEN_N, EVEN_K, False,
         )
-        x_rows = x_ptr + m[:, None] * stride_xm  # x tile [BM, HK]
-        if EVEN_K:
-            x_lo = tl.load(x_rows + lo[None, :], mask=m_ok, other=0.0)
-            x_hi = tl.load(x_rows + (lo + tiles.HALF)[None, :], mask=m_ok, other=0.0)
-        else:
-            x_lo = tl.load(x_rows + lo[None, :], mask=m_ok & (lo < K)[None, :], other=0.0)
-            x_hi = tl.load(x_rows + (lo + tiles.HALF)[None, :], mask=m_ok & (lo + tiles.HALF < K)[None, :], other=0.0)
-        # The decoded tile is the B operand: it goes to shared memory once, where the MMA reads it.
-        acc = _dot(x_lo, tl.trans(w_lo), acc, DOT_BF16)
-        acc = _dot(x_hi, tl.trans(w_hi), acc, DOT_BF16)
+        x_lo, x_hi = _load_x(x_ptr, m, M, K, step0 * BLOCK_K, stride_xm, True, HALF_K, EVEN_K, False)
+        for step in range(step0, step1):
+            live = step + 1 < step1
+            a_next, b_next, c_next = tiles.load_planes(
+                w_ptr, nib_ptr, rows, (step + 1) * BLOCK_K, N, K, Kp, stride_w, stride_nib, live,
+                IS_W12, HALF_K, EVEN_N, EVEN_K, True,
+            )
+            x_lo_next, x_hi_next = _load_x(x_ptr, m, M, K, (step + 1) * BLOCK_K, stride_xm, live,
+                                           HALF_K, EVEN_K, True)
+            w_lo, w_hi = _decode(a, b, c, base, IS_W12, PTX_DECODE, BF16_DECODE)
+            acc = _dot(x_lo, tl.trans(w_lo), acc, DOT_BF16)
+            acc = _dot(x_hi, tl.trans(w_hi), acc, DOT_BF16)
+            a, b, c = a_next, b_next, c_next
+            x_lo, x_hi = x_lo_next, x_hi_next
+    else:
+        for step in range(step0, step1):
+            a, b, c = tiles.load_planes(
+                w_ptr, nib_ptr, rows, step * BLOCK_K, N, K, Kp, stride_w, stride_nib, True,
+                IS_W12, HALF_K, EVEN_N, EVEN_K, False,
+            )
+            x_lo, x_hi = _load_x(x_ptr, m, M, K, step * BLOCK_K, stride_xm, True, HALF_K, EVEN_K, False)
+            w_lo, w_hi = _decode(a, b, c, base, IS_W12, PTX_DECODE, BF16_DECODE)
+            # The decoded tile is the B operand: it goes to shared memory once, where the MMA reads it.
+            acc = _dot(x_lo, tl.trans(w_lo), acc, DOT_BF16)
+            acc = _dot(x_hi, tl.trans(w_hi), acc, DOT_BF16)
 
     y_offsets = m[:, None] * stride_ym + rows[None, :]
     y_mask = m_ok & (rows < N)[None, :]
@@ -178,8 +231,8 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         IS_W12=ops.is_w12, DOT_BF16=bf16_dots(x, ops),
         BLOCK_M=block_m(KernelPath.GEMM, M), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=ops.N % config.block_n == 0, EVEN_K=ops.K % config.block_k == 0,
-        PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK, num_warps=config.num_warps,
-        num_stages=config.num_stages,
+        PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK, PREFETCH=config.prefetch,
+        BF16_DECODE=config.bf16_decode, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return y.to(x.dtype)
 

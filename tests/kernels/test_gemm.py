@@ -1,5 +1,7 @@
 """Tensor-core GEMM kernel (1..64 rows) vs the reference, W12 and plain weights (interpreter on CPU)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -13,6 +15,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 CONFIGS = [
     LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128),
     LaunchConfig(KernelPath.GEMM, block_n=32, block_k=256, split_k=2),
+    LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, num_stages=3, bf16_decode=True),
+    LaunchConfig(KernelPath.GEMM, block_n=32, block_k=128, split_k=2, prefetch=True, bf16_decode=True),
 ]
 
 
@@ -24,7 +28,7 @@ def weights(make_weight, to_device):
 
 @pytest.mark.parametrize("M", [1, 3, 8, 17, 64])
 @pytest.mark.parametrize("fmt", ["w12", "dense"])
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.label())
+@pytest.mark.parametrize("config", CONFIGS[:2], ids=lambda c: c.label())
 def test_matches_reference(weights, make_x, check, M, fmt, config):
     from specpilot.kernels.gemm import gemm
 
@@ -41,6 +45,34 @@ def test_bf16_activations(weights, make_x, check, M):
         check(gemm(x, weight, CONFIGS[0]), x, weight)
 
 
+@pytest.mark.parametrize("M", [1, 17])
+@pytest.mark.parametrize("fmt", ["w12", "dense"])
+@pytest.mark.parametrize("config", CONFIGS[2:], ids=lambda c: c.label())
+def test_variants_match_reference(weights, make_x, check, M, fmt, config):
+    """BF16 decode and register prefetch (split-K: 2 splits of 1-2 K steps each)."""
+    from specpilot.kernels.gemm import gemm
+
+    x = make_x(M, 300)
+    check(gemm(x, weights[fmt], config), x, weights[fmt])
+
+
+@pytest.mark.parametrize("shape", [(16, 256), (37, 300)])
+def test_prefetch_matches_the_plain_loop(make_weight, make_x, to_device, check, shape):
+    """Even tiles (unmasked loads, last prefetch predicated off) and odd ones: bit for bit the plain
+    loop; with the BF16 decode within the bound (the interpreter's matmul may sum a BF16 tile in
+    another order)."""
+    from specpilot.kernels.gemm import gemm
+
+    w = make_weight(*shape, seed=5)
+    x = make_x(5, shape[1])
+    plain = LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128)
+    for weight in map(to_device, (encode(w), w)):
+        y = gemm(x, weight, dataclasses.replace(plain, prefetch=True))
+        check(y, x, weight)
+        assert torch.equal(y.view(torch.int32), gemm(x, weight, plain).view(torch.int32))
+        check(gemm(x, weight, dataclasses.replace(plain, prefetch=True, bf16_decode=True)), x, weight)
+
+
 def test_many_escapes_per_tile_and_non_finite_ones_in_one_chunk(make_x, to_device, check):
     from specpilot.kernels.gemm import gemm
 
@@ -54,7 +86,8 @@ def test_many_escapes_per_tile_and_non_finite_ones_in_one_chunk(make_x, to_devic
     enc = to_device(encode(w))
     x = make_x(5, 256)
     x[1, 17] = 0.0  # 0 * Inf -> NaN in row 3 for token 1 only
-    check(gemm(x, enc, CONFIGS[0]), x, enc)
+    for config in (CONFIGS[0], CONFIGS[2]):
+        check(gemm(x, enc, config), x, enc)
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 300), (5, 1), (3, 129)])
@@ -89,3 +122,5 @@ def test_rejects_bad_inputs(weights, make_x):
         gemm(make_x(2, 300), weights["w12"], LaunchConfig(KernelPath.GEMV, 4, 128))
     with pytest.raises(ValueError, match="block_n"):
         LaunchConfig(KernelPath.GEMM, 8, 128)
+    with pytest.raises(ValueError, match="bf16_decode"):
+        LaunchConfig(KernelPath.GEMV, 8, 128, bf16_decode=True)

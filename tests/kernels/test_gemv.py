@@ -1,5 +1,7 @@
 """GEMV kernel (1..8 rows) vs the reference, W12 and plain weights (interpreter on CPU)."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -14,6 +16,8 @@ CONFIGS = [  # few programs each: the interpreter pays per program
     LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128),
     LaunchConfig(KernelPath.GEMV, block_n=16, block_k=256, split_k=2),
     LaunchConfig(KernelPath.GEMV, block_n=4, block_k=128, split_k=3, num_warps=2),
+    LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, prefetch=True),  # 3 K steps: two prefetches
+    LaunchConfig(KernelPath.GEMV, block_n=16, block_k=256, split_k=2, prefetch=True),  # 1 step per split
 ]
 
 
@@ -43,13 +47,29 @@ def test_bf16_activations(weights, make_x, check, M):
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 300), (5, 1), (3, 129)])
-def test_tiny_and_odd_shapes(make_weight, make_x, to_device, check, shape):
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[3]], ids=lambda c: c.label())
+def test_tiny_and_odd_shapes(make_weight, make_x, to_device, check, shape, config):
     from specpilot.kernels.gemv import gemv
 
     w = make_weight(*shape, seed=2)
     x = make_x(2, shape[1])
     for weight in map(to_device, (encode(w), w, w.float())):
-        check(gemv(x, weight, CONFIGS[0]), x, weight)
+        check(gemv(x, weight, config), x, weight)
+
+
+@pytest.mark.parametrize("M", [1, 2, 3])
+def test_prefetch_on_even_tiles(make_weight, make_x, to_device, check, M):
+    """N and K multiples of the tile: the unmasked loads, with the last prefetch predicated off;
+    the result equals the plain loop's bit for bit (same arithmetic in the same order)."""
+    from specpilot.kernels.gemv import gemv
+
+    w = make_weight(16, 384, seed=3)
+    x = make_x(M, 384)
+    plain = LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128)
+    for weight in map(to_device, (encode(w), w)):
+        y = gemv(x, weight, dataclasses.replace(plain, prefetch=True))
+        check(y, x, weight)
+        assert torch.equal(y.view(torch.int32), gemv(x, weight, plain).view(torch.int32))
 
 
 def test_split_k_is_deterministic_and_resets_its_counters(weights, make_x, device):

@@ -110,3 +110,23 @@ def test_bf16_widening_asm(tiles):
     regs = run_ptx(asm, {"$2": pair})
     assert regs["$0"].tolist() == [0xBF80_0000, 0x0001_0000]
     assert regs["$1"].tolist() == [0x3F80_0000, 0x7FC1_0000]
+
+
+@pytest.mark.parametrize("high", [False, True])
+@pytest.mark.parametrize("base", [MIN_BASE, 127, MAX_BASE])
+def test_w12_bf16_decoder_matches_the_layout_for_every_byte_and_nibble(tiles, high, base):
+    """$0 packs BF16 weights (0, 1), $1 (2, 3), element 0 in the low half (Triton's pack=4 order)."""
+    asm = (tiles.ASM_DECODE_BF16_HIGH if high else tiles.ASM_DECODE_BF16_LOW).value
+    rng = np.random.default_rng(base + 1)
+    b = np.arange(256, dtype=U32)[:, None]
+    n = np.arange(256, dtype=U32)[None, :]
+    for j in range(4):
+        other_m = rng.integers(0, 256, (256, 256, 4)).astype(U32)
+        other_n = rng.integers(0, 256, (256, 256, 4)).astype(U32)
+        other_m[..., j], other_n[..., j] = b, n
+        mant = sum(other_m[..., i] << U32(8 * i) for i in range(4))
+        nib = sum(other_n[..., i] << U32(8 * i) for i in range(4))
+        regs = run_ptx(asm, {"$2": mant, "$3": nib, "$4": U32(base * 0x01010101)})
+        offset = (n >> U32(4)) if high else (n & U32(0xF))
+        half = (regs[f"${j // 2}"] >> U32(16 * (j % 2))) & U32(0xFFFF)
+        assert np.array_equal(half, np.broadcast_to(expected_bits(b, offset, U32(base)) >> U32(16), (256, 256)))
