@@ -4,7 +4,7 @@
 #
 #   bash bench/run_on_gpu.sh COMMIT STEP:SECONDS [STEP:SECONDS ...]
 #
-# Steps: smoke, engine, engine-kernels, w12, fixture, guard, speed, noise, loop. Each writes under
+# Steps: smoke, engine, engine-kernels, w12, fixture, guard, speed, noise, loop, first. Each writes under
 # /tmp/specpilot-results/<step>/ and logs to <step>.log there; a step that fails or runs out of
 # time does not stop the next one. Unpack here with: tar xzf results.tgz -C bench/results/
 set -u
@@ -29,6 +29,8 @@ for item in "$@"; do
     noise)   cmd=(python bench/controller_noise.py --deployment fixture-x16 --out "$out" --blocks 12
                   --requests-per-block 2 --max-new-tokens 256 --variants default gc-during-requests --in-process) ;;
     loop)    cmd=(python bench/loop_fixture.py --deployment fixture-x16 --out "$out") ;;
+    first)   cmd=(bash -c "python bench/first_request.py --out $out --tag compile &&
+                  SPECPILOT_COMPILE=0 python bench/first_request.py --out $out --tag no-compile") ;;
     *) echo "unknown step $step" >&2; continue ;;
   esac
   echo "=== $step (limit ${secs}s): ${cmd[*]}"

@@ -87,8 +87,10 @@ def _load_x(x_ptr, m, M, K, k0, stride_xm, live, HALF_K: tl.constexpr, EVEN_K: t
 def _decode(a, b, c, base, IS_W12: tl.constexpr, PTX_DECODE: tl.constexpr, BF16_DECODE: tl.constexpr):
     """(lo, hi) weight tiles from raw planes: W12 as float32, or as BF16 (same values) with BF16_DECODE."""
     if BF16_DECODE:
-        return tiles.decode_planes_bf16(a, b, c, base, IS_W12, PTX_DECODE)
-    return tiles.decode_planes(a, b, c, base, IS_W12, PTX_DECODE)
+        w_lo, w_hi = tiles.decode_planes_bf16(a, b, c, base, IS_W12, PTX_DECODE)
+    else:
+        w_lo, w_hi = tiles.decode_planes(a, b, c, base, IS_W12, PTX_DECODE)
+    return w_lo, w_hi  # one return: the compiler needs the same types on every return
 
 
 @triton.jit

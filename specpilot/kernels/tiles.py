@@ -168,23 +168,27 @@ def load_planes(
             nib = tl.load(nib_tile_ptr, mask=mask, other=0)
             m_lo = tl.load(w_lo_ptr, mask=mask, other=0)
             m_hi = tl.load(w_hi_ptr, mask=mask, other=0)
-        return m_lo, m_hi, nib
-    if EVEN_N and EVEN_K:
-        if GUARD:
-            w_lo = tl.load(w_lo_ptr, mask=live_mask(w_lo_ptr, live))
-            w_hi = tl.load(w_hi_ptr, mask=live_mask(w_hi_ptr, live))
-        else:
-            w_lo = tl.load(w_lo_ptr)
-            w_hi = tl.load(w_hi_ptr)
+        first, second, third = m_lo, m_hi, nib
     else:
-        mask_lo = row_ok[:, None] & (lo < K)[None, :]
-        mask_hi = row_ok[:, None] & (hi < K)[None, :]
-        if GUARD:
-            mask_lo = predicate(mask_lo, live)
-            mask_hi = predicate(mask_hi, live)
-        w_lo = tl.load(w_lo_ptr, mask=mask_lo, other=0.0)
-        w_hi = tl.load(w_hi_ptr, mask=mask_hi, other=0.0)
-    return w_lo, w_hi, w_lo
+        if EVEN_N and EVEN_K:
+            if GUARD:
+                w_lo = tl.load(w_lo_ptr, mask=live_mask(w_lo_ptr, live))
+                w_hi = tl.load(w_hi_ptr, mask=live_mask(w_hi_ptr, live))
+            else:
+                w_lo = tl.load(w_lo_ptr)
+                w_hi = tl.load(w_hi_ptr)
+        else:
+            mask_lo = row_ok[:, None] & (lo < K)[None, :]
+            mask_hi = row_ok[:, None] & (hi < K)[None, :]
+            if GUARD:
+                mask_lo = predicate(mask_lo, live)
+                mask_hi = predicate(mask_hi, live)
+            w_lo = tl.load(w_lo_ptr, mask=mask_lo, other=0.0)
+            w_hi = tl.load(w_hi_ptr, mask=mask_hi, other=0.0)
+        first, second, third = w_lo, w_hi, w_lo
+    # One return statement: the compiler (unlike the interpreter) requires every return of a
+    # function to have the same types, constexpr branches included.
+    return first, second, third
 
 
 @triton.jit
@@ -200,10 +204,15 @@ def decode_planes(a, b, c, base, IS_W12: tl.constexpr, PTX_DECODE: tl.constexpr)
     if IS_W12:
         if PTX_DECODE:
             exp_bytes = tl.broadcast_to(base * 0x01010101, a.shape)
-            return decode_w12_ptx(a, c, exp_bytes, False), decode_w12_ptx(b, c, exp_bytes, True)
-        nib = c.to(tl.int32)
-        return decode_w12(a, nib & 0xF, base << 23), decode_w12(b, nib >> 4, base << 23)
-    return a, b
+            w_lo = decode_w12_ptx(a, c, exp_bytes, False)
+            w_hi = decode_w12_ptx(b, c, exp_bytes, True)
+        else:
+            nib = c.to(tl.int32)
+            w_lo = decode_w12(a, nib & 0xF, base << 23)
+            w_hi = decode_w12(b, nib >> 4, base << 23)
+    else:
+        w_lo, w_hi = a, b
+    return w_lo, w_hi
 
 
 @triton.jit
@@ -213,10 +222,15 @@ def decode_planes_bf16(a, b, c, base, IS_W12: tl.constexpr, PTX_DECODE: tl.const
     if IS_W12:
         if PTX_DECODE:
             exp_bytes = tl.broadcast_to(base * 0x01010101, a.shape)
-            return decode_w12_bf16_ptx(a, c, exp_bytes, False), decode_w12_bf16_ptx(b, c, exp_bytes, True)
-        w_lo, w_hi = decode_planes(a, b, c, base, IS_W12, PTX_DECODE)
-        return w_lo.to(tl.bfloat16), w_hi.to(tl.bfloat16)
-    return a, b
+            w_lo = decode_w12_bf16_ptx(a, c, exp_bytes, False)
+            w_hi = decode_w12_bf16_ptx(b, c, exp_bytes, True)
+        else:
+            f_lo, f_hi = decode_planes(a, b, c, base, IS_W12, PTX_DECODE)
+            w_lo = f_lo.to(tl.bfloat16)
+            w_hi = f_hi.to(tl.bfloat16)
+    else:
+        w_lo, w_hi = a, b
+    return w_lo, w_hi
 
 
 @triton.jit

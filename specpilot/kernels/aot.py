@@ -1,0 +1,132 @@
+"""Compile every kernel variant for a GPU architecture on a machine without a GPU.
+
+    python -m specpilot.kernels.aot [--arch 90] [--quick]      # exit 1 if any variant fails
+
+Triton's interpreter (how the CPU tests run the kernels) executes the Python of a kernel but never
+compiles it, so errors only the compiler sees -- branches returning different types, inline-asm
+operand constraints, layouts Triton cannot lower -- would first show up on the GPU. This module
+compiles each candidate launch config of the GEMV and GEMM paths (both weight formats, tiles even
+and uneven, the smallest and largest row block of each config) and the unpack kernel to PTX and a
+cubin for the target with Triton's bundled ptxas (no driver involved), and reports every failure.
+
+Owns: the kernels' argument signatures for ahead-of-time compilation and the variant list. Must
+run in a process where TRITON_INTERPRET is unset when Triton is imported (the test spawns one).
+Does not own the kernels or the configs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from specpilot.kernels import configs as kc
+from specpilot.kernels.configs import GEMM_MAX_M, GEMV_MAX_M, KernelPath, LaunchConfig, block_m
+
+POINTERS = {  # argument -> Triton pointer type; a plain weight passes itself as nib/base/escapes
+    "x_ptr": "*bf16", "y_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32", "esc_ptr_ptr": "*i32",
+    "esc_col_ptr": "*i16", "esc_val_ptr": "*i16", "mant_ptr": "*u8", "out_ptr": "*i16",
+}
+W12_PLANES = {"w_ptr": "*u8", "nib_ptr": "*u8", "base_ptr": "*u8"}
+DENSE_PLANES = {"w_ptr": "*bf16", "nib_ptr": "*bf16", "base_ptr": "*bf16", "esc_ptr_ptr": "*bf16",
+                "esc_col_ptr": "*bf16", "esc_val_ptr": "*bf16"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    kernel: str  # "gemv" | "gemm" | "unpack"
+    label: str
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+
+
+def _kernel(name: str):
+    if name == "gemv":
+        from specpilot.kernels.gemv import _gemv_kernel
+
+        return _gemv_kernel
+    if name == "gemm":
+        from specpilot.kernels.gemm import _gemm_kernel
+
+        return _gemm_kernel
+    from specpilot.kernels.w12_unpack import _unpack_kernel
+
+    return _unpack_kernel
+
+
+def variants(quick: bool = False) -> list[Variant]:
+    """Every candidate config x format x (even, uneven tiles) x (smallest, largest row block)."""
+    seen: dict[LaunchConfig, list[int]] = {}
+    for M in range(1, GEMM_MAX_M + 1):
+        for cfg in kc.candidates(M):
+            seen.setdefault(cfg, []).append(M)
+    out = []
+    for cfg, ms in seen.items():
+        path = cfg.path.value
+        blocks = sorted({block_m(cfg.path, M) for M in ms})
+        for bm in ([blocks[0]] if quick else [blocks[0], blocks[-1]]):
+            for w12 in (True, False):
+                for even in ((True,) if quick else (True, False)):
+                    c = {"IS_W12": w12, "BLOCK_M": bm, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                         "EVEN_N": even, "EVEN_K": even, "PTX_DECODE": cfg.ptx_decode, "ESC_CHUNK": 16,
+                         "PREFETCH": cfg.prefetch}
+                    if cfg.path is KernelPath.GEMV:
+                        c["EVEN_M"] = even
+                    else:
+                        c.update(DOT_BF16=True, BF16_DECODE=cfg.bf16_decode)
+                    label = f"{cfg.label()} bm{bm} {'w12' if w12 else 'bf16'} {'even' if even else 'masked'}"
+                    out.append(Variant(path, label, c, cfg.num_warps, cfg.num_stages))
+    out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))
+    return list({v.label: v for v in out}.values())
+
+
+def compile_variant(v: Variant, arch: int) -> float:
+    """Seconds to compile `v` to a cubin for sm_`arch`; raises the compiler's error."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = _kernel(v.kernel)
+    planes = W12_PLANES if v.constexprs.get("IS_W12", True) else DENSE_PLANES
+    signature = {}
+    for name in fn.arg_names:
+        if name in v.constexprs:
+            signature[name] = "constexpr"
+        else:
+            signature[name] = planes.get(name) or POINTERS.get(name) or "i32"
+    constants = {(fn.arg_names.index(k),): val for k, val in v.constexprs.items() if k in fn.arg_names}
+    t = time.monotonic()
+    triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", arch, 32),
+                   options={"num_warps": v.num_warps, "num_stages": v.num_stages})
+    return time.monotonic() - t
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (default 90: H100/H200)")
+    p.add_argument("--quick", action="store_true", help="even tiles and the smallest row block only")
+    args = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET"):
+        print("error: unset TRITON_INTERPRET: the interpreter does not compile", file=sys.stderr)
+        return 2
+    failures = 0
+    vs = variants(args.quick)
+    start = time.monotonic()
+    for v in vs:
+        try:
+            compile_variant(v, args.arch)
+        except Exception as err:  # noqa: BLE001 - report every failing variant, then fail
+            failures += 1
+            first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
+            print(f"FAILED {v.kernel} {v.label}: {type(err).__name__}: {first}", flush=True)
+            print(str(err)[-1500:], file=sys.stderr)
+    print(f"{len(vs) - failures}/{len(vs)} kernel variants compiled for sm_{args.arch} "
+          f"in {time.monotonic() - start:.0f} s (GEMV up to M={GEMV_MAX_M}, GEMM up to M={GEMM_MAX_M})")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
