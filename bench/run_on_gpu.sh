@@ -28,9 +28,9 @@ for item in "$@"; do
     speed)   cmd=(python bench/speed_fixture.py --out "$out" --overwrite --n-prompts 10 --max-new-tokens 512) ;;
     noise)   cmd=(python bench/controller_noise.py --deployment fixture-x16 --out "$out" --blocks 12
                   --requests-per-block 2 --max-new-tokens 256 --variants default gc-during-requests --in-process) ;;
-    loop)    cmd=(python bench/loop_fixture.py --deployment fixture-x16 --out "$out") ;;
-    first)   cmd=(bash -c "python bench/first_request.py --out $out --tag compile &&
-                  SPECPILOT_COMPILE=0 python bench/first_request.py --out $out --tag no-compile") ;;
+    loop)    cmd=(python bench/loop_fixture.py --deployment fixture-x16 --out "$out"
+                  --budget-minutes "${LOOP_BUDGET_MINUTES:-8.5}") ;;
+    first)   cmd=(python bench/first_request.py --out "$out" --tag "${FIRST_TAG:-default}") ;;
     *) echo "unknown step $step" >&2; continue ;;
   esac
   echo "=== $step (limit ${secs}s): ${cmd[*]}"

@@ -26,6 +26,10 @@ from specpilot.errors import ConfigError
 from specpilot.models.transformer import Transformer
 
 
+PREFILL_BUCKET = 64  # prefill lengths are padded to multiples of this when CUDA graphs are on
+WARM_PREFILL_TOKENS = 1024  # a new workspace runs each padded prefill shape up to this once
+
+
 @dataclass
 class GenerationResult:
     outputs: list[list[int]]  # generated tokens per row (EOS kept, cut at max_new)
@@ -76,6 +80,7 @@ class Generator:
         cuda_graphs: bool = True,
         sync_every: int = 1,
         fault: Fault | str | None = None,
+        prefill_bucket: int | None = None,
     ):
         self.target = target
         self.drafters = drafters or {}
@@ -84,6 +89,12 @@ class Generator:
         if self.fault is not None and self.fault.kind is FaultKind.ACCEPT_UNVERIFIED and not self.drafters:
             raise ConfigError("fault 'accept-unverified' needs a drafter: AR decoding verifies nothing")
         self.use_graphs = cuda_graphs and target.device.type == "cuda"
+        # Prefill lengths are padded to multiples of this (see `steps.prefill`); default: with CUDA
+        # graphs only, where a new prefill shape is slow the first time.
+        self.prefill_bucket = (PREFILL_BUCKET if self.use_graphs else 0) if prefill_bucket is None else prefill_bucket
+        for d in self.drafters.values():
+            if hasattr(d, "prefill_bucket"):
+                d.prefill_bucket = self.prefill_bucket
         host = any(d.needs_host_tokens for d in self.drafters.values())
         self.sync_every = 1 if host else sync_every
         self.workspaces: dict[tuple[int, int], Workspace] = {}  # (batch, capacity) -> workspace, oldest first
@@ -172,6 +183,19 @@ class Generator:
             return GraphedCallable(fn, static_inputs=(tokens, parents))
         return GraphedCallable(lambda: self._round(ws, tier))
 
+    def _warm_prefill(self, ws: Workspace, tier: int) -> None:
+        """Run every padded prefill shape of this workspace once (up to WARM_PREFILL_TOKENS), target
+        and the tier's drafter, so no request pays a shape's first-time cost inside its timing."""
+        if self.prefill_bucket <= 0:
+            return
+        limit = min(ws.cache.capacity - self._slack() - 1, WARM_PREFILL_TOKENS)
+        drafter = self.drafters.get(tier)
+        for T in range(self.prefill_bucket, limit + 1, self.prefill_bucket):
+            prompt = [[0] * (T + 1)]  # body of T tokens: one row, as prefill runs row by row
+            prefill(self.target, ws.cache, prompt, bucket=self.prefill_bucket)
+            if drafter is not None:
+                self._start_drafter(tier, prompt, ws.state)
+
     # ---- the loop ----------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> GenerationResult:
@@ -188,12 +212,13 @@ class Generator:
             for t in tiers:  # capture before timing starts
                 if t not in ws.graphs:
                     ws.graphs[t] = self._capture(ws, t)
+                    self._warm_prefill(ws, t)
         dev = self.target.device
         sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
         sync()
         t0 = time.perf_counter()
         ws.state.reset(prompts, self.eos_ids, max_new_tokens)
-        prefill(self.target, ws.cache, prompts)
+        prefill(self.target, ws.cache, prompts, bucket=self.prefill_bucket)
         if self.speculative:
             self._start_drafter(tier, prompts, ws.state)
         sync()

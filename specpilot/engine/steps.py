@@ -38,16 +38,36 @@ def chunk_forward(
     return model(tokens, pos, cache, pos, causal_mask(start, T, cache.capacity), logits_for)
 
 
-def prefill(model: Transformer, cache: KVCache, prompts: list[list[int]], chunk: int = 2048) -> None:
-    """Put every prompt token except the last (the first root) into the cache, row by row."""
+def padded_length(T: int, start: int, capacity: int, bucket: int) -> int:
+    """T rounded up to a multiple of `bucket` (0: no rounding), unless that would run past the cache."""
+    if bucket <= 0:
+        return T
+    Tp = -(-T // bucket) * bucket
+    return Tp if start + Tp <= capacity else T
+
+
+def prefill(model: Transformer, cache: KVCache, prompts: list[list[int]], chunk: int = 2048,
+            bucket: int = 0) -> None:
+    """Put every prompt token except the last (the first root) into the cache, row by row.
+
+    bucket > 0 pads each chunk with token 0 to a multiple of `bucket` tokens, so prompts of many
+    lengths run a few shapes: on the GPU, the first eager prefill of each new shape costs ~0.1 s
+    while CUDA graphs are captured (measured: bench/results/controller/first_request_*.json),
+    which made the first request of every prompt slow and the controller's timings noisy. The
+    padding is invisible: padded rows come after every real row (the causal mask hides them from
+    it), and their cache slots lie past the prompt, where the first decode round writes before it
+    reads.
+    """
     dev = model.device
     for b, p in enumerate(prompts):
         body = p[:-1]
         row = cache.row(b)
         for s in range(0, len(body), chunk):
-            part = torch.tensor(body[s : s + chunk], dtype=torch.int64, device=dev)[None]
+            part = body[s : s + chunk]
+            part = part + [0] * (padded_length(len(part), s, cache.capacity, bucket) - len(part))
+            tokens = torch.tensor(part, dtype=torch.int64, device=dev)[None]
             empty = torch.zeros(1, 0, dtype=torch.int64, device=dev)
-            chunk_forward(model, row, part, torch.tensor([s], device=dev), logits_for=empty)
+            chunk_forward(model, row, tokens, torch.tensor([s], device=dev), logits_for=empty)
 
 
 def tree_forward(model: Transformer, cache: KVCache, tree: DraftTree, prefix: torch.Tensor) -> torch.Tensor:

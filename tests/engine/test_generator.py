@@ -69,3 +69,47 @@ def test_empty_prompt_and_zero_tokens_are_errors(target):
         Generator(target).generate([[]], 4)
     with pytest.raises(ConfigError):
         Generator(target).generate([[1]], 0)
+
+
+def test_padded_prefill_changes_no_output(target, draft, make_prompts):
+    """Prefill padded to buckets (as on the GPU with CUDA graphs) gives the same tokens, AR and
+    speculative, and the same cache contents at every prompt slot."""
+    from specpilot.engine.kv_cache import KVCache
+    from specpilot.engine.steps import padded_length, prefill
+
+    prompts = make_prompts(6, seed=8, lo=1, hi=40)
+    for bucket in (0, 8, 16):
+        ar = Generator(target, prefill_bucket=bucket).generate(prompts, 24).outputs
+        spec = Generator(target, {3: DraftModelDrafter(draft, 3, 2, 6)}, prefill_bucket=bucket).generate(prompts, 24)
+        if bucket == 0:
+            reference = ar
+        assert ar == reference and spec.outputs == reference
+    cfg = target.config
+    plain = KVCache.allocate(cfg, 1, 64, target.device, target.dtype)
+    padded = KVCache.allocate(cfg, 1, 64, target.device, target.dtype)
+    prompt = prompts[0] + [5] * 13  # a body that is not a multiple of the bucket
+    prefill(target, plain, [prompt])
+    prefill(target, padded, [prompt], bucket=16)
+    n = len(prompt) - 1
+    for x, y in zip(plain.k + plain.v, padded.k + padded.v):
+        torch.testing.assert_close(y[:, :, :n], x[:, :, :n], rtol=1e-5, atol=1e-6)
+    assert padded_length(10, 0, 64, 16) == 16 and padded_length(10, 50, 64, 16) == 10  # never past the cache
+    assert padded_length(10, 0, 64, 0) == 10
+
+
+def test_warm_prefill_runs_every_padded_shape_of_a_workspace(target, draft, monkeypatch):
+    """What a new GPU workspace runs once after capture: each bucket up to the cache's room, target and drafter."""
+    from specpilot.engine import generator as gen_mod
+
+    seen = []
+    real = gen_mod.prefill
+    monkeypatch.setattr(gen_mod, "prefill", lambda m, c, p, bucket=0: (seen.append((m is target, len(p[0]) - 1)),
+                                                                        real(m, c, p, bucket=bucket)))
+    drafter = DraftModelDrafter(draft, 3, 2, 6)
+    g = Generator(target, {3: drafter}, prefill_bucket=16)
+    assert drafter.prefill_bucket == 16
+    ws = g._workspace(1, 96, 8)
+    g._warm_prefill(ws, 3)
+    room = 96 - g._slack() - 1
+    assert [T for is_target, T in seen if is_target] == list(range(16, room + 1, 16))
+    assert drafter.cache is drafter.caches[(1, 96)]

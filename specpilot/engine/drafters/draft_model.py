@@ -40,6 +40,7 @@ class DraftModelDrafter(Drafter):
         # pointing at the cache it was captured with, so caches are never reallocated in place
         self.caches: dict[tuple[int, int], KVCache] = {}
         self.cache: KVCache | None = None
+        self.prefill_bucket = 0  # set by the generator (see `steps.prefill`)
 
     @property
     def num_nodes(self) -> int:
@@ -50,7 +51,7 @@ class DraftModelDrafter(Drafter):
         if key not in self.caches:
             self.caches[key] = KVCache.allocate(self.model.config, *key, self.model.device, self.model.dtype)
         self.cache = self.caches[key]
-        prefill(self.model, self.cache, prompts)
+        prefill(self.model, self.cache, prompts, bucket=self.prefill_bucket)
 
     def release(self, key: tuple[int, int]) -> None:
         """Forget the cache of a workspace the generator dropped."""
