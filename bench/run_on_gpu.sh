@@ -29,7 +29,7 @@ for item in "$@"; do
     noise)   cmd=(python bench/controller_noise.py --deployment fixture-x16 --out "$out" --blocks 12
                   --requests-per-block 2 --max-new-tokens 256 --variants default gc-during-requests --in-process) ;;
     loop)    cmd=(python bench/loop_fixture.py --deployment fixture-x16 --out "$out"
-                  --budget-minutes "${LOOP_BUDGET_MINUTES:-8.5}") ;;
+                  --budget-minutes "${LOOP_BUDGET_MINUTES:-8.5}" ${LOOP_EXTRA:-}) ;;
     first)   cmd=(python bench/first_request.py --out "$out" --tag "${FIRST_TAG:-default}") ;;
     *) echo "unknown step $step" >&2; continue ;;
   esac

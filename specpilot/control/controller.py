@@ -14,6 +14,10 @@ A round (`evaluate_round`) screens several candidates against one incumbent (con
 backend allows; same prompts block for block), corrects their p-values for multiplicity (Holm by
 default), and re-measures the significant candidate with the largest gain on fresh blocks with a
 fresh session; the re-measured evaluation decides and is the one returned (screening attached).
+When no candidate survives the correction but some cleared the threshold on their own, the one
+with the largest gain is re-measured all the same: screening then only *selects* it, and the
+re-measure on independent blocks tests that one hypothesis at the rule's level, so the round still
+promotes a null candidate with probability at most alpha (a two-stage select-then-confirm design).
 
 The noise floor (`measure_noise`) is stock against a second copy of stock, same procedure.
 
@@ -177,9 +181,12 @@ class Controller:
             if screened[i].verdict is Verdict.PROMOTE and i not in significant:
                 final[i] = replace(final[i], decision=final[i].decision.with_verdict(
                     Verdict.NEED_MORE_DATA, Reason.NOT_SIGNIFICANT))
-        if not significant:
+        # Select among the significant ones; failing those, among those that cleared the threshold
+        # alone (confirmed on fresh blocks below either way).
+        pool = significant or [i for i in timed if screened[i].verdict is Verdict.PROMOTE]
+        if not pool:
             return RoundResult(tuple(final), None)
-        winner = max(significant, key=lambda i: screened[i].estimate.gain)
+        winner = max(pool, key=lambda i: screened[i].estimate.gain)
         for i in significant:
             if i != winner:
                 decision = final[i].decision.with_verdict(Verdict.REJECT, Reason.NOT_SELECTED)

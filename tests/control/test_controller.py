@@ -146,3 +146,26 @@ def test_evaluation_round_trips_through_plain_data(noise):
     again = Evaluation.from_dict(e.to_dict())
     assert again.to_dict() == e.to_dict()
     assert again.estimate == e.estimate and again.decision == e.decision
+
+
+def test_round_confirms_the_best_threshold_clearer_when_none_survives_the_correction(monkeypatch, noise):
+    """p = (0.016, 0.02, 0.5): Holm keeps none, so the larger gain of the two that cleared the
+    threshold alone is re-measured on fresh blocks; that one measurement decides."""
+    c = controller()
+    ps = {"a": 0.016, "b": 0.02, "c": 0.5}
+    gains = {"a": (0.05, 0.06, 0.04, 0.05, 0.055), "b": (0.08, 0.09, 0.07, 0.08, 0.085), "c": (0.0,) * 5}
+    stages = []
+
+    def compare(incumbent, candidate, noise, stage, config, gate_result=None):
+        stages.append((candidate.name, stage))
+        e = _fake_eval(candidate.name, ps[candidate.name])
+        return replace(e, stage=stage, estimate=GainEstimate(gains[candidate.name], resamples=200))
+
+    monkeypatch.setattr(c, "_compare", compare)
+    result = c.evaluate_round(STOCK, [spec("a"), spec("b"), spec("c")], noise)
+    a, b, cc = result.evaluations
+    assert result.winner == 1 and ("b", Stage.REMEASURE) in stages and ("a", Stage.REMEASURE) not in stages
+    assert b.stage is Stage.REMEASURE and b.decision.reasons[-1] is Reason.REMEASURED
+    assert a.verdict is Verdict.NEED_MORE_DATA and a.decision.reasons[-1] is Reason.NOT_SIGNIFICANT
+    assert cc.verdict is Verdict.REJECT
+
