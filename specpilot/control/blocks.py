@@ -4,8 +4,15 @@ A block is `requests_per_block` requests of `request_size` prompts each, the sam
 arms. Every request is timed separately by the controller; an arm's block time is the sum over its
 requests, and the block's statistic is
 
-    x = log(T_incumbent / T_candidate)            one device (alternate)
-    x = mean over the two placements of that      two devices (side by side)
+    x = log((T_incumbent / n_incumbent) / (T_candidate / n_candidate))   one device (alternate)
+    x = mean over the two placements of that                             two devices (side by side)
+
+with n an arm's generated tokens in the block: time per token. Lossless arms generate the same
+tokens in exact arithmetic, but in bf16 a different tree shape or kernel reduces in another order
+and a near-tie can flip, after which the outputs -- and their lengths -- differ (measured on the
+H200: 13 of 40 outputs of a lossless tree candidate, 1.1% fewer tokens). Per token, such a
+difference does not pass for a speed change. Blocks whose outputs carry no tokens (simulations)
+use the times alone.
 
 * One device: arms alternate request by request, which arm goes first following `Order`: ABBA
   (A B | B A | A B ..., continued across blocks, so a linear drift within any two consecutive
@@ -119,8 +126,14 @@ class BlockResult:
 
     @property
     def log_ratio(self) -> float:
-        """x = mean over phases of log(sum T_incumbent / sum T_candidate)."""
-        per_phase = [math.log(sum(a) / sum(b)) for a, b in zip(self.incumbent_seconds, self.candidate_seconds)]
+        """x = mean over phases of log((sum T_incumbent / n_incumbent) / (sum T_candidate / n_candidate))."""
+        per_phase = []
+        for phase, (a, b) in enumerate(zip(self.incumbent_seconds, self.candidate_seconds)):
+            x = math.log(sum(a) / sum(b))
+            n_a, n_b = _tokens(self.incumbent_outputs, phase), _tokens(self.candidate_outputs, phase)
+            if n_a and n_b:
+                x += math.log(n_b / n_a)
+            per_phase.append(x)
         return sum(per_phase) / len(per_phase)
 
     @property
@@ -138,3 +151,9 @@ class BlockResult:
     def arm_seconds(self, arm: Arm) -> tuple[float, ...]:
         rows = self.incumbent_seconds if arm is Arm.INCUMBENT else self.candidate_seconds
         return tuple(t for row in rows for t in row)
+
+
+def _tokens(outputs: tuple[Outputs, ...], phase: int) -> int:
+    """Tokens generated in one phase (0 when the block carries no outputs)."""
+    return sum(len(o) for o in outputs[phase]) if phase < len(outputs) else 0
+

@@ -7,7 +7,8 @@ that breaks this is rejected (`Reason.BAD_OUTPUT`).
 Comparing tokens with the incumbent's on the timed prompts is reported, not judged: near-ties can
 flip under a different reduction order, so divergence alone is not a loss of quality — that
 verdict is the guard's. One thing is judged: a candidate that returns materially fewer tokens
-(`min_token_ratio`) did less work, so its time says nothing about speed (`Reason.OUTPUTS_SHORTER`).
+(`min_token_ratio`, 5% by default) is rejected (`Reason.OUTPUTS_SHORTER`); timing is per token
+(`blocks.BlockResult.log_ratio`), so the small length changes of bf16 near-tie flips cost nothing.
 
 Owns: `validate_outputs` and `OutputComparison`. Does not own the guard.
 """

@@ -1,0 +1,30 @@
+"""The block statistic: time per generated token, per phase, averaged over phases."""
+
+import math
+
+import pytest
+
+from specpilot.control.blocks import BlockResult
+
+
+def block(inc_s, cand_s, inc_out, cand_out):
+    return BlockResult(0, (tuple(inc_s),), (tuple(cand_s),), (tuple(inc_out),), (tuple(cand_out),))
+
+
+def test_same_outputs_reduce_to_the_time_ratio():
+    out = ([1, 2, 3], [4, 5])
+    assert block([2.0, 2.0], [1.0, 1.0], out, out).log_ratio == pytest.approx(math.log(2.0))
+
+
+def test_shorter_outputs_do_not_pass_for_speed():
+    """Same time for 10% fewer tokens is 10% slower per token, not a tie."""
+    inc = ([1] * 50, [2] * 50)
+    cand = ([1] * 45, [2] * 45)
+    assert block([1.0, 1.0], [1.0, 1.0], inc, cand).log_ratio == pytest.approx(math.log(90 / 100))
+    # and 10% less time for 10% fewer tokens is no gain at all
+    assert block([1.0, 1.0], [0.9, 0.9], inc, cand).log_ratio == pytest.approx(0.0)
+
+
+def test_blocks_without_outputs_use_times_alone():
+    r = BlockResult(0, ((2.0,), (3.0,)), ((1.0,), (1.0,)), ((), ()), ((), ()))
+    assert r.log_ratio == pytest.approx((math.log(2.0) + math.log(3.0)) / 2)
