@@ -53,6 +53,9 @@ class Stage(enum.Enum):
     NOISE = "noise"  # stock against a second copy of stock
 
 
+STATISTIC = "log-seconds-per-token/2"  # the block statistic (`blocks.BlockResult.log_ratio`), versioned
+
+
 @dataclass(frozen=True)
 class ControllerConfig:
     # ---- the timing procedure ----------------------------------------------------------
@@ -137,6 +140,7 @@ class ControllerConfig:
                 "warmup_blocks", "order", "freeze_idle", "collect_garbage", "level", "noise_blocks")
         d = {k: v for k, v in self.to_dict().items() if k in keep}
         d["placement"] = placement.value
+        d["statistic"] = STATISTIC  # floors measured with another block statistic are not reused
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     # ---- plain data ----------------------------------------------------------------------
