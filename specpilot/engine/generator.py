@@ -26,7 +26,7 @@ from specpilot.errors import ConfigError
 from specpilot.models.transformer import Transformer
 
 
-PREFILL_BUCKET = 64  # prefill lengths are padded to multiples of this when CUDA graphs are on
+PREFILL_BUCKET = 64  # prefill lengths are padded to multiples of this on CUDA
 WARM_PREFILL_TOKENS = 1024  # a new workspace runs each padded prefill shape up to this once
 
 
@@ -59,6 +59,7 @@ class Workspace:
     cache: KVCache
     state: DecodeState
     graphs: dict = field(default_factory=dict)  # tier depth (or 0 for AR) -> GraphedCallable
+    warm_tiers: set = field(default_factory=set)  # tiers whose padded prefill shapes have run once
 
 
 def _round_up(x: int, m: int) -> int:
@@ -89,9 +90,10 @@ class Generator:
         if self.fault is not None and self.fault.kind is FaultKind.ACCEPT_UNVERIFIED and not self.drafters:
             raise ConfigError("fault 'accept-unverified' needs a drafter: AR decoding verifies nothing")
         self.use_graphs = cuda_graphs and target.device.type == "cuda"
-        # Prefill lengths are padded to multiples of this (see `steps.prefill`); default: with CUDA
-        # graphs only, where a new prefill shape is slow the first time.
-        self.prefill_bucket = (PREFILL_BUCKET if self.use_graphs else 0) if prefill_bucket is None else prefill_bucket
+        # Prefill lengths are padded to multiples of this (see `steps.prefill`); default: on CUDA,
+        # where the first prefill of each new shape is slow.
+        on_gpu = target.device.type == "cuda"
+        self.prefill_bucket = (PREFILL_BUCKET if on_gpu else 0) if prefill_bucket is None else prefill_bucket
         for d in self.drafters.values():
             if hasattr(d, "prefill_bucket"):
                 d.prefill_bucket = self.prefill_bucket
@@ -212,7 +214,10 @@ class Generator:
             for t in tiers:  # capture before timing starts
                 if t not in ws.graphs:
                     ws.graphs[t] = self._capture(ws, t)
-                    self._warm_prefill(ws, t)
+        for t in tiers:  # new workspace: every padded prefill shape once, before timing starts
+            if t not in ws.warm_tiers:
+                self._warm_prefill(ws, t)
+                ws.warm_tiers.add(t)
         dev = self.target.device
         sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
         sync()
