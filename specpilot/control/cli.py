@@ -33,6 +33,7 @@ CONFIG_HELP = {
     "placement": "alternate on one device, side by side on two (auto: by device count)",
     "freeze_idle": "SIGSTOP workers that are not being timed",
     "collect_garbage": "workers collect Python garbage untimed before each timed request, none during it",
+    "pin_cpus": "give each worker its own equal set of CPU cores (when there are enough)",
     "level": "two-sided confidence level of the interval",
     "resamples": "bootstrap resamples",
     "seed": "seed of the bootstrap, arm order and prompt draws",

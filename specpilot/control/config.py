@@ -69,6 +69,7 @@ class ControllerConfig:
     placement: Placement = Placement.AUTO
     freeze_idle: bool = True  # SIGSTOP workers that are not being timed
     collect_garbage: bool = True  # workers run Python's GC untimed before each timed request, none during it
+    pin_cpus: bool = True  # each worker on its own equal set of cores (when there are enough; cpus.py)
     # ---- statistics --------------------------------------------------------------------
     level: float = 0.95  # two-sided confidence level of the reported interval
     resamples: int = 9999  # bootstrap resamples
@@ -137,7 +138,7 @@ class ControllerConfig:
         placement) says nothing about this one, so the memory keys noise floors by this value.
         """
         keep = ("requests_per_block", "request_size", "max_new_tokens", "warmup_requests",
-                "warmup_blocks", "order", "freeze_idle", "collect_garbage", "level", "noise_blocks")
+                "warmup_blocks", "order", "freeze_idle", "collect_garbage", "pin_cpus", "level", "noise_blocks")
         d = {k: v for k, v in self.to_dict().items() if k in keep}
         d["placement"] = placement.value
         d["statistic"] = STATISTIC  # floors measured with another block statistic are not reused

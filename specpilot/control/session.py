@@ -13,7 +13,8 @@ arrivals taken from one `multiprocessing.connection.wait` loop. With `collect_ga
 about to be timed first runs Python's cyclic garbage collector on request (untimed) and keeps it
 off for the timed generate call, so a collection pause never lands inside one arm's request at
 random (as `timeit` and pyperf do); objects that were alive after warm-up are frozen out of
-every collection.
+every collection. With `pin_cpus`, every worker runs on its own equal set of cores
+(`specpilot.control.cpus`).
 
 The Ray backend runs this same class inside a GPU-pinned actor, so the timer is never in a
 worker's process on either backend.
@@ -36,6 +37,7 @@ from typing import Sequence
 from specpilot.control.backends.base import devices_per_session
 from specpilot.control.blocks import Arm, BlockPlan, BlockResult, Outputs
 from specpilot.control.config import ControllerConfig, Placement
+from specpilot.control.cpus import plan_cpus
 from specpilot.control.outputs import OutputError, validate_outputs
 from specpilot.control.spec import RunnerSpec
 from specpilot.control.worker import FailureKind, Worker, WorkerError
@@ -64,11 +66,16 @@ class LocalPairSession:
         self.devices = tuple(devices)
         self.log_dir = Path(tempfile.mkdtemp(prefix="specpilot-workers-"))
         self.workers: dict[tuple[Arm, int], Worker] = {}
+        cpus = plan_cpus(2 * len(self.devices)) if config.pin_cpus else None
+        self.cpus: dict[str, tuple[int, ...]] = {}
         try:
             for arm, spec in ((Arm.INCUMBENT, incumbent), (Arm.CANDIDATE, candidate)):
                 for d, device in enumerate(self.devices):
                     label = f"{arm.value}{d}"
-                    self.workers[arm, d] = Worker.start(spec.placed(device), label, self.log_dir)
+                    mine = cpus.pop(0) if cpus else None
+                    if mine:
+                        self.cpus[label] = mine
+                    self.workers[arm, d] = Worker.start(spec.placed(device), label, self.log_dir, mine)
             replies = self._all(lambda w: {"op": "build", "spec": w.spec.to_dict()}, config.startup_timeout_s)
             for w, reply in replies.items():
                 w.info = reply

@@ -69,10 +69,18 @@ class Worker:
         self.info: dict = {}
 
     @classmethod
-    def start(cls, spec: RunnerSpec, label: str, log_dir: Path) -> "Worker":
-        """Spawn the process; `build` must follow (kept apart so several can load at once)."""
+    def start(cls, spec: RunnerSpec, label: str, log_dir: Path, cpus: tuple[int, ...] | None = None) -> "Worker":
+        """Spawn the process; `build` must follow (kept apart so several can load at once).
+        `cpus`: the cores it pins itself to (`specpilot.control.cpus`), None for no pinning."""
         from specpilot import env  # imports torch: only where workers are started
+        from specpilot.control.cpus import CPUS_ENV
 
+        environment = env.worker_environment(spec.device)
+        if cpus:
+            environment[CPUS_ENV] = ",".join(map(str, cpus))
+            environment.setdefault("OMP_NUM_THREADS", str(len(cpus)))
+        else:
+            environment.pop(CPUS_ENV, None)
         ours, theirs = socket.socketpair()
         log_path = Path(log_dir) / f"{label}.log"
         try:
@@ -81,7 +89,7 @@ class Worker:
                     [sys.executable, "-u", str(WORKER_MAIN), str(theirs.fileno()), str(os.getpid())],
                     pass_fds=(theirs.fileno(),),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=env.worker_environment(spec.device), start_new_session=True,
+                    env=environment, start_new_session=True,
                 )
         finally:
             theirs.close()

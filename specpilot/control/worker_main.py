@@ -104,9 +104,18 @@ def _encode(reply: dict) -> bytes:
         return json.dumps({"ok": False, "error": f"reply is not plain JSON data: {err}"}).encode()
 
 
+def _pin_cpus() -> None:
+    """Run on the cores the controller gave this worker (`specpilot.control.cpus`; the variable is
+    read here with the standard library only, before any of specpilot is imported)."""
+    value = os.environ.get("SPECPILOT_WORKER_CPUS", "").strip()
+    if value and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in value.split(",")})
+
+
 def main(argv: list[str]) -> int:
     conn = Connection(int(argv[1]))
     _die_with_parent(int(argv[2]))
+    _pin_cpus()
     runner = None
     while True:
         try:

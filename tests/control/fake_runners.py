@@ -230,3 +230,11 @@ class GarbageRunner(SpeedRunner):
         with self.log.open("a") as f:
             f.write(f"{int(enabled)} {collections}\n")
         return super().generate(prompts, max_new_tokens)
+
+
+class AffinityRunner(SpeedRunner):
+    """Returns the CPU cores its process may run on, as the tokens of every output."""
+
+    def generate(self, prompts, max_new_tokens):
+        cores = sorted(os.sched_getaffinity(0))[:max_new_tokens]
+        return [list(cores) for _ in prompts]
