@@ -112,6 +112,8 @@ class Results:
 
 
 def git_commit() -> str:
+    if os.environ.get("SPECPILOT_COMMIT"):  # set by bench/run_on_gpu.sh: the copy's .git may be stale
+        return os.environ["SPECPILOT_COMMIT"]
     try:
         root = Path(__file__).resolve().parents[1]
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5,

@@ -1,3 +1,5 @@
+"""`python -m specpilot`: the same as the `specpilot` command."""
+
 from specpilot.cli import main
 
 raise SystemExit(main())

@@ -82,5 +82,6 @@ def compile_enabled() -> bool:
 
 
 def source_commit() -> str | None:
-    """Commit of a source tree copied without its .git (`SPECPILOT_COMMIT`), for provenance."""
+    """Commit of a copied source tree (`SPECPILOT_COMMIT`), for provenance; when set it wins over
+    what git says there (a copy's .git may be absent or stale)."""
     return os.environ.get("SPECPILOT_COMMIT") or None

@@ -33,9 +33,9 @@ def _git(*args: str) -> str | None:
 
 def git_state() -> dict:
     """Commit of the source checkout and whether tracked files differ from it (None outside git)."""
-    commit = _git("rev-parse", "HEAD")
-    if commit is None and env.source_commit():  # a copy of the tree without .git (e.g. a GPU box)
+    if env.source_commit():  # named by whoever copied the tree (a GPU box's .git can be absent or stale)
         return {"git_commit": env.source_commit(), "git_dirty": None}
+    commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
     return {"git_commit": commit, "git_dirty": bool(status) if status is not None else None}
 
