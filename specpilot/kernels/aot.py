@@ -7,7 +7,8 @@ compiles it, so errors only the compiler sees -- branches returning different ty
 operand constraints, layouts Triton cannot lower -- would first show up on the GPU. This module
 compiles each candidate launch config of the GEMV and GEMM paths (both weight formats, tiles even
 and uneven, the smallest and largest row block of each config) and the unpack kernel to PTX and a
-cubin for the target with Triton's bundled ptxas (no driver involved), and reports every failure.
+cubin for the target with Triton's bundled ptxas (no driver involved), checks the shared memory
+each needs against the architecture's limit, and reports every failure.
 
 Owns: the kernels' argument signatures for ahead-of-time compilation and the variant list. Must
 run in a process where TRITON_INTERPRET is unset when Triton is imported (the test spawns one).
@@ -32,6 +33,9 @@ POINTERS = {  # argument -> Triton pointer type; a plain weight passes itself as
 W12_PLANES = {"w_ptr": "*u8", "nib_ptr": "*u8", "base_ptr": "*u8"}
 DENSE_PLANES = {"w_ptr": "*bf16", "nib_ptr": "*bf16", "base_ptr": "*bf16", "esc_ptr_ptr": "*bf16",
                 "esc_col_ptr": "*bf16", "esc_val_ptr": "*bf16"}
+
+
+SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes per block (opt-in maximum)
 
 
 @dataclass(frozen=True)
@@ -99,8 +103,11 @@ def compile_variant(v: Variant, arch: int) -> float:
             signature[name] = planes.get(name) or POINTERS.get(name) or "i32"
     constants = {(fn.arg_names.index(k),): val for k, val in v.constexprs.items() if k in fn.arg_names}
     t = time.monotonic()
-    triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", arch, 32),
-                   options={"num_warps": v.num_warps, "num_stages": v.num_stages})
+    kernel = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", arch, 32),
+                            options={"num_warps": v.num_warps, "num_stages": v.num_stages})
+    limit = SHARED_MEMORY_LIMIT.get(arch)
+    if limit is not None and kernel.metadata.shared > limit:
+        raise RuntimeError(f"needs {kernel.metadata.shared} bytes of shared memory; sm_{arch} allows {limit}")
     return time.monotonic() - t
 
 
