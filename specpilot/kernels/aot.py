@@ -1,6 +1,7 @@
 """Compile every kernel variant for a GPU architecture on a machine without a GPU.
 
     python -m specpilot.kernels.aot [--arch 90] [--quick]      # exit 1 if any variant fails
+    python -m specpilot.kernels.aot --sass "gemv n4 k1024"     # instructions per weight of the K loop
 
 Triton's interpreter (how the CPU tests run the kernels) executes the Python of a kernel but never
 compiles it, so errors only the compiler sees -- branches returning different types, inline-asm
@@ -35,6 +36,7 @@ DENSE_PLANES = {"w_ptr": "*bf16", "nib_ptr": "*bf16", "base_ptr": "*bf16", "esc_
                 "esc_col_ptr": "*bf16", "esc_val_ptr": "*bf16"}
 
 
+NOT_DIVISIBLE = {"M", "split_k", "steps_per_split"}  # the launchers never specialize these
 SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes per block (opt-in maximum)
 
 
@@ -87,8 +89,9 @@ def variants(quick: bool = False) -> list[Variant]:
     return list({v.label: v for v in out}.values())
 
 
-def compile_variant(v: Variant, arch: int) -> float:
-    """Seconds to compile `v` to a cubin for sm_`arch`; raises the compiler's error."""
+def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
+    """Seconds to compile `v` to a cubin for sm_`arch`; raises the compiler's error. `keep`, if
+    given, receives the compiled kernel under "kernel" (for SASS inspection)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -102,23 +105,75 @@ def compile_variant(v: Variant, arch: int) -> float:
         else:
             signature[name] = planes.get(name) or POINTERS.get(name) or "i32"
     constants = {(fn.arg_names.index(k),): val for k, val in v.constexprs.items() if k in fn.arg_names}
+    # What a launch on real tensors specializes: 16-byte aligned pointers, and sizes and strides
+    # divisible by 16 (every model shape here) -- without it the compiler emits byte-wide loads.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if signature[name] != "constexpr" and name not in NOT_DIVISIBLE}
     t = time.monotonic()
-    kernel = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget("cuda", arch, 32),
+    kernel = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
                             options={"num_warps": v.num_warps, "num_stages": v.num_stages})
     limit = SHARED_MEMORY_LIMIT.get(arch)
     if limit is not None and kernel.metadata.shared > limit:
         raise RuntimeError(f"needs {kernel.metadata.shared} bytes of shared memory; sm_{arch} allows {limit}")
+    if keep is not None:
+        keep["kernel"] = kernel
     return time.monotonic() - t
+
+
+def main_loop_profile(kernel, v: Variant) -> dict:
+    """Instruction mix of the longest loop in the SASS of a compiled variant (the K loop), and
+    instructions per weight per thread -- the number the GEMV's speed hangs on."""
+    import collections
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    code = [(int(m.group(1), 16), line) for line in sass.splitlines()
+            if (m := re.match(r"\s+/\*([0-9a-f]{4})\*/", line))]
+    loops = [(at - int(m.group(1), 16), int(m.group(1), 16), at) for at, line in code
+             if (m := re.search(r"BRA\s.*?0x([0-9a-f]+)", line)) and int(m.group(1), 16) < at]
+    if not loops:
+        return {"label": v.label, "loop_instructions": 0}
+    _, first, last = max(loops)
+    body = [line for at, line in code if first <= at <= last]
+    ops = collections.Counter(m.group(1) for line in body
+                              if (m := re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_]+)*)", line)))
+    c = v.constexprs
+    weights = c.get("BLOCK_N", 1) * c.get("BLOCK_K", 1) / (32 * v.num_warps)  # per thread per K step
+    return {"label": v.label, "loop_instructions": len(body), "weights_per_thread": weights,
+            "per_weight": len(body) / weights, "shared_bytes": kernel.metadata.shared,
+            "mix": dict(ops.most_common(12))}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (default 90: H100/H200)")
     p.add_argument("--quick", action="store_true", help="even tiles and the smallest row block only")
+    p.add_argument("--sass", metavar="TEXT", help="only variants whose label contains TEXT; print the "
+                   "instruction mix of each one's K loop and instructions per weight")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET"):
         print("error: unset TRITON_INTERPRET: the interpreter does not compile", file=sys.stderr)
         return 2
+    if args.sass:
+        chosen = [v for v in variants(args.quick) if args.sass in v.label]
+        if not chosen:
+            print(f"error: no variant label contains {args.sass!r}", file=sys.stderr)
+            return 2
+        for v in chosen:
+            keep: dict = {}
+            compile_variant(v, args.arch, keep)
+            prof = main_loop_profile(keep["kernel"], v)
+            print(f"{prof['label']}: {prof['loop_instructions']} instructions per K step, "
+                  f"{prof.get('per_weight', float('nan')):.2f} per weight; {prof.get('mix')}")
+        return 0
     failures = 0
     vs = variants(args.quick)
     start = time.monotonic()

@@ -26,3 +26,18 @@ def test_every_kernel_variant_compiles_for_sm90():
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "kernel variants compiled for sm_90" in run.stdout
+
+
+def test_sass_profile_counts_the_k_loop():
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
+        pytest.skip("Triton with its NVIDIA backend (bundled cuobjdump) is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = env.get("TRITON_DEFAULT_FP_FUSION", "1")
+    run = subprocess.run([sys.executable, "-m", "specpilot.kernels.aot", "--quick", "--sass", "gemv n4 k1024 w4 s1 bm1"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    w12, bf16 = run.stdout.strip().splitlines()
+    per_weight = [float(line.split(" per weight")[0].split(", ")[-1]) for line in (w12, bf16)]
+    assert "LDG.E.128" in w12 and "FFMA" in bf16  # 16-byte loads, as on real (aligned) tensors
+    assert per_weight[0] > per_weight[1] > 1.0  # decoding W12 costs instructions plain weights do not
