@@ -80,7 +80,7 @@ def variants(quick: bool = False) -> list[Variant]:
                          "EVEN_N": even, "EVEN_K": even, "PTX_DECODE": cfg.ptx_decode, "ESC_CHUNK": 16,
                          "PREFETCH": cfg.prefetch}
                     if cfg.path is KernelPath.GEMV:
-                        c["EVEN_M"] = even
+                        c.update(EVEN_M=even, LOOP_STAGES=cfg.num_stages)
                     else:
                         c.update(DOT_BF16=True, BF16_DECODE=cfg.bf16_decode)
                     label = f"{cfg.label()} bm{bm} {'w12' if w12 else 'bf16'} {'even' if even else 'masked'}"

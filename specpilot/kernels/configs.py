@@ -98,9 +98,12 @@ def m_bucket(M: int) -> int:
 # Candidates the benchmark sweeps, chosen from the SASS of sm_90 builds (instructions per weight in
 # the main loop, registers). GEMV: ~32 weights per thread per step (three 16-byte W12 loads), one or
 # two weight rows per thread (a second row reuses the converted x), shrinking tiles as BLOCK_M grows
-# so the per-row accumulators fit registers. Triton does not pipeline these loads (they feed no
-# tl.dot), so without `prefetch` only occupancy hides DRAM latency; `prefetch` carries the raw tiles
-# of the next K step in registers (two steps in flight per program). Explicit split_k 2 doubles the
+# so the per-row accumulators fit registers. A kernel-level num_stages does not pipeline these loads
+# (they feed no tl.dot), but the GEMV's K loop is a `tl.range(num_stages=...)`, and from 2 stages on
+# Triton streams every plane through shared memory with cp.async (LDGSTS in the SASS: `python -m
+# specpilot.kernels.aot --sass "gemv n4 k1024 w4 s3"`); with 1 stage only occupancy hides DRAM
+# latency; `prefetch` instead carries the raw tiles of the next K step in registers (two steps in
+# flight per program; its loop is never pipelined). Explicit split_k 2 doubles the
 # programs of small-N shapes at the cost of a workspace reduction. GEMM: the decoded tile is the
 # MMA's B operand (written to shared memory once); 64- to 256-row tiles, pipelining of the planes
 # (num_stages 2-4) or register prefetch, and the direct-to-BF16 decoder. The first entry of each
@@ -117,12 +120,18 @@ def gemv_candidates(M: int) -> tuple[LaunchConfig, ...]:
             LaunchConfig(g, block_n=2, block_k=1024, num_warps=2, prefetch=True),
             LaunchConfig(g, block_n=16, block_k=512, num_warps=8, prefetch=True),
             LaunchConfig(g, block_n=4, block_k=1024, num_warps=4, split_k=2, prefetch=True),
+            # cp.async-pipelined K loops (3-4 steps in flight per program)
+            LaunchConfig(g, block_n=4, block_k=1024, num_warps=4, num_stages=3),
+            LaunchConfig(g, block_n=8, block_k=1024, num_warps=4, num_stages=3),
+            LaunchConfig(g, block_n=4, block_k=512, num_warps=4, num_stages=4),
+            LaunchConfig(g, block_n=4, block_k=1024, num_warps=4, num_stages=3, split_k=2),
         )
     return (
         LaunchConfig(g, block_n=4, block_k=512, num_warps=4),
         LaunchConfig(g, block_n=4, block_k=512, num_warps=4, prefetch=True),
         LaunchConfig(g, block_n=8, block_k=256, num_warps=4),
         LaunchConfig(g, block_n=2, block_k=512, num_warps=2),
+        LaunchConfig(g, block_n=4, block_k=512, num_warps=4, num_stages=3),
     )
 
 
@@ -136,7 +145,7 @@ def gemm_candidates(M: int) -> tuple[LaunchConfig, ...]:
         LaunchConfig(g, block_n=64, block_k=128, num_warps=4, num_stages=3, bf16_decode=True),
         LaunchConfig(g, block_n=128, block_k=128, num_warps=4, num_stages=4, bf16_decode=True),
         LaunchConfig(g, block_n=128, block_k=128, num_warps=8, num_stages=3, bf16_decode=True),
-        LaunchConfig(g, block_n=256, block_k=128, num_warps=8, num_stages=3, bf16_decode=True),
+        LaunchConfig(g, block_n=256, block_k=128, num_warps=8, num_stages=2, bf16_decode=True),
         LaunchConfig(g, block_n=64, block_k=256, num_warps=4, num_stages=1, prefetch=True, bf16_decode=True),
         LaunchConfig(g, block_n=128, block_k=128, num_warps=8, num_stages=1, prefetch=True, bf16_decode=True),
     )

@@ -118,7 +118,7 @@ def _gemv_kernel(
     # meta
     IS_W12: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
-    ESC_CHUNK: tl.constexpr, PREFETCH: tl.constexpr,
+    ESC_CHUNK: tl.constexpr, PREFETCH: tl.constexpr, LOOP_STAGES: tl.constexpr,
 ):
     HALF_K: tl.constexpr = BLOCK_K // 2
     pid_n = tl.program_id(0)
@@ -198,7 +198,9 @@ def _gemv_kernel(
             if BLOCK_M > 1:
                 x1_lo, x1_hi = x1_lo_next, x1_hi_next
     else:
-        for step in range(step0, step1):
+        # LOOP_STAGES > 1: Triton software-pipelines this loop's loads through shared memory
+        # (cp.async, LOOP_STAGES buffers), so the DRAM latency of step + 1.. hides behind step.
+        for step in tl.range(step0, step1, num_stages=LOOP_STAGES):
             w_lo, w_hi, lo = tiles.load_weight_tile(
                 w_ptr, nib_ptr, base_ptr, rows, step * BLOCK_K, N, K, Kp, stride_w, stride_nib,
                 IS_W12, HALF_K, EVEN_N, EVEN_K, PTX_DECODE,
@@ -280,7 +282,7 @@ def gemv(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         BLOCK_K=config.block_k, EVEN_M=M == block_m(KernelPath.GEMV, M), EVEN_N=ops.N % config.block_n == 0,
         EVEN_K=ops.K % config.block_k == 0,
         PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK, PREFETCH=config.prefetch,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        LOOP_STAGES=config.num_stages, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return y.to(x.dtype)
 

@@ -18,6 +18,7 @@ CONFIGS = [  # few programs each: the interpreter pays per program
     LaunchConfig(KernelPath.GEMV, block_n=4, block_k=128, split_k=3, num_warps=2),
     LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, prefetch=True),  # 3 K steps: two prefetches
     LaunchConfig(KernelPath.GEMV, block_n=16, block_k=256, split_k=2, prefetch=True),  # 1 step per split
+    LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, num_stages=3),  # a pipelined K loop
 ]
 
 
