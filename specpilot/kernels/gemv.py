@@ -102,6 +102,20 @@ def _fma_row(acc, w_lo, w_hi, x_tile, zero_rows, row, M, K, lo, stride_xm,
 
 
 @triton.jit
+def _fma_rows_2_to_7(acc2, acc3, acc4, acc5, acc6, acc7, w_lo, w_hi, x_tile, zero_rows, M, K, lo, stride_xm,
+                     BLOCK_M: tl.constexpr, EVEN_M: tl.constexpr, EVEN_K: tl.constexpr, PTX: tl.constexpr):
+    """Activation rows 2..BLOCK_M-1 (BLOCK_M is 4 or 8), each read in the step; both K loops use it."""
+    acc2 = _fma_row(acc2, w_lo, w_hi, x_tile, zero_rows, 2, M, K, lo, stride_xm, EVEN_M, EVEN_K, PTX)
+    acc3 = _fma_row(acc3, w_lo, w_hi, x_tile, zero_rows, 3, M, K, lo, stride_xm, EVEN_M, EVEN_K, PTX)
+    if BLOCK_M > 4:
+        acc4 = _fma_row(acc4, w_lo, w_hi, x_tile, zero_rows, 4, M, K, lo, stride_xm, EVEN_M, EVEN_K, PTX)
+        acc5 = _fma_row(acc5, w_lo, w_hi, x_tile, zero_rows, 5, M, K, lo, stride_xm, EVEN_M, EVEN_K, PTX)
+        acc6 = _fma_row(acc6, w_lo, w_hi, x_tile, zero_rows, 6, M, K, lo, stride_xm, EVEN_M, EVEN_K, PTX)
+        acc7 = _fma_row(acc7, w_lo, w_hi, x_tile, zero_rows, 7, M, K, lo, stride_xm, EVEN_M, EVEN_K, PTX)
+    return acc2, acc3, acc4, acc5, acc6, acc7
+
+
+@triton.jit
 def _put_row(out, acc, row, m):
     """out [BM, BN] with row `row` set to the K-sum of acc [BN, HK]."""
     return tl.where((m == row)[:, None], tl.sum(acc, axis=1)[None, :], out)
@@ -180,19 +194,9 @@ def _gemv_kernel(
             if BLOCK_M > 2:  # rows 2..7 are read in the step (carrying them would cost registers)
                 lo = tiles.tile_columns(step * BLOCK_K, HALF_K)  # recomputed: keeps its contiguity hints
                 x_tile = x_ptr + zero_rows + lo[None, :]
-                acc2 = _fma_row(acc2, w_lo, w_hi, x_tile, zero_rows, 2, M, K, lo, stride_xm,
-                                EVEN_M, EVEN_K, PTX_DECODE)
-                acc3 = _fma_row(acc3, w_lo, w_hi, x_tile, zero_rows, 3, M, K, lo, stride_xm,
-                                EVEN_M, EVEN_K, PTX_DECODE)
-            if BLOCK_M > 4:
-                acc4 = _fma_row(acc4, w_lo, w_hi, x_tile, zero_rows, 4, M, K, lo, stride_xm,
-                                EVEN_M, EVEN_K, PTX_DECODE)
-                acc5 = _fma_row(acc5, w_lo, w_hi, x_tile, zero_rows, 5, M, K, lo, stride_xm,
-                                EVEN_M, EVEN_K, PTX_DECODE)
-                acc6 = _fma_row(acc6, w_lo, w_hi, x_tile, zero_rows, 6, M, K, lo, stride_xm,
-                                EVEN_M, EVEN_K, PTX_DECODE)
-                acc7 = _fma_row(acc7, w_lo, w_hi, x_tile, zero_rows, 7, M, K, lo, stride_xm,
-                                EVEN_M, EVEN_K, PTX_DECODE)
+                acc2, acc3, acc4, acc5, acc6, acc7 = _fma_rows_2_to_7(
+                    acc2, acc3, acc4, acc5, acc6, acc7, w_lo, w_hi, x_tile, zero_rows, M, K, lo, stride_xm,
+                    BLOCK_M, EVEN_M, EVEN_K, PTX_DECODE)
             a, b, c = a_next, b_next, c_next
             x0_lo, x0_hi = x0_lo_next, x0_hi_next
             if BLOCK_M > 1:
@@ -217,19 +221,9 @@ def _gemv_kernel(
                 acc1 = _fma_row(acc1, w_lo, w_hi, x_tile, zero_rows, 1, M, K, lo, stride_xm,
                                 EVEN_M, EVEN_K, PTX_DECODE)
             if BLOCK_M > 2:
-                acc2 = _fma_row(acc2, w_lo, w_hi, x_tile, zero_rows, 2, M, K, lo, stride_xm,
-                                EVEN_M, EVEN_K, PTX_DECODE)
-                acc3 = _fma_row(acc3, w_lo, w_hi, x_tile, zero_rows, 3, M, K, lo, stride_xm,
-                                EVEN_M, EVEN_K, PTX_DECODE)
-            if BLOCK_M > 4:
-                acc4 = _fma_row(acc4, w_lo, w_hi, x_tile, zero_rows, 4, M, K, lo, stride_xm,
-                                EVEN_M, EVEN_K, PTX_DECODE)
-                acc5 = _fma_row(acc5, w_lo, w_hi, x_tile, zero_rows, 5, M, K, lo, stride_xm,
-                                EVEN_M, EVEN_K, PTX_DECODE)
-                acc6 = _fma_row(acc6, w_lo, w_hi, x_tile, zero_rows, 6, M, K, lo, stride_xm,
-                                EVEN_M, EVEN_K, PTX_DECODE)
-                acc7 = _fma_row(acc7, w_lo, w_hi, x_tile, zero_rows, 7, M, K, lo, stride_xm,
-                                EVEN_M, EVEN_K, PTX_DECODE)
+                acc2, acc3, acc4, acc5, acc6, acc7 = _fma_rows_2_to_7(
+                    acc2, acc3, acc4, acc5, acc6, acc7, w_lo, w_hi, x_tile, zero_rows, M, K, lo, stride_xm,
+                    BLOCK_M, EVEN_M, EVEN_K, PTX_DECODE)
     out = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # [BM, BN]
     out = _put_row(out, acc0, 0, m)
     if BLOCK_M > 1:

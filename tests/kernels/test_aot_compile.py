@@ -1,8 +1,8 @@
 """Every kernel variant compiles for sm_90 (H100/H200) -- checked without a GPU.
 
-The interpreter tests run the kernels' Python but never compile them; this runs
-`python -m specpilot.kernels.aot --quick` in a fresh process (Triton must be imported there without
-TRITON_INTERPRET), which compiles each candidate config to a cubin with Triton's bundled ptxas.
+The interpreter tests run the kernels' Python but never compile them; these run
+`python -m specpilot.kernels.aot` in a fresh process (Triton must be imported there without
+TRITON_INTERPRET), which compiles candidate configs to cubins with Triton's bundled ptxas.
 """
 
 import importlib.util
@@ -16,28 +16,33 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_every_kernel_variant_compiles_for_sm90():
+def aot(*args: str, needs: str) -> subprocess.CompletedProcess:
+    """Run the AOT tool with `args`; skip unless Triton's NVIDIA backend ships the tool `needs`."""
     spec = importlib.util.find_spec("triton")
-    if spec is None or not (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
-        pytest.skip("Triton with its NVIDIA backend (bundled ptxas) is not installed")
+    if spec is None or not (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / needs).exists():
+        pytest.skip(f"Triton with its NVIDIA backend (bundled {needs}) is not installed")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = env.get("TRITON_DEFAULT_FP_FUSION", "1")
-    run = subprocess.run([sys.executable, "-m", "specpilot.kernels.aot", "--quick"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "specpilot.kernels.aot", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_every_kernel_variant_compiles_for_sm90():
+    run = aot("--quick", needs="ptxas")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "kernel variants compiled for sm_90" in run.stdout
 
 
 def test_sass_profile_counts_the_k_loop():
-    spec = importlib.util.find_spec("triton")
-    if spec is None or not (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
-        pytest.skip("Triton with its NVIDIA backend (bundled cuobjdump) is not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = env.get("TRITON_DEFAULT_FP_FUSION", "1")
-    run = subprocess.run([sys.executable, "-m", "specpilot.kernels.aot", "--quick", "--sass", "gemv n4 k1024 w4 s1 bm1"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    run = aot("--quick", "--sass", "gemv n4 k1024 w4 s1 bm1", needs="cuobjdump")
     assert run.returncode == 0, run.stderr[-3000:]
     w12, bf16 = run.stdout.strip().splitlines()
     per_weight = [float(line.split(" per weight")[0].split(", ")[-1]) for line in (w12, bf16)]
     assert "LDG.E.128" in w12 and "FFMA" in bf16  # 16-byte loads, as on real (aligned) tensors
     assert per_weight[0] > per_weight[1] > 1.0  # decoding W12 costs instructions plain weights do not
+
+
+def test_pipelined_gemv_streams_through_shared_memory():
+    run = aot("--quick", "--sass", "gemv n4 k1024 w4 s3 bm1", needs="cuobjdump")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert all("LDGSTS" in line for line in run.stdout.strip().splitlines())  # cp.async, both formats
