@@ -86,7 +86,7 @@ def timing_summary(timings: list[dict]) -> dict:
     out = {}
     for arm in ("incumbent", "candidate"):
         ctl, rep = flat(arm), flat(f"{arm}_reported")
-        over = [c - r for c, r in zip(ctl, rep) if r == r]
+        over = [c - r for c, r in zip(ctl, rep) if r is not None]
         out[arm] = {
             "requests": len(ctl),
             "median_s": statistics.median(ctl) if ctl else None,

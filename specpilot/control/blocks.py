@@ -143,10 +143,13 @@ class BlockResult:
 
     def timings(self) -> dict:
         """Plain-data request times of this block: controller clock, and the workers' own reports."""
-        return {"index": self.index, "incumbent": [list(r) for r in self.incumbent_seconds],
-                "candidate": [list(r) for r in self.candidate_seconds],
-                "incumbent_reported": [list(r) for r in self.incumbent_reported],
-                "candidate_reported": [list(r) for r in self.candidate_reported]}
+        def plain(rows):  # NaN (no report) as None: strict JSON
+            return [[t if t == t else None for t in row] for row in rows]
+
+        return {"index": self.index, "incumbent": plain(self.incumbent_seconds),
+                "candidate": plain(self.candidate_seconds),
+                "incumbent_reported": plain(self.incumbent_reported),
+                "candidate_reported": plain(self.candidate_reported)}
 
     def arm_seconds(self, arm: Arm) -> tuple[float, ...]:
         rows = self.incumbent_seconds if arm is Arm.INCUMBENT else self.candidate_seconds

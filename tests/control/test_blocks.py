@@ -28,3 +28,12 @@ def test_shorter_outputs_do_not_pass_for_speed():
 def test_blocks_without_outputs_use_times_alone():
     r = BlockResult(0, ((2.0,), (3.0,)), ((1.0,), (1.0,)), ((), ()), ((), ()))
     assert r.log_ratio == pytest.approx((math.log(2.0) + math.log(3.0)) / 2)
+
+
+def test_timings_are_strict_json():
+    import json
+
+    r = BlockResult(0, ((1.0,),), ((2.0,),), ((),), ((),), ((float("nan"),),), ((0.5,),))
+    t = r.timings()
+    assert t["incumbent_reported"] == [[None]] and t["candidate_reported"] == [[0.5]]
+    json.dumps(t, allow_nan=False)
