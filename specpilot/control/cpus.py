@@ -8,8 +8,9 @@ of the same system, one consistently faster. So each worker gets its own disjoin
 the lowest core of this process's set stays free for the controller, and all sets have the same
 size. With too few cores for that (fewer than workers + 1) nothing is pinned.
 
-Owns: `plan_cpus` and the environment variable the worker reads (`CPUS_ENV`). Does not own
-starting workers (`worker.py`).
+Owns: `plan_cpus` and the name of the environment variable that carries a worker's cores
+(`CPUS_ENV`). Does not own starting workers (`worker.py`) or pinning (`worker_main._pin_cpus`, which
+reads the variable with the standard library only, before any of specpilot is imported).
 """
 
 from __future__ import annotations
@@ -38,13 +39,3 @@ def plan_cpus(workers: int, cpus: Sequence[int] | None = None) -> list[tuple[int
     rest = cpus[1:]
     size = min(MAX_CPUS_PER_WORKER, len(rest) // workers)
     return [tuple(rest[i * size : (i + 1) * size]) for i in range(workers)]
-
-
-def pin_from_environment() -> tuple[int, ...] | None:
-    """In a worker: pin this process to the cores named in CPUS_ENV (if any); returns them."""
-    value = os.environ.get(CPUS_ENV, "").strip()
-    if not value:
-        return None
-    cpus = tuple(int(c) for c in value.split(","))
-    os.sched_setaffinity(0, cpus)
-    return cpus

@@ -67,14 +67,11 @@ class LocalPairSession:
         self.log_dir = Path(tempfile.mkdtemp(prefix="specpilot-workers-"))
         self.workers: dict[tuple[Arm, int], Worker] = {}
         cpus = plan_cpus(2 * len(self.devices)) if config.pin_cpus else None
-        self.cpus: dict[str, tuple[int, ...]] = {}
         try:
             for arm, spec in ((Arm.INCUMBENT, incumbent), (Arm.CANDIDATE, candidate)):
                 for d, device in enumerate(self.devices):
                     label = f"{arm.value}{d}"
                     mine = cpus.pop(0) if cpus else None
-                    if mine:
-                        self.cpus[label] = mine
                     self.workers[arm, d] = Worker.start(spec.placed(device), label, self.log_dir, mine)
             replies = self._all(lambda w: {"op": "build", "spec": w.spec.to_dict()}, config.startup_timeout_s)
             for w, reply in replies.items():
@@ -157,16 +154,8 @@ class LocalPairSession:
         if not self.config.collect_garbage:
             return
         self._activate([workers[arm] for arm in arms])
-        for step in ("send", "receive"):  # both arms collect at once when they run side by side
-            for arm in arms:
-                try:
-                    if step == "send":
-                        workers[arm].send({"op": "collect"})
-                    else:
-                        workers[arm].wait_ready(self.config.request_timeout_s)
-                        workers[arm].receive()
-                except WorkerError as err:
-                    raise ArmFailure(arm, err) from None
+        self._all(lambda w: {"op": "collect"}, self.config.request_timeout_s,  # side by side: at once
+                  [(arm, workers[arm]) for arm in arms])
 
     def _timed_alone(self, arm: Arm, worker: Worker, msg: bytes) -> tuple[float, dict]:
         self._activate([worker])
@@ -216,15 +205,17 @@ class LocalPairSession:
                                 FailureKind.PROTOCOL)
             raise ArmFailure(arm, error) from None
 
-    def _all(self, message, timeout: float) -> dict[Worker, dict]:
-        """Send `message(worker)` to every worker at once (they load in parallel), then collect replies."""
-        for (arm, _), w in self.workers.items():
+    def _all(self, message, timeout: float, targets: Sequence[tuple[Arm, Worker]] | None = None) -> dict[Worker, dict]:
+        """Send `message(worker)` to every worker of `targets` (default: all) at once, so they work in
+        parallel, then collect the replies."""
+        targets = [(arm, w) for (arm, _), w in self.workers.items()] if targets is None else targets
+        for arm, w in targets:
             try:
                 w.send(message(w))
             except WorkerError as err:
                 raise ArmFailure(arm, err) from None
         replies = {}
-        for (arm, _), w in self.workers.items():
+        for arm, w in targets:
             try:
                 w.wait_ready(timeout)
                 replies[w] = w.receive()
