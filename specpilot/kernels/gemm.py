@@ -36,14 +36,7 @@ from specpilot.kernels.configs import (
     block_m,
     gemm_candidates,
 )
-from specpilot.kernels.launch import (
-    bf16_dots,
-    check_activations,
-    output_buffer,
-    plan_split,
-    ptx_decode,
-    weight_operands,
-)
+from specpilot.kernels.launch import bf16_dots, prepare_launch, ptx_decode
 from specpilot.kernels.reference import reference_linear
 from specpilot.kernels.workspace import SplitKWorkspace
 from specpilot.w12.weight import W12Weight
@@ -101,12 +94,7 @@ def _escape_correction(
 ):
     """[BLOCK_M, BLOCK_N] float32: sum over escapes (n, c, v) of `rows` of x[m, c] * v - x[m, c] * p_n."""
     m = tl.arange(0, BLOCK_M)
-    row_ok = rows < N
-    own_lo = tl.load(esc_ptr_ptr + rows, mask=row_ok, other=0)
-    own_hi = tl.load(esc_ptr_ptr + rows + 1, mask=row_ok, other=0)
-    first = tl.load(esc_ptr_ptr + row0)
-    last = tl.load(esc_ptr_ptr + tl.minimum(row0 + BLOCK_N, N))
-    p = tiles.placeholder_values(base_ptr, rows, N)  # [BN]
+    own_lo, own_hi, first, last, p = tiles.escape_span(esc_ptr_ptr, base_ptr, rows, row0, N, BLOCK_N)  # p [BN]
     corr = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for e0 in range(first, last, CHUNK):
         e = e0 + tl.arange(0, CHUNK)
@@ -216,27 +204,16 @@ def _gemm_kernel(
 def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
          workspace: SplitKWorkspace | None = None) -> torch.Tensor:
     """y [M, N] in x's dtype for x [M, K] (1 <= M <= 64) and a W12 or plain weight [N, K]."""
-    if config.path is not KernelPath.GEMM:
-        raise ValueError(f"gemm() got a {config.path.value} config")
-    ops = weight_operands(weight)
-    check_activations(x, ops, GEMM_MAX_M)
-    M = x.shape[0]
-    y = output_buffer(x, ops.N)  # [M, N]
-    n_tiles = triton.cdiv(ops.N, config.block_n)
-    plan = plan_split(config, ops, M, n_tiles, workspace)
-    ws = plan.workspace
-    _gemm_kernel[(n_tiles, plan.split_k)](
-        x, ops.w, ops.nib, ops.base, ops.esc_ptr, ops.esc_col, ops.esc_val, y,
-        ws.partials, ws.counters,
-        M, ops.N, ops.K, ops.Kp, plan.split_k, plan.steps_per_split,
-        x.stride(0), y.stride(0), ops.stride_w, ops.stride_nib,
-        IS_W12=ops.is_w12, DOT_BF16=bf16_dots(x, ops),
-        BLOCK_M=block_m(KernelPath.GEMM, M), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        EVEN_N=ops.N % config.block_n == 0, EVEN_K=ops.K % config.block_k == 0,
+    run = prepare_launch(x, weight, config, KernelPath.GEMM, GEMM_MAX_M, workspace)
+    _gemm_kernel[run.grid](
+        *run.args,
+        IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
+        BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        EVEN_N=run.even_n, EVEN_K=run.even_k,
         PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK, PREFETCH=config.prefetch,
         BF16_DECODE=config.bf16_decode, num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    return y.to(x.dtype)
+    return run.y.to(x.dtype)
 
 
 # -- reference --------------------------------------------------------------------------------

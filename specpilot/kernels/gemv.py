@@ -39,13 +39,7 @@ from specpilot.kernels.configs import (
     block_m,
     gemv_candidates,
 )
-from specpilot.kernels.launch import (
-    check_activations,
-    output_buffer,
-    plan_split,
-    ptx_decode,
-    weight_operands,
-)
+from specpilot.kernels.launch import prepare_launch, ptx_decode
 from specpilot.kernels.reference import reference_linear
 from specpilot.kernels.workspace import SplitKWorkspace
 from specpilot.w12.weight import W12Weight
@@ -258,27 +252,16 @@ def _gemv_kernel(
 def gemv(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
          workspace: SplitKWorkspace | None = None) -> torch.Tensor:
     """y [M, N] in x's dtype for x [M, K] (1 <= M <= 8) and a W12 or plain weight [N, K]."""
-    if config.path is not KernelPath.GEMV:
-        raise ValueError(f"gemv() got a {config.path.value} config")
-    ops = weight_operands(weight)
-    check_activations(x, ops, GEMV_MAX_M)
-    M = x.shape[0]
-    y = output_buffer(x, ops.N)  # [M, N]
-    n_tiles = triton.cdiv(ops.N, config.block_n)
-    plan = plan_split(config, ops, M, n_tiles, workspace)
-    ws = plan.workspace
-    _gemv_kernel[(n_tiles, plan.split_k)](
-        x, ops.w, ops.nib, ops.base, ops.esc_ptr, ops.esc_col, ops.esc_val, y,
-        ws.partials, ws.counters,
-        M, ops.N, ops.K, ops.Kp, plan.split_k, plan.steps_per_split,
-        x.stride(0), y.stride(0), ops.stride_w, ops.stride_nib,
-        IS_W12=ops.is_w12, BLOCK_M=block_m(KernelPath.GEMV, M), BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, EVEN_M=M == block_m(KernelPath.GEMV, M), EVEN_N=ops.N % config.block_n == 0,
-        EVEN_K=ops.K % config.block_k == 0,
+    run = prepare_launch(x, weight, config, KernelPath.GEMV, GEMV_MAX_M, workspace)
+    bm = block_m(KernelPath.GEMV, x.shape[0])
+    _gemv_kernel[run.grid](
+        *run.args,
+        IS_W12=run.ops.is_w12, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        EVEN_M=x.shape[0] == bm, EVEN_N=run.even_n, EVEN_K=run.even_k,
         PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK, PREFETCH=config.prefetch,
         LOOP_STAGES=config.num_stages, num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    return y.to(x.dtype)
+    return run.y.to(x.dtype)
 
 
 # -- reference --------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from specpilot import env
-from specpilot.kernels.configs import LaunchConfig, WeightFormat, auto_split_k
+from specpilot.kernels.configs import KernelPath, LaunchConfig, WeightFormat, auto_split_k
 from specpilot.kernels.workspace import SplitKWorkspace, shared_workspace
 from specpilot.w12.layout import padded_columns
 from specpilot.w12.weight import W12Weight
@@ -113,6 +113,36 @@ def plan_split(cfg: LaunchConfig, ops: WeightOperands, M: int, n_tiles: int,
     steps = -(-k_steps // split)
     split = -(-k_steps // steps)  # drop splits that would get no K steps
     return SplitPlan(split, steps, workspace)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a GEMV or GEMM launch needs beyond its path's own meta-parameters."""
+
+    ops: WeightOperands
+    y: torch.Tensor  # [M, N], the kernel's output (`output_buffer`)
+    grid: tuple[int, int]  # (row tiles, K splits)
+    args: tuple  # the kernels' shared positional arguments: pointers, sizes, strides
+    even_n: bool  # N a multiple of block_n
+    even_k: bool  # K a multiple of block_k
+
+
+def prepare_launch(x: torch.Tensor, weight, config: LaunchConfig, path: KernelPath, max_m: int,
+                   workspace: SplitKWorkspace | None) -> Launch:
+    """Check the inputs of `path`'s kernel, allocate its output and plan its grid (split-K included)."""
+    if config.path is not path:
+        raise ValueError(f"{path.value}() got a {config.path.value} config")
+    ops = weight_operands(weight)
+    check_activations(x, ops, max_m)
+    M = x.shape[0]
+    y = output_buffer(x, ops.N)  # [M, N]
+    n_tiles = -(-ops.N // config.block_n)
+    plan = plan_split(config, ops, M, n_tiles, workspace)
+    args = (x, ops.w, ops.nib, ops.base, ops.esc_ptr, ops.esc_col, ops.esc_val, y,
+            plan.workspace.partials, plan.workspace.counters,
+            M, ops.N, ops.K, ops.Kp, plan.split_k, plan.steps_per_split,
+            x.stride(0), y.stride(0), ops.stride_w, ops.stride_nib)
+    return Launch(ops, y, (n_tiles, plan.split_k), args, ops.N % config.block_n == 0, ops.K % config.block_k == 0)
 
 
 def bf16_dots(x: torch.Tensor, ops: WeightOperands) -> bool:

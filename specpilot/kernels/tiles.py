@@ -79,22 +79,16 @@ ASM_DECODE_BF16_HIGH: tl.constexpr = tl.constexpr(
 def decode_w12_ptx(mant, nib, exp_bytes, HIGH: tl.constexpr):
     """`decode_w12` in PTX, 4 weights at a time: uint8 mant and nibble-byte tiles (low or high nibbles),
     int32 e0 * 0x01010101 broadcast to the tile -> float32 weights. GPU only (no interpreter)."""
-    if HIGH:
-        return tl.inline_asm_elementwise(ASM_DECODE_HIGH, "=r,=r,=r,=r,r,r,r,r,r,r", [mant, nib, exp_bytes],
-                                         dtype=tl.float32, is_pure=True, pack=4)
-    return tl.inline_asm_elementwise(ASM_DECODE_LOW, "=r,=r,=r,=r,r,r,r,r,r,r", [mant, nib, exp_bytes],
-                                     dtype=tl.float32, is_pure=True, pack=4)
+    return tl.inline_asm_elementwise(ASM_DECODE_HIGH if HIGH else ASM_DECODE_LOW, "=r,=r,=r,=r,r,r,r,r,r,r",
+                                     [mant, nib, exp_bytes], dtype=tl.float32, is_pure=True, pack=4)
 
 
 @triton.jit
 def decode_w12_bf16_ptx(mant, nib, exp_bytes, HIGH: tl.constexpr):
     """`decode_w12_ptx` producing BF16 (the same values: their float32 forms have zero low halves).
     GPU only (no interpreter)."""
-    if HIGH:
-        return tl.inline_asm_elementwise(ASM_DECODE_BF16_HIGH, "=r,=r,r,r,r,r,r,r", [mant, nib, exp_bytes],
-                                         dtype=tl.bfloat16, is_pure=True, pack=4)
-    return tl.inline_asm_elementwise(ASM_DECODE_BF16_LOW, "=r,=r,r,r,r,r,r,r", [mant, nib, exp_bytes],
-                                     dtype=tl.bfloat16, is_pure=True, pack=4)
+    return tl.inline_asm_elementwise(ASM_DECODE_BF16_HIGH if HIGH else ASM_DECODE_BF16_LOW, "=r,=r,r,r,r,r,r,r",
+                                     [mant, nib, exp_bytes], dtype=tl.bfloat16, is_pure=True, pack=4)
 
 
 @triton.jit
@@ -303,6 +297,18 @@ def placeholder_values(base_ptr, rows, N):
 
 
 @triton.jit
+def escape_span(esc_ptr_ptr, base_ptr, rows, row0, N, BLOCK_N: tl.constexpr):
+    """The escapes of a row block: (own_lo [BN], own_hi [BN]: each row's CSR range; first, last: the
+    block's; p [BN]: each row's placeholder value). Both escape corrections start here."""
+    row_ok = rows < N
+    own_lo = tl.load(esc_ptr_ptr + rows, mask=row_ok, other=0)
+    own_hi = tl.load(esc_ptr_ptr + rows + 1, mask=row_ok, other=0)
+    first = tl.load(esc_ptr_ptr + row0)
+    last = tl.load(esc_ptr_ptr + tl.minimum(row0 + BLOCK_N, N))
+    return own_lo, own_hi, first, last, placeholder_values(base_ptr, rows, N)
+
+
+@triton.jit
 def escape_correction_mn(
     x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr,
     rows, row0, M, N, stride_xm,
@@ -314,12 +320,7 @@ def escape_correction_mn(
     escape out of the rows that do not own it.
     """
     m = tl.arange(0, BLOCK_M)
-    row_ok = rows < N
-    own_lo = tl.load(esc_ptr_ptr + rows, mask=row_ok, other=0)
-    own_hi = tl.load(esc_ptr_ptr + rows + 1, mask=row_ok, other=0)
-    first = tl.load(esc_ptr_ptr + row0)
-    last = tl.load(esc_ptr_ptr + tl.minimum(row0 + BLOCK_N, N))
-    p = placeholder_values(base_ptr, rows, N)
+    own_lo, own_hi, first, last, p = escape_span(esc_ptr_ptr, base_ptr, rows, row0, N, BLOCK_N)
     corr = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for e0 in range(first, last, CHUNK):
         e = e0 + tl.arange(0, CHUNK)
