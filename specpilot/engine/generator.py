@@ -59,7 +59,7 @@ class Workspace:
     cache: KVCache
     state: DecodeState
     graphs: dict = field(default_factory=dict)  # tier depth (or 0 for AR) -> GraphedCallable
-    warm_tiers: set = field(default_factory=set)  # tiers whose padded prefill shapes have run once
+    prefill_warm: bool = False  # every padded prefill shape has run once (`Generator._warm_prefill`)
 
 
 def _round_up(x: int, m: int) -> int:
@@ -187,7 +187,8 @@ class Generator:
 
     def _warm_prefill(self, ws: Workspace, tier: int) -> None:
         """Run every padded prefill shape of this workspace once (up to WARM_PREFILL_TOKENS), target
-        and the tier's drafter, so no request pays a shape's first-time cost inside its timing."""
+        and drafter, so no request pays a shape's first-time cost inside its timing. One tier is
+        enough: every tier drafts with the same draft model and cache (`_start_drafter`)."""
         if self.prefill_bucket <= 0:
             return
         limit = min(ws.cache.capacity - self._slack() - 1, WARM_PREFILL_TOKENS)
@@ -214,10 +215,9 @@ class Generator:
             for t in tiers:  # capture before timing starts
                 if t not in ws.graphs:
                     ws.graphs[t] = self._capture(ws, t)
-        for t in tiers:  # new workspace: every padded prefill shape once, before timing starts
-            if t not in ws.warm_tiers:
-                self._warm_prefill(ws, t)
-                ws.warm_tiers.add(t)
+        if not ws.prefill_warm:  # new workspace: every padded prefill shape once, before timing starts
+            self._warm_prefill(ws, tier)
+            ws.prefill_warm = True
         dev = self.target.device
         sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
         sync()
