@@ -205,6 +205,24 @@ def check_output(y: torch.Tensor, x: torch.Tensor, weight, exact=None, bound=Non
     return float(((y.double() - exact).abs() / bound)[fin].max()) if fin.any() else 0.0
 
 
+def default_configs(M: int) -> list[LaunchConfig]:
+    """The untuned choices for M rows: the heuristic, and the first GEMM candidate."""
+    return [kc.heuristic_config(M), kc.gemm_candidates(M)[0]]
+
+
+def sweep_configs(M: int, sweep: bool) -> list[LaunchConfig]:
+    """What a timed row tries: every candidate when sweeping, else the defaults (no repeats)."""
+    return list(dict.fromkeys(kc.candidates(M) if sweep else default_configs(M)))
+
+
+def correctness_configs(M: int, every: bool) -> list[LaunchConfig]:
+    """What the correctness section checks: every candidate (or the defaults), plus the defaults
+    with the portable decoder."""
+    defaults = default_configs(M)
+    configs = list(kc.candidates(M)) if every else defaults
+    return list(dict.fromkeys(configs + [dataclasses.replace(c, ptx_decode=False) for c in defaults]))
+
+
 def escape_heavy(N: int, K: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(N, K, generator=g) * WEIGHT_STD
@@ -235,9 +253,7 @@ def correctness(results: Results, quick: bool) -> None:
             g = torch.Generator().manual_seed(M)
             x = torch.randn(M, K, generator=g).bfloat16().to(DEVICE)
             x[0, 5] = 0.0
-            defaults = [kc.heuristic_config(M), kc.gemm_candidates(M)[0]]
-            configs = list(kc.candidates(M)) if all_configs and not quick else defaults
-            configs = list(dict.fromkeys(configs + [dataclasses.replace(c, ptx_decode=False) for c in defaults]))
+            configs = correctness_configs(M, all_configs and not quick)
             for fmt, weight in weights.items():
                 exact, bound = error_bound(x, weight, x.dtype)
                 for cfg in configs:
@@ -301,8 +317,7 @@ def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: 
         for fmt, sets in ((WeightFormat.DENSE, dense), (WeightFormat.W12, w12)):
             exact, bound = error_bound(x, sets[0], x.dtype)
             heuristic = kc.heuristic_config(M)
-            configs = list(kc.candidates(M)) if sweep else [heuristic, kc.gemm_candidates(M)[0]]
-            configs = list(dict.fromkeys(configs))
+            configs = sweep_configs(M, sweep)
             tried = [time_config(x, sets, cfg, exact, bound) for cfg in configs]
             timed = [t for t in tried if "us" in t]
             best = min(timed, key=lambda t: t["us"]) if timed else None
@@ -374,15 +389,11 @@ def compile_problems(quick: bool, models, ms) -> list[tuple[int, int, int, Launc
     out = []
     for N, K, Ms, all_configs in CORRECTNESS_CASES:
         for M in Ms:
-            defaults = [kc.heuristic_config(M), kc.gemm_candidates(M)[0]]
-            configs = list(kc.candidates(M)) if all_configs and not quick else defaults
-            configs += [dataclasses.replace(c, ptx_decode=False) for c in defaults]
-            out += [(N, K, M, c) for c in dict.fromkeys(configs)]
+            out += [(N, K, M, c) for c in correctness_configs(M, all_configs and not quick)]
     for model in models:
         for _, N, K in model.projections():
             for M in ms:
-                configs = kc.candidates(M) if not quick else [kc.heuristic_config(M), kc.gemm_candidates(M)[0]]
-                out += [(N, K, M, c) for c in dict.fromkeys(configs)]
+                out += [(N, K, M, c) for c in sweep_configs(M, not quick)]
     return list(dict.fromkeys(out))
 
 
