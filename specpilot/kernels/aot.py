@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from specpilot.kernels import configs as kc
 from specpilot.kernels.configs import GEMM_MAX_M, GEMV_MAX_M, KernelPath, LaunchConfig, block_m
 
-POINTERS = {  # argument -> Triton pointer type; a plain weight passes itself as nib/base/escapes
+POINTERS = {  # argument -> Triton pointer type; a plain weight passes itself as hi/base/escapes
     "x_ptr": "*bf16", "y_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32", "esc_ptr_ptr": "*i32",
-    "esc_col_ptr": "*i16", "esc_val_ptr": "*i16", "mant_ptr": "*u8", "out_ptr": "*i16",
+    "esc_col_ptr": "*i16", "esc_val_ptr": "*i16", "lo_ptr": "*u8", "out_ptr": "*i16",
 }
-W12_PLANES = {"w_ptr": "*u8", "nib_ptr": "*u8", "base_ptr": "*u8"}
-DENSE_PLANES = {"w_ptr": "*bf16", "nib_ptr": "*bf16", "base_ptr": "*bf16", "esc_ptr_ptr": "*bf16",
+W12_PLANES = {"w_ptr": "*u8", "hi_ptr": "*u8", "base_ptr": "*u8"}
+DENSE_PLANES = {"w_ptr": "*bf16", "hi_ptr": "*bf16", "base_ptr": "*bf16", "esc_ptr_ptr": "*bf16",
                 "esc_col_ptr": "*bf16", "esc_val_ptr": "*bf16"}
 
 
@@ -78,11 +78,11 @@ def variants(quick: bool = False) -> list[Variant]:
                 for even in ((True,) if quick else (True, False)):
                     c = {"IS_W12": w12, "BLOCK_M": bm, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                          "EVEN_N": even, "EVEN_K": even, "PTX_DECODE": cfg.ptx_decode, "ESC_CHUNK": 16,
-                         "PREFETCH": cfg.prefetch}
+                         "STAGES": cfg.num_stages}
                     if cfg.path is KernelPath.GEMV:
-                        c.update(EVEN_M=even, LOOP_STAGES=cfg.num_stages)
+                        c.update(EVEN_M=even)
                     else:
-                        c.update(DOT_BF16=True, BF16_DECODE=cfg.bf16_decode)
+                        c.update(DOT_BF16=True)
                     label = f"{cfg.label()} bm{bm} {'w12' if w12 else 'bf16'} {'even' if even else 'masked'}"
                     out.append(Variant(path, label, c, cfg.num_warps, cfg.num_stages))
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))
@@ -149,7 +149,7 @@ def main_loop_profile(kernel, v: Variant) -> dict:
     weights = c.get("BLOCK_N", 1) * c.get("BLOCK_K", 1) / (32 * v.num_warps)  # per thread per K step
     return {"label": v.label, "loop_instructions": len(body), "weights_per_thread": weights,
             "per_weight": len(body) / weights, "shared_bytes": kernel.metadata.shared,
-            "mix": dict(ops.most_common(12))}
+            "mix": dict(ops.most_common())}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,19 +19,21 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specpilot.w12.layout import GROUP
+from specpilot.errors import ConfigError
+from specpilot.w12.layout import K_PAD
 
 GEMV_MAX_M = 8  # the GEMV kernel keeps one [BLOCK_N, BLOCK_K/2] partial-product tile per row in registers
 GEMM_MAX_M = 64  # beyond this the projection is compute-bound: decode once, then cuBLAS
-GEMV_DEFAULT_MAX_M = 1  # heuristic crossover: the GEMV spends ~6.5 instructions per weight at M = 1,
-# ~9 at M = 2 and ~13 at M = 4 (decode + M FMAs + M conversions of x); the GEMM ~6-8 at any M <= 64
+GEMV_DEFAULT_MAX_M = 0  # heuristic crossover: the tensor-core GEMM spends fewer instructions per
+# weight at every M (~3 at M <= 16: decode + MMA; the GEMV ~4.5 at M = 1, plus an FMA per extra row)
 MAX_SPLIT_K = 8
+SHARED_MEMORY_BUDGET = 220 * 1024  # candidates must fit an sm_90 block (232,448 bytes) with room for the epilogue
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
 
 
 class KernelPath(enum.Enum):
     GEMV = "gemv"  # FMA dot products in float32, 1..8 rows
-    GEMM = "gemm"  # tensor cores (tl.dot), the decoded weights as the B operand, 1..64 rows
+    GEMM = "gemm"  # tensor cores (tl.dot), the decoded weights as the A operand, 1..64 rows
 
 
 class WeightFormat(enum.Enum):
@@ -50,20 +52,19 @@ class LaunchConfig:
     block_k: int  # columns per loop step (a power-of-two multiple of 128)
     split_k: int = 0  # programs sharing one row block along K; 0 = choose from the grid size
     num_warps: int = 4
-    num_stages: int = 1
+    num_stages: int = 1  # > 1: the K loop's loads are pipelined through shared memory (cp.async)
     ptx_decode: bool = True  # W12: decode with inline PTX (GPU); False = portable Triton ops
-    prefetch: bool = False  # load the raw tiles of K step i + 1 before decoding step i (register double buffer)
-    bf16_decode: bool = False  # GEMM, W12 with PTX: decode straight to packed BF16 (no float32 -> BF16 step)
+    programs_per_sm: int = 2  # with split_k = 0: split K until about this many programs per SM run
 
     def __post_init__(self):
-        if not _pow2(self.block_n) or not _pow2(self.block_k) or self.block_k < GROUP:
-            raise ValueError(f"block_n must be a power of two and block_k a power of two >= {GROUP}: {self}")
+        if not _pow2(self.block_n) or not _pow2(self.block_k) or self.block_k < K_PAD:
+            raise ValueError(f"block_n must be a power of two and block_k a power of two >= {K_PAD}: {self}")
         if self.path is KernelPath.GEMM and self.block_n < 16:
             raise ValueError(f"tl.dot needs block_n >= 16: {self}")
-        if self.bf16_decode and self.path is not KernelPath.GEMM:
-            raise ValueError(f"bf16_decode is a GEMM option: {self}")
         if not 0 <= self.split_k <= MAX_SPLIT_K:
             raise ValueError(f"split_k must be in 0..{MAX_SPLIT_K}: {self}")
+        if not 1 <= self.programs_per_sm <= 16:
+            raise ValueError(f"programs_per_sm must be in 1..16: {self}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -77,9 +78,14 @@ class LaunchConfig:
     def label(self) -> str:
         s = f"{self.path.value} n{self.block_n} k{self.block_k} w{self.num_warps} s{self.num_stages}"
         s += f" sk{self.split_k}" if self.split_k else ""
-        s += " pf" if self.prefetch else ""
-        s += " bf16d" if self.bf16_decode else ""
+        s += f" p{self.programs_per_sm}" if self.programs_per_sm != 2 else ""
         return s + ("" if self.ptx_decode else " portable")
+
+    def shared_bytes(self, M: int, weight_bytes: float) -> float:
+        """Estimated shared memory of the pipelined loop: num_stages buffers of the weight tile
+        (`weight_bytes` per weight: 1.5 for W12, 2 for BF16) and, for the GEMM, of the x^T tile."""
+        x_tile = self.block_k * block_m(self.path, M) * 2 if self.path is KernelPath.GEMM else 0
+        return max(1, self.num_stages) * (self.block_n * self.block_k * weight_bytes + x_tile)
 
 
 def next_pow2(v: int) -> int:
@@ -96,59 +102,40 @@ def m_bucket(M: int) -> int:
 
 
 # Candidates the benchmark sweeps, chosen from the SASS of sm_90 builds (instructions per weight in
-# the main loop, registers). GEMV: ~32 weights per thread per step (three 16-byte W12 loads), one or
-# two weight rows per thread (a second row reuses the converted x), shrinking tiles as BLOCK_M grows
-# so the per-row accumulators fit registers. A kernel-level num_stages does not pipeline these loads
-# (they feed no tl.dot), but the GEMV's K loop is a `tl.range(num_stages=...)`, and from 2 stages on
-# Triton streams every plane through shared memory with cp.async (LDGSTS in the SASS: `python -m
-# specpilot.kernels.aot --sass "gemv n4 k1024 w4 s3"`); with 1 stage only occupancy hides DRAM
-# latency; `prefetch` instead carries the raw tiles of the next K step in registers (two steps in
-# flight per program; its loop is never pipelined). Explicit split_k 2 doubles the
-# programs of small-N shapes at the cost of a workspace reduction. GEMM: the decoded tile is the
-# MMA's B operand (written to shared memory once); 64- to 256-row tiles, pipelining of the planes
-# (num_stages 2-4) or register prefetch, and the direct-to-BF16 decoder. The first entry of each
-# list is the untuned heuristic: keep it stable, since tuned tables and reports refer to labels.
+# the K loop: `python -m specpilot.kernels.aot --sass gemm`) and the session-3 prototype timings.
+# GEMM: 64-256 weight rows per program (the MMA's M: one or two warpgroups), K tiles of 128-512
+# columns, 2-6 pipeline stages; larger row blocks amortize the x^T tile each program stages per K
+# step (BK x BM x 2 bytes against BN x BK x 1.5 of W12), which matters from M = 32 on. GEMV: 2-16
+# rows per program, 16-32 weights per thread per step. Candidates whose buffers would not fit an
+# sm_90 block at this M are left out. The first entry of each list is the untuned heuristic: keep
+# it stable, since tuned tables and reports refer to labels. The benchmark also tries the best
+# ones with other `programs_per_sm` (how finely small shapes are split along K).
+_GEMM_TILES = (  # (block_n, block_k, num_warps, num_stages)
+    (64, 256, 4, 3), (64, 128, 4, 4), (64, 128, 4, 6), (64, 256, 4, 4), (64, 512, 4, 2),
+    (128, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4), (128, 256, 8, 2), (256, 128, 8, 3),
+)
+_GEMV_TILES = {  # block_m -> (block_n, block_k, num_warps, num_stages)
+    1: ((4, 1024, 4, 1), (8, 512, 4, 3), (16, 512, 8, 2), (4, 512, 4, 4), (2, 1024, 2, 3)),
+    2: ((4, 1024, 4, 1), (8, 512, 4, 3), (4, 512, 4, 4)),
+    4: ((4, 512, 4, 1), (8, 256, 4, 2), (4, 256, 4, 3)),
+    8: ((4, 256, 4, 1), (8, 256, 8, 2), (2, 512, 2, 2)),
+}
+
+
+def _fits(cfg: LaunchConfig, M: int) -> bool:
+    return cfg.shared_bytes(M, 2.0) <= SHARED_MEMORY_BUDGET  # plain BF16 weights: the larger tiles
+
+
 def gemv_candidates(M: int) -> tuple[LaunchConfig, ...]:
     g = KernelPath.GEMV
-    if block_m(g, M) <= 2:
-        return (
-            LaunchConfig(g, block_n=4, block_k=1024, num_warps=4),  # 1 row/thread, ~56 registers
-            LaunchConfig(g, block_n=4, block_k=1024, num_warps=4, prefetch=True),
-            LaunchConfig(g, block_n=8, block_k=1024, num_warps=4),  # 2 rows/thread, ~93 registers
-            LaunchConfig(g, block_n=8, block_k=1024, num_warps=4, prefetch=True),
-            LaunchConfig(g, block_n=4, block_k=2048, num_warps=4),  # 64 weights/thread/step
-            LaunchConfig(g, block_n=2, block_k=1024, num_warps=2, prefetch=True),
-            LaunchConfig(g, block_n=16, block_k=512, num_warps=8, prefetch=True),
-            LaunchConfig(g, block_n=4, block_k=1024, num_warps=4, split_k=2, prefetch=True),
-            # cp.async-pipelined K loops (3-4 steps in flight per program)
-            LaunchConfig(g, block_n=4, block_k=1024, num_warps=4, num_stages=3),
-            LaunchConfig(g, block_n=8, block_k=1024, num_warps=4, num_stages=3),
-            LaunchConfig(g, block_n=4, block_k=512, num_warps=4, num_stages=4),
-            LaunchConfig(g, block_n=4, block_k=1024, num_warps=4, num_stages=3, split_k=2),
-        )
-    return (
-        LaunchConfig(g, block_n=4, block_k=512, num_warps=4),
-        LaunchConfig(g, block_n=4, block_k=512, num_warps=4, prefetch=True),
-        LaunchConfig(g, block_n=8, block_k=256, num_warps=4),
-        LaunchConfig(g, block_n=2, block_k=512, num_warps=2),
-        LaunchConfig(g, block_n=4, block_k=512, num_warps=4, num_stages=3),
-    )
+    tiles = _GEMV_TILES[block_m(g, min(M, GEMV_MAX_M))]
+    return tuple(LaunchConfig(g, block_n=n, block_k=k, num_warps=w, num_stages=s) for n, k, w, s in tiles)
 
 
 def gemm_candidates(M: int) -> tuple[LaunchConfig, ...]:
     g = KernelPath.GEMM
-    return (
-        LaunchConfig(g, block_n=64, block_k=128, num_warps=4, num_stages=3),
-        LaunchConfig(g, block_n=64, block_k=256, num_warps=4, num_stages=2),
-        LaunchConfig(g, block_n=128, block_k=256, num_warps=8, num_stages=2),
-        LaunchConfig(g, block_n=128, block_k=128, num_warps=8, num_stages=2),
-        LaunchConfig(g, block_n=64, block_k=128, num_warps=4, num_stages=3, bf16_decode=True),
-        LaunchConfig(g, block_n=128, block_k=128, num_warps=4, num_stages=4, bf16_decode=True),
-        LaunchConfig(g, block_n=128, block_k=128, num_warps=8, num_stages=3, bf16_decode=True),
-        LaunchConfig(g, block_n=256, block_k=128, num_warps=8, num_stages=2, bf16_decode=True),
-        LaunchConfig(g, block_n=64, block_k=256, num_warps=4, num_stages=1, prefetch=True, bf16_decode=True),
-        LaunchConfig(g, block_n=128, block_k=128, num_warps=8, num_stages=1, prefetch=True, bf16_decode=True),
-    )
+    configs = (LaunchConfig(g, block_n=n, block_k=k, num_warps=w, num_stages=s) for n, k, w, s in _GEMM_TILES)
+    return tuple(c for c in configs if _fits(c, M))
 
 
 def candidates(M: int) -> tuple[LaunchConfig, ...]:
@@ -156,15 +143,17 @@ def candidates(M: int) -> tuple[LaunchConfig, ...]:
 
 
 def heuristic_config(M: int) -> LaunchConfig:
-    """The untuned default: GEMV for a few rows, tensor cores above."""
+    """The untuned default: tensor cores (the GEMV only below GEMV_DEFAULT_MAX_M rows, none today)."""
     return gemv_candidates(M)[0] if M <= GEMV_DEFAULT_MAX_M else gemm_candidates(M)[0]
 
 
-def auto_split_k(n_tiles: int, k_steps: int, sm_count: int) -> int:
-    """Splits along K so that about two programs per SM stream weights, each over >= 2 K steps."""
-    if n_tiles >= 2 * sm_count:
+def auto_split_k(n_tiles: int, k_steps: int, sm_count: int, programs_per_sm: int = 2) -> int:
+    """Splits along K so that about `programs_per_sm` programs per SM stream weights, each over
+    >= 2 K steps."""
+    programs = programs_per_sm * sm_count
+    if n_tiles >= programs:
         return 1
-    want = -(-2 * sm_count // n_tiles)
+    want = -(-programs // n_tiles)
     return max(1, min(MAX_SPLIT_K, want, k_steps // 2))
 
 
@@ -175,12 +164,17 @@ def device_slug(device_name: str) -> str:
 
 @functools.cache
 def tuned_table(slug: str) -> dict[tuple[str, int, int, int], LaunchConfig]:
-    """{(format, M bucket, N, K): config} from `tuned/<slug>.json`, or {} when there is none."""
+    """{(format, M bucket, N, K): config} from `tuned/<slug>.json`, or {} when there is none.
+    A table this version cannot read (written for other kernels) is an error, not ignored."""
     path = TUNED_DIR / f"{slug}.json"
     if not path.is_file():
         return {}
-    entries = json.loads(path.read_text())["entries"]
-    return {(e["format"], e["m"], e["n"], e["k"]): LaunchConfig.from_dict(e["config"]) for e in entries}
+    try:
+        entries = json.loads(path.read_text())["entries"]
+        return {(e["format"], e["m"], e["n"], e["k"]): LaunchConfig.from_dict(e["config"]) for e in entries}
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"{path}: not a tuned-config table of these kernels ({err}); "
+                          f"re-run bench/w12_kernels.py or delete it") from None
 
 
 def choose_config(fmt: WeightFormat, M: int, N: int, K: int, device_name: str = "") -> LaunchConfig:

@@ -1,23 +1,21 @@
 """GEMM path: y[M, N] = x[M, K] @ W[N, K].T on tensor cores for 1..64 rows, W12 or plain weights.
 
-Owns the `tl.dot` kernel, its launcher and its reference. Each program decodes a [BLOCK_N, BLOCK_K]
-weight tile in registers to BF16 (exact: the low 16 bits of a decoded float32 are zero) and uses it
-as the B operand of y_tile += x_tile @ w_tile.T, so the decoded tile goes to shared memory once and
-the MMA reads it there. (With the weights as the A operand -- "swap AB" -- the sm_90 build spent
-~40% more instructions per weight: ~9 against ~6.3, reshuffling registers through shared memory.)
-Rows of x beyond M are masked (no traffic); padding M up to 16 costs only MMA slots, which are
-plentiful. With float32 or float16 activations both operands are widened to
-float32 and the dot runs in IEEE float32, so no input is ever rounded.
+Owns the `tl.dot` kernel, its launcher and its reference. The weights are the MMA's A operand
+("swap AB"): each program computes y^T [BLOCK_N, BLOCK_M] += W tile [BLOCK_N, BLOCK_K] @ x^T tile
+[BLOCK_K, BLOCK_M], so a weight row block of 64-256 rows fills the MMA's M dimension and the few
+activation rows (padded to 16, masked: no traffic) its N dimension. W12 groups are decoded in
+registers straight into the A fragment (`tiles.assemble`: the stored column order of format 2 is
+that fragment), and Triton pipelines the raw planes through shared memory with cp.async
+(`num_stages` buffers) and issues wgmma on sm_90. Plain weights take the same loop, A from shared
+memory. With float32 or float16 activations both operands are widened to float32 and the dot runs
+in IEEE float32, so no input is ever rounded.
 
-Config flags: `bf16_decode` decodes W12 straight to packed BF16 pairs in PTX
-(`tiles.decode_w12_bf16_ptx`, no float32 intermediate or conversion); `prefetch` double-buffers
-the raw planes and x of the next K step in registers (as in the GEMV), for num_stages = 1.
-
-Row blocks are split along K when there are too few of them to fill the GPU (tensor-core tiles
-are wide, so small N needs it); the reduction is deterministic (`tiles.reduce_split_k`). Escapes
-are applied by the program finishing a row block as two small dots per 16 escapes: a one-hot
-matrix of escape values minus one of placeholders, times the gathered x columns. Inf/NaN escape
-values are kept out of those dots (0 * Inf would leak NaN into other rows) and added row by row.
+W12 tiles are decoded scaled by 2^(112 - e0) per row (see `specpilot.w12.layout`); the program that
+finishes a row block multiplies by 2^(e0 - 112) -- exact -- and then adds the escapes, as two
+small dots per 16 escapes: a one-hot matrix of escape values minus one of placeholders, times the
+gathered x columns. Inf/NaN escape values are kept out of those dots (0 * Inf would leak NaN into
+other rows) and added row by row. Row blocks are split along K when there are too few of them to
+fill the GPU; the reduction is deterministic (`tiles.reduce_split_k`).
 
 Does not own tile decoding (`tiles.py`), config choice (`configs.py`) or dispatch (`dispatch.py`).
 """
@@ -56,34 +54,13 @@ def _dot(a, b, acc, DOT_BF16: tl.constexpr):
 
 
 @triton.jit
-def _load_x(x_ptr, m, M, K, k0, stride_xm, live, HALF_K: tl.constexpr, EVEN_K: tl.constexpr, GUARD: tl.constexpr):
-    """x tile [BM, HK] at the lo and hi columns of the K tile at k0 (rows >= M read as zero).
-    GUARD: predicate the loads on the scalar `live` too (a prefetch past the last step)."""
-    lo = tiles.tile_columns(k0, HALF_K)
-    x_rows = x_ptr + m[:, None] * stride_xm
-    m_ok = (m < M)[:, None]
-    if EVEN_K:
-        mask_lo = m_ok
-        mask_hi = m_ok
-    else:
-        mask_lo = m_ok & (lo < K)[None, :]
-        mask_hi = m_ok & (lo + tiles.HALF < K)[None, :]
-    if GUARD:
-        mask_lo = tiles.predicate(mask_lo, live)
-        mask_hi = tiles.predicate(mask_hi, live)
-    x_lo = tl.load(x_rows + lo[None, :], mask=mask_lo, other=0.0)
-    x_hi = tl.load(x_rows + (lo + tiles.HALF)[None, :], mask=mask_hi, other=0.0)
-    return x_lo, x_hi
-
-
-@triton.jit
-def _decode(a, b, c, base, IS_W12: tl.constexpr, PTX_DECODE: tl.constexpr, BF16_DECODE: tl.constexpr):
-    """(lo, hi) weight tiles from raw planes: W12 as float32, or as BF16 (same values) with BF16_DECODE."""
-    if BF16_DECODE:
-        w_lo, w_hi = tiles.decode_planes_bf16(a, b, c, base, IS_W12, PTX_DECODE)
-    else:
-        w_lo, w_hi = tiles.decode_planes(a, b, c, base, IS_W12, PTX_DECODE)
-    return w_lo, w_hi  # one return: the compiler needs the same types on every return
+def _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """x^T tile [BK, BM] of K tile `step` (rows >= M and columns >= K read as zero)."""
+    k = step * BLOCK_K + tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
+    mask = (m < M)[None, :]
+    if not EVEN_K:
+        mask = mask & (k < K)[:, None]
+    return tl.load(x_ptr + m[None, :] * stride_xm + k[:, None], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -125,79 +102,51 @@ def _escape_correction(
 @triton.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
 def _gemm_kernel(
     # pointers
-    x_ptr, w_ptr, nib_ptr, base_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, y_ptr, ws_ptr, count_ptr,
+    x_ptr, w_ptr, hi_ptr, base_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, y_ptr, ws_ptr, count_ptr,
     # sizes
     M, N, K, Kp, split_k, steps_per_split,
     # strides
-    stride_xm, stride_ym, stride_w, stride_nib,
+    stride_xm, stride_ym, stride_w, stride_hi,
     # meta
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
-    ESC_CHUNK: tl.constexpr, PREFETCH: tl.constexpr, BF16_DECODE: tl.constexpr,
+    ESC_CHUNK: tl.constexpr, STAGES: tl.constexpr,
 ):
-    HALF_K: tl.constexpr = BLOCK_K // 2
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     row0 = pid_n * BLOCK_N
     rows = row0 + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
-    m_ok = (m < M)[:, None]
-
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # y tile [BM, BN]
     step0 = pid_k * steps_per_split
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
-    if IS_W12:
-        base = tiles.load_base(base_ptr, rows, N)  # loop-invariant
-    else:
-        base = 0
-    if PREFETCH:
-        # Register double buffering (as in the GEMV): the raw planes and x of step + 1 are loaded
-        # before step is decoded and multiplied; the last iteration's prefetch is predicated off.
-        a, b, c = tiles.load_planes(
-            w_ptr, nib_ptr, rows, step0 * BLOCK_K, N, K, Kp, stride_w, stride_nib, True,
-            IS_W12, HALF_K, EVEN_N, EVEN_K, False,
-        )
-        x_lo, x_hi = _load_x(x_ptr, m, M, K, step0 * BLOCK_K, stride_xm, True, HALF_K, EVEN_K, False)
-        for step in range(step0, step1):
-            live = step + 1 < step1
-            a_next, b_next, c_next = tiles.load_planes(
-                w_ptr, nib_ptr, rows, (step + 1) * BLOCK_K, N, K, Kp, stride_w, stride_nib, live,
-                IS_W12, HALF_K, EVEN_N, EVEN_K, True,
-            )
-            x_lo_next, x_hi_next = _load_x(x_ptr, m, M, K, (step + 1) * BLOCK_K, stride_xm, live,
-                                           HALF_K, EVEN_K, True)
-            w_lo, w_hi = _decode(a, b, c, base, IS_W12, PTX_DECODE, BF16_DECODE)
-            acc = _dot(x_lo, tl.trans(w_lo), acc, DOT_BF16)
-            acc = _dot(x_hi, tl.trans(w_hi), acc, DOT_BF16)
-            a, b, c = a_next, b_next, c_next
-            x_lo, x_hi = x_lo_next, x_hi_next
-    else:
-        for step in range(step0, step1):
-            a, b, c = tiles.load_planes(
-                w_ptr, nib_ptr, rows, step * BLOCK_K, N, K, Kp, stride_w, stride_nib, True,
-                IS_W12, HALF_K, EVEN_N, EVEN_K, False,
-            )
-            x_lo, x_hi = _load_x(x_ptr, m, M, K, step * BLOCK_K, stride_xm, True, HALF_K, EVEN_K, False)
-            w_lo, w_hi = _decode(a, b, c, base, IS_W12, PTX_DECODE, BF16_DECODE)
-            # The decoded tile is the B operand: it goes to shared memory once, where the MMA reads it.
-            acc = _dot(x_lo, tl.trans(w_lo), acc, DOT_BF16)
-            acc = _dot(x_hi, tl.trans(w_hi), acc, DOT_BF16)
 
-    y_offsets = m[:, None] * stride_ym + rows[None, :]
-    y_mask = m_ok & (rows < N)[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
+    # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
+    for step in tl.range(step0, step1, num_stages=STAGES):
+        if IS_W12:
+            w = tiles.load_w12_tile(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi,
+                                    BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, False)  # [BN, BK] scaled
+        else:
+            w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
+        xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
+        acc = _dot(w, xt, acc, DOT_BF16)
+
+    out = tl.trans(acc)  # [BM, BN]
+    y_mask = (m < M)[:, None] & (rows < N)[None, :]
     if split_k > 1:
-        is_last, acc = tiles.reduce_split_k(
-            acc, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N,
+        is_last, out = tiles.reduce_split_k(
+            out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N,
         )
     else:
         is_last = pid_k == 0
     if is_last:
         if IS_W12:
-            acc += _escape_correction(
+            out = out * tiles.row_scale(base_ptr, rows, N)[None, :]
+            out += _escape_correction(
                 x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, rows, row0, M, N, stride_xm,
                 BLOCK_M, BLOCK_N, ESC_CHUNK, DOT_BF16,
             )
-        tl.store(y_ptr + y_offsets, acc.to(y_ptr.dtype.element_ty), mask=y_mask)
+        tiles.store_rows(out, y_ptr, rows, M, N, stride_ym, BLOCK_M)
 
 
 # -- wrapper ----------------------------------------------------------------------------------
@@ -209,9 +158,8 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         *run.args,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        EVEN_N=run.even_n, EVEN_K=run.even_k,
-        PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK, PREFETCH=config.prefetch,
-        BF16_DECODE=config.bf16_decode, num_warps=config.num_warps, num_stages=config.num_stages,
+        EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK,
+        STAGES=config.num_stages, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return run.y.to(x.dtype)
 

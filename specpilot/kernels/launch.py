@@ -31,8 +31,8 @@ class WeightOperands:
     """Kernel arguments describing a weight; plain weights pass themselves as the unused planes."""
 
     fmt: WeightFormat
-    w: torch.Tensor  # W12: mant [N, Kp] uint8; plain: weight [N, K]
-    nib: torch.Tensor  # W12: offs [N, Kp/2] uint8
+    w: torch.Tensor  # W12: lo [N, Kp] uint8; plain: weight [N, K]
+    hi: torch.Tensor  # W12: hi [N, Kp/2] uint8
     base: torch.Tensor  # W12: [N] uint8
     esc_ptr: torch.Tensor
     esc_col: torch.Tensor
@@ -41,7 +41,7 @@ class WeightOperands:
     K: int
     Kp: int  # K rounded up to 128: the column range the K loop covers
     stride_w: int
-    stride_nib: int
+    stride_hi: int
 
     @property
     def is_w12(self) -> bool:
@@ -61,8 +61,8 @@ def weight_operands(weight: W12Weight | torch.Tensor) -> WeightOperands:
     if isinstance(weight, W12Weight):
         N, K = weight.shape
         return WeightOperands(
-            WeightFormat.W12, weight.mant, weight.offs, weight.base, weight.esc_ptr, weight.esc_col,
-            weight.esc_val, N, K, padded_columns(K), weight.mant.stride(0), weight.offs.stride(0),
+            WeightFormat.W12, weight.lo, weight.hi, weight.base, weight.esc_ptr, weight.esc_col,
+            weight.esc_val, N, K, padded_columns(K), weight.lo.stride(0), weight.hi.stride(0),
         )
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
         raise TypeError(f"weight must be a W12Weight or a 2-D tensor, got {type(weight).__name__}")
@@ -106,7 +106,7 @@ def plan_split(cfg: LaunchConfig, ops: WeightOperands, M: int, n_tiles: int,
     """How many programs share each row tile along K, and the workspace they reduce through."""
     workspace = workspace or shared_workspace(ops.device)
     k_steps = -(-ops.Kp // cfg.block_k)
-    split = cfg.split_k or auto_split_k(n_tiles, k_steps, sm_count(ops.device))
+    split = cfg.split_k or auto_split_k(n_tiles, k_steps, sm_count(ops.device), cfg.programs_per_sm)
     split = max(1, min(split, k_steps))
     while split > 1 and not workspace.fits(split, M, ops.N, n_tiles):
         split -= 1
@@ -138,10 +138,10 @@ def prepare_launch(x: torch.Tensor, weight, config: LaunchConfig, path: KernelPa
     y = output_buffer(x, ops.N)  # [M, N]
     n_tiles = -(-ops.N // config.block_n)
     plan = plan_split(config, ops, M, n_tiles, workspace)
-    args = (x, ops.w, ops.nib, ops.base, ops.esc_ptr, ops.esc_col, ops.esc_val, y,
+    args = (x, ops.w, ops.hi, ops.base, ops.esc_ptr, ops.esc_col, ops.esc_val, y,
             plan.workspace.partials, plan.workspace.counters,
             M, ops.N, ops.K, ops.Kp, plan.split_k, plan.steps_per_split,
-            x.stride(0), y.stride(0), ops.stride_w, ops.stride_nib)
+            x.stride(0), y.stride(0), ops.stride_w, ops.stride_hi)
     return Launch(ops, y, (n_tiles, plan.split_k), args, ops.N % config.block_n == 0, ops.K % config.block_k == 0)
 
 

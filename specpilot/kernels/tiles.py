@@ -1,17 +1,23 @@
-"""Triton building blocks shared by the GEMV, GEMM and unpack kernels.
+"""Triton building blocks shared by the GEMM, GEMV and unpack kernels.
 
 Owns: reading one [BLOCK_N, BLOCK_K] weight tile (W12 planes decoded in registers, or plain
-weights), the two W12 decoders (portable Triton ops, and inline PTX for the GPU: same bits, about
-half the instructions), BF16 widening, the deterministic split-K reduction, and the escape
-correction of the GEMV path. Every function here is `@triton.jit` and inlined into its caller.
-Imports Triton at module level, so only kernel modules import it, lazily (see
+weights), the two W12 decoders (inline PTX for the GPU and portable Triton ops for the
+interpreter: the same bits), the per-row scale of the decoded weights, the deterministic split-K
+reduction, and the escape correction. Every function here is `@triton.jit` and inlined into its
+caller. Imports Triton at module level, so only kernel modules import it, lazily (see
 `specpilot.kernels.dispatch`).
 
-Tile geometry: a K tile of BLOCK_K columns starting at k0 (a multiple of 128) is read as two
-halves of HALF_K = BLOCK_K / 2 columns, `lo` = k0 + j + 64 * (j // 64) and `hi` = lo + 64 for
-j < HALF_K: exactly the columns whose offsets share nibble byte k0 / 2 + j (see
-`specpilot.w12.layout`). Plain weights are read at the same columns so both formats share one
-kernel body; a dot product does not care about the order of K.
+W12 tiles are read a *group* at a time (see `specpilot.w12.layout`): 8 bytes of the `lo` plane
+(one int64) and 4 of the `hi` plane (one int32) hold 8 codes. A tile is [BN, G] such words
+(G = BLOCK_K / 8); the decoder turns each group into 8 weights (8 tensors [BN, G]), and
+`assemble` joins them into the [BN, BLOCK_K] tile in column order -- stored position 8c + 2q + r of
+a 32-column block is column 2c + r + 8q -- with joins, permutes and reshapes only. Nothing is
+moved: those are the registers of a tensor-core A fragment, so when the tile feeds `tl.dot` as the
+A operand Triton loads the groups straight into that layout and the decoded weights never touch
+shared memory (checked in the sm_90 SASS: `python -m specpilot.kernels.aot --sass gemm`).
+
+Decoded W12 weights are scaled, w' = w * 2^(112 - e0) (the decode needs no add); callers multiply
+each row's float32 result by `row_scale` = 2^(e0 - 112), exact for every power of two.
 """
 
 from __future__ import annotations
@@ -21,234 +27,143 @@ import triton.language as tl
 
 from specpilot.w12 import layout
 
-HALF: tl.constexpr = tl.constexpr(layout.HALF)
 EXP_FIELD: tl.constexpr = tl.constexpr(0x7F800000)  # float32 exponent bits
+SCALE_EXP: tl.constexpr = tl.constexpr(127 - layout.SCALE_BIAS)  # row scale 2^(e0 - 112): field e0 + 15
+WORD: tl.constexpr = tl.constexpr(layout.CODES_PER_WORD)
+
+# One group: $8 (BF16 out) / $16 (float32 out) is the int64 of 8 `lo` bytes, the next operand the
+# int32 of 8 nibbles. For the low nibbles (codes 0-3) and the high ones (4-7) of the word:
+#   t = nibbles << 4 (low) or >> 4 (high);  u = the sign bit from t (low) or the word (high), the rest from the other
+#   e = (u & 0x87878787) | 0x38383838: four BF16 high bytes s << 7 | 0x38 | o >> 1
+# then one byte permute per BF16 pair: (lo byte 2i, e byte 2i, lo byte 2i+1, e byte 2i+1).
+# 1.25 instructions per weight. A float32 weight is its BF16 pair half shifted or masked into place.
+_ASM_EXPONENTS = """
+.reg .b32 la, lb, t, u, ea, eb, p;
+mov.b64 {la, lb}, $L;
+shl.b32 t, $H, 4;
+lop3.b32 u, t, $H, 0x80808080, 0xE4;
+lop3.b32 ea, u, 0x87878787, 0x38383838, 0xEA;
+shr.u32 t, $H, 4;
+lop3.b32 u, $H, t, 0x80808080, 0xE4;
+lop3.b32 eb, u, 0x87878787, 0x38383838, 0xEA;
+"""
+_ASM_PAIRS_BF16 = """
+prmt.b32 p, la, ea, 0x5140; mov.b32 {$0, $1}, p;
+prmt.b32 p, la, ea, 0x7362; mov.b32 {$2, $3}, p;
+prmt.b32 p, lb, eb, 0x5140; mov.b32 {$4, $5}, p;
+prmt.b32 p, lb, eb, 0x7362; mov.b32 {$6, $7}, p;
+"""
+_ASM_PAIRS_F32 = """
+prmt.b32 p, la, ea, 0x5140; shl.b32 $0, p, 16; and.b32 $1, p, 0xFFFF0000;
+prmt.b32 p, la, ea, 0x7362; shl.b32 $2, p, 16; and.b32 $3, p, 0xFFFF0000;
+prmt.b32 p, lb, eb, 0x5140; shl.b32 $4, p, 16; and.b32 $5, p, 0xFFFF0000;
+prmt.b32 p, lb, eb, 0x7362; shl.b32 $6, p, 16; and.b32 $7, p, 0xFFFF0000;
+"""
+ASM_DECODE_BF16: tl.constexpr = tl.constexpr(
+    "{" + _ASM_EXPONENTS.replace("$L", "$8").replace("$H", "$9") + _ASM_PAIRS_BF16 + "}")
+ASM_DECODE_F32: tl.constexpr = tl.constexpr(
+    "{" + _ASM_EXPONENTS.replace("$L", "$8").replace("$H", "$9") + _ASM_PAIRS_F32 + "}")
 
 
 @triton.jit
-def decode_w12(mant, nibble, exp_bits):
-    """uint8 sign|mantissa bytes, int32 offsets 0..15, int32 (e0 << 23) -> float32 weights (exact)."""
-    # Sign-extending the byte puts the sign in bit 31 and the mantissa in bits 22..16; the mask
-    # clears what the extension smeared over the exponent field; the or writes e0 + offset there.
-    top = mant.to(tl.int8, bitcast=True).to(tl.int32) << 16
-    bits = (top & ~EXP_FIELD) | ((nibble << 23) + exp_bits)
-    return bits.to(tl.float32, bitcast=True)
-
-
-# Four weights per instance, in PTX: $4 packs 4 mant bytes, $5 the 4 nibble bytes, $6 is e0 * 0x01010101.
-#   e  = (nibbles & 0x0F0F0F0F) + e0 per byte        4 biased exponents at once (e0 + 15 <= 254: no carry)
-#   t  = prmt(mant, 0, 0x8j44)                       byte j sign-extended and shifted left by 16
-#   $j = lop3(t, e << (23 - 8j), 0x807FFFFF, 0xE4)   select: sign and mantissa from t, exponent from e
-# (t's low 16 bits are zero, so the select needs one mask). 3 instructions per weight + 2-3 per 4.
-_ASM_TAIL = """
-prmt.b32 t, $4, z, 0x8044; shl.b32 $0, e, 23; lop3.b32 $0, t, $0, k, 0xE4;
-prmt.b32 t, $4, z, 0x9144; shl.b32 $1, e, 15; lop3.b32 $1, t, $1, k, 0xE4;
-prmt.b32 t, $4, z, 0xA244; shl.b32 $2, e, 7;  lop3.b32 $2, t, $2, k, 0xE4;
-prmt.b32 t, $4, z, 0xB344; shr.u32 $3, e, 1;  lop3.b32 $3, t, $3, k, 0xE4;
-}"""
-_ASM_HEAD = "{\n.reg .b32 e, t, z, k;\nmov.b32 z, 0;\nmov.b32 k, 0x807FFFFF;\n"
-ASM_DECODE_LOW: tl.constexpr = tl.constexpr(_ASM_HEAD + "and.b32 e, $5, 0x0F0F0F0F;\nadd.u32 e, e, $6;" + _ASM_TAIL)
-ASM_DECODE_HIGH: tl.constexpr = tl.constexpr(
-    _ASM_HEAD + "shr.u32 e, $5, 4;\nand.b32 e, e, 0x0F0F0F0F;\nadd.u32 e, e, $6;" + _ASM_TAIL
-)
-
-
-# BF16 pairs straight from the planes, four weights per instance (pack=4 -> two packed registers):
-# $2 packs 4 mant bytes m0..m3, $3 the 4 nibble bytes, $4 is e0 * 0x01010101; $0 = (w0, w1), $1 = (w2, w3),
-# element 0 in the low half.
-#   e  = (nibbles & 0x0F0F0F0F) + e0 per byte, then bytes permuted to (e0, e2, e1, e3)
-#   p  = prmt(mant, 0, 0x9180) = (m0, sign0 x 8, m1, sign1 x 8)     [(m2, s2, m3, s3) for $1]
-#   q  = e << 7: e0 at bits 7..14, e1 at bits 23..30                 [e >> 1 for $1: e2, e3]
-#   $0 = lop3(p, q, 0x807F807F, 0xE4): mantissas and signs from p, exponents from q.
-# Per 4 weights: 2-3 (exponents) + 1 (permute) + 2 shifts + 2 prmt + 2 lop3, no float32 -> BF16 conversion.
-_ASM_BF16_TAIL = """
-prmt.b32 e, e, z, 0x3120;
-shl.b32 q, e, 7; prmt.b32 p, $2, z, 0x9180; lop3.b32 $0, p, q, k, 0xE4;
-shr.u32 q, e, 1; prmt.b32 p, $2, z, 0xB3A2; lop3.b32 $1, p, q, k, 0xE4;
-}"""
-_ASM_BF16_HEAD = "{\n.reg .b32 e, p, q, z, k;\nmov.b32 z, 0;\nmov.b32 k, 0x807F807F;\n"
-ASM_DECODE_BF16_LOW: tl.constexpr = tl.constexpr(
-    _ASM_BF16_HEAD + "and.b32 e, $3, 0x0F0F0F0F;\nadd.u32 e, e, $4;" + _ASM_BF16_TAIL
-)
-ASM_DECODE_BF16_HIGH: tl.constexpr = tl.constexpr(
-    _ASM_BF16_HEAD + "shr.u32 e, $3, 4;\nand.b32 e, e, 0x0F0F0F0F;\nadd.u32 e, e, $4;" + _ASM_BF16_TAIL
-)
+def _code(lo, hi, i: tl.constexpr, F32: tl.constexpr):
+    """Portable decode of code i of each group: lo [BN, G] int64, hi [BN, G] int32 -> scaled weights."""
+    low = ((lo >> (8 * i)) & 0xFF).to(tl.int32)
+    nib = (hi >> (8 * (i % 4) + 4 * (i // 4))) & 0xF
+    bits = ((nib & 8) << 12) | ((nib & 7) << 8) | 0x3800 | low  # s | 0x38 | o >> 1 | (o & 1) m
+    w = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    if F32:
+        w = w.to(tl.float32)
+    return w
 
 
 @triton.jit
-def decode_w12_ptx(mant, nib, exp_bytes, HIGH: tl.constexpr):
-    """`decode_w12` in PTX, 4 weights at a time: uint8 mant and nibble-byte tiles (low or high nibbles),
-    int32 e0 * 0x01010101 broadcast to the tile -> float32 weights. GPU only (no interpreter)."""
-    return tl.inline_asm_elementwise(ASM_DECODE_HIGH if HIGH else ASM_DECODE_LOW, "=r,=r,=r,=r,r,r,r,r,r,r",
-                                     [mant, nib, exp_bytes], dtype=tl.float32, is_pure=True, pack=4)
-
-
-@triton.jit
-def decode_w12_bf16_ptx(mant, nib, exp_bytes, HIGH: tl.constexpr):
-    """`decode_w12_ptx` producing BF16 (the same values: their float32 forms have zero low halves).
-    GPU only (no interpreter)."""
-    return tl.inline_asm_elementwise(ASM_DECODE_BF16_HIGH if HIGH else ASM_DECODE_BF16_LOW, "=r,=r,r,r,r,r,r,r",
-                                     [mant, nib, exp_bytes], dtype=tl.bfloat16, is_pure=True, pack=4)
-
-
-@triton.jit
-def to_float32(v, PTX: tl.constexpr):
-    """v as float32. BF16 pairs widen with one shift or mask each in PTX (the compiler's conversion
-    spends a byte permute more on every second element); other dtypes convert normally."""
-    if PTX and v.dtype == tl.bfloat16:
-        return tl.inline_asm_elementwise("shl.b32 $0, $2, 16;\nand.b32 $1, $2, 0xFFFF0000;", "=r,=r,r", [v],
-                                         dtype=tl.float32, is_pure=True, pack=2)
-    return v.to(tl.float32)
-
-
-@triton.jit
-def tile_columns(k0, HALF_K: tl.constexpr):
-    """Columns [HALF_K] of the low half of the K tile starting at k0 (the high half is + 64)."""
-    j = tl.arange(0, HALF_K)
-    lo = k0 + j + (j // HALF) * HALF
-    return tl.max_contiguous(tl.multiple_of(lo, HALF), HALF)  # runs of 64 starting at multiples of 64
-
-
-@triton.jit
-def predicate(mask, live):
-    """mask & live for a scalar `live`, as a select (Triton's interpreter mistypes `tensor & scalar`
-    of booleans); the result stays uniform along rows and columns wherever `mask` is."""
-    return tl.where(live, mask, False)
-
-
-@triton.jit
-def live_mask(ptrs, live):
-    """A mask of ptrs' shape that is `live` everywhere (a uniform predicate: loads stay vectorized)."""
-    return predicate(tl.full(ptrs.shape, True, tl.int1), live)
-
-
-@triton.jit
-def load_planes(
-    w_ptr, nib_ptr,
-    rows, k0, N, K, Kp,
-    stride_w, stride_nib, live,
-    IS_W12: tl.constexpr, HALF_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    GUARD: tl.constexpr,
-):
-    """The raw K tile at k0 of `rows`, undecoded: W12 (mant lo, mant hi, nibbles), uint8 [BN, HALF_K];
-    plain weights (w lo, w hi, w lo) in their own dtype (the third is a duplicate, so both formats
-    carry the same tuple through a prefetching loop).
-
-    Out-of-range rows and columns read as code 0 / zero. GUARD: also predicate every load on the
-    scalar `live` (a prefetch past the last K step issues no memory access; its values, undefined
-    on the unmasked path, must not be used).
-    """
-    lo = tile_columns(k0, HALF_K)
-    hi = lo + HALF
-    row_ok = rows < N
-    w_lo_ptr = w_ptr + rows[:, None] * stride_w + lo[None, :]
-    w_hi_ptr = w_ptr + rows[:, None] * stride_w + hi[None, :]
-    if IS_W12:
-        nib_cols = tl.max_contiguous(tl.multiple_of(k0 // 2 + tl.arange(0, HALF_K), HALF_K), HALF_K)
-        nib_tile_ptr = nib_ptr + rows[:, None] * stride_nib + nib_cols[None, :]
-        if EVEN_N and EVEN_K:
-            if GUARD:
-                nib = tl.load(nib_tile_ptr, mask=live_mask(nib_tile_ptr, live))
-                m_lo = tl.load(w_lo_ptr, mask=live_mask(w_lo_ptr, live))
-                m_hi = tl.load(w_hi_ptr, mask=live_mask(w_hi_ptr, live))
-            else:
-                nib = tl.load(nib_tile_ptr)
-                m_lo = tl.load(w_lo_ptr)
-                m_hi = tl.load(w_hi_ptr)
+def decode_groups(lo, hi, PTX: tl.constexpr, F32: tl.constexpr):
+    """8 tensors [BN, G] (BF16, or float32 with F32): code i of every group, scaled by 2^(112 - e0).
+    PTX: the inline-PTX decoder (GPU); else portable Triton ops (the same bits)."""
+    if PTX:
+        if F32:
+            o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+                ASM_DECODE_F32, "=r,=r,=r,=r,=r,=r,=r,=r,l,r", [lo, hi],
+                dtype=(tl.float32,) * 8, is_pure=True, pack=1)
         else:
-            mask = row_ok[:, None] & (lo < Kp)[None, :]  # the planes are padded to Kp; lo < Kp implies hi < Kp
-            if GUARD:
-                mask = predicate(mask, live)
-            nib = tl.load(nib_tile_ptr, mask=mask, other=0)
-            m_lo = tl.load(w_lo_ptr, mask=mask, other=0)
-            m_hi = tl.load(w_hi_ptr, mask=mask, other=0)
-        first, second, third = m_lo, m_hi, nib
+            o0, o1, o2, o3, o4, o5, o6, o7 = tl.inline_asm_elementwise(
+                ASM_DECODE_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,l,r", [lo, hi],
+                dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1)
     else:
-        if EVEN_N and EVEN_K:
-            if GUARD:
-                w_lo = tl.load(w_lo_ptr, mask=live_mask(w_lo_ptr, live))
-                w_hi = tl.load(w_hi_ptr, mask=live_mask(w_hi_ptr, live))
-            else:
-                w_lo = tl.load(w_lo_ptr)
-                w_hi = tl.load(w_hi_ptr)
-        else:
-            mask_lo = row_ok[:, None] & (lo < K)[None, :]
-            mask_hi = row_ok[:, None] & (hi < K)[None, :]
-            if GUARD:
-                mask_lo = predicate(mask_lo, live)
-                mask_hi = predicate(mask_hi, live)
-            w_lo = tl.load(w_lo_ptr, mask=mask_lo, other=0.0)
-            w_hi = tl.load(w_hi_ptr, mask=mask_hi, other=0.0)
-        first, second, third = w_lo, w_hi, w_lo
+        o0 = _code(lo, hi, 0, F32)
+        o1 = _code(lo, hi, 1, F32)
+        o2 = _code(lo, hi, 2, F32)
+        o3 = _code(lo, hi, 3, F32)
+        o4 = _code(lo, hi, 4, F32)
+        o5 = _code(lo, hi, 5, F32)
+        o6 = _code(lo, hi, 6, F32)
+        o7 = _code(lo, hi, 7, F32)
     # One return statement: the compiler (unlike the interpreter) requires every return of a
     # function to have the same types, constexpr branches included.
-    return first, second, third
+    return o0, o1, o2, o3, o4, o5, o6, o7
 
 
 @triton.jit
-def load_base(base_ptr, rows, N):
-    """e0 of `rows` as int32 [BN, 1] (1 for rows past N: any valid window decodes their zero codes)."""
-    return tl.load(base_ptr + rows, mask=rows < N, other=1).to(tl.int32)[:, None]
+def assemble(o0, o1, o2, o3, o4, o5, o6, o7, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The 8 codes of each group [BN, G] -> the tile [BN, BLOCK_K] in column order.
 
-
-@triton.jit
-def decode_planes(a, b, c, base, IS_W12: tl.constexpr, PTX_DECODE: tl.constexpr):
-    """(lo, hi) weight tiles from `load_planes`' raw tiles: W12 decoded to float32 with the row
-    bases `base` [BN, 1] (`load_base`); plain weights passed through in their own dtype."""
-    if IS_W12:
-        if PTX_DECODE:
-            exp_bytes = tl.broadcast_to(base * 0x01010101, a.shape)
-            w_lo = decode_w12_ptx(a, c, exp_bytes, False)
-            w_hi = decode_w12_ptx(b, c, exp_bytes, True)
-        else:
-            nib = c.to(tl.int32)
-            w_lo = decode_w12(a, nib & 0xF, base << 23)
-            w_hi = decode_w12(b, nib >> 4, base << 23)
-    else:
-        w_lo, w_hi = a, b
-    return w_lo, w_hi
-
-
-@triton.jit
-def decode_planes_bf16(a, b, c, base, IS_W12: tl.constexpr, PTX_DECODE: tl.constexpr):
-    """`decode_planes` with W12 weights as BF16 (exact); with PTX_DECODE straight to packed BF16
-    pairs (`decode_w12_bf16_ptx`, ~2.3 instructions per weight instead of ~3.6 + a conversion)."""
-    if IS_W12:
-        if PTX_DECODE:
-            exp_bytes = tl.broadcast_to(base * 0x01010101, a.shape)
-            w_lo = decode_w12_bf16_ptx(a, c, exp_bytes, False)
-            w_hi = decode_w12_bf16_ptx(b, c, exp_bytes, True)
-        else:
-            f_lo, f_hi = decode_planes(a, b, c, base, IS_W12, PTX_DECODE)
-            w_lo = f_lo.to(tl.bfloat16)
-            w_hi = f_hi.to(tl.bfloat16)
-    else:
-        w_lo, w_hi = a, b
-    return w_lo, w_hi
-
-
-@triton.jit
-def load_weight_tile(
-    w_ptr, nib_ptr, base_ptr,
-    rows, k0, N, K, Kp,
-    stride_w, stride_nib,
-    IS_W12: tl.constexpr, HALF_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    PTX_DECODE: tl.constexpr,
-):
-    """Weights of `rows` x the K tile at k0 as (lo [BN, HALF_K], hi [BN, HALF_K], lo columns [HALF_K]).
-
-    W12 tiles come back as float32 (decoded, placeholders included); plain tiles in their own dtype.
-    Out-of-range rows and columns read as code 0 / zero; callers mask x so they contribute nothing.
-    PTX_DECODE selects the inline-PTX decoder (GPU) over the portable one (same bits).
+    Group g = 4b + c, code i = 2q + r is column 32b + 8q + 2c + r (`layout.stored_columns`).
     """
-    a, b, c = load_planes(w_ptr, nib_ptr, rows, k0, N, K, Kp, stride_w, stride_nib, True,
-                          IS_W12, HALF_K, EVEN_N, EVEN_K, False)
-    if IS_W12:
-        base = load_base(base_ptr, rows, N)
+    t = tl.join(tl.join(tl.join(o0, o1), tl.join(o2, o3)), tl.join(tl.join(o4, o5), tl.join(o6, o7)))
+    t = tl.permute(t, (0, 1, 4, 3, 2))  # [BN, G, q_hi, q_lo, r]
+    t = tl.reshape(t, [BLOCK_N, BLOCK_K // 32, 4, 2, 2, 2])  # [BN, b, c, q_hi, q_lo, r]
+    t = tl.permute(t, (0, 1, 3, 4, 2, 5))  # [BN, b, q_hi, q_lo, c, r]
+    return tl.reshape(t, [BLOCK_N, BLOCK_K])
+
+
+@triton.jit
+def load_groups(lo_ptr, hi_ptr, rows, step, N, Kp, stride_lo, stride_hi,
+                BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+    """The raw W12 groups of `rows` x K tile `step`: (lo [BN, G] int64, hi [BN, G] int32).
+    Rows past N and groups past Kp read as code 0 (the placeholder; callers give x zeros there)."""
+    G: tl.constexpr = BLOCK_K // WORD
+    g = step * G + tl.max_contiguous(tl.multiple_of(tl.arange(0, G), G), G)
+    lo64 = lo_ptr.to(tl.pointer_type(tl.int64))
+    hi32 = hi_ptr.to(tl.pointer_type(tl.int32))
+    lo_tile = lo64 + rows[:, None] * (stride_lo // WORD) + g[None, :]
+    hi_tile = hi32 + rows[:, None] * (stride_hi // (WORD // 2)) + g[None, :]
+    if EVEN_N and EVEN_K:
+        lo = tl.load(lo_tile)
+        hi = tl.load(hi_tile)
     else:
-        base = 0
-    w_lo, w_hi = decode_planes(a, b, c, base, IS_W12, PTX_DECODE)
-    return w_lo, w_hi, tile_columns(k0, HALF_K)
+        mask = (rows < N)[:, None] & (g < Kp // WORD)[None, :]
+        lo = tl.load(lo_tile, mask=mask, other=0)
+        hi = tl.load(hi_tile, mask=mask, other=0)
+    return lo, hi
+
+
+@triton.jit
+def load_w12_tile(lo_ptr, hi_ptr, rows, step, N, Kp, stride_lo, stride_hi,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+                  PTX: tl.constexpr, F32: tl.constexpr):
+    """W12 weights of `rows` x K tile `step`, decoded and scaled: [BN, BLOCK_K] BF16 (or float32)."""
+    lo, hi = load_groups(lo_ptr, hi_ptr, rows, step, N, Kp, stride_lo, stride_hi, BLOCK_K, EVEN_N, EVEN_K)
+    o0, o1, o2, o3, o4, o5, o6, o7 = decode_groups(lo, hi, PTX, F32)
+    return assemble(o0, o1, o2, o3, o4, o5, o6, o7, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def load_dense_tile(w_ptr, rows, step, N, K, stride_w,
+                    BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+    """Plain weights of `rows` x K tile `step`: [BN, BLOCK_K] in their own dtype (zero outside)."""
+    k = step * BLOCK_K + tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
+    tile = w_ptr + rows[:, None] * stride_w + k[None, :]
+    if EVEN_N and EVEN_K:
+        return tl.load(tile)
+    return tl.load(tile, mask=(rows < N)[:, None] & (k < K)[None, :], other=0.0)
+
+
+@triton.jit
+def row_scale(base_ptr, rows, N):
+    """2^(e0 - 112) per row [BN] as float32: undoes the decoders' scaling (exact)."""
+    e0 = tl.load(base_ptr + rows, mask=rows < N, other=1).to(tl.int32)
+    return ((e0 + SCALE_EXP) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -333,3 +248,11 @@ def escape_correction_mn(
         term = xe[:, :, None] * v[None, :, None] - xe[:, :, None] * p[None, None, :]  # [BM, CHUNK, BN]
         corr += tl.sum(tl.where(own[None, :, :], term, 0.0), axis=1)
     return corr
+
+
+@triton.jit
+def store_rows(out, y_ptr, rows, M, N, stride_ym, BLOCK_M: tl.constexpr):
+    """Round out [BM, BN] (float32) once to y's dtype and store the valid rows x columns."""
+    m = tl.arange(0, BLOCK_M)
+    y_mask = (m < M)[:, None] & (rows < N)[None, :]
+    tl.store(y_ptr + m[:, None] * stride_ym + rows[None, :], out.to(y_ptr.dtype.element_ty), mask=y_mask)

@@ -1,8 +1,9 @@
 """W12 -> BF16 unpack on the GPU: the whole [N, K] matrix, bit-exact.
 
-Owns the kernel that decodes the dense planes (the same `tiles.decode_w12` the GEMV/GEMM kernels
-use, so a test of this kernel against the reference decoder pins down their decoding too), its
-launcher, which then writes the escapes with one scatter, and its reference (`codec.decode`).
+Owns the kernel that decodes the dense planes (the same `tiles.load_w12_tile` the GEMV/GEMM
+kernels use, then the row scale, so a test of this kernel against the reference decoder pins down
+their decoding too), its launcher, which then writes the escapes with one scatter, and its
+reference (`codec.decode`).
 Used for projections with more than 64 rows (prefill), where decoding once and calling cuBLAS
 beats decoding per tile. Does not own the codec (`specpilot.w12.codec`).
 """
@@ -29,28 +30,23 @@ NUM_WARPS = 4
 @triton.jit
 def _unpack_kernel(
     # pointers
-    mant_ptr, nib_ptr, base_ptr, out_ptr,
+    lo_ptr, hi_ptr, base_ptr, out_ptr,
     # sizes
     N, K, Kp,
     # strides
-    stride_w, stride_nib, stride_out,
+    stride_lo, stride_hi, stride_out,
     # meta
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PTX_DECODE: tl.constexpr,
 ):
-    HALF_K: tl.constexpr = BLOCK_K // 2
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    k0 = tl.program_id(1) * BLOCK_K
-    w_lo, w_hi, lo = tiles.load_weight_tile(
-        mant_ptr, nib_ptr, base_ptr, rows, k0, N, K, Kp, stride_w, stride_nib,
-        True, HALF_K, False, False, PTX_DECODE,
-    )
-    # Store BF16 bit patterns as int16: exact, and no float conversion involved.
-    bits_lo = (w_lo.to(tl.int32, bitcast=True) >> 16).to(tl.int16)
-    bits_hi = (w_hi.to(tl.int32, bitcast=True) >> 16).to(tl.int16)
-    out = out_ptr + rows[:, None] * stride_out
-    row_ok = (rows < N)[:, None]
-    tl.store(out + lo[None, :], bits_lo, mask=row_ok & (lo < K)[None, :])
-    tl.store(out + (lo + tiles.HALF)[None, :], bits_hi, mask=row_ok & (lo + tiles.HALF < K)[None, :])
+    step = tl.program_id(1)
+    w = tiles.load_w12_tile(lo_ptr, hi_ptr, rows, step, N, Kp, stride_lo, stride_hi,
+                            BLOCK_N, BLOCK_K, False, False, PTX_DECODE, True)  # [BN, BK] float32, scaled
+    w = w * tiles.row_scale(base_ptr, rows, N)[:, None]  # exact: the true in-window values (placeholders too)
+    # Store BF16 bit patterns as int16: exact (the float32 values have zero low halves).
+    bits = (w.to(tl.int32, bitcast=True) >> 16).to(tl.int16)
+    k = step * BLOCK_K + tl.arange(0, BLOCK_K)
+    tl.store(out_ptr + rows[:, None] * stride_out + k[None, :], bits, mask=(rows < N)[:, None] & (k < K)[None, :])
 
 
 # -- wrapper ----------------------------------------------------------------------------------
@@ -60,9 +56,9 @@ def unpack(weight: W12Weight) -> torch.Tensor:
     out = torch.empty(N, K, dtype=torch.int16, device=weight.device)  # BF16 bits [N, K]
     grid = (triton.cdiv(N, BLOCK_N), triton.cdiv(padded_columns(K), BLOCK_K))
     _unpack_kernel[grid](
-        weight.mant, weight.offs, weight.base, out,
+        weight.lo, weight.hi, weight.base, out,
         N, K, padded_columns(K),
-        weight.mant.stride(0), weight.offs.stride(0), out.stride(0),
+        weight.lo.stride(0), weight.hi.stride(0), out.stride(0),
         BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, PTX_DECODE=ptx_decode(), num_warps=NUM_WARPS,
     )
     if weight.num_escapes:

@@ -6,14 +6,16 @@ A converted model directory holds, next to the copied config and tokenizer files
     model.safetensors        every tensor left unconverted (norms, and by default embeddings and
                              lm_head), readable by any safetensors loader
     w12-00001.safetensors    W12 planes, one safetensors entry per plane, named `<hf name>.<plane>`
-    ...                      (planes: mant, offs, base, esc_ptr, esc_col, esc_val; see layout.py)
-    w12_index.json           the manifest: {"format": "specpilot-w12", "version": 1, "tensors":
+    ...                      (planes: lo, hi, base, esc_ptr, esc_col, esc_val; see layout.py)
+    w12_index.json           the manifest: {"format": "specpilot-w12", "version": 2, "tensors":
                              {hf name: {"file", "shape", "escapes", "crc32": {plane: crc}}},
                              "files": {file: {"bytes": size}}}
 
 Reading checks, in order: manifest format and version; each shard's size (truncation); the
 safetensors header and its format metadata; each plane's dtype and shape; each plane's CRC-32
-(altered bytes); the W12 invariants the kernels rely on (`W12Weight.validate`).
+(altered bytes); the W12 invariants the kernels rely on (`W12Weight.validate`). Only the current
+format version is read: an older manifest or shard (version 1 had other planes) is refused with
+a hint to convert the BF16 checkpoint again, since its bytes would decode to wrong weights.
 
 Owns `is_w12_checkpoint` and `read_w12_tensors` (what `specpilot.models.loading` calls), the
 streaming shard writer and reader. Does not own which tensors get converted or verification
@@ -96,6 +98,19 @@ class ShardWriter:
         return manifest
 
 
+def _version_error(file: Path, version) -> CheckpointError:
+    """The error for a manifest or shard of another format version (`version` as stored)."""
+    older = str(version).isdecimal() and 1 <= int(version) < FORMAT_VERSION
+    if older:
+        return CheckpointError(
+            f"{file}: W12 format version {int(version)}, but this SpecPilot reads version {FORMAT_VERSION}; "
+            f"convert the BF16 checkpoint again with `specpilot w12 convert`"
+        )
+    return CheckpointError(
+        f"{file}: W12 format version {version!r} is not supported (this SpecPilot reads {FORMAT_VERSION})"
+    )
+
+
 def read_manifest(path: str | Path) -> dict:
     """The validated manifest of a W12 checkpoint directory."""
     file = Path(path) / MANIFEST
@@ -108,10 +123,7 @@ def read_manifest(path: str | Path) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise CheckpointError(f"{file}: not a {FORMAT_NAME} manifest")
     if manifest.get("version") != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{file}: W12 format version {manifest.get('version')!r} is not supported "
-            f"(this SpecPilot reads {FORMAT_VERSION})"
-        )
+        raise _version_error(file, manifest.get("version"))
     tensors, files = manifest.get("tensors"), manifest.get("files")
     if not isinstance(tensors, dict) or not isinstance(files, dict):
         raise CheckpointError(f"{file}: manifest lacks its 'tensors' or 'files' table")
@@ -139,8 +151,10 @@ def _open_shard(path: Path, expected_bytes: int):
         metadata = handle.metadata() or {}
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise CheckpointError(f"{path}: unreadable W12 shard ({str(err).splitlines()[0]})") from None
-    if metadata.get("format") != FORMAT_NAME or metadata.get("version") != str(FORMAT_VERSION):
-        raise CheckpointError(f"{path}: not a version-{FORMAT_VERSION} W12 shard (header metadata {metadata})")
+    if metadata.get("format") != FORMAT_NAME:
+        raise CheckpointError(f"{path}: not a W12 shard (header metadata {metadata})")
+    if metadata.get("version") != str(FORMAT_VERSION):
+        raise _version_error(path, metadata.get("version"))
     return handle
 
 

@@ -21,11 +21,12 @@ from specpilot.w12.layout import (
     bf16_to_bits,
     bits_to_bf16,
     bits_to_int16,
+    code_parts,
     dense_bits,
     escape_column_dtype,
-    pack_offsets,
+    pack_planes,
     padded_columns,
-    unpack_offsets,
+    unpack_planes,
 )
 from specpilot.w12.weight import W12Weight
 
@@ -60,15 +61,17 @@ def _encode_rows(bits: torch.Tensor, Kp: int):
     offset = exponent - base[:, None]
     # 1 <= base <= 239 keeps exponent fields 0 (zero/subnormal) and 255 (Inf/NaN) out of every window.
     dense = (offset >= 0) & (offset < WINDOW)
-    code = torch.where(dense, ((bits >> 8) & 0x80) | (bits & 0x7F), 0)
-    offset = torch.where(dense, offset, 0)
+    low, nibble = code_parts(bits, torch.where(dense, offset, 0))
+    low = torch.where(dense, low, 0)  # escape slots hold the placeholder code 0
+    nibble = torch.where(dense, nibble, 0)
     if Kp != K:
-        code = torch.nn.functional.pad(code, (0, Kp - K))
-        offset = torch.nn.functional.pad(offset, (0, Kp - K))
+        low = torch.nn.functional.pad(low, (0, Kp - K))
+        nibble = torch.nn.functional.pad(nibble, (0, Kp - K))
+    lo, hi = pack_planes(low, nibble)
     rows, cols = (~dense).nonzero(as_tuple=True)  # row-major: sorted by (row, col)
     return (
-        code.to(torch.uint8),
-        pack_offsets(offset),
+        lo,
+        hi,
         base.to(torch.uint8),
         torch.bincount(rows, minlength=R),
         cols,
@@ -86,14 +89,14 @@ def encode(weight: torch.Tensor) -> W12Weight:
     Kp = padded_columns(K)
     rows_per_chunk = max(1, ENCODE_CHUNK_ELEMENTS // K)
     parts = [_encode_rows(bf16_to_bits(weight[r : r + rows_per_chunk]), Kp) for r in range(0, N, rows_per_chunk)]
-    mant, offs, base, counts, cols, vals = (torch.cat(p) for p in zip(*parts))
+    lo, hi, base, counts, cols, vals = (torch.cat(p) for p in zip(*parts))
     esc_ptr = torch.zeros(N + 1, dtype=torch.int64, device=weight.device)
     esc_ptr[1:] = counts.cumsum(0)
     col_dtype = escape_column_dtype(Kp)
     return W12Weight(
         shape=(N, K),
-        mant=mant,
-        offs=offs,
+        lo=lo,
+        hi=hi,
         base=base,
         esc_ptr=esc_ptr.to(torch.int32),
         esc_col=bits_to_int16(cols) if col_dtype == torch.int16 else cols.to(col_dtype),
@@ -117,7 +120,7 @@ def escape_columns(weight: W12Weight) -> torch.Tensor:
 def decode(weight: W12Weight) -> torch.Tensor:
     """`W12Weight` -> the exact BF16 weight [N, K] it encodes (same device)."""
     K = weight.shape[1]
-    bits = dense_bits(weight.mant, unpack_offsets(weight.offs), weight.base)[:, :K].contiguous()
+    bits = dense_bits(*unpack_planes(weight.lo, weight.hi), weight.base)[:, :K].contiguous()
     if weight.num_escapes:
         flat = escape_rows(weight) * K + escape_columns(weight)
         bits.view(-1)[flat] = weight.esc_val.to(torch.int32) & 0xFFFF

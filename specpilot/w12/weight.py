@@ -14,14 +14,14 @@ import torch
 
 from specpilot.errors import CheckpointError
 from specpilot.w12.layout import (
-    HALF,
     MAX_BASE,
     MIN_BASE,
     escape_column_dtype,
     padded_columns,
+    stored_positions,
 )
 
-PLANES = ("mant", "offs", "base", "esc_ptr", "esc_col", "esc_val")
+PLANES = ("lo", "hi", "base", "esc_ptr", "esc_col", "esc_val")
 
 
 @dataclass(frozen=True, repr=False)
@@ -29,8 +29,8 @@ class W12Weight:
     """A BF16 matrix [N, K] in W12 form; see `specpilot.w12.layout` for the meaning of each tensor."""
 
     shape: tuple[int, int]  # (N, K)
-    mant: torch.Tensor  # [N, Kp] uint8: sign << 7 | mantissa
-    offs: torch.Tensor  # [N, Kp/2] uint8: exponent offsets, two per byte
+    lo: torch.Tensor  # [N, Kp] uint8: (offset & 1) << 7 | mantissa, in stored order
+    hi: torch.Tensor  # [N, Kp/2] uint8: sign << 3 | offset >> 1, two nibbles per byte
     base: torch.Tensor  # [N] uint8: window bottom e0
     esc_ptr: torch.Tensor  # [N+1] int32: CSR row pointers into the escapes
     esc_col: torch.Tensor  # [E] int16 (uint16 values) or int32: escape columns
@@ -40,8 +40,8 @@ class W12Weight:
         N, K = self.shape
         Kp = padded_columns(K)
         expected = {
-            "mant": (torch.uint8, (N, Kp)),
-            "offs": (torch.uint8, (N, Kp // 2)),
+            "lo": (torch.uint8, (N, Kp)),
+            "hi": (torch.uint8, (N, Kp // 2)),
             "base": (torch.uint8, (N,)),
             "esc_ptr": (torch.int32, (N + 1,)),
             "esc_col": (escape_column_dtype(Kp), (self.esc_val.shape[0],)),
@@ -64,7 +64,7 @@ class W12Weight:
 
     @property
     def device(self) -> torch.device:
-        return self.mant.device
+        return self.lo.device
 
     @property
     def num_escapes(self) -> int:
@@ -103,8 +103,8 @@ class W12Weight:
             total += w.num_escapes
         return cls(
             shape=(sum(w.shape[0] for w in weights), Ks.pop()),
-            mant=torch.cat([w.mant for w in weights]),
-            offs=torch.cat([w.offs for w in weights]),
+            lo=torch.cat([w.lo for w in weights]),
+            hi=torch.cat([w.hi for w in weights]),
             base=torch.cat([w.base for w in weights]),
             esc_ptr=torch.cat(ptrs),
             esc_col=torch.cat([w.esc_col for w in weights]),
@@ -135,10 +135,11 @@ class W12Weight:
         same_row = rows[1:] == rows[:-1]
         if bool((same_row & (cols[1:] <= cols[:-1])).any()):
             raise CheckpointError(f"{where}: escape columns are not strictly increasing within a row")
-        mant = self.mant[rows, cols]
-        nibble = self.offs[rows, (cols // (2 * HALF)) * HALF + cols % HALF].to(torch.int32)
-        nibble = torch.where((cols % (2 * HALF)) < HALF, nibble & 0xF, nibble >> 4)
-        if bool((mant != 0).any()) or bool((nibble != 0).any()):
+        pos = stored_positions(cols)
+        low = self.lo[rows, pos]
+        nibble = self.hi[rows, (pos // 8) * 4 + pos % 4].to(torch.int32)
+        nibble = torch.where(pos % 8 < 4, nibble & 0xF, nibble >> 4)
+        if bool((low != 0).any()) or bool((nibble != 0).any()):
             raise CheckpointError(f"{where}: an escape slot does not hold the placeholder code")
 
     def to_module(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None):

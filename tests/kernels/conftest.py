@@ -76,6 +76,16 @@ def escape_heavy_weight(N: int, K: int, seed: int = 0) -> torch.Tensor:
     return w.bfloat16()
 
 
+def escape_free_weight(N: int, K: int, seed: int = 3, e0: int = 112) -> torch.Tensor:
+    """BF16 [N, K] weights with no escapes: random signs and mantissas, exponents e0..e0+15 in
+    every row (each exponent present, so every row's window is exactly that)."""
+    g = torch.Generator().manual_seed(seed)
+    exponent = e0 + torch.randint(0, 16, (N, K), generator=g)
+    exponent[:, :16] = e0 + torch.arange(16)
+    bits = (torch.randint(0, 2, (N, K), generator=g) << 15) | (exponent << 7) | torch.randint(0, 128, (N, K), generator=g)
+    return (((bits + 0x8000) & 0xFFFF) - 0x8000).to(torch.int16).view(torch.bfloat16)
+
+
 def activations(M: int, K: int, seed: int = 1, dtype=torch.float32) -> torch.Tensor:
     """[M, K] activations on the test device, BF16 values (as the engine's are) held in `dtype`;
     x[0, 5] = 0 so the +Inf weight of row 0 yields NaN there, as in the reference."""
@@ -128,6 +138,11 @@ def make_weight():
 @pytest.fixture(scope="session")
 def make_x():
     return activations
+
+
+@pytest.fixture(scope="session")
+def window_weight():
+    return escape_free_weight
 
 
 @pytest.fixture(scope="session")

@@ -42,7 +42,15 @@ def test_sass_profile_counts_the_k_loop():
     assert per_weight[0] > per_weight[1] > 1.0  # decoding W12 costs instructions plain weights do not
 
 
-def test_pipelined_gemv_streams_through_shared_memory():
-    run = aot("--quick", "--sass", "gemv n4 k1024 w4 s3 bm1", needs="cuobjdump")
+def test_w12_gemm_decodes_straight_into_the_mma_fragment():
+    """The tensor-core path on sm_90: the planes stream through shared memory with cp.async
+    (LDGSTS), the MMA is wgmma (HGMMA), and W12's decoded weights are never stored to shared
+    memory (no STS in the K loop): the groups are loaded straight into the A fragment's layout."""
+    run = aot("--quick", "--sass", "gemm n64 k256 w4 s3 bm16", needs="cuobjdump")
     assert run.returncode == 0, run.stderr[-3000:]
-    assert all("LDGSTS" in line for line in run.stdout.strip().splitlines())  # cp.async, both formats
+    w12, bf16 = run.stdout.strip().splitlines()
+    for line in (w12, bf16):
+        assert "LDGSTS" in line and "HGMMA" in line
+    assert "'STS" not in w12 and "LDS.64" in w12  # 8-byte group loads from the cp.async buffers
+    per_weight = [float(line.split(" per weight")[0].split(", ")[-1]) for line in (w12, bf16)]
+    assert per_weight[0] < 4.0  # ~1.25 to decode, the rest MMA, addressing and copies

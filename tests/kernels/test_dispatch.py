@@ -27,11 +27,16 @@ def weight(make_weight):
     return make_weight(37, 300)
 
 
-def test_heuristic_picks_gemv_for_one_row_and_tensor_cores_above():
-    assert choose_config(WeightFormat.W12, 1, 4096, 4096).path is KernelPath.GEMV
-    assert choose_config(WeightFormat.W12, 2, 4096, 4096).path is KernelPath.GEMM
-    assert choose_config(WeightFormat.DENSE, 5, 4096, 4096).path is KernelPath.GEMM
-    assert choose_config(WeightFormat.W12, 64, 4096, 4096).path is KernelPath.GEMM
+def test_heuristic_picks_tensor_cores_for_every_row_count():
+    for fmt, M in ((WeightFormat.W12, 1), (WeightFormat.W12, 2), (WeightFormat.DENSE, 5), (WeightFormat.W12, 64)):
+        assert choose_config(fmt, M, 4096, 4096).path is KernelPath.GEMM
+
+
+def test_every_candidate_fits_shared_memory_at_its_rows():
+    for M in range(1, configs.GEMM_MAX_M + 1):
+        for cfg in configs.candidates(M):
+            assert cfg.shared_bytes(M, 2.0) <= configs.SHARED_MEMORY_BUDGET
+    assert configs.gemm_candidates(64) != configs.gemm_candidates(1)  # the deepest buffers drop out at M = 64
 
 
 def test_tuned_table_overrides_the_heuristic(tmp_path, monkeypatch):
@@ -48,14 +53,29 @@ def test_tuned_table_overrides_the_heuristic(tmp_path, monkeypatch):
         configs.tuned_table.cache_clear()
 
 
+def test_a_table_for_other_kernels_is_a_clear_error(tmp_path, monkeypatch):
+    stale = {"path": "gemm", "block_n": 64, "block_k": 128, "prefetch": True}  # a field these kernels lack
+    (tmp_path / "nvidia_h200.json").write_text(json.dumps({"entries": [{"format": "w12", "m": 1, "n": 64, "k": 128,
+                                                                        "config": stale}]}))
+    monkeypatch.setattr(configs, "TUNED_DIR", tmp_path)
+    configs.tuned_table.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match="not a tuned-config table"):
+            choose_config(WeightFormat.W12, 1, 64, 128, "NVIDIA H200")
+    finally:
+        configs.tuned_table.cache_clear()
+
+
 def test_auto_split_fills_the_gpu_only_when_row_tiles_are_few():
     assert auto_split_k(n_tiles=1024, k_steps=16, sm_count=132) == 1
     assert auto_split_k(n_tiles=64, k_steps=16, sm_count=132) == 5
     assert auto_split_k(n_tiles=64, k_steps=3, sm_count=132) == 1  # each split keeps >= 2 steps
     assert auto_split_k(n_tiles=1, k_steps=1000, sm_count=132) == configs.MAX_SPLIT_K
+    assert auto_split_k(n_tiles=64, k_steps=16, sm_count=132, programs_per_sm=1) == 3
+    assert auto_split_k(n_tiles=300, k_steps=16, sm_count=132, programs_per_sm=4) == 2
 
 
-@pytest.mark.parametrize("rows", [1, 6, 65])  # GEMV, GEMM, decode + F.linear (heuristic configs)
+@pytest.mark.parametrize("rows", [1, 6, 65])  # GEMM, GEMM, decode + F.linear (heuristic configs)
 def test_linear_dispatches_by_rows(weight, make_x, to_device, check, rows):
     for w in map(to_device, (encode(weight), weight)):
         x = make_x(rows, 300)

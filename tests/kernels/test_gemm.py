@@ -15,8 +15,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 CONFIGS = [
     LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128),
     LaunchConfig(KernelPath.GEMM, block_n=32, block_k=256, split_k=2),
-    LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, num_stages=3, bf16_decode=True),
-    LaunchConfig(KernelPath.GEMM, block_n=32, block_k=128, split_k=2, prefetch=True, bf16_decode=True),
+    LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, num_stages=3),
+    LaunchConfig(KernelPath.GEMM, block_n=64, block_k=128, split_k=2, num_stages=2, ptx_decode=False),
 ]
 
 
@@ -49,7 +49,7 @@ def test_bf16_activations(weights, make_x, check, M):
 @pytest.mark.parametrize("fmt", ["w12", "dense"])
 @pytest.mark.parametrize("config", CONFIGS[2:], ids=lambda c: c.label())
 def test_variants_match_reference(weights, make_x, check, M, fmt, config):
-    """BF16 decode and register prefetch (split-K: 2 splits of 1-2 K steps each)."""
+    """A pipelined loop, a 64-row block, the portable decoder by name (split-K: 2 splits of 1-2 K steps)."""
     from specpilot.kernels.gemm import gemm
 
     x = make_x(M, 300)
@@ -57,20 +57,33 @@ def test_variants_match_reference(weights, make_x, check, M, fmt, config):
 
 
 @pytest.mark.parametrize("shape", [(16, 256), (37, 300)])
-def test_prefetch_matches_the_plain_loop(make_weight, make_x, to_device, check, shape):
-    """Even tiles (unmasked loads, last prefetch predicated off) and odd ones: bit for bit the plain
-    loop; with the BF16 decode within the bound (the interpreter's matmul may sum a BF16 tile in
-    another order)."""
+def test_pipelined_loop_matches_the_plain_loop(make_weight, make_x, to_device, check, shape):
+    """Even tiles (unmasked loads) and odd ones: a pipelined K loop gives the plain loop's result
+    bit for bit (same arithmetic in the same order)."""
     from specpilot.kernels.gemm import gemm
 
     w = make_weight(*shape, seed=5)
     x = make_x(5, shape[1])
     plain = LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128)
     for weight in map(to_device, (encode(w), w)):
-        y = gemm(x, weight, dataclasses.replace(plain, prefetch=True))
+        y = gemm(x, weight, dataclasses.replace(plain, num_stages=3))
         check(y, x, weight)
         assert torch.equal(y.view(torch.int32), gemm(x, weight, plain).view(torch.int32))
-        check(gemm(x, weight, dataclasses.replace(plain, prefetch=True, bf16_decode=True)), x, weight)
+
+
+@pytest.mark.parametrize("M", [1, 20])
+def test_w12_equals_the_bf16_kernel_without_escapes(to_device, make_x, M, window_weight):
+    """Decoding scaled by 2^(112 - e0) and scaling each row back is exact: on weights without
+    escapes the W12 kernel gives the plain kernel's output bit for bit (same tiles, same order)."""
+    from specpilot.kernels.gemm import gemm
+
+    w = window_weight(40, 640)
+    enc = encode(w)
+    assert enc.num_escapes == 0
+    x = make_x(M, 640)
+    config = LaunchConfig(KernelPath.GEMM, block_n=16, block_k=256, split_k=2)
+    y12 = gemm(x, to_device(enc), config)
+    assert torch.equal(y12.view(torch.int32), gemm(x, to_device(w), config).view(torch.int32))
 
 
 def test_many_escapes_per_tile_and_non_finite_ones_in_one_chunk(make_x, to_device, check):
@@ -122,5 +135,5 @@ def test_rejects_bad_inputs(weights, make_x):
         gemm(make_x(2, 300), weights["w12"], LaunchConfig(KernelPath.GEMV, 4, 128))
     with pytest.raises(ValueError, match="block_n"):
         LaunchConfig(KernelPath.GEMM, 8, 128)
-    with pytest.raises(ValueError, match="bf16_decode"):
-        LaunchConfig(KernelPath.GEMV, 8, 128, bf16_decode=True)
+    with pytest.raises(ValueError, match="programs_per_sm"):
+        LaunchConfig(KernelPath.GEMM, 16, 128, programs_per_sm=0)

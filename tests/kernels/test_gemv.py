@@ -16,9 +16,9 @@ CONFIGS = [  # few programs each: the interpreter pays per program
     LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128),
     LaunchConfig(KernelPath.GEMV, block_n=16, block_k=256, split_k=2),
     LaunchConfig(KernelPath.GEMV, block_n=4, block_k=128, split_k=3, num_warps=2),
-    LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, prefetch=True),  # 3 K steps: two prefetches
-    LaunchConfig(KernelPath.GEMV, block_n=16, block_k=256, split_k=2, prefetch=True),  # 1 step per split
     LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, num_stages=3),  # a pipelined K loop
+    LaunchConfig(KernelPath.GEMV, block_n=16, block_k=256, split_k=2, num_stages=2),  # 1 step per split
+    LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, ptx_decode=False),  # the portable decoder by name
 ]
 
 
@@ -59,18 +59,33 @@ def test_tiny_and_odd_shapes(make_weight, make_x, to_device, check, shape, confi
 
 
 @pytest.mark.parametrize("M", [1, 2, 3])
-def test_prefetch_on_even_tiles(make_weight, make_x, to_device, check, M):
-    """N and K multiples of the tile: the unmasked loads, with the last prefetch predicated off;
-    the result equals the plain loop's bit for bit (same arithmetic in the same order)."""
+def test_pipelined_loop_on_even_tiles(make_weight, make_x, to_device, check, M):
+    """N and K multiples of the tile (the unmasked loads): a pipelined K loop gives the plain loop's
+    result bit for bit (same arithmetic in the same order)."""
     from specpilot.kernels.gemv import gemv
 
     w = make_weight(16, 384, seed=3)
     x = make_x(M, 384)
     plain = LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128)
     for weight in map(to_device, (encode(w), w)):
-        y = gemv(x, weight, dataclasses.replace(plain, prefetch=True))
+        y = gemv(x, weight, dataclasses.replace(plain, num_stages=3))
         check(y, x, weight)
         assert torch.equal(y.view(torch.int32), gemv(x, weight, plain).view(torch.int32))
+
+
+@pytest.mark.parametrize("M", [1, 5])
+def test_w12_equals_the_bf16_kernel_without_escapes(to_device, make_x, M, window_weight):
+    """Decoding scaled by 2^(112 - e0) and scaling each row back is exact: on weights without
+    escapes the W12 kernel gives the plain kernel's output bit for bit."""
+    from specpilot.kernels.gemv import gemv
+
+    w = window_weight(24, 640)
+    enc = encode(w)
+    assert enc.num_escapes == 0
+    x = make_x(M, 640)
+    config = LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, split_k=2)
+    y12 = gemv(x, to_device(enc), config)
+    assert torch.equal(y12.view(torch.int32), gemv(x, to_device(w), config).view(torch.int32))
 
 
 def test_split_k_is_deterministic_and_resets_its_counters(weights, make_x, device):

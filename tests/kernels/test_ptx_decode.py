@@ -9,7 +9,9 @@ import re
 import numpy as np
 import pytest
 
-from specpilot.w12.layout import MAX_BASE, MIN_BASE
+import torch
+
+from specpilot.w12.layout import SCALE_BIAS, dense_bits
 
 U32 = np.uint64  # compute in 64 bits, wrap to 32
 
@@ -35,7 +37,8 @@ def lop3(a, b, c, lut):
 
 
 def run_ptx(asm: str, operands: dict) -> dict:
-    """Execute the subset of PTX the decoders use on uint64 numpy arrays holding 32-bit values."""
+    """Execute the subset of PTX the decoders use on uint64 numpy arrays holding 32-bit values
+    (64-bit operands hold 64-bit values); `mov.b32 {$a, $b}, r` splits r into 16-bit halves."""
     regs = dict(operands)
 
     def val(tok):
@@ -44,19 +47,22 @@ def run_ptx(asm: str, operands: dict) -> dict:
             return regs[tok]
         return U32(int(tok, 16) if tok.lower().startswith("0x") else int(tok))
 
-    for stmt in asm.replace("{", ";").replace("}", ";").split(";"):
+    for stmt in asm.replace("{\n", ";").replace("\n}", ";").split(";"):
         stmt = stmt.strip()
         if not stmt or stmt.startswith(".reg"):
             continue
         op, args = stmt.split(None, 1)
+        if op in ("mov.b64", "mov.b32") and args.startswith("{"):
+            m = re.fullmatch(r"\{(\S+), (\S+)\}, (\S+)", args)
+            assert m, stmt
+            src, bits = val(m.group(3)), 32 if op == "mov.b64" else 16
+            regs[m.group(1)] = src & U32((1 << bits) - 1)
+            regs[m.group(2)] = (src >> U32(bits)) & U32((1 << bits) - 1)
+            continue
         args = [a.strip() for a in args.split(",")]
         d, srcs = args[0], [val(a) for a in args[1:]]
-        if op == "mov.b32":
-            r = srcs[0] + np.zeros(1, dtype=U32)
-        elif op == "and.b32":
+        if op == "and.b32":
             r = srcs[0] & srcs[1]
-        elif op == "add.u32":
-            r = srcs[0] + srcs[1]
         elif op == "shl.b32":
             r = srcs[0] << srcs[1]
         elif op == "shr.u32":
@@ -71,11 +77,6 @@ def run_ptx(asm: str, operands: dict) -> dict:
     return regs
 
 
-def expected_bits(byte, offset, base):
-    """float32 bits of sign|mantissa byte `byte` with exponent base + offset (layout.dense_bits << 16)."""
-    return (((byte & 0x80) << 8) | ((base + offset) << 7) | (byte & 0x7F)) << 16
-
-
 @pytest.fixture(scope="module")
 def tiles():
     """Imported at test time, after conftest switched Triton to the interpreter."""
@@ -84,49 +85,31 @@ def tiles():
     return tiles
 
 
-@pytest.mark.parametrize("high", [False, True])
-@pytest.mark.parametrize("base", [MIN_BASE, 127, MAX_BASE])
-def test_w12_decoder_matches_the_layout_for_every_byte_and_nibble(tiles, high, base):
-    asm = (tiles.ASM_DECODE_HIGH if high else tiles.ASM_DECODE_LOW).value
-    rng = np.random.default_rng(base)
-    b = np.arange(256, dtype=U32)[:, None]  # mant byte under test
-    n = np.arange(256, dtype=U32)[None, :]  # nibble byte under test
-    for j in range(4):
-        other_m = rng.integers(0, 256, (256, 256, 4)).astype(U32)
-        other_n = rng.integers(0, 256, (256, 256, 4)).astype(U32)
-        other_m[..., j], other_n[..., j] = b, n  # byte j is the one checked; the others are noise
-        mant = sum(other_m[..., i] << U32(8 * i) for i in range(4))
-        nib = sum(other_n[..., i] << U32(8 * i) for i in range(4))
-        regs = run_ptx(asm, {"$4": mant, "$5": nib, "$6": U32(base * 0x01010101)})
-        offset = (n >> U32(4)) if high else (n & U32(0xF))
-        assert np.array_equal(regs[f"${j}"], np.broadcast_to(expected_bits(b, offset, U32(base)), (256, 256)))
+def group_words(code: int, low, nibble, rng):
+    """(lo int64, hi int32) words of a group whose code `code` is (low, nibble) and whose other
+    seven codes are random; low/nibble broadcast."""
+    lows = [rng.integers(0, 256, size=low.shape, dtype=U32) for _ in range(8)]
+    nibs = [rng.integers(0, 16, size=low.shape, dtype=U32) for _ in range(8)]
+    lows[code], nibs[code] = low, nibble
+    lo = sum(lows[i] << U32(8 * i) for i in range(8))
+    hi = sum(nibs[i] << U32(8 * (i % 4) + 4 * (i // 4)) for i in range(8))
+    return lo, hi
 
 
-def test_bf16_widening_asm(tiles):
-    with open(tiles.__file__) as f:
-        src = re.search(r'inline_asm_elementwise\("([^"]+)"', f.read()).group(1)
-    asm = src.encode().decode("unicode_escape")
-    pair = np.array([0x3F80_BF80, 0x7FC1_0001], dtype=U32)  # element 0 in the low half
-    regs = run_ptx(asm, {"$2": pair})
-    assert regs["$0"].tolist() == [0xBF80_0000, 0x0001_0000]
-    assert regs["$1"].tolist() == [0x3F80_0000, 0x7FC1_0000]
-
-
-@pytest.mark.parametrize("high", [False, True])
-@pytest.mark.parametrize("base", [MIN_BASE, 127, MAX_BASE])
-def test_w12_bf16_decoder_matches_the_layout_for_every_byte_and_nibble(tiles, high, base):
-    """$0 packs BF16 weights (0, 1), $1 (2, 3), element 0 in the low half (Triton's pack=4 order)."""
-    asm = (tiles.ASM_DECODE_BF16_HIGH if high else tiles.ASM_DECODE_BF16_LOW).value
-    rng = np.random.default_rng(base + 1)
-    b = np.arange(256, dtype=U32)[:, None]
-    n = np.arange(256, dtype=U32)[None, :]
-    for j in range(4):
-        other_m = rng.integers(0, 256, (256, 256, 4)).astype(U32)
-        other_n = rng.integers(0, 256, (256, 256, 4)).astype(U32)
-        other_m[..., j], other_n[..., j] = b, n
-        mant = sum(other_m[..., i] << U32(8 * i) for i in range(4))
-        nib = sum(other_n[..., i] << U32(8 * i) for i in range(4))
-        regs = run_ptx(asm, {"$2": mant, "$3": nib, "$4": U32(base * 0x01010101)})
-        offset = (n >> U32(4)) if high else (n & U32(0xF))
-        half = (regs[f"${j // 2}"] >> U32(16 * (j % 2))) & U32(0xFFFF)
-        assert np.array_equal(half, np.broadcast_to(expected_bits(b, offset, U32(base)) >> U32(16), (256, 256)))
+@pytest.mark.parametrize("f32", [False, True])
+@pytest.mark.parametrize("code", range(8))
+def test_group_decoder_matches_the_layout_for_every_code(tiles, f32, code):
+    """Every (lo byte, nibble) pair at every code position of a group: output `code` holds the
+    BF16 bits that `layout.dense_bits` gives a row of window base 112 (the scaled weight), as
+    the low half of a BF16 pair or as float32; the other lanes are random and must not leak in."""
+    rng = np.random.default_rng(code)
+    low = np.repeat(np.arange(256, dtype=U32), 16)
+    nibble = np.tile(np.arange(16, dtype=U32), 256)
+    lo, hi = group_words(code, low, nibble, rng)
+    asm = tiles.ASM_DECODE_F32.value if f32 else tiles.ASM_DECODE_BF16.value
+    regs = run_ptx(asm, {"$8": lo, "$9": hi})
+    got = regs[f"${code}"]
+    expected = dense_bits(torch.from_numpy(low.astype(np.int32))[None, :],
+                          torch.from_numpy(nibble.astype(np.int32))[None, :],
+                          torch.tensor([SCALE_BIAS]))[0].numpy().astype(U32)
+    assert np.array_equal(got, expected << U32(16) if f32 else expected)

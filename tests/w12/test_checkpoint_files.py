@@ -31,6 +31,10 @@ def data_start(shard) -> int:
     return 8 + header_len
 
 
+def shard_metadata(shard) -> dict:
+    return json.loads(shard.read_bytes()[8 : data_start(shard)])["__metadata__"]
+
+
 def assert_one_line_error(path, match):
     for read in (read_w12_tensors, load_model):
         with pytest.raises(CheckpointError, match=match) as err:
@@ -72,18 +76,43 @@ def test_manifest_damage(w12_dir):
     manifest.write_text(good[: len(good) // 2])
     assert_one_line_error(w12_dir, "not valid JSON")
     data = json.loads(good)
-    data["version"] = 2
+    data["version"] = 3
     manifest.write_text(json.dumps(data))
-    assert_one_line_error(w12_dir, "version 2 is not supported")
+    assert_one_line_error(w12_dir, "version 3 is not supported")
     data = json.loads(good)
     name = next(iter(data["tensors"]))
-    data["tensors"][name]["crc32"]["mant"] ^= 1
-    manifest.write_text(json.dumps(data))
-    assert_one_line_error(w12_dir, f"{name}.mant fails its CRC-32")
+    for plane in ("lo", "hi"):
+        data = json.loads(good)
+        data["tensors"][name]["crc32"][plane] ^= 1
+        manifest.write_text(json.dumps(data))
+        assert_one_line_error(w12_dir, f"{name}.{plane} fails its CRC-32")
     data = json.loads(good)
     del data["tensors"][name]["crc32"]["esc_val"]
     manifest.write_text(json.dumps(data))
     assert_one_line_error(w12_dir, "malformed")
+
+
+VERSION_1 = ("W12 format version 1, but this SpecPilot reads version 2; "
+             "convert the BF16 checkpoint again with `specpilot w12 convert`")
+
+
+def test_version_1_manifest_asks_for_a_new_conversion(w12_dir):
+    manifest = w12_dir / MANIFEST
+    data = json.loads(manifest.read_text())
+    data["version"] = 1
+    manifest.write_text(json.dumps(data))
+    assert_one_line_error(w12_dir, f"{MANIFEST}: {VERSION_1}")
+    with pytest.raises(CheckpointError, match=VERSION_1):
+        verify_checkpoint(w12_dir.parent / "src", w12_dir)
+
+
+def test_version_1_shard_asks_for_a_new_conversion(w12_dir):
+    shard = shard_of(w12_dir)
+    data = shard.read_bytes()
+    header = b'"version":"2"'
+    assert data.count(header) == 1
+    shard.write_bytes(data.replace(header, b'"version":"1"'))  # same length: sizes and CRCs still match
+    assert_one_line_error(w12_dir, f"{shard.name}: {VERSION_1}")
 
 
 def test_missing_shard(w12_dir):
@@ -94,7 +123,8 @@ def test_missing_shard(w12_dir):
 
 def test_manifest_records_format_version_and_checksums(w12_dir):
     manifest = read_manifest(w12_dir)
-    assert manifest["format"] == "specpilot-w12" and manifest["version"] == 1
+    assert manifest["format"] == "specpilot-w12" and manifest["version"] == 2
     entry = next(iter(manifest["tensors"].values()))
-    assert set(entry["crc32"]) == {"mant", "offs", "base", "esc_ptr", "esc_col", "esc_val"}
+    assert set(entry["crc32"]) == {"lo", "hi", "base", "esc_ptr", "esc_col", "esc_val"}
+    assert shard_metadata(shard_of(w12_dir)) == {"format": "specpilot-w12", "version": "2"}
     assert all(f["bytes"] == (w12_dir / name).stat().st_size for name, f in manifest["files"].items())

@@ -133,21 +133,39 @@ def test_shapes_not_divisible_by_any_block(shape):
     w = (torch.randn(shape, generator=g) * 0.02).bfloat16()
     w.view(-1)[0] = 0.0
     enc = assert_round_trip(w)
-    assert enc.mant.shape == (shape[0], padded_columns(shape[1]))
+    assert enc.lo.shape == (shape[0], padded_columns(shape[1]))
+    assert enc.hi.shape == (shape[0], padded_columns(shape[1]) // 2)
 
 
 def test_dense_codes_follow_the_layout():
-    # 1.5 = exponent 127, mantissa 0x40; -0.75 = sign, exponent 126, mantissa 0x40; 0 escapes.
+    # e0 = 112 (the smallest start covering exponents 116..127), so offset o = exponent - 112.
+    # column  value                     s  exp  o   m     lo = (o&1)<<7|m  nibble = s<<3|o>>1  stored position
+    #   0     1.5        0x3FC0          0  127  15  0x40  0xC0             0x7                 0
+    #   2     -0.75      0xBF40          1  126  14  0x40  0x40             0xF                 8
+    #   8     149/8192   121<<7 | 0x15   0  121   9  0x15  0x95             0x4                 2
+    #  16     -1.0       0xBF80          1  127  15  0x00  0x80             0xF                 4
+    #  17     -255/2^18  sign|116<<7|7F  1  116   4  0x7F  0x7F             0xA                 5
+    # 129     1.5        0x3FC0          0  127  15  0x40  0xC0             0x7                 129
+    # Every other column is 0.0: an escape, whose slot holds the placeholder code 0.
     w = torch.zeros(1, 130, dtype=torch.bfloat16)
-    w[0, 0], w[0, 64], w[0, 129] = 1.5, -0.75, 1.5
-    enc = encode(w)
-    e0 = int(enc.base[0])
-    assert e0 == 112  # the smallest start covering 126 and 127
-    assert enc.mant[0, 0] == 0x40 and enc.mant[0, 64] == 0x80 | 0x40 and enc.mant[0, 129] == 0x40
-    assert enc.offs[0, 0] == (127 - e0) | ((126 - e0) << 4)  # columns 0 and 64 share a byte
-    assert enc.offs[0, 64 + 1] & 0xF == 127 - e0  # column 129: group 1, low half, i = 1
-    assert enc.num_escapes == 127  # every zero
-    assert int(enc.mant[0, 1]) == 0 and int(enc.offs[0, 1]) == 0  # escape slots hold the placeholder
+    cols = [0, 2, 8, 16, 17, 129]
+    w[0, cols] = from_patterns([0x3FC0, 0xBF40, (121 << 7) | 0x15, 0xBF80, 0x8000 | (116 << 7) | 0x7F, 0x3FC0])
+    enc = assert_round_trip(w)
+    assert int(enc.base[0]) == 112
+    assert enc.num_escapes == 130 - len(cols)
+    lo, hi = enc.lo[0].tolist(), enc.hi[0].tolist()
+    # lo: position p holds the column stored there (2 <-> 8 swap places; 16 and 17 sit at 4 and 5).
+    assert lo[0] == 0xC0 and lo[8] == 0x40 and lo[2] == 0x95 and lo[4] == 0x80 and lo[5] == 0x7F
+    assert lo[129] == 0xC0
+    assert lo[1] == lo[9] == 0  # columns 1 and 3 (positions 1 and 9) are escapes
+    # hi byte 4g + j: position 8g + j in the low nibble, 8g + 4 + j in the high nibble.
+    assert hi[0] == 0x7 | 0xF << 4  # positions 0 (column 0) and 4 (column 16)
+    assert hi[1] == 0x0 | 0xA << 4  # positions 1 (column 1, escape) and 5 (column 17)
+    assert hi[2] == 0x4 | 0x0 << 4  # positions 2 (column 8) and 6 (column 24, escape)
+    assert hi[4] == 0xF | 0x0 << 4  # positions 8 (column 2) and 12 (column 18, escape)
+    assert hi[65] == 0x7  # positions 129 (column 129) and 133 (column 145, padding)
+    assert hi[3] == hi[5] == hi[6] == hi[7] == hi[64] == 0  # escapes and padding only
+    assert lo[130:] == [0] * 126 and hi[66:] == [0] * 62  # block 4 beyond 128/129 and block 5+: padding
 
 
 def test_wide_rows_store_escape_columns_in_int32():

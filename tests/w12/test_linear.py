@@ -38,9 +38,9 @@ def test_to_module_and_buffers_follow_the_module():
     w = encode((torch.randn(8, 130) * 0.02).bfloat16())
     module = w.to_module(device="cpu", dtype=torch.float32)
     assert isinstance(module, W12Linear)
-    assert set(dict(module.named_buffers())) == {"mant", "offs", "base", "esc_ptr", "esc_col", "esc_val"}
+    assert set(dict(module.named_buffers())) == {"lo", "hi", "base", "esc_ptr", "esc_col", "esc_val"}
     clone = copy.deepcopy(module, {id(b): b for b in module.buffers()})
-    assert clone.mant is module.mant  # a deepcopy with the engine's memo shares the planes
+    assert clone.lo is module.lo and clone.hi is module.hi  # a deepcopy with the engine's memo shares the planes
     assert "bits/weight" in repr(module)
 
 

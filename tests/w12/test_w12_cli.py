@@ -1,6 +1,7 @@
 """`specpilot w12 convert|verify`: exit codes and one-line errors through the real CLI entry point."""
 
 import argparse
+import json
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 from specpilot.cli import main
 from specpilot.models.random_checkpoint import tiny_config, write_random_checkpoint
 from specpilot.w12 import cli as w12_cli
+from specpilot.w12.checkpoint import MANIFEST
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +46,15 @@ def test_bad_input_is_one_line_and_exit_2(src, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "--force" in err
     assert main(["w12", "verify", str(src), str(tmp_path / "missing")]) == 2
+
+
+def test_a_version_1_checkpoint_is_one_line_and_exit_2(src, tmp_path, capsys):
+    dst = tmp_path / "w12"
+    assert main(["w12", "convert", str(src), str(dst), "--device", "cpu"]) == 0
+    manifest = dst / MANIFEST
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "version": 1}))
+    capsys.readouterr()
+    assert main(["w12", "verify", str(src), str(dst)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert "W12 format version 1" in err and "reads version 2" in err and "`specpilot w12 convert`" in err

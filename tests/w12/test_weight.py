@@ -8,7 +8,7 @@ import torch
 from specpilot.errors import CheckpointError
 from specpilot.models.fusion import concat_rows
 from specpilot.w12 import W12Weight, decode, encode
-from specpilot.w12.layout import padded_columns
+from specpilot.w12.layout import padded_columns, stored_positions
 
 
 def random_weight(N, K, seed=0, std=0.02):
@@ -60,8 +60,10 @@ def test_to_moves_every_plane_and_keeps_shape():
 
 def test_planes_with_wrong_dtype_or_shape_are_refused():
     enc = encode(random_weight(3, 130))
-    with pytest.raises(ValueError, match="offs"):
-        dataclasses.replace(enc, offs=enc.offs[:, :-1].contiguous())
+    with pytest.raises(ValueError, match="plane hi "):
+        dataclasses.replace(enc, hi=enc.hi[:, :-1].contiguous())
+    with pytest.raises(ValueError, match="plane lo "):
+        dataclasses.replace(enc, lo=enc.lo.to(torch.int16))
     with pytest.raises(ValueError, match="base"):
         dataclasses.replace(enc, base=enc.base.to(torch.int32))
 
@@ -70,10 +72,19 @@ def corrupt(enc: W12Weight, **changes) -> W12Weight:
     return dataclasses.replace(enc, **changes)
 
 
+def assert_validate(enc: W12Weight, fails: bool) -> None:
+    """validate() raises the placeholder error exactly when `fails`."""
+    if fails:
+        with pytest.raises(CheckpointError, match="placeholder"):
+            enc.validate("x")
+    else:
+        enc.validate("x")
+
+
 def test_validate_catches_what_would_break_the_kernels():
     w = random_weight(4, 200, seed=5)
-    w[1, 10] = 0.0
-    w[1, 20] = 0.0
+    w[1, 8] = 0.0
+    w[1, 17] = 0.0
     enc = encode(w)
     enc.validate("ok")
     base = enc.base.clone()
@@ -91,13 +102,29 @@ def test_validate_catches_what_would_break_the_kernels():
     col[0] = 250
     with pytest.raises(CheckpointError, match="out of range"):
         corrupt(enc, esc_col=col).validate("x")
-    mant = enc.mant.clone()
-    mant[1, 10] = 3
-    with pytest.raises(CheckpointError, match="placeholder"):
-        corrupt(enc, mant=mant).validate("x")
-    offs = enc.offs.clone()
-    offs[1, 20] = 0x10  # high nibble: column 84, not an escape -> fine
-    corrupt(enc, offs=offs).validate("x")
-    offs[1, 20] = 0x01  # low nibble: column 20, an escape
-    with pytest.raises(CheckpointError, match="placeholder"):
-        corrupt(enc, offs=offs).validate("x")
+
+
+def test_validate_finds_escape_slots_at_their_stored_positions():
+    # Row 1 escapes columns 8 and 17. Stored positions: column 8 -> 2, column 17 -> 5 (column 2
+    # sits at position 8): a check in column order would look at the wrong slots.
+    w = random_weight(4, 200, seed=5)
+    w[1, 8] = 0.0
+    w[1, 17] = 0.0
+    enc = encode(w)
+    assert stored_positions(torch.tensor([8, 17, 2])).tolist() == [2, 5, 8]
+    assert enc.esc_col[enc.esc_ptr[1] : enc.esc_ptr[2]].tolist() == [8, 17]
+    for position, fails in ((2, True), (5, True), (8, False), (17, False)):
+        lo = enc.lo.clone()
+        lo[1, position] = 3  # positions 8 and 17 hold columns 2 and 5: where a column-order check looks
+        assert_validate(corrupt(enc, lo=lo), fails)
+    # hi byte 4g + j: low nibble position 8g + j, high nibble 8g + 4 + j.
+    for byte, flip, fails in (
+        (2, 0x01, True),  # low nibble: position 2 = column 8, an escape
+        (2, 0x10, False),  # high nibble: position 6 = column 24
+        (1, 0x10, True),  # high nibble: position 5 = column 17, an escape
+        (1, 0x01, False),  # low nibble: position 1 = column 1
+        (4, 0x01, False),  # low nibble: position 8 = column 2, not column 8
+    ):
+        hi = enc.hi.clone()
+        hi[1, byte] ^= flip
+        assert_validate(corrupt(enc, hi=hi), fails)
