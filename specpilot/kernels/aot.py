@@ -121,8 +121,8 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
 
 
 def main_loop_profile(kernel, v: Variant) -> dict:
-    """Instruction mix of the longest loop in the SASS of a compiled variant (the K loop), and
-    instructions per weight per thread -- the number the GEMV's speed hangs on."""
+    """Instruction mix of the K loop in the SASS of a compiled variant (of its loops, the one issuing
+    the most loads), and instructions per weight per thread -- the number a kernel's speed hangs on."""
     import collections
     import re
     import subprocess
@@ -141,7 +141,17 @@ def main_loop_profile(kernel, v: Variant) -> dict:
              if (m := re.search(r"BRA\s.*?0x([0-9a-f]+)", line)) and int(m.group(1), 16) < at]
     if not loops:
         return {"label": v.label, "loop_instructions": 0}
-    _, first, last = max(loops)
+
+    def streaming(loop):
+        """The K loop streams weights with vector loads (escape loops gather 2-byte values; the
+        split-K reduction's loads are .STRONG) and feeds them to the math (MMA or FMA)."""
+        _, first, last = loop
+        body = [line for at, line in code if first <= at <= last]
+        loads = sum(bool(re.search(r"\s(LDGSTS|LDG\.E\.(64|128))(?!\.STRONG)", line)) for line in body)
+        math = sum(bool(re.search(r"\s(HGMMA|HMMA|FFMA)", line)) for line in body)
+        return loads > 0, math, loop[0]
+
+    _, first, last = max(loops, key=streaming)
     body = [line for at, line in code if first <= at <= last]
     ops = collections.Counter(m.group(1) for line in body
                               if (m := re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_]+)*)", line)))
