@@ -39,7 +39,7 @@ from specpilot.kernels.reference import reference_linear
 from specpilot.kernels.workspace import SplitKWorkspace
 from specpilot.w12.weight import W12Weight
 
-ESCAPE_CHUNK = 64  # escapes per correction step (a block of 64-256 rows has ~20-60 in trained weights)
+ESCAPE_CHUNK = 16  # the smallest K of a tl.dot
 
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
@@ -64,40 +64,38 @@ def _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K: tl.constexpr, EVEN_K: tl.
 
 
 @triton.jit
-def _escape_chunk(x_ptr, esc_col_ptr, esc_val_ptr, e0, last, M, stride_xm, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr):
-    """Escapes e0 .. e0 + CHUNK (those < last): (e [CHUNK], columns, values, is-finite, x at those
-    columns [BM, CHUNK])."""
+def _escape_correction(
+    x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr,
+    rows, row0, M, N, stride_xm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, DOT_BF16: tl.constexpr,
+):
+    """[BLOCK_M, BLOCK_N] float32: sum over escapes (n, c, v) of `rows` of x[m, c] * v - x[m, c] * p_n."""
     m = tl.arange(0, BLOCK_M)
-    e = e0 + tl.arange(0, CHUNK)
-    emask = e < last
-    col = tiles.escape_columns(esc_col_ptr, e, emask)
-    v, finite = tiles.escape_values(esc_val_ptr, e, emask)
-    xe = tl.load(x_ptr + m[:, None] * stride_xm + col[None, :],
-                 mask=(m < M)[:, None] & emask[None, :], other=0.0)  # [BM, CHUNK]
-    return e, col, v, finite, xe
-
-
-@triton.jit
-def _add_escapes(corr, e, col, v, finite, xe, last, own_lo, own_hi, p, x_ptr, esc_val_ptr, M, stride_xm,
-                 BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, DOT_BF16: tl.constexpr):
-    """corr [BM, BN] += sum over one chunk of escapes (n, c, v) of x[m, c] * v - x[m, c] * p_n."""
-    m = tl.arange(0, BLOCK_M)
-    emask = e < last
-    own = (e[:, None] >= own_lo[None, :]) & (e[:, None] < own_hi[None, :])  # [CHUNK, BN]
-    values = tl.where(own & finite[:, None], v[:, None], 0.0)  # exact in BF16: they are BF16
-    places = tl.where(own, p[None, :], 0.0)  # powers of two >= 2^-126: exact in BF16
-    corr = _dot(xe, values, corr, DOT_BF16)
-    corr = _dot(xe, -places, corr, DOT_BF16)
-    if tl.sum((emask & ~finite).to(tl.int32)) > 0:  # rare: Inf/NaN weights, one at a time
-        e0 = tl.min(tl.where(emask, e, last))
-        for i in range(e0, tl.minimum(e0 + CHUNK, last)):
-            bits = tl.load(esc_val_ptr + i).to(tl.int32) << 16
-            if (bits & tiles.EXP_FIELD) == tiles.EXP_FIELD:
-                ci = tl.sum(tl.where(e == i, col, 0))
-                xi = tl.load(x_ptr + m * stride_xm + ci, mask=m < M, other=0.0).to(tl.float32)  # [BM]
-                owner = (i >= own_lo) & (i < own_hi)  # [BN]
-                vi = bits.to(tl.float32, bitcast=True)
-                corr += tl.where(owner[None, :], xi[:, None] * vi, 0.0)
+    own_lo, own_hi, first, last, p = tiles.escape_span(esc_ptr_ptr, base_ptr, rows, row0, N, BLOCK_N)  # p [BN]
+    corr = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for e0 in range(first, last, CHUNK):
+        e = e0 + tl.arange(0, CHUNK)
+        emask = e < last
+        col = tiles.escape_columns(esc_col_ptr, e, emask)
+        v, finite = tiles.escape_values(esc_val_ptr, e, emask)
+        xe = tl.load(x_ptr + m[:, None] * stride_xm + col[None, :],
+                     mask=(m < M)[:, None] & emask[None, :], other=0.0)  # [BM, CHUNK]
+        own = (e[:, None] >= own_lo[None, :]) & (e[:, None] < own_hi[None, :])  # [CHUNK, BN]
+        values = tl.where(own & finite[:, None], v[:, None], 0.0)  # exact in BF16: they are BF16
+        places = tl.where(own, p[None, :], 0.0)  # powers of two >= 2^-126: exact in BF16
+        corr = _dot(xe, values, corr, DOT_BF16)
+        corr = _dot(xe, -places, corr, DOT_BF16)
+        if tl.sum((emask & ~finite).to(tl.int32)) > 0:
+            for i in range(e0, tl.minimum(e0 + CHUNK, last)):  # rare: Inf/NaN weights, one at a time
+                bits = tl.load(esc_val_ptr + i).to(tl.int32) << 16
+                if (bits & tiles.EXP_FIELD) == tiles.EXP_FIELD:
+                    ci = tl.load(esc_col_ptr + i).to(tl.int32)
+                    if esc_col_ptr.dtype.element_ty == tl.int16:
+                        ci = ci & 0xFFFF
+                    xi = tl.load(x_ptr + m * stride_xm + ci, mask=m < M, other=0.0).to(tl.float32)  # [BM]
+                    owner = (i >= own_lo) & (i < own_hi)  # [BN]
+                    vi = bits.to(tl.float32, bitcast=True)
+                    corr += tl.where(owner[None, :], xi[:, None] * vi, 0.0)
     return corr
 
 
@@ -122,14 +120,6 @@ def _gemm_kernel(
     step0 = pid_k * steps_per_split
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
 
-    if IS_W12:
-        # The first chunk of this row block's escapes and the x columns it needs are loaded before
-        # the K loop, so their dependent loads (pointers -> columns -> x) overlap the stream instead
-        # of lengthening the epilogue; later chunks (more than CHUNK escapes per block) load there.
-        own_lo, own_hi, first, last, p = tiles.escape_span(esc_ptr_ptr, base_ptr, rows, row0, N, BLOCK_N)
-        e, col, v, finite, xe = _escape_chunk(x_ptr, esc_col_ptr, esc_val_ptr, first, last, M, stride_xm,
-                                              BLOCK_M, ESC_CHUNK)
-        scale = tiles.row_scale(base_ptr, rows, N)  # [BN]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
     # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
     for step in tl.range(step0, step1, num_stages=STAGES):
@@ -151,15 +141,11 @@ def _gemm_kernel(
         is_last = pid_k == 0
     if is_last:
         if IS_W12:
-            corr = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            corr = _add_escapes(corr, e, col, v, finite, xe, last, own_lo, own_hi, p, x_ptr, esc_val_ptr, M,
-                                stride_xm, BLOCK_M, ESC_CHUNK, DOT_BF16)
-            for e0 in range(first + ESC_CHUNK, last, ESC_CHUNK):
-                e, col, v, finite, xe = _escape_chunk(x_ptr, esc_col_ptr, esc_val_ptr, e0, last, M, stride_xm,
-                                                      BLOCK_M, ESC_CHUNK)
-                corr = _add_escapes(corr, e, col, v, finite, xe, last, own_lo, own_hi, p, x_ptr, esc_val_ptr, M,
-                                    stride_xm, BLOCK_M, ESC_CHUNK, DOT_BF16)
-            out = out * scale[None, :] + corr
+            out = out * tiles.row_scale(base_ptr, rows, N)[None, :]
+            out += _escape_correction(
+                x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, rows, row0, M, N, stride_xm,
+                BLOCK_M, BLOCK_N, ESC_CHUNK, DOT_BF16,
+            )
         tiles.store_rows(out, y_ptr, rows, M, N, stride_ym, BLOCK_M)
 
 
