@@ -32,7 +32,7 @@ def gpu_profile(**changes) -> StepProfile:
         device="cuda:0", batch=1, tokens_per_round=2.6, round_ms=10.0, draft_ms=3.0, verify_ms=5.0,
         verify_curve_ms={1: 4.6, 2: 4.6, 4: 4.7, 8: 5.0, 16: 5.3, 24: 5.6, 32: 6.0, 48: 6.8, 64: 7.6},
         accept_at_depth=(0.75, 0.45, 0.25, 0.12, 0.04), tree_nodes=8, target_bytes=6_700_000_000,
-        drafter_bytes=100_000_000, kv_bytes_per_token=106_496, bandwidth_gbps=8000.0, matmul_tflops=500.0,
+        drafter_bytes=100_000_000, kv_bytes_per_token=106_496, bandwidth_gbps=4000.0, matmul_tflops=500.0,
         target_params=3_300_000_000, drafter_params=50_000_000, draft_forwards=5, context=600.0)
     return replace(p, **changes)
 

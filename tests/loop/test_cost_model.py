@@ -19,6 +19,21 @@ def test_floors_are_bytes_over_bandwidth_unless_compute_bound():
         2 * p.target_params * 100_000 / 500e12 * 1e3, rel=1e-12)
 
 
+def test_floors_stay_below_what_the_h200_measured():
+    """fixture-x16's stock profile on the H200 (bench/results/loop/fixture-x16/run3-8d19c61/report.json):
+    a floor is a lower bound, so neither the verify forward nor AR decoding may be measured below it."""
+    p = gpu_profile(batch=1, tokens_per_round=3.945, round_ms=4.1746, draft_ms=1.28599, verify_ms=2.40591,
+                    verify_curve_ms={1: 2.24172, 8: 2.37299, 16: 2.41391, 64: 2.56236}, tree_nodes=8,
+                    target_bytes=6_610_455_808, drafter_bytes=79_704_576, kv_bytes_per_token=106_496,
+                    bandwidth_gbps=3809.51, matmul_tflops=501.18, target_params=3_305_223_808,
+                    drafter_params=39_851_264, draft_forwards=5, context=66.5,
+                    accept_at_depth=(0.934, 0.841, 0.572, 0.354, 0.319))
+    t = analyze(p, TreeShape(5, 4, 7), "stock", 4096, ar_ms_per_token=2.298)
+    assert t.verify_floor_ms(1) < 2.298 and t.verify_floor < p.verify_ms
+    assert t.gap(GapKind.VERIFY_KERNELS).saving_ms_per_token > 0  # the gap W12 and kernels work on is seen
+    assert t.verify_floor == pytest.approx(6_610_455_808 / 3809.51e9 * 1e3, rel=0.01)
+
+
 def test_gaps_add_up_to_measured_minus_ceiling_and_are_ranked():
     t = cost_table()
     assert t.ms_per_token == pytest.approx(10.0 / 2.6)

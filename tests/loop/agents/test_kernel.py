@@ -64,6 +64,29 @@ def test_shapes_are_tuned_in_order_of_their_excess_and_only_improvements_enter_t
     assert tune(shapes, SimulatedBench(), budget_s=0)[0].tried == 0  # no budget: today's configs only
 
 
+class TransientBench(SimulatedBench):
+    """Every candidate is as fast as today's config, but today's first timing of each shape is 10x slow."""
+
+    def time_us(self, shape, config):
+        first = all(name != shape.name for name, _ in self.timed)
+        self.timed.append((shape.name, config))
+        return (3 * self.floor_us(shape) + 200.0) * (10 if first else 1)
+
+
+def test_a_slow_first_timing_of_todays_config_is_not_a_gain(tmp_path):
+    from specpilot.loop.worktree import Checkout
+
+    config = tiny_config(hidden_size=256, intermediate_size=1024, num_layers=4)
+    timings = tune(projection_shapes(config, rows=8, lm_head=False), TransientBench(), budget_s=60)
+    assert not any(t.improved for t in timings)
+    assert all(t.current_us == t.best_us for t in timings)
+    checkout = Checkout.capture(git_repo(tmp_path / "repo"))
+    models = SimpleNamespace(target=SimpleNamespace(config=config))
+    ctx = context(checkout=checkout, scratch=tmp_path / "scratch", models=models)
+    ctx.setup.scratch.mkdir()
+    assert KernelAgent(AgentOptions(kernel_budget_s=60)).propose_with(ctx, TransientBench()) == []
+
+
 def test_the_tuned_table_is_proposed_as_a_patch_with_triton_kernels(tmp_path):
     from specpilot.loop.worktree import Checkout
 
