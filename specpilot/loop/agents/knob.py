@@ -62,12 +62,20 @@ class KnobAgent(Proposer):
         predicted = self._predicted(ctx)
         explore = self._exploratory(ctx)
         ordered = seeds + interleave(predicted, explore, EXPLORE_EVERY)
-        out, seen = [], {inc.hash}
+        # The cap counts only proposals the memory has not judged: the loop drops judged ones (and
+        # says so), so capping before that kept the same first few forever and the search never
+        # reached what lies beyond them (the W12 move sat at place 17 of 18).
+        out, seen, fresh, cap = [], {inc.hash}, 0, max(6 * ctx.limit, 12)
         for p in ordered:
-            if p.hash not in seen:
-                seen.add(p.hash)
-                out.append(p)
-        return out[: max(6 * ctx.limit, 12)]
+            if p.hash in seen:
+                continue
+            seen.add(p.hash)
+            if ctx.recall.verdict(p.hash) is None:
+                if fresh == cap:
+                    continue
+                fresh += 1
+            out.append(p)
+        return out
 
     # ---- building candidates ------------------------------------------------------------------
     def _candidate(self, ctx: ProposerContext, changes: dict) -> Candidate | None:

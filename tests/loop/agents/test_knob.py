@@ -70,3 +70,16 @@ def test_knob_moves_keep_the_incumbents_patch_and_fix_the_draft_window():
     assert all(p.candidate.patch == patched.patch and p.candidate.workdir == "/tmp/wt" for p in out)
     deeper = [p for p in out if p.candidate.system.depth >= 6]
     assert deeper and all(p.candidate.system.draft_window == 0 for p in deeper)
+
+
+def test_moves_the_memory_judged_do_not_use_up_the_list():
+    """Round after round the judged moves are dropped by the loop; the agent still hands over `cap`
+    new ones, so the search reaches moves past the first list (the W12 move among them)."""
+    from types import SimpleNamespace
+
+    first = KnobAgent().propose(context(limit=1))
+    assert len(first) == 12
+    judged = tuple(SimpleNamespace(candidate=SimpleNamespace(hash=p.hash)) for p in first)
+    later = KnobAgent().propose(context(limit=1, recall=Recall("fx", judged, ())))
+    new = [p for p in later if p.hash not in {q.hash for q in first}]
+    assert len(new) == 12 and later[:12] == first  # the judged ones are still listed, first
