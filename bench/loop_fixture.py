@@ -56,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--devices", help="comma-separated worker devices (default: see the module docstring)")
     p.add_argument("--final-prompts", type=int, default=4, help="prompts per set in the final measurement")
     p.add_argument("--final-tokens", type=int, default=512, help="new tokens per prompt in the final measurement")
+    p.add_argument("--controller", action="append", metavar="FIELD=VALUE", default=[],
+                   help="a ControllerConfig field over the timing preset, e.g. noise_blocks=30 (repeatable)")
     p.add_argument("--memory", help="memory database (default: $SPECPILOT_MEMORY or $SPECPILOT_HOME/memory.sqlite)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--no-compile", action="store_true", help="SPECPILOT_COMPILE=0: no torch.compile (faster start)")
@@ -77,12 +79,14 @@ def worker_devices(args) -> tuple[str, ...]:
 
 def plan(args):
     from specpilot.config import load_deployment
+    from specpilot.loop.cli import controller_fields
     from specpilot.loop.config import Timing, controller_config, for_device
     from specpilot.loop.run import RunOptions
 
     devices = worker_devices(args)
     device = "cuda" if devices[0].startswith("cuda") else "cpu"
-    controller = {"placement": args.placement or ("alternate" if len(devices) != 2 else "auto")}
+    controller = {"placement": args.placement or ("alternate" if len(devices) != 2 else "auto"),
+                  **controller_fields(args.controller)}
     config = for_device(device, rounds=args.rounds, budget_minutes=args.budget_minutes, agents=tuple(args.agents),
                         max_candidates=args.max_candidates, timing=Timing(args.timing),
                         final_prompts=args.final_prompts, final_tokens=args.final_tokens, controller=controller)
@@ -111,7 +115,8 @@ def main(argv=None) -> int:
           f"batch {deployment.regime.batch}); workers on {', '.join(options.devices)} ({ccfg.placement.value}); "
           f"{config.rounds} round(s) within {config.budget_minutes} min, {config.max_candidates} candidates per round, "
           f"agents {', '.join(config.agents)}; timing {config.timing.value}: {ccfg.blocks} blocks x "
-          f"{ccfg.requests_per_block} requests x {ccfg.max_new_tokens} tokens, {ccfg.noise_blocks} noise blocks; "
+          f"{ccfg.requests_per_block} requests x {ccfg.max_new_tokens} tokens (+{ccfg.extra_blocks} extra), "
+          f"{ccfg.noise_blocks} noise blocks; "
           f"final: {config.final_prompts} prompts/set x {config.final_tokens} tokens; out {options.out}")
     if args.dry_run:
         out = Path(options.out)

@@ -60,6 +60,10 @@ def rounds_from_journal(events) -> list[dict]:
     return out
 
 
+# how a promotion's stored gain was measured (its evaluation's stage)
+MEASURED = {"remeasure": "re-measured on fresh blocks after screening", "single": "its one comparison (no screening)"}
+
+
 def promotions(chain, journal_events) -> list[dict]:
     """Each promotion from stock to the final system with its stored, re-measured numbers."""
     why = {e.data.get("entry_id"): e.data for e in journal_events if e.kind is EventKind.EVALUATION}
@@ -74,7 +78,8 @@ def promotions(chain, journal_events) -> list[dict]:
                     "changes": changes, "has_patch": r.candidate.patch is not None,
                     "incumbent": ev["incumbent"]["system"].get("name"),
                     "gain": r.gain, "gain_lower": r.gain_lower, "gain_upper": r.gain_upper, "threshold": r.threshold,
-                    "noise": r.noise, "blocks": r.blocks, "rationale": why.get(r.id, {}).get("rationale", ""),
+                    "noise": r.noise, "blocks": r.blocks, "stage": r.stage.value,
+                    "rationale": why.get(r.id, {}).get("rationale", ""),
                     "patch": r.candidate.patch})
     return out
 
@@ -194,16 +199,17 @@ def render_markdown(r: dict) -> str:
         lines += ["No final benchmark in this run (interrupted, or disabled).", ""]
     fs = r["final_system"]
     lines += [f"Final system `{fs['name']}`: {describe(fs['changes_from_stock'])}; estimated "
-              f"{_pct(fs['estimated_gain_over_stock'])} over stock from the promotions' re-measured gains "
+              f"{_pct(fs['estimated_gain_over_stock'])} over stock from the promotions' stored gains "
               f"(compounded {_pct(r['compounded_gain'])}).", "", "```toml", fs["toml"].strip(), "```", "",
               "## Promoted changes", ""]
     if r["promotions"]:
         rows = [[p["round"] or "-", f"`{p['name']}`", p["agent"],
                  describe(p["changes"]) + (" + patch" if p["has_patch"] else ""),
-                 format_gain(p["gain"], p["gain_lower"], p["gain_upper"]), _pct(p["threshold"]), p["entry_id"]]
+                 format_gain(p["gain"], p["gain_lower"], p["gain_upper"]), _pct(p["threshold"]),
+                 MEASURED.get(p.get("stage"), p.get("stage") or "n/a"), p["entry_id"]]
                 for p in r["promotions"]]
-        lines += _table(["round", "system", "agent", "change vs its incumbent", "re-measured gain (95% CI)",
-                         "threshold", "memory entry"], rows)
+        lines += _table(["round", "system", "agent", "change vs its incumbent", "gain (95% CI)",
+                         "threshold", "measured", "memory entry"], rows)
         lines += ["", "Why each was proposed:", ""]
         lines += [f"- `{p['name']}`: {p['rationale'] or 'n/a'}" for p in r["promotions"]]
     else:
@@ -255,7 +261,9 @@ def render_markdown(r: dict) -> str:
               f"{n['threshold']:.2%} = {c['min_gain']:.0%} + {c['noise_multiplier']:g} x noise",
               f"- timing: {r['config']['timing']}: {c['blocks']} paired blocks (+{c['extra_blocks']} extra) of "
               f"{c['requests_per_block']} request(s) x {c['request_size']} prompt(s) x {c['max_new_tokens']} new "
-              f"tokens; {c['multiplicity']} across a round's candidates; the winner re-measured on fresh blocks",
+              f"tokens; " + (f"{c['multiplicity']} across a round's {r['config']['max_candidates']} candidates; the "
+                             "winner re-measured on fresh blocks" if r["config"]["max_candidates"] > 1 else
+                             "one candidate per round, decided by its own comparison"),
               "- agents: " + "; ".join(f"{k} {'on' if v['enabled'] else 'off'}"
                                        + (f" ({v['reason']})" if v["reason"] else "") for k, v in r["agents"].items()),
               f"- start: {r['start']['note']}",

@@ -8,6 +8,7 @@ resumed from the same memory, is killed mid-round and resumed again.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -22,6 +23,7 @@ import pytest
 from specpilot.control.rule import Reason, Verdict
 from specpilot.loop.config import LoopConfig, StopReason, Timing
 from specpilot.loop.journal import JOURNAL_FILE, EventKind, Journal
+from specpilot.loop.report import render_markdown
 from specpilot.loop.run import RunOptions, run_loop
 from specpilot.memory.store import Memory
 
@@ -75,6 +77,15 @@ def test_the_loop_promotes_a_really_faster_system(first):
     final = result.report["final"]
     assert final["final_gain"]["low"] > 1.0 and final["final_speedup"]["estimate"] > final["stock_speedup"]["estimate"]
     assert result.report["promotions"][0]["entry_id"] == rd.promoted.entry_id
+    assert result.report["promotions"][0]["stage"] == "remeasure"
+    md = (result.paths.out / "report.md").read_text()
+    assert "re-measured on fresh blocks after screening" in md and "the winner re-measured on fresh blocks" in md
+    # one candidate per round: nothing is screened or re-measured, and the report does not say it was
+    single = copy.deepcopy(result.report)
+    single["config"]["max_candidates"] = 1
+    single["promotions"][0]["stage"] = "single"
+    md = render_markdown(single)
+    assert "re-measured" not in md and "its one comparison (no screening)" in md and "one candidate per round" in md
     assert result.report["compounded_gain"] == pytest.approx(e.estimate.gain)
     assert "PROMOTE" in log and "noise floor" in log and "speedup over AR" in log
 

@@ -24,3 +24,12 @@ def test_dry_run_prints_the_plan_and_refuses_an_occupied_out(tmp_path):
     assert refused.returncode == 2 and "already holds files" in refused.stderr
     bad = run("--dry-run", "--deployment", "no-such-deployment", "--out", str(tmp_path / "o2"), home=tmp_path)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ")
+
+
+def test_controller_fields_reach_the_plan(tmp_path):
+    ok = run("--dry-run", "--out", str(tmp_path / "o"), "--controller", "noise_blocks=30", "--max-candidates", "1",
+             home=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "1 candidates per round" in ok.stdout and "30 noise blocks" in ok.stdout
+    bad = run("--dry-run", "--out", str(tmp_path / "o"), "--controller", "no_such_field=1", home=tmp_path)
+    assert bad.returncode == 2 and "no_such_field" in bad.stderr
