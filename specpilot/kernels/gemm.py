@@ -110,7 +110,7 @@ def _gemm_kernel(
     # meta
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
-    ESC_CHUNK: tl.constexpr, STAGES: tl.constexpr,
+    ESC_CHUNK: tl.constexpr, STAGES: tl.constexpr, ESCAPES: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -142,6 +142,7 @@ def _gemm_kernel(
     if is_last:
         if IS_W12:
             out = out * tiles.row_scale(base_ptr, rows, N)[None, :]
+        if IS_W12 and ESCAPES:
             out += _escape_correction(
                 x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, rows, row0, M, N, stride_xm,
                 BLOCK_M, BLOCK_N, ESC_CHUNK, DOT_BF16,
@@ -151,15 +152,17 @@ def _gemm_kernel(
 
 # -- wrapper ----------------------------------------------------------------------------------
 def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
-         workspace: SplitKWorkspace | None = None) -> torch.Tensor:
-    """y [M, N] in x's dtype for x [M, K] (1 <= M <= 64) and a W12 or plain weight [N, K]."""
+         workspace: SplitKWorkspace | None = None, escapes: bool = True) -> torch.Tensor:
+    """y [M, N] in x's dtype for x [M, K] (1 <= M <= 64) and a W12 or plain weight [N, K].
+    escapes=False skips the escape correction -- a wrong result, for `bench/w12_escape_cost.py`
+    to time what the correction costs; nothing else may pass it."""
     run = prepare_launch(x, weight, config, KernelPath.GEMM, GEMM_MAX_M, workspace)
     _gemm_kernel[run.grid](
         *run.args,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK,
-        STAGES=config.num_stages, num_warps=config.num_warps, num_stages=config.num_stages,
+        STAGES=config.num_stages, ESCAPES=escapes, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return run.y.to(x.dtype)
 

@@ -1,0 +1,78 @@
+"""What the W12 GEMM's escape correction costs: the same kernel and config timed with and without it.
+
+    python bench/w12_escape_cost.py --out DIR
+
+For a few Qwen3 projections at M = 1 and 32, with the config the dispatcher picks (the shipped
+tuned table), times the W12 GEMM as it runs (escape correction in the epilogue) and with the
+correction switched off (`gemm(..., escapes=False)`: a wrong result, timed only), on random weights
+as in bench/w12_kernels.py (~0.3-0.9 escapes per row) and with one more zero per row. Same
+timing as that script: CUDA-graph replays over rotating weight sets, median. Writes
+OUT/w12_escape_cost.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.w12_kernels import environment, graph_time_us, random_weight, warm_clocks, weight_sets  # noqa: E402
+from specpilot.kernels.configs import WeightFormat, choose_config  # noqa: E402
+from specpilot.kernels.dispatch import device_name  # noqa: E402
+from specpilot.kernels.gemm import gemm  # noqa: E402
+from specpilot.w12 import decode, encode  # noqa: E402
+
+SHAPES = [("Qwen3-8B", "qkv", 6144, 4096), ("Qwen3-8B", "down", 4096, 12288), ("Qwen3-8B", "lm_head", 151936, 4096),
+          ("Qwen3-32B", "gate_up", 51200, 5120)]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    meta = environment()
+    rows = []
+    for model, proj, N, K in SHAPES:
+        sets = [encode(random_weight(N, K)) for _ in range(weight_sets(N, K, N * K * 1.5))]
+        dirty = []
+        for w in sets:
+            d = decode(w)
+            d[torch.arange(N, device="cuda"), torch.randint(0, K, (N,), device="cuda")] = 0.0
+            dirty.append(encode(d))
+        for M in (1, 32):
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            cfg = choose_config(WeightFormat.W12, M, N, K, device_name(x.device))
+            row = {"model": model, "proj": proj, "N": N, "K": K, "M": M, "config": cfg.label()}
+            for name, ws in (("random", sets), ("plus_one_zero_per_row", dirty)):
+                warm_clocks()
+                on = graph_time_us([lambda w=w: gemm(x, w, cfg) for w in ws])
+                off = graph_time_us([lambda w=w: gemm(x, w, cfg, escapes=False) for w in ws])
+                on2 = graph_time_us([lambda w=w: gemm(x, w, cfg) for w in ws])
+                row[name] = {"escapes_per_row": ws[0].num_escapes / N, "with_us": min(on, on2), "with_runs": [on, on2],
+                             "without_us": off}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del sets, dirty
+        torch.cuda.empty_cache()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "w12_escape_cost.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    lines = ["# W12 GEMM: cost of the escape correction", "", f"- {meta['date']} · {meta['gpu']} · triton {meta['triton']} · commit {meta['git_commit']}", "",
+             "| shape | M | config | escapes/row | with µs | without µs | cost | +1 zero/row: escapes/row | with µs | without µs | cost |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        a, b = r["random"], r["plus_one_zero_per_row"]
+        lines.append(f"| {r['model']} {r['proj']} {r['N']}x{r['K']} | {r['M']} | {r['config']} | {a['escapes_per_row']:.2f} "
+                     f"| {a['with_us']:.2f} | {a['without_us']:.2f} | {a['with_us'] / a['without_us'] - 1:+.1%} "
+                     f"| {b['escapes_per_row']:.2f} | {b['with_us']:.2f} | {b['without_us']:.2f} | {b['with_us'] / b['without_us'] - 1:+.1%} |")
+    (args.out / "w12_escape_cost.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
