@@ -34,7 +34,7 @@ def rounds_from_journal(events) -> list[dict]:
     """One dict per round of the run (its last attempt, when a round was cut short and re-run)."""
     by_round: dict[int, list] = {}
     for e in events:
-        if e.round <= 0:
+        if e.round <= 0 or e.kind is EventKind.STOP:  # a stop names the round it did not start
             continue
         if e.kind is EventKind.MEASURE:
             by_round[e.round] = []  # a re-run of a round replaces its cut-short attempt
