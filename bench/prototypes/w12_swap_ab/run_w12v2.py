@@ -4,7 +4,7 @@ CUDA-graph replays over >= 4 rotating weight sets. Escape corrections are not ap
 prototype (outputs are checked against the dense codes' values). Writes OUT/proto_w12v2.json."""
 import argparse, json, math, os, statistics, subprocess, sys, time
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 import torch
 import torch.nn.functional as F
 from bench.prototypes.w12_swap_ab.w12v2_kernels import encode_v2, decode_dense_v2, launch
