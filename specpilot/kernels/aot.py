@@ -82,7 +82,7 @@ def variants(quick: bool = False) -> list[Variant]:
                     if cfg.path is KernelPath.GEMV:
                         c.update(EVEN_M=even)
                     else:
-                        c.update(DOT_BF16=True, ESCAPES=True)
+                        c.update(DOT_BF16=True, ESCAPES=True, ESC_EARLY=False)
                     label = f"{cfg.label()} bm{bm} {'w12' if w12 else 'bf16'} {'even' if even else 'masked'}"
                     out.append(Variant(path, label, c, cfg.num_warps, cfg.num_stages))
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))

@@ -65,13 +65,12 @@ def _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K: tl.constexpr, EVEN_K: tl.
 
 @triton.jit
 def _escape_correction(
-    x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr,
-    rows, row0, M, N, stride_xm,
+    x_ptr, esc_col_ptr, esc_val_ptr, own_lo, own_hi, first, last, p, M, stride_xm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, DOT_BF16: tl.constexpr,
 ):
-    """[BLOCK_M, BLOCK_N] float32: sum over escapes (n, c, v) of `rows` of x[m, c] * v - x[m, c] * p_n."""
+    """[BLOCK_M, BLOCK_N] float32: sum over escapes (n, c, v) of the row block (`tiles.escape_span`:
+    own_lo/own_hi/p [BN], first/last) of x[m, c] * v - x[m, c] * p_n."""
     m = tl.arange(0, BLOCK_M)
-    own_lo, own_hi, first, last, p = tiles.escape_span(esc_ptr_ptr, base_ptr, rows, row0, N, BLOCK_N)  # p [BN]
     corr = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for e0 in range(first, last, CHUNK):
         e = e0 + tl.arange(0, CHUNK)
@@ -110,7 +109,7 @@ def _gemm_kernel(
     # meta
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
-    ESC_CHUNK: tl.constexpr, STAGES: tl.constexpr, ESCAPES: tl.constexpr,
+    ESC_CHUNK: tl.constexpr, STAGES: tl.constexpr, ESCAPES: tl.constexpr, ESC_EARLY: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -120,6 +119,10 @@ def _gemm_kernel(
     step0 = pid_k * steps_per_split
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
 
+    if IS_W12 and ESC_EARLY:
+        # The block's CSR range and placeholders have fixed addresses: loaded before the K loop,
+        # they are in registers when the epilogue needs them (one dependent round trip less there).
+        own_lo, own_hi, first, last, p = tiles.escape_span(esc_ptr_ptr, base_ptr, rows, row0, N, BLOCK_N)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
     # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
     for step in tl.range(step0, step1, num_stages=STAGES):
@@ -143,26 +146,31 @@ def _gemm_kernel(
         if IS_W12:
             out = out * tiles.row_scale(base_ptr, rows, N)[None, :]
         if IS_W12 and ESCAPES:
-            out += _escape_correction(
-                x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, rows, row0, M, N, stride_xm,
-                BLOCK_M, BLOCK_N, ESC_CHUNK, DOT_BF16,
-            )
+            if not ESC_EARLY:
+                own_lo, own_hi, first, last, p = tiles.escape_span(esc_ptr_ptr, base_ptr, rows, row0, N, BLOCK_N)
+            out += _escape_correction(x_ptr, esc_col_ptr, esc_val_ptr, own_lo, own_hi, first, last, p, M,
+                                      stride_xm, BLOCK_M, BLOCK_N, ESC_CHUNK, DOT_BF16)
         tiles.store_rows(out, y_ptr, rows, M, N, stride_ym, BLOCK_M)
 
 
 # -- wrapper ----------------------------------------------------------------------------------
 def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
-         workspace: SplitKWorkspace | None = None, escapes: bool = True) -> torch.Tensor:
+         workspace: SplitKWorkspace | None = None, escapes: bool = True,
+         escape_chunk: int = ESCAPE_CHUNK, escape_early: bool = False) -> torch.Tensor:
     """y [M, N] in x's dtype for x [M, K] (1 <= M <= 64) and a W12 or plain weight [N, K].
-    escapes=False skips the escape correction -- a wrong result, for `bench/w12_escape_cost.py`
-    to time what the correction costs; nothing else may pass it."""
+
+    The last three are for `bench/w12_escape_cost.py`, which times variants of the escape
+    correction: escape_chunk escapes per step (a power of two >= 16), the CSR range loaded before
+    the K loop (escape_early; both exact), and escapes=False, which skips the correction -- a wrong
+    result, timed only; nothing else may pass it."""
     run = prepare_launch(x, weight, config, KernelPath.GEMM, GEMM_MAX_M, workspace)
     _gemm_kernel[run.grid](
         *run.args,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK,
-        STAGES=config.num_stages, ESCAPES=escapes, num_warps=config.num_warps, num_stages=config.num_stages,
+        EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config), ESC_CHUNK=escape_chunk,
+        STAGES=config.num_stages, ESCAPES=escapes, ESC_EARLY=escape_early,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return run.y.to(x.dtype)
 

@@ -86,6 +86,15 @@ def test_w12_equals_the_bf16_kernel_without_escapes(to_device, make_x, M, window
     assert torch.equal(y12.view(torch.int32), gemm(x, to_device(w), config).view(torch.int32))
 
 
+@pytest.mark.parametrize("chunk, early", [(64, False), (16, True), (64, True)])
+def test_escape_correction_variants_match_the_reference(weights, make_x, check, chunk, early):
+    """The variants bench/w12_escape_cost.py times are exact too (the escape-heavy rows)."""
+    from specpilot.kernels.gemm import gemm
+
+    x = make_x(5, 300)
+    check(gemm(x, weights["w12"], CONFIGS[1], escape_chunk=chunk, escape_early=early), x, weights["w12"])
+
+
 def test_many_escapes_per_tile_and_non_finite_ones_in_one_chunk(make_x, to_device, check):
     from specpilot.kernels.gemm import gemm
 
