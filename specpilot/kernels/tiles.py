@@ -31,8 +31,8 @@ EXP_FIELD: tl.constexpr = tl.constexpr(0x7F800000)  # float32 exponent bits
 SCALE_EXP: tl.constexpr = tl.constexpr(127 - layout.SCALE_BIAS)  # row scale 2^(e0 - 112): field e0 + 15
 WORD: tl.constexpr = tl.constexpr(layout.CODES_PER_WORD)
 
-# One group: $8 (BF16 out) / $16 (float32 out) is the int64 of 8 `lo` bytes, the next operand the
-# int32 of 8 nibbles. For the low nibbles (codes 0-3) and the high ones (4-7) of the word:
+# One group: after the 8 outputs, $8 is the int64 of 8 `lo` bytes and $9 the int32 of 8 nibbles.
+# For the low nibbles (codes 0-3) and the high ones (4-7) of the word:
 #   t = nibbles << 4 (low) or >> 4 (high);  u = the sign bit from t (low) or the word (high), the rest from the other
 #   e = (u & 0x87878787) | 0x38383838: four BF16 high bytes s << 7 | 0x38 | o >> 1
 # then one byte permute per BF16 pair: (lo byte 2i, e byte 2i, lo byte 2i+1, e byte 2i+1).
@@ -59,10 +59,9 @@ prmt.b32 p, la, ea, 0x7362; shl.b32 $2, p, 16; and.b32 $3, p, 0xFFFF0000;
 prmt.b32 p, lb, eb, 0x5140; shl.b32 $4, p, 16; and.b32 $5, p, 0xFFFF0000;
 prmt.b32 p, lb, eb, 0x7362; shl.b32 $6, p, 16; and.b32 $7, p, 0xFFFF0000;
 """
-ASM_DECODE_BF16: tl.constexpr = tl.constexpr(
-    "{" + _ASM_EXPONENTS.replace("$L", "$8").replace("$H", "$9") + _ASM_PAIRS_BF16 + "}")
-ASM_DECODE_F32: tl.constexpr = tl.constexpr(
-    "{" + _ASM_EXPONENTS.replace("$L", "$8").replace("$H", "$9") + _ASM_PAIRS_F32 + "}")
+_ASM_HEAD = "{" + _ASM_EXPONENTS.replace("$L", "$8").replace("$H", "$9")  # operands after the 8 outputs
+ASM_DECODE_BF16: tl.constexpr = tl.constexpr(_ASM_HEAD + _ASM_PAIRS_BF16 + "}")
+ASM_DECODE_F32: tl.constexpr = tl.constexpr(_ASM_HEAD + _ASM_PAIRS_F32 + "}")
 
 
 @triton.jit

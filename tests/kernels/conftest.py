@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from specpilot.kernels.reference import error_bound, reference_linear
+from specpilot.w12.layout import bits_to_bf16
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"  # compiled kernels on a GPU, the interpreter on CPU
@@ -83,7 +84,7 @@ def escape_free_weight(N: int, K: int, seed: int = 3, e0: int = 112) -> torch.Te
     exponent = e0 + torch.randint(0, 16, (N, K), generator=g)
     exponent[:, :16] = e0 + torch.arange(16)
     bits = (torch.randint(0, 2, (N, K), generator=g) << 15) | (exponent << 7) | torch.randint(0, 128, (N, K), generator=g)
-    return (((bits + 0x8000) & 0xFFFF) - 0x8000).to(torch.int16).view(torch.bfloat16)
+    return bits_to_bf16(bits)
 
 
 def activations(M: int, K: int, seed: int = 1, dtype=torch.float32) -> torch.Tensor:
