@@ -100,6 +100,12 @@ def stored_positions(columns: torch.Tensor) -> torch.Tensor:
     return c - within + 8 * g + 2 * q + r
 
 
+def nibble_location(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(byte of `hi`, bit shift 0 or 4) holding the nibble of each stored position."""
+    word, code = positions // CODES_PER_WORD, positions % CODES_PER_WORD
+    return word * (CODES_PER_WORD // 2) + code % 4, 4 * (code // 4)
+
+
 def pack_planes(low: torch.Tensor, nibble: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes in column order -> (lo [R, Kp], hi [R, Kp/2]) uint8 in stored order.
 

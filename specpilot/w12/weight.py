@@ -17,6 +17,7 @@ from specpilot.w12.layout import (
     MAX_BASE,
     MIN_BASE,
     escape_column_dtype,
+    nibble_location,
     padded_columns,
     stored_positions,
 )
@@ -137,8 +138,8 @@ class W12Weight:
             raise CheckpointError(f"{where}: escape columns are not strictly increasing within a row")
         pos = stored_positions(cols)
         low = self.lo[rows, pos]
-        nibble = self.hi[rows, (pos // 8) * 4 + pos % 4].to(torch.int32)
-        nibble = torch.where(pos % 8 < 4, nibble & 0xF, nibble >> 4)
+        byte, shift = nibble_location(pos)
+        nibble = (self.hi[rows, byte].to(torch.int32) >> shift) & 0xF
         if bool((low != 0).any()) or bool((nibble != 0).any()):
             raise CheckpointError(f"{where}: an escape slot does not hold the placeholder code")
 

@@ -13,6 +13,7 @@ from specpilot.w12.layout import (
     bits_to_bf16,
     code_parts,
     dense_bits,
+    nibble_location,
     pack_planes,
     stored_columns,
     stored_positions,
@@ -85,6 +86,8 @@ def test_pack_planes_puts_each_code_in_its_byte_and_half():
         expected_hi = torch.zeros(Kp // 2, dtype=torch.uint8)
         expected_hi[4 * (p // 8) + p % 4] = 0xB if p % 8 < 4 else 0xB0
         assert torch.equal(lo[0], expected_lo) and torch.equal(hi[0], expected_hi), column
+        byte, shift = nibble_location(torch.tensor(p))  # what W12Weight.validate reads
+        assert (int(hi[0, int(byte)]) >> int(shift)) & 0xF == 0xB, column
 
 
 def every_code(base: torch.Tensor):
