@@ -4,7 +4,7 @@
 #
 #   bash bench/run_on_gpu.sh COMMIT STEP:SECONDS [STEP:SECONDS ...]
 #
-# Steps: smoke, engine, engine-kernels, w12, fixture, guard, speed, noise, loop, first. Each writes under
+# Steps: smoke, engine, engine-kernels, escape, w12, fixture, guard, speed, noise, loop, first. Each writes under
 # /tmp/specpilot-results/<step>/ and logs to <step>.log there; a step that fails or runs out of
 # time does not stop the next one. Unpack here with: tar xzf results.tgz -C bench/results/
 set -u
@@ -22,6 +22,7 @@ for item in "$@"; do
     smoke)   cmd=(python bench/gpu_smoke.py --out "$out") ;;
     engine)  cmd=(python bench/engine_ar.py --out "$out" --commit "$commit" --skip kernels) ;;
     engine-kernels) cmd=(python bench/engine_ar.py --out "$out" --commit "$commit" --skip hf curve) ;;
+    escape)  cmd=(python bench/w12_escape_cost.py --out "$out") ;;
     w12)     cmd=(python bench/w12_kernels.py --out "$out" --budget-s $(( secs * 3 / 5 ))) ;;
     fixture) cmd=(python tools/fixture_report.py --out "$out" --compile) ;;
     guard)   cmd=(python bench/guard_report.py --deployment fixture --out "$out") ;;

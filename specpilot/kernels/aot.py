@@ -30,6 +30,7 @@ from specpilot.kernels.configs import GEMM_MAX_M, GEMV_MAX_M, KernelPath, Launch
 POINTERS = {  # argument -> Triton pointer type; a plain weight passes itself as hi/base/escapes
     "x_ptr": "*bf16", "y_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32", "esc_ptr_ptr": "*i32",
     "esc_col_ptr": "*i16", "esc_val_ptr": "*i16", "lo_ptr": "*u8", "out_ptr": "*i16",
+    "etw_ptr": "*i32", "etv_ptr": "*i16",
 }
 W12_PLANES = {"w_ptr": "*u8", "hi_ptr": "*u8", "base_ptr": "*u8"}
 DENSE_PLANES = {"w_ptr": "*bf16", "hi_ptr": "*bf16", "base_ptr": "*bf16", "esc_ptr_ptr": "*bf16",
@@ -77,14 +78,19 @@ def variants(quick: bool = False) -> list[Variant]:
             for w12 in (True, False):
                 for even in ((True,) if quick else (True, False)):
                     c = {"IS_W12": w12, "BLOCK_M": bm, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                         "EVEN_N": even, "EVEN_K": even, "PTX_DECODE": cfg.ptx_decode, "ESC_CHUNK": 16,
+                         "EVEN_N": even, "EVEN_K": even, "PTX_DECODE": cfg.ptx_decode,
                          "STAGES": cfg.num_stages}
-                    if cfg.path is KernelPath.GEMV:
-                        c.update(EVEN_M=even)
-                    else:
-                        c.update(DOT_BF16=True, ESCAPES=True, ESC_EARLY=False)
                     label = f"{cfg.label()} bm{bm} {'w12' if w12 else 'bf16'} {'even' if even else 'masked'}"
-                    out.append(Variant(path, label, c, cfg.num_warps, cfg.num_stages))
+                    if cfg.path is KernelPath.GEMV:
+                        c.update(EVEN_M=even, ESC_CHUNK=16)
+                        out.append(Variant(path, label, c, cfg.num_warps, cfg.num_stages))
+                        continue
+                    c.update(DOT_BF16=True)
+                    # W12: escape tiles in the K loop (ESC_MODE 1) or the epilogue correction (2)
+                    for mode in ((1, 2) if w12 else (0,)):
+                        name = label + {0: "", 1: " tiles", 2: " epilogue"}[mode]
+                        out.append(Variant(path, name, {**c, "ESC_MODE": mode, "ESC_SLOT": 32},
+                                           cfg.num_warps, cfg.num_stages))
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))
     return list({v.label: v for v in out}.values())
 

@@ -34,12 +34,16 @@ from specpilot.kernels.configs import (
     block_m,
     gemm_candidates,
 )
+from specpilot.kernels.escape_tiles import SLOT_STEP, escape_tiles
 from specpilot.kernels.launch import bf16_dots, prepare_launch, ptx_decode
 from specpilot.kernels.reference import reference_linear
 from specpilot.kernels.workspace import SplitKWorkspace
 from specpilot.w12.weight import W12Weight
 
-ESCAPE_CHUNK = 16  # the smallest K of a tl.dot
+ESCAPE_CHUNK: tl.constexpr = tl.constexpr(16)  # escapes per step of the epilogue correction: a tl.dot's smallest K
+ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
+ESC_TILES: tl.constexpr = tl.constexpr(1)  # escape tiles, added in the K loop
+ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
 
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
@@ -98,6 +102,23 @@ def _escape_correction(
     return corr
 
 
+@triton.jit
+def _escape_tile(x_ptr, words_ptr, values_ptr, first, m, M, stride_xm, acc,
+                 BLOCK_N: tl.constexpr, SLOT: tl.constexpr, DOT_BF16: tl.constexpr):
+    """acc [BN, BM] plus the entries first..first+SLOT of this (row block, K tile)
+    (`escape_tiles`): a one-hot [BN, SLOT] matrix of their scaled values times x^T at their columns."""
+    e = first + tl.arange(0, SLOT)
+    word = tl.load(words_ptr + e)  # [SLOT] row_in_block << 24 | column
+    bits = tl.load(values_ptr + e)  # [SLOT] BF16 bits; 0 = padding
+    col = word & 0xFFFFFF
+    row = (word >> 24) & 0xFF
+    xe = tl.load(x_ptr + m[None, :] * stride_xm + col[:, None],
+                 mask=(m < M)[None, :] & (bits != 0)[:, None], other=0.0)  # [SLOT, BM]
+    v = bits.to(tl.bfloat16, bitcast=True)
+    a = tl.where(tl.arange(0, BLOCK_N)[:, None] == row[None, :], v[None, :], 0.0)  # [BN, SLOT]
+    return _dot(a, xe, acc, DOT_BF16)
+
+
 @triton.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
 def _gemm_kernel(
     # pointers
@@ -106,10 +127,12 @@ def _gemm_kernel(
     M, N, K, Kp, split_k, steps_per_split,
     # strides
     stride_xm, stride_ym, stride_w, stride_hi,
+    # escape tiles (ESC_MODE 1)
+    etw_ptr, etv_ptr, esc_k_tiles,
     # meta
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
-    ESC_CHUNK: tl.constexpr, STAGES: tl.constexpr, ESCAPES: tl.constexpr, ESC_EARLY: tl.constexpr,
+    STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -119,10 +142,6 @@ def _gemm_kernel(
     step0 = pid_k * steps_per_split
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
 
-    if IS_W12 and ESC_EARLY:
-        # The block's CSR range and placeholders have fixed addresses: loaded before the K loop,
-        # they are in registers when the epilogue needs them (one dependent round trip less there).
-        own_lo, own_hi, first, last, p = tiles.escape_span(esc_ptr_ptr, base_ptr, rows, row0, N, BLOCK_N)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
     # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
     for step in tl.range(step0, step1, num_stages=STAGES):
@@ -133,6 +152,9 @@ def _gemm_kernel(
             w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
         xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
         acc = _dot(w, xt, acc, DOT_BF16)
+        if IS_W12 and ESC_MODE == ESC_TILES:
+            acc = _escape_tile(x_ptr, etw_ptr, etv_ptr, (pid_n * esc_k_tiles + step) * ESC_SLOT, m, M,
+                               stride_xm, acc, BLOCK_N, ESC_SLOT, DOT_BF16)
 
     out = tl.trans(acc)  # [BM, BN]
     y_mask = (m < M)[:, None] & (rows < N)[None, :]
@@ -145,31 +167,51 @@ def _gemm_kernel(
     if is_last:
         if IS_W12:
             out = out * tiles.row_scale(base_ptr, rows, N)[None, :]
-        if IS_W12 and ESCAPES:
-            if not ESC_EARLY:
-                own_lo, own_hi, first, last, p = tiles.escape_span(esc_ptr_ptr, base_ptr, rows, row0, N, BLOCK_N)
+        if IS_W12 and ESC_MODE == ESC_EPILOGUE:
+            own_lo, own_hi, first, last, p = tiles.escape_span(esc_ptr_ptr, base_ptr, rows, row0, N, BLOCK_N)
             out += _escape_correction(x_ptr, esc_col_ptr, esc_val_ptr, own_lo, own_hi, first, last, p, M,
-                                      stride_xm, BLOCK_M, BLOCK_N, ESC_CHUNK, DOT_BF16)
+                                      stride_xm, BLOCK_M, BLOCK_N, ESCAPE_CHUNK, DOT_BF16)
         tiles.store_rows(out, y_ptr, rows, M, N, stride_ym, BLOCK_M)
 
 
 # -- wrapper ----------------------------------------------------------------------------------
+ESCAPE_MODES = {"auto": None, "tiles": ESC_TILES, "epilogue": ESC_EPILOGUE, "off": ESC_NONE}
+
+
+def escape_plan(weight: W12Weight | torch.Tensor, config: LaunchConfig, escapes: str = "auto"):
+    """(ESC_MODE, EscapeTiles or None) for a launch: no escapes -> none; else the escape tiles of
+    this launch tile when the weight has them (`escape_tiles`), else the epilogue correction."""
+    if escapes not in ESCAPE_MODES:
+        raise ValueError(f"escapes must be one of {sorted(ESCAPE_MODES)}, got {escapes!r}")
+    if not isinstance(weight, W12Weight) or not weight.num_escapes or escapes == "off":
+        return ESC_NONE, None
+    if escapes == "epilogue":
+        return ESC_EPILOGUE, None
+    found = escape_tiles(weight, config.block_n, config.block_k)
+    if found is None and escapes == "tiles":
+        raise ValueError(f"this weight has no escape tiles for {config.label()} (see specpilot.kernels.escape_tiles)")
+    return (ESC_TILES, found) if found is not None else (ESC_EPILOGUE, None)
+
+
 def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
-         workspace: SplitKWorkspace | None = None, escapes: bool = True,
-         escape_chunk: int = ESCAPE_CHUNK, escape_early: bool = False) -> torch.Tensor:
+         workspace: SplitKWorkspace | None = None, escapes: str = "auto") -> torch.Tensor:
     """y [M, N] in x's dtype for x [M, K] (1 <= M <= 64) and a W12 or plain weight [N, K].
 
-    The last three are for `bench/w12_escape_cost.py`, which times variants of the escape
-    correction: escape_chunk escapes per step (a power of two >= 16), the CSR range loaded before
-    the K loop (escape_early; both exact), and escapes=False, which skips the correction -- a wrong
-    result, timed only; nothing else may pass it."""
+    `escapes` picks how W12 escapes are added, for tests and `bench/w12_escape_cost.py`: "auto"
+    (escape tiles where the weight has them, else the epilogue), "tiles", "epilogue" -- all exact --
+    or "off", which skips them: a wrong result, timed only; nothing else may pass it."""
     run = prepare_launch(x, weight, config, KernelPath.GEMM, GEMM_MAX_M, workspace)
+    mode, found = escape_plan(weight, config, escapes)
+    if found is not None:
+        tile_args = (found.words, found.values, found.k_tiles)
+    else:  # unused: any int32 and int16 tensors keep the pointer types stable
+        tile_args = (run.ops.esc_ptr, run.ops.esc_val, 0)
     _gemm_kernel[run.grid](
-        *run.args,
+        *run.args, *tile_args,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config), ESC_CHUNK=escape_chunk,
-        STAGES=config.num_stages, ESCAPES=escapes, ESC_EARLY=escape_early,
+        EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
+        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return run.y.to(x.dtype)

@@ -8,7 +8,7 @@ rule (`codec.py`), the layout constants (`layout.py`) or files (`checkpoint.py`)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +36,9 @@ class W12Weight:
     esc_ptr: torch.Tensor  # [N+1] int32: CSR row pointers into the escapes
     esc_col: torch.Tensor  # [E] int16 (uint16 values) or int32: escape columns
     esc_val: torch.Tensor  # [E] int16: escape BF16 bit patterns
+    # Data kernels derive from the planes, cached per weight (`specpilot.kernels.escape_tiles`);
+    # never saved, and a new weight (`to`, `concat_rows`, a file) starts empty.
+    derived: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
         N, K = self.shape

@@ -86,13 +86,50 @@ def test_w12_equals_the_bf16_kernel_without_escapes(to_device, make_x, M, window
     assert torch.equal(y12.view(torch.int32), gemm(x, to_device(w), config).view(torch.int32))
 
 
-@pytest.mark.parametrize("chunk, early", [(64, False), (16, True), (64, True)])
-def test_escape_correction_variants_match_the_reference(weights, make_x, check, chunk, early):
-    """The variants bench/w12_escape_cost.py times are exact too (the escape-heavy rows)."""
-    from specpilot.kernels.gemm import gemm
+def tile_weight(N: int, K: int, seed: int = 6) -> torch.Tensor:
+    """Scale-0.02 weights whose escapes all fit escape tiles: +-0 (one entry each), values far
+    below and above the window (two entries), in a normal row, a high-window row and the last
+    column, at most 26 per 128 columns of a row."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, K, generator=g) * 0.02
+    w[3, ::5] = 0.0
+    w[3, 1] = -0.0
+    w[4, 7] = 1e-12
+    w[4, 8] = -3.0e4
+    w[5] = torch.randn(K, generator=g) * 2.0**9
+    w[5, [1, 70, 200 % K]] = 0.0
+    w[N - 1, K - 1] = 0.0
+    w[N - 1, 64 + 3] = 5e3
+    return w.bfloat16()
 
-    x = make_x(5, 300)
-    check(gemm(x, weights["w12"], CONFIGS[1], escape_chunk=chunk, escape_early=early), x, weights["w12"])
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.label())
+def test_escape_tiles_match_the_reference(make_x, to_device, check, config):
+    """Escape tiles (the K loop adds the escapes) for every test config: split-K, a 64-row block,
+    a pipelined loop, the portable decoder; the epilogue correction gives the same within the bound."""
+    from specpilot.kernels.gemm import ESC_TILES, escape_plan, gemm
+
+    enc = to_device(encode(tile_weight(37, 300)))
+    mode, found = escape_plan(enc, config)
+    assert mode == ESC_TILES and found.entries > enc.num_escapes  # some escapes took two entries
+    for M in (1, 17):
+        x = make_x(M, 300)
+        check(gemm(x, enc, config), x, enc)
+        check(gemm(x, enc, config, escapes="epilogue"), x, enc)
+
+
+def test_escape_modes(weights, make_x, to_device):
+    """Weights with Inf/NaN/subnormal escapes fall back to the epilogue; "tiles" then refuses;
+    a weight without escapes adds none; an unknown mode is an error."""
+    from specpilot.kernels.gemm import ESC_EPILOGUE, ESC_NONE, escape_plan, gemm
+
+    assert escape_plan(weights["w12"], CONFIGS[0])[0] == ESC_EPILOGUE
+    with pytest.raises(ValueError, match="no escape tiles"):
+        gemm(make_x(2, 300), weights["w12"], CONFIGS[0], escapes="tiles")
+    assert escape_plan(encode(torch.ones(4, 128).bfloat16()), CONFIGS[0])[0] == ESC_NONE
+    assert escape_plan(weights["dense"], CONFIGS[0])[0] == ESC_NONE
+    with pytest.raises(ValueError, match="escapes must be one of"):
+        gemm(make_x(2, 300), weights["w12"], CONFIGS[0], escapes="sometimes")
 
 
 def test_many_escapes_per_tile_and_non_finite_ones_in_one_chunk(make_x, to_device, check):
