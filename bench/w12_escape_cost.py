@@ -3,7 +3,7 @@
     python bench/w12_escape_cost.py --out DIR
 
 For a few Qwen3 projections at M = 1 and 32, with the config the dispatcher picks (the shipped
-tuned table), times the W12 GEMM as it runs (escape tiles: the escapes added in the K loop), the
+tuned table), times the W12 GEMM as it runs (escape blocks: the escapes added in the K loop), the
 previous epilogue correction (16 CSR escapes per step after the loop), each first checked against
 the reference within the error bound, and the kernel with the correction switched off
 (`gemm(..., escapes="off")`: a wrong result, timed only); on random
@@ -27,13 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.w12_kernels import check_output, environment, graph_time_us, random_weight, warm_clocks, weight_sets  # noqa: E402
 from specpilot.kernels.configs import WeightFormat, choose_config  # noqa: E402
 from specpilot.kernels.dispatch import device_name  # noqa: E402
-from specpilot.kernels.escape_tiles import escape_tiles  # noqa: E402
-from specpilot.kernels.gemm import ESC_TILES, escape_plan, gemm  # noqa: E402
+from specpilot.kernels.escape_blocks import escape_blocks  # noqa: E402
+from specpilot.kernels.gemm import ESC_BLOCKS, escape_plan, gemm  # noqa: E402
 from specpilot.kernels.reference import error_bound  # noqa: E402
 from specpilot.w12 import decode, encode  # noqa: E402
 
-VARIANTS = [("tiles", {"escapes": "tiles"}), ("epilogue", {"escapes": "epilogue"}), ("off", {"escapes": "off"})]
-DEFAULT = "tiles"  # what "auto" picks for these weights (checked below)
+VARIANTS = [("blocks", {"escapes": "blocks"}), ("epilogue", {"escapes": "epilogue"}), ("off", {"escapes": "off"})]
+DEFAULT = "blocks"  # what "auto" picks for these weights (checked below)
 SHAPES = [("Qwen3-8B", "qkv", 6144, 4096), ("Qwen3-8B", "down", 4096, 12288), ("Qwen3-8B", "lm_head", 151936, 4096),
           ("Qwen3-32B", "gate_up", 51200, 5120)]
 
@@ -66,13 +66,13 @@ def main(argv=None) -> int:
                             timed[label] = {"error": f"{worst:.3g}x the error bound"}
                             continue
                     timed[label] = {"us": graph_time_us([lambda w=w, kw=kw: gemm(x, w, cfg, **kw) for w in ws])}
-                assert escape_plan(ws[0], cfg)[0] == ESC_TILES, "auto should pick escape tiles here"
+                assert escape_plan(ws[0], cfg)[0] == ESC_BLOCKS, "auto should pick escape blocks here"
                 again = graph_time_us([lambda w=w: gemm(x, w, cfg) for w in ws])
                 timed[DEFAULT]["runs"] = [timed[DEFAULT]["us"], again]
                 timed[DEFAULT]["us"] = min(timed[DEFAULT]["us"], again)
-                tiles = escape_tiles(ws[0], cfg.block_n, cfg.block_k)
-                row[name] = {"escapes_per_row": ws[0].num_escapes / N, "slot": tiles.slot,
-                             "tile_bytes_share": tiles.nbytes / ws[0].nbytes_total, **timed}
+                blocks = escape_blocks(ws[0], cfg.block_n)
+                row[name] = {"escapes_per_row": ws[0].num_escapes / N, "slot": blocks.slot,
+                             "block_bytes_share": blocks.nbytes / ws[0].nbytes_total, **timed}
                 del exact, bound
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -83,19 +83,19 @@ def main(argv=None) -> int:
     names = [label for label, _ in VARIANTS]
     lines = ["# W12 GEMM: cost of the escape correction", "",
              f"- {meta['date']} · {meta['gpu']} · triton {meta['triton']} · commit {meta['git_commit']}",
-             "- µs per call; `tiles` is the default (escapes added in the K loop), `epilogue` the CSR "
-             "correction after it; `off` skips the correction (wrong result, timed only); slot = entries "
-             "per (row block, K tile); tile bytes = escape tiles / W12 planes", "",
-             "| shape | M | config | weights | escapes/row | slot | tile bytes | " + " | ".join(names)
-             + " | tiles vs off | epilogue vs off |",
+             "- µs per call; `blocks` is the default (entries loaded before the K loop, added after it), "
+             "`epilogue` the CSR correction after the loop; `off` skips the correction (wrong result, timed "
+             "only); slot = entries per row block; block bytes = escape blocks / W12 planes", "",
+             "| shape | M | config | weights | escapes/row | slot | block bytes | " + " | ".join(names)
+             + " | blocks vs off | epilogue vs off |",
              "|---|---|---|---|---|---|---|" + "---|" * (len(names) + 2)]
     for r in rows:
         for kind in ("random", "plus_one_zero_per_row"):
             d = r[kind]
             cells = [f"{d[n]['us']:.2f}" if "us" in d[n] else d[n]["error"] for n in names]
-            cost = [d[n]["us"] / d["off"]["us"] - 1 if "us" in d[n] else float("nan") for n in ("tiles", "epilogue")]
+            cost = [d[n]["us"] / d["off"]["us"] - 1 if "us" in d[n] else float("nan") for n in ("blocks", "epilogue")]
             lines.append(f"| {r['model']} {r['proj']} {r['N']}x{r['K']} | {r['M']} | {r['config']} | {kind} "
-                         f"| {d['escapes_per_row']:.2f} | {d['slot']} | {d['tile_bytes_share']:.2%} | "
+                         f"| {d['escapes_per_row']:.2f} | {d['slot']} | {d['block_bytes_share']:.2%} | "
                          + " | ".join(cells) + f" | {cost[0]:+.1%} | {cost[1]:+.1%} |")
     (args.out / "w12_escape_cost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

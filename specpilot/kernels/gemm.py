@@ -34,7 +34,7 @@ from specpilot.kernels.configs import (
     block_m,
     gemm_candidates,
 )
-from specpilot.kernels.escape_tiles import SLOT_STEP, escape_tiles
+from specpilot.kernels.escape_blocks import SLOT_STEP, escape_blocks
 from specpilot.kernels.launch import bf16_dots, prepare_launch, ptx_decode
 from specpilot.kernels.reference import reference_linear
 from specpilot.kernels.workspace import SplitKWorkspace
@@ -42,7 +42,7 @@ from specpilot.w12.weight import W12Weight
 
 ESCAPE_CHUNK: tl.constexpr = tl.constexpr(16)  # escapes per step of the epilogue correction: a tl.dot's smallest K
 ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
-ESC_TILES: tl.constexpr = tl.constexpr(1)  # escape tiles, added in the K loop
+ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
 
 # -- configs ----------------------------------------------------------------------------------
@@ -103,18 +103,16 @@ def _escape_correction(
 
 
 @triton.jit
-def _escape_tile(x_ptr, words_ptr, values_ptr, first, m, M, stride_xm, acc,
-                 BLOCK_N: tl.constexpr, SLOT: tl.constexpr, DOT_BF16: tl.constexpr):
-    """acc [BN, BM] plus the entries first..first+SLOT of this (row block, K tile)
-    (`escape_tiles`): a one-hot [BN, SLOT] matrix of their scaled values times x^T at their columns."""
-    e = first + tl.arange(0, SLOT)
-    word = tl.load(words_ptr + e)  # [SLOT] row_in_block << 24 | column
-    bits = tl.load(values_ptr + e)  # [SLOT] BF16 bits; 0 = padding
+def _escape_block(x_ptr, word, bits, k_lo, k_hi, m, M, stride_xm, acc,
+                  BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
+    """acc [BN, BM] plus the row block's entries (`escape_blocks`: word, bits [SLOT]) whose column
+    is in k_lo..k_hi: a one-hot [BN, SLOT] matrix of their scaled values times x^T at their columns."""
     col = word & 0xFFFFFF
     row = (word >> 24) & 0xFF
-    xe = tl.load(x_ptr + m[None, :] * stride_xm + col[:, None],
-                 mask=(m < M)[None, :] & (bits != 0)[:, None], other=0.0)  # [SLOT, BM]
-    v = bits.to(tl.bfloat16, bitcast=True)
+    mine = (bits != 0) & (col >= k_lo) & (col < k_hi)  # padding (0) and other splits' columns: none
+    xe = tl.load(x_ptr + m[None, :] * stride_xm + col[:, None], mask=(m < M)[None, :] & mine[:, None],
+                 other=0.0)  # [SLOT, BM]
+    v = tl.where(mine, bits, 0).to(tl.bfloat16, bitcast=True)
     a = tl.where(tl.arange(0, BLOCK_N)[:, None] == row[None, :], v[None, :], 0.0)  # [BN, SLOT]
     return _dot(a, xe, acc, DOT_BF16)
 
@@ -127,8 +125,8 @@ def _gemm_kernel(
     M, N, K, Kp, split_k, steps_per_split,
     # strides
     stride_xm, stride_ym, stride_w, stride_hi,
-    # escape tiles (ESC_MODE 1)
-    etw_ptr, etv_ptr, esc_k_tiles,
+    # escape blocks (ESC_MODE 1)
+    ebw_ptr, ebv_ptr,
     # meta
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
@@ -142,6 +140,10 @@ def _gemm_kernel(
     step0 = pid_k * steps_per_split
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
 
+    if IS_W12 and ESC_MODE == ESC_BLOCKS:  # fixed addresses: in registers by the end of the loop
+        e = pid_n * ESC_SLOT + tl.arange(0, ESC_SLOT)
+        esc_word = tl.load(ebw_ptr + e)  # [SLOT] row_in_block << 24 | column
+        esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits, 0 = padding
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
     # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
     for step in tl.range(step0, step1, num_stages=STAGES):
@@ -152,9 +154,9 @@ def _gemm_kernel(
             w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
         xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
         acc = _dot(w, xt, acc, DOT_BF16)
-        if IS_W12 and ESC_MODE == ESC_TILES:
-            acc = _escape_tile(x_ptr, etw_ptr, etv_ptr, (pid_n * esc_k_tiles + step) * ESC_SLOT, m, M,
-                               stride_xm, acc, BLOCK_N, ESC_SLOT, DOT_BF16)
+    if IS_W12 and ESC_MODE == ESC_BLOCKS:
+        acc = _escape_block(x_ptr, esc_word, esc_bits, step0 * BLOCK_K, step1 * BLOCK_K, m, M, stride_xm, acc,
+                            BLOCK_N, DOT_BF16)
 
     out = tl.trans(acc)  # [BM, BN]
     y_mask = (m < M)[:, None] & (rows < N)[None, :]
@@ -175,22 +177,22 @@ def _gemm_kernel(
 
 
 # -- wrapper ----------------------------------------------------------------------------------
-ESCAPE_MODES = {"auto": None, "tiles": ESC_TILES, "epilogue": ESC_EPILOGUE, "off": ESC_NONE}
+ESCAPE_MODES = ("auto", "blocks", "epilogue", "off")
 
 
 def escape_plan(weight: W12Weight | torch.Tensor, config: LaunchConfig, escapes: str = "auto"):
-    """(ESC_MODE, EscapeTiles or None) for a launch: no escapes -> none; else the escape tiles of
-    this launch tile when the weight has them (`escape_tiles`), else the epilogue correction."""
+    """(ESC_MODE, EscapeBlocks or None) for a launch: no escapes -> none; else the escape blocks of
+    this row-block size when the weight has them (`escape_blocks`), else the epilogue correction."""
     if escapes not in ESCAPE_MODES:
         raise ValueError(f"escapes must be one of {sorted(ESCAPE_MODES)}, got {escapes!r}")
     if not isinstance(weight, W12Weight) or not weight.num_escapes or escapes == "off":
         return ESC_NONE, None
     if escapes == "epilogue":
         return ESC_EPILOGUE, None
-    found = escape_tiles(weight, config.block_n, config.block_k)
-    if found is None and escapes == "tiles":
-        raise ValueError(f"this weight has no escape tiles for {config.label()} (see specpilot.kernels.escape_tiles)")
-    return (ESC_TILES, found) if found is not None else (ESC_EPILOGUE, None)
+    found = escape_blocks(weight, config.block_n)
+    if found is None and escapes == "blocks":
+        raise ValueError(f"this weight has no escape blocks of {config.block_n} rows (see specpilot.kernels.escape_blocks)")
+    return (ESC_BLOCKS, found) if found is not None else (ESC_EPILOGUE, None)
 
 
 def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
@@ -198,16 +200,16 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
     """y [M, N] in x's dtype for x [M, K] (1 <= M <= 64) and a W12 or plain weight [N, K].
 
     `escapes` picks how W12 escapes are added, for tests and `bench/w12_escape_cost.py`: "auto"
-    (escape tiles where the weight has them, else the epilogue), "tiles", "epilogue" -- all exact --
+    (escape blocks where the weight has them, else the epilogue), "blocks", "epilogue" -- all exact --
     or "off", which skips them: a wrong result, timed only; nothing else may pass it."""
     run = prepare_launch(x, weight, config, KernelPath.GEMM, GEMM_MAX_M, workspace)
     mode, found = escape_plan(weight, config, escapes)
     if found is not None:
-        tile_args = (found.words, found.values, found.k_tiles)
+        block_args = (found.words, found.values)
     else:  # unused: any int32 and int16 tensors keep the pointer types stable
-        tile_args = (run.ops.esc_ptr, run.ops.esc_val, 0)
+        block_args = (run.ops.esc_ptr, run.ops.esc_val)
     _gemm_kernel[run.grid](
-        *run.args, *tile_args,
+        *run.args, *block_args,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),

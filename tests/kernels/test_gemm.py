@@ -87,9 +87,9 @@ def test_w12_equals_the_bf16_kernel_without_escapes(to_device, make_x, M, window
 
 
 def tile_weight(N: int, K: int, seed: int = 6) -> torch.Tensor:
-    """Scale-0.02 weights whose escapes all fit escape tiles: +-0 (one entry each), values far
+    """Scale-0.02 weights whose escapes all fit escape blocks: +-0 (one entry each), values far
     below and above the window (two entries), in a normal row, a high-window row and the last
-    column, at most 26 per 128 columns of a row."""
+    column, at most 64 per row."""
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(N, K, generator=g) * 0.02
     w[3, ::5] = 0.0
@@ -107,11 +107,11 @@ def tile_weight(N: int, K: int, seed: int = 6) -> torch.Tensor:
 def test_escape_tiles_match_the_reference(make_x, to_device, check, config):
     """Escape tiles (the K loop adds the escapes) for every test config: split-K, a 64-row block,
     a pipelined loop, the portable decoder; the epilogue correction gives the same within the bound."""
-    from specpilot.kernels.gemm import ESC_TILES, escape_plan, gemm
+    from specpilot.kernels.gemm import ESC_BLOCKS, escape_plan, gemm
 
     enc = to_device(encode(tile_weight(37, 300)))
     mode, found = escape_plan(enc, config)
-    assert mode == ESC_TILES and found.entries > enc.num_escapes  # some escapes took two entries
+    assert mode == ESC_BLOCKS and found.entries > enc.num_escapes  # some escapes took two entries
     for M in (1, 17):
         x = make_x(M, 300)
         check(gemm(x, enc, config), x, enc)
@@ -119,13 +119,13 @@ def test_escape_tiles_match_the_reference(make_x, to_device, check, config):
 
 
 def test_escape_modes(weights, make_x, to_device):
-    """Weights with Inf/NaN/subnormal escapes fall back to the epilogue; "tiles" then refuses;
+    """Weights with Inf/NaN/subnormal escapes fall back to the epilogue; "blocks" then refuses;
     a weight without escapes adds none; an unknown mode is an error."""
     from specpilot.kernels.gemm import ESC_EPILOGUE, ESC_NONE, escape_plan, gemm
 
     assert escape_plan(weights["w12"], CONFIGS[0])[0] == ESC_EPILOGUE
-    with pytest.raises(ValueError, match="no escape tiles"):
-        gemm(make_x(2, 300), weights["w12"], CONFIGS[0], escapes="tiles")
+    with pytest.raises(ValueError, match="no escape blocks"):
+        gemm(make_x(2, 300), weights["w12"], CONFIGS[0], escapes="blocks")
     assert escape_plan(encode(torch.ones(4, 128).bfloat16()), CONFIGS[0])[0] == ESC_NONE
     assert escape_plan(weights["dense"], CONFIGS[0])[0] == ESC_NONE
     with pytest.raises(ValueError, match="escapes must be one of"):
