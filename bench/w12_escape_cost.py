@@ -6,10 +6,11 @@ For a few Qwen3 projections at M = 1 and 32, with the config the dispatcher pick
 tuned table), times the W12 GEMM as it runs (escape blocks: the escapes added in the K loop), the
 previous epilogue correction (16 CSR escapes per step after the loop), each first checked against
 the reference within the error bound, and the kernel with the correction switched off
-(`gemm(..., escapes="off")`: a wrong result, timed only); on random
+(`gemm(..., escapes="off")`: a wrong result, timed only), and cuBLAS (`F.linear` on the decoded
+BF16 weights) for scale; on random
 weights as in bench/w12_kernels.py (~0.3-0.9 escapes per row) and with one more zero per row.
-Same timing as that script: CUDA-graph replays over rotating weight sets, median; the default
-is timed before and after the others and keeps its faster run. Writes OUT/w12_escape_cost.json
+Same timing as that script (CUDA-graph replays over rotating weight sets, median), in three
+rounds, each variant once per round in a rotated order; each keeps its fastest round. Writes OUT/w12_escape_cost.json
 and .md.
 """
 
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -33,7 +35,7 @@ from specpilot.kernels.reference import error_bound  # noqa: E402
 from specpilot.w12 import decode, encode  # noqa: E402
 
 VARIANTS = [("blocks", {"escapes": "blocks"}), ("epilogue", {"escapes": "epilogue"}), ("off", {"escapes": "off"})]
-DEFAULT = "blocks"  # what "auto" picks for these weights (checked below)
+ROUNDS = 3
 SHAPES = [("Qwen3-8B", "qkv", 6144, 4096), ("Qwen3-8B", "down", 4096, 12288), ("Qwen3-8B", "lm_head", 151936, 4096),
           ("Qwen3-32B", "gate_up", 51200, 5120)]
 
@@ -51,6 +53,7 @@ def main(argv=None) -> int:
             d = decode(w)
             d[torch.arange(N, device="cuda"), torch.randint(0, K, (N,), device="cuda")] = 0.0
             dirty.append(encode(d))
+        dense = {"random": [decode(w) for w in sets], "plus_one_zero_per_row": [decode(w) for w in dirty]}
         for M in (1, 32):
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             cfg = choose_config(WeightFormat.W12, M, N, K, device_name(x.device))
@@ -64,19 +67,24 @@ def main(argv=None) -> int:
                         worst = check_output(gemm(x, ws[0], cfg, **kw), x, ws[0], exact, bound)
                         if worst > 1.0:
                             timed[label] = {"error": f"{worst:.3g}x the error bound"}
-                            continue
-                    timed[label] = {"us": graph_time_us([lambda w=w, kw=kw: gemm(x, w, cfg, **kw) for w in ws])}
+                # ROUNDS rounds, each in another order (clocks drift over a run): the fastest is kept
+                arms = [(label, [lambda w=w, kw=kw: gemm(x, w, cfg, **kw) for w in ws]) for label, kw in VARIANTS]
+                arms.append(("cublas", [lambda d=d: F.linear(x, d) for d in dense[name]]))
+                for r in range(ROUNDS):
+                    for label, calls in arms[r % len(arms):] + arms[:r % len(arms)]:
+                        if "error" not in timed.get(label, {}):
+                            timed.setdefault(label, {"runs": []})["runs"].append(graph_time_us(calls))
+                for d in timed.values():
+                    if "runs" in d:
+                        d["us"] = min(d["runs"])
                 assert escape_plan(ws[0], cfg)[0] == ESC_BLOCKS, "auto should pick escape blocks here"
-                again = graph_time_us([lambda w=w: gemm(x, w, cfg) for w in ws])
-                timed[DEFAULT]["runs"] = [timed[DEFAULT]["us"], again]
-                timed[DEFAULT]["us"] = min(timed[DEFAULT]["us"], again)
                 blocks = escape_blocks(ws[0], cfg.block_n)
                 row[name] = {"escapes_per_row": ws[0].num_escapes / N, "slot": blocks.slot,
                              "block_bytes_share": blocks.nbytes / ws[0].nbytes_total, **timed}
                 del exact, bound
             rows.append(row)
             print(json.dumps(row), flush=True)
-        del sets, dirty
+        del sets, dirty, dense
         torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "w12_escape_cost.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
@@ -87,8 +95,8 @@ def main(argv=None) -> int:
              "`epilogue` the CSR correction after the loop; `off` skips the correction (wrong result, timed "
              "only); slot = entries per row block; block bytes = escape blocks / W12 planes", "",
              "| shape | M | config | weights | escapes/row | slot | block bytes | " + " | ".join(names)
-             + " | blocks vs off | epilogue vs off |",
-             "|---|---|---|---|---|---|---|" + "---|" * (len(names) + 2)]
+             + " | cuBLAS | blocks vs off | epilogue vs off | cuBLAS / blocks |",
+             "|---|---|---|---|---|---|---|" + "---|" * (len(names) + 4)]
     for r in rows:
         for kind in ("random", "plus_one_zero_per_row"):
             d = r[kind]
@@ -96,7 +104,8 @@ def main(argv=None) -> int:
             cost = [d[n]["us"] / d["off"]["us"] - 1 if "us" in d[n] else float("nan") for n in ("blocks", "epilogue")]
             lines.append(f"| {r['model']} {r['proj']} {r['N']}x{r['K']} | {r['M']} | {r['config']} | {kind} "
                          f"| {d['escapes_per_row']:.2f} | {d['slot']} | {d['block_bytes_share']:.2%} | "
-                         + " | ".join(cells) + f" | {cost[0]:+.1%} | {cost[1]:+.1%} |")
+                         + " | ".join(cells) + f" | {d['cublas']['us']:.2f} | {cost[0]:+.1%} | {cost[1]:+.1%} "
+                         f"| {d['cublas']['us'] / d['blocks']['us']:.3f} |")
     (args.out / "w12_escape_cost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
