@@ -103,19 +103,16 @@ def _escape_correction(
 
 
 @triton.jit
-def _escape_x(x_ptr, word, bits, k_lo, k_hi, m, M, stride_xm):
-    """x^T at the columns of the row block's entries (`escape_blocks`: word, bits [SLOT]) that lie in
-    k_lo..k_hi: [SLOT, BM], zero for padding, other splits' columns and rows >= M."""
+def _escape_block(x_ptr, word, bits, k_lo, k_hi, m, M, stride_xm, acc,
+                  BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
+    """acc [BN, BM] plus the row block's entries (`escape_blocks`: word, bits [SLOT]) whose column
+    is in k_lo..k_hi: a one-hot [BN, SLOT] matrix of their scaled values times x^T at their columns."""
     col = word & 0xFFFFFF
-    mine = (bits != 0) & (col >= k_lo) & (col < k_hi)
-    return tl.load(x_ptr + m[None, :] * stride_xm + col[:, None], mask=(m < M)[None, :] & mine[:, None], other=0.0)
-
-
-@triton.jit
-def _add_escapes(acc, word, bits, xe, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
-    """acc [BN, BM] + a one-hot [BN, SLOT] matrix of the entries' scaled values @ xe [SLOT, BM]."""
     row = (word >> 24) & 0xFF
-    v = bits.to(tl.bfloat16, bitcast=True)
+    mine = (bits != 0) & (col >= k_lo) & (col < k_hi)  # padding (0) and other splits' columns: none
+    xe = tl.load(x_ptr + m[None, :] * stride_xm + col[:, None], mask=(m < M)[None, :] & mine[:, None],
+                 other=0.0)  # [SLOT, BM]
+    v = tl.where(mine, bits, 0).to(tl.bfloat16, bitcast=True)
     a = tl.where(tl.arange(0, BLOCK_N)[:, None] == row[None, :], v[None, :], 0.0)  # [BN, SLOT]
     return _dot(a, xe, acc, DOT_BF16)
 
@@ -143,11 +140,10 @@ def _gemm_kernel(
     step0 = pid_k * steps_per_split
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
 
-    if IS_W12 and ESC_MODE == ESC_BLOCKS:  # fixed addresses: nothing waits for them here
+    if IS_W12 and ESC_MODE == ESC_BLOCKS:  # fixed addresses: in registers by the end of the loop
         e = pid_n * ESC_SLOT + tl.arange(0, ESC_SLOT)
         esc_word = tl.load(ebw_ptr + e)  # [SLOT] row_in_block << 24 | column
         esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits, 0 = padding
-        esc_x = tl.zeros([ESC_SLOT, BLOCK_M], x_ptr.dtype.element_ty)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
     # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
     for step in tl.range(step0, step1, num_stages=STAGES):
@@ -158,11 +154,9 @@ def _gemm_kernel(
             w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
         xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
         acc = _dot(w, xt, acc, DOT_BF16)
-        if IS_W12 and ESC_MODE == ESC_BLOCKS:
-            if step == step0:  # the entries have arrived with the first weights: gather, use after the loop
-                esc_x = _escape_x(x_ptr, esc_word, esc_bits, step0 * BLOCK_K, step1 * BLOCK_K, m, M, stride_xm)
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
-        acc = _add_escapes(acc, esc_word, esc_bits, esc_x, BLOCK_N, DOT_BF16)
+        acc = _escape_block(x_ptr, esc_word, esc_bits, step0 * BLOCK_K, step1 * BLOCK_K, m, M, stride_xm, acc,
+                            BLOCK_N, DOT_BF16)
 
     out = tl.trans(acc)  # [BM, BN]
     y_mask = (m < M)[:, None] & (rows < N)[None, :]
