@@ -48,6 +48,7 @@ class Variant:
     constexprs: dict
     num_warps: int
     num_stages: int
+    max_registers: int | None = None  # the launcher's maxnreg (GEMM)
 
 
 def _kernel(name: str):
@@ -90,7 +91,7 @@ def variants(quick: bool = False) -> list[Variant]:
                     for mode in ((1, 2) if w12 else (0,)):
                         name = label + {0: "", 1: " blocks", 2: " epilogue"}[mode]
                         out.append(Variant(path, name, {**c, "ESC_MODE": mode, "ESC_SLOT": 64},
-                                           cfg.num_warps, cfg.num_stages))
+                                           cfg.num_warps, cfg.num_stages, cfg.max_registers))
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))
     return list({v.label: v for v in out}.values())
 
@@ -117,7 +118,8 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
              if signature[name] != "constexpr" and name not in NOT_DIVISIBLE}
     t = time.monotonic()
     kernel = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
-                            options={"num_warps": v.num_warps, "num_stages": v.num_stages})
+                            options={"num_warps": v.num_warps, "num_stages": v.num_stages,
+                                     **({"maxnreg": v.max_registers} if v.max_registers else {})})
     limit = SHARED_MEMORY_LIMIT.get(arch)
     if limit is not None and kernel.metadata.shared > limit:
         raise RuntimeError(f"needs {kernel.metadata.shared} bytes of shared memory; sm_{arch} allows {limit}")

@@ -27,6 +27,8 @@ GEMM_MAX_M = 64  # beyond this the projection is compute-bound: decode once, the
 GEMV_DEFAULT_MAX_M = 0  # heuristic crossover: the tensor-core GEMM spends fewer instructions per
 # W12 weight at every M (~3.4 at M <= 16: decode + MMA; the GEMV 5.1 at M = 1, plus an FMA per extra row)
 MAX_SPLIT_K = 8
+REGISTERS_PER_SM = 65536
+MIN_PROGRAMS_PER_SM = 2  # the register cap keeps at least this many programs of a config on an SM
 SHARED_MEMORY_BUDGET = 220 * 1024  # candidates must fit an sm_90 block (232,448 bytes) with room for the epilogue
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
 
@@ -80,6 +82,14 @@ class LaunchConfig:
         s += f" sk{self.split_k}" if self.split_k else ""
         s += f" p{self.programs_per_sm}" if self.programs_per_sm != 2 else ""
         return s + ("" if self.ptx_decode else " portable")
+
+    @property
+    def max_registers(self) -> int:
+        """Registers per thread the compiler may use (Triton's `maxnreg`): few enough that
+        MIN_PROGRAMS_PER_SM programs fit an SM's register file. Without the cap, an 8-warp W12
+        GEMM with escape blocks took 136 and ran one program per SM, +76% on the H200
+        (bench/results/w12/w12_escape_cost.md); 4-warp configs stay far below theirs (248)."""
+        return min(255, REGISTERS_PER_SM // (32 * self.num_warps * MIN_PROGRAMS_PER_SM)) // 8 * 8
 
     def shared_bytes(self, M: int, weight_bytes: float) -> float:
         """Estimated shared memory of the pipelined loop: num_stages buffers of the weight tile
