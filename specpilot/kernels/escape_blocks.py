@@ -73,8 +73,10 @@ def _entries(weight: W12Weight):
     v = (bits << 16).view(torch.float32).double()  # the escape values, exact
     shift = (layout.SCALE_BIAS - weight.base.to(torch.int64)[rows]).double()
     scaled = v * torch.exp2(shift)  # exact in float64 for every finite BF16 value and base
-    single = scaled - PLACEHOLDER_SCALED
-    one = _exact_bf16(single)
+    single = scaled - PLACEHOLDER_SCALED  # rounded when the two are far apart (a tiny escape)
+    back = single - scaled  # Knuth's two-sum: the rounding error of that subtraction, exactly
+    error = (scaled - (single - back)) + (-PLACEHOLDER_SCALED - back)
+    one = (error == 0) & _exact_bf16(single)
     two = ~one & _exact_bf16(scaled)
     if not bool((one | two).all()):
         return None

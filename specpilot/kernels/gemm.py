@@ -10,12 +10,20 @@ that fragment), and Triton pipelines the raw planes through shared memory with c
 memory. With float32 or float16 activations both operands are widened to float32 and the dot runs
 in IEEE float32, so no input is ever rounded.
 
-W12 tiles are decoded scaled by 2^(112 - e0) per row (see `specpilot.w12.layout`); the program that
-finishes a row block multiplies by 2^(e0 - 112) -- exact -- and then adds the escapes, as two
-small dots per 16 escapes: a one-hot matrix of escape values minus one of placeholders, times the
-gathered x columns. Inf/NaN escape values are kept out of those dots (0 * Inf would leak NaN into
-other rows) and added row by row. Row blocks are split along K when there are too few of them to
-fill the GPU; the reduction is deterministic (`tiles.reduce_split_k`).
+W12 tiles are decoded scaled by 2^(112 - e0) per row (see `specpilot.w12.layout`), every escape slot
+as the placeholder 2^-15. The escapes are added in that scaled domain, one of two ways
+(`escape_plan`, ESC_MODE):
+- escape blocks (`escape_blocks.py`; the default): each row block's entries are loaded before the
+  K loop from addresses fixed by the program id, and after it one gather of x at their columns
+  and one one-hot dot add them, each split-K program its own columns -- one memory round trip;
+- the epilogue correction, for weights escape blocks cannot express (Inf/NaN, values whose scaled
+  form is no normal BF16, rows full of escapes): the program finishing a row block reads its CSR
+  escapes, 16 at a time, and adds two one-hot dots per chunk (values, minus placeholders), the
+  non-finite ones row by row; each chunk costs two dependent loads.
+The program that finishes a row block multiplies by 2^(e0 - 112) -- exact. Row blocks are split
+along K when there are too few of them to fill the GPU; the reduction is deterministic
+(`tiles.reduce_split_k`). Registers are capped so two programs fit an SM
+(`LaunchConfig.max_registers`).
 
 Does not own tile decoding (`tiles.py`), config choice (`configs.py`) or dispatch (`dispatch.py`).
 """

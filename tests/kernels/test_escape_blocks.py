@@ -1,0 +1,92 @@
+"""Escape blocks: the entries the GEMM adds after its K loop are exactly the escape correction."""
+
+import pytest
+import torch
+
+from specpilot.kernels.escape_blocks import (
+    MAX_SLOT,
+    PLACEHOLDER_SCALED,
+    build,
+    escape_blocks,
+    reference_correction,
+)
+from specpilot.w12 import encode
+from specpilot.w12.codec import escape_columns, escape_rows
+from specpilot.w12.layout import SCALE_BIAS
+
+
+def weights(N: int = 40, K: int = 300, seed: int = 6) -> torch.Tensor:
+    """Scale-0.02 weights with +-0 escapes, values far below and above the window, a high-window
+    row and an escape in the last column."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, K, generator=g) * 0.02
+    w[3, ::5] = 0.0
+    w[3, 1] = -0.0
+    w[4, 7] = 1e-12
+    w[4, 8] = -3.0e4
+    w[5] = torch.randn(K, generator=g) * 2.0**9
+    w[5, [1, 70, 200]] = 0.0
+    w[N - 1, K - 1] = 0.0
+    return w.bfloat16()
+
+
+def escape_correction(enc, x: torch.Tensor) -> torch.Tensor:
+    """[M, N] float64 in the kernel's scaled domain: sum over escapes (n, c, v) of
+    (v * 2^(112 - e0[n]) - 2^-15) * x[m, c] -- the true weight minus what the slot decodes to."""
+    rows, cols = escape_rows(enc), escape_columns(enc)
+    v = ((enc.esc_val.to(torch.int32) & 0xFFFF) << 16).view(torch.float32).double()
+    scale = torch.exp2((SCALE_BIAS - enc.base.to(torch.int64)[rows]).double())
+    out = torch.zeros(x.shape[0], enc.shape[0], dtype=torch.float64)
+    out.index_add_(1, rows, x.double()[:, cols] * (v * scale - PLACEHOLDER_SCALED))
+    return out
+
+
+@pytest.mark.parametrize("block_n", [16, 64, 256])
+def test_entries_add_up_to_the_escape_correction(block_n):
+    enc = encode(weights())
+    blocks = build(enc, block_n)
+    x = torch.randn(3, 300).bfloat16()
+    got, want = reference_correction(blocks, x, 40), escape_correction(enc, x)
+    assert torch.allclose(got, want, rtol=1e-12, atol=0.0)
+    assert got[:, 3].abs().sum() > 0 and got[:, 0].abs().sum() == 0  # row 0 has no escapes
+
+
+def test_zeros_take_one_entry_other_escapes_two():
+    enc = encode(weights())
+    bits = enc.esc_val.to(torch.int32) & 0x7FFF
+    zeros = int((bits == 0).sum())
+    blocks = build(enc, 16)
+    assert blocks.entries == zeros + 2 * (enc.num_escapes - zeros)
+    assert int((blocks.values != 0).sum()) == blocks.entries  # the rest is padding, value 0
+
+
+def test_slot_is_the_power_of_two_covering_the_busiest_block():
+    enc = encode(weights())
+    for block_n in (16, 64):
+        blocks = build(enc, block_n)
+        busiest = int((blocks.values != 0).sum(dim=1).max())
+        assert blocks.slot >= max(16, busiest) and blocks.slot < 2 * max(16, busiest)
+        assert blocks.slot & (blocks.slot - 1) == 0
+        assert blocks.words.shape == blocks.values.shape == (-(-40 // block_n), blocks.slot)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e-40])
+def test_escapes_no_entry_can_hold_exactly_give_none(value):
+    w = weights()
+    w[7, 9] = value  # Inf, NaN, a subnormal in a scale-0.02 row (2^-15 below its window: no BF16)
+    assert build(encode(w), 16) is None
+
+
+def test_too_many_entries_in_a_block_and_no_escapes_give_none():
+    w = weights()
+    w[9] = 0.0  # 300 zero escapes in one row block
+    assert 300 > MAX_SLOT and build(encode(w), 16) is None
+    assert build(encode(torch.ones(8, 128).bfloat16()), 16) is None
+
+
+def test_cached_per_weight_and_block_size():
+    enc = encode(weights())
+    first = escape_blocks(enc, 16)
+    assert escape_blocks(enc, 16) is first and escape_blocks(enc, 64) is not first
+    moved = enc.to("cpu")
+    assert not moved.derived and escape_blocks(moved, 16) is not first
