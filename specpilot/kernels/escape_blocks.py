@@ -142,3 +142,49 @@ def reference_correction(blocks: EscapeBlocks, x: torch.Tensor, N: int) -> torch
     out = torch.zeros(x.shape[0], N, dtype=torch.float64, device=x.device)
     out.index_add_(1, rows, x.double()[:, cols] * values)
     return out
+
+
+@dataclass(frozen=True)
+class EscapeRows:
+    """Per-row escape table (experiment): words [N, per_row] int32 = (column + 1) << 16 | BF16 bits
+    of v' (0: padding); the kernel adds v' * x - 2^-15 * x per slot with FMAs, no dot."""
+
+    per_row: int
+    words: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.words.numel() * 4
+
+
+MAX_PER_ROW = 32
+
+
+def build_rows(weight: W12Weight) -> EscapeRows | None:
+    N, K = weight.shape
+    if not weight.num_escapes or K >= 0xFFFF:
+        return None
+    rows, cols = escape_rows(weight), escape_columns(weight)
+    bits = weight.esc_val.to(torch.int32) & 0xFFFF
+    v = (bits << 16).view(torch.float32).double()
+    scaled = v * torch.exp2((layout.SCALE_BIAS - weight.base.to(torch.int64)[rows]).double())
+    if not bool(_exact_bf16(scaled).all()):
+        return None
+    counts = (weight.esc_ptr[1:] - weight.esc_ptr[:-1]).long()
+    per_row = max(2, 1 << (int(counts.max()) - 1).bit_length())
+    if per_row > MAX_PER_ROW:
+        return None
+    slot = torch.arange(rows.numel(), device=rows.device) - weight.esc_ptr.long()[rows]
+    words = torch.zeros(N * per_row, dtype=torch.int32, device=rows.device)
+    value = scaled.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
+    words[rows * per_row + slot] = (((cols + 1) << 16) | value).to(torch.int32)
+    return EscapeRows(per_row, words.view(N, per_row))
+
+
+def escape_rows_table(weight: W12Weight) -> EscapeRows | None:
+    key = ("escape_rows",)
+    if key not in weight.derived:
+        if weight.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        weight.derived[key] = build_rows(weight)
+    return weight.derived[key]
