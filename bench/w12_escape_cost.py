@@ -34,8 +34,7 @@ from specpilot.kernels.gemm import ESC_BLOCKS, escape_plan, gemm  # noqa: E402
 from specpilot.kernels.reference import error_bound  # noqa: E402
 from specpilot.w12 import decode, encode  # noqa: E402
 
-VARIANTS = [("blocks", {"escapes": "blocks"}), ("epilogue", {"escapes": "epilogue"}), ("off", {"escapes": "off"}),
-            ("rows", {"escapes": "rows"})]
+VARIANTS = [("blocks", {"escapes": "blocks"}), ("epilogue", {"escapes": "epilogue"}), ("off", {"escapes": "off"})]
 ROUNDS = 3
 SHAPES = [("Qwen3-8B", "qkv", 6144, 4096), ("Qwen3-8B", "down", 4096, 12288), ("Qwen3-8B", "lm_head", 151936, 4096),
           ("Qwen3-32B", "gate_up", 51200, 5120)]

@@ -42,7 +42,7 @@ from specpilot.kernels.configs import (
     block_m,
     gemm_candidates,
 )
-from specpilot.kernels.escape_blocks import SLOT_STEP, escape_blocks, escape_rows_table
+from specpilot.kernels.escape_blocks import SLOT_STEP, escape_blocks
 from specpilot.kernels.launch import bf16_dots, prepare_launch, ptx_decode
 from specpilot.kernels.reference import reference_linear
 from specpilot.kernels.workspace import SplitKWorkspace
@@ -52,8 +52,6 @@ ESCAPE_CHUNK: tl.constexpr = tl.constexpr(16)  # escapes per step of the epilogu
 ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
-ESC_ROWS: tl.constexpr = tl.constexpr(3)  # per-row escape table, FMAs after the loop (experiment)
-PLACEHOLDER: tl.constexpr = tl.constexpr(2.0**-15)
 
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
@@ -127,17 +125,6 @@ def _escape_block(x_ptr, word, bits, k_lo, k_hi, m, M, stride_xm, acc,
     return _dot(a, xe, acc, DOT_BF16)
 
 
-@triton.jit
-def _row_escapes(x_ptr, word, k_lo, k_hi, m, M, stride_xm):
-    """[BN, BM] float32: sum over each row's slots of v' * x[m, c] - 2^-15 * x[m, c]."""
-    col = ((word >> 16) & 0xFFFF) - 1  # [BN, R]; -1: padding
-    mine = (col >= k_lo) & (col < k_hi)
-    xe = tl.load(x_ptr + m[None, None, :] * stride_xm + col[:, :, None],
-                 mask=mine[:, :, None] & (m < M)[None, None, :], other=0.0).to(tl.float32)  # [BN, R, BM]
-    v = (word & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True).to(tl.float32)  # [BN, R]
-    return tl.sum(xe * v[:, :, None], axis=1) - PLACEHOLDER * tl.sum(xe, axis=1)
-
-
 @triton.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
 def _gemm_kernel(
     # pointers
@@ -165,9 +152,6 @@ def _gemm_kernel(
         e = pid_n * ESC_SLOT + tl.arange(0, ESC_SLOT)
         esc_word = tl.load(ebw_ptr + e)  # [SLOT] row_in_block << 24 | column
         esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits, 0 = padding
-    if IS_W12 and ESC_MODE == ESC_ROWS:
-        slots = rows[:, None] * ESC_SLOT + tl.arange(0, ESC_SLOT)[None, :]
-        esc_rw = tl.load(ebw_ptr + slots, mask=(rows < N)[:, None], other=0)  # [BN, R]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
     # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
     for step in tl.range(step0, step1, num_stages=STAGES):
@@ -178,8 +162,6 @@ def _gemm_kernel(
             w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
         xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
         acc = _dot(w, xt, acc, DOT_BF16)
-    if IS_W12 and ESC_MODE == ESC_ROWS:
-        acc += _row_escapes(x_ptr, esc_rw, step0 * BLOCK_K, step1 * BLOCK_K, m, M, stride_xm)
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
         acc = _escape_block(x_ptr, esc_word, esc_bits, step0 * BLOCK_K, step1 * BLOCK_K, m, M, stride_xm, acc,
                             BLOCK_N, DOT_BF16)
@@ -203,7 +185,7 @@ def _gemm_kernel(
 
 
 # -- wrapper ----------------------------------------------------------------------------------
-ESCAPE_MODES = ("auto", "blocks", "epilogue", "off", "rows")
+ESCAPE_MODES = ("auto", "blocks", "epilogue", "off")
 
 
 def escape_plan(weight: W12Weight | torch.Tensor, config: LaunchConfig, escapes: str = "auto"):
@@ -215,11 +197,6 @@ def escape_plan(weight: W12Weight | torch.Tensor, config: LaunchConfig, escapes:
         return ESC_NONE, None
     if escapes == "epilogue":
         return ESC_EPILOGUE, None
-    if escapes == "rows":
-        table = escape_rows_table(weight)
-        if table is None:
-            raise ValueError("this weight has no escape-row table")
-        return ESC_ROWS, table
     found = escape_blocks(weight, config.block_n)
     if found is None and escapes == "blocks":
         raise ValueError(f"this weight has no escape blocks of {config.block_n} rows (see specpilot.kernels.escape_blocks)")
@@ -235,9 +212,7 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
     or "off", which skips them: a wrong result, timed only; nothing else may pass it."""
     run = prepare_launch(x, weight, config, KernelPath.GEMM, GEMM_MAX_M, workspace)
     mode, found = escape_plan(weight, config, escapes)
-    if mode == ESC_ROWS:
-        block_args = (found.words, found.words)
-    elif found is not None:
+    if found is not None:
         block_args = (found.words, found.values)
     else:  # unused: any int32 and int16 tensors keep the pointer types stable
         block_args = (run.ops.esc_ptr, run.ops.esc_val)
@@ -246,7 +221,7 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
-        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=(found.per_row if mode == ESC_ROWS else found.slot) if found is not None else SLOT_STEP,
+        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
     )
     return run.y.to(x.dtype)
