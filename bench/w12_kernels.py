@@ -228,14 +228,21 @@ def sweep_configs(M: int, sweep: bool) -> list[LaunchConfig]:
 
 SPLIT_VARIANTS = (1, 4)  # programs_per_sm tried on the best phase-1 configs (phase 1 uses 2)
 PHASE2_BEST = 3
+EXPLICIT_SPLITS = (2, 3, 4, 6, 8)  # split_k tried on the fastest config when row tiles are few
+SM_COUNT = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 
 
-def split_variants(tried: list[dict]) -> list[LaunchConfig]:
+def split_variants(tried: list[dict], N: int, sm_count: int) -> list[LaunchConfig]:
     """Phase 2 of a sweep: the PHASE2_BEST fastest configs of phase 1 with other programs_per_sm
-    (how finely small shapes are split along K; no new binaries)."""
+    (how finely small shapes are split along K; no new binaries), and, when the fastest one has
+    fewer row tiles than two per SM, that config with each explicit split_k: the automatic split
+    leaves waves uneven (96 row tiles x 3 splits = 2.2 programs per SM of 132, so some SMs run 3)."""
     timed = sorted((t for t in tried if "us" in t), key=lambda t: t["us"])[:PHASE2_BEST]
-    return [dataclasses.replace(LaunchConfig.from_dict(t["config"]), programs_per_sm=p)
-            for t in timed for p in SPLIT_VARIANTS]
+    configs = [LaunchConfig.from_dict(t["config"]) for t in timed]
+    out = [dataclasses.replace(c, programs_per_sm=p) for c in configs for p in SPLIT_VARIANTS]
+    if configs and -(-N // configs[0].block_n) < 2 * sm_count:
+        out += [dataclasses.replace(configs[0], split_k=s) for s in EXPLICIT_SPLITS]
+    return out
 
 
 def correctness_configs(M: int, every: bool) -> list[LaunchConfig]:
@@ -375,7 +382,7 @@ def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: 
             configs = sweep_configs(M, sweep)
             tried = [time_config(x, sets, cfg, exact, bound) for cfg in configs]
             if sweep:
-                tried += [time_config(x, sets, cfg, exact, bound) for cfg in split_variants(tried)]
+                tried += [time_config(x, sets, cfg, exact, bound) for cfg in split_variants(tried, N, SM_COUNT)]
             timed = [t for t in tried if "us" in t]
             best = min(timed, key=lambda t: t["us"]) if timed else None
             key = "w12" if fmt is WeightFormat.W12 else "bf16_kernel"
