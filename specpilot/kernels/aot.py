@@ -34,7 +34,7 @@ POINTERS = {  # argument -> Triton pointer type; a plain weight passes itself as
 }
 W12_PLANES = {"w_ptr": "*u8", "hi_ptr": "*u8", "base_ptr": "*u8"}
 DENSE_PLANES = {"w_ptr": "*bf16", "hi_ptr": "*bf16", "base_ptr": "*bf16", "esc_ptr_ptr": "*bf16",
-                "esc_col_ptr": "*bf16", "esc_val_ptr": "*bf16"}
+                "esc_col_ptr": "*bf16", "esc_val_ptr": "*bf16", "ebw_ptr": "*bf16", "ebv_ptr": "*bf16"}
 
 
 NOT_DIVISIBLE = {"M", "split_k", "steps_per_split"}  # the launchers never specialize these

@@ -87,6 +87,23 @@ def escape_free_weight(N: int, K: int, seed: int = 3, e0: int = 112) -> torch.Te
     return bits_to_bf16(bits)
 
 
+def escape_block_weight(N: int, K: int, seed: int = 6) -> torch.Tensor:
+    """Scale-0.02 BF16 weights whose escapes all fit escape blocks (`specpilot.kernels.escape_blocks`):
+    +-0 (one entry each), values far below and above the window (two entries), in a normal row, a
+    high-window row and the last column; rows 3-5 need N > 5."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, K, generator=g) * 0.02
+    w[3, ::5] = 0.0
+    w[3, 1] = -0.0
+    w[4, 7] = 1e-12
+    w[4, 8] = -3.0e4
+    w[5] = torch.randn(K, generator=g) * 2.0**9
+    w[5, [c % K for c in (1, 70, 200)]] = 0.0
+    w[N - 1, K - 1] = 0.0
+    w[N - 1, (64 + 3) % K] = 5e3
+    return w.bfloat16()
+
+
 def activations(M: int, K: int, seed: int = 1, dtype=torch.float32) -> torch.Tensor:
     """[M, K] activations on the test device, BF16 values (as the engine's are) held in `dtype`;
     x[0, 5] = 0 so the +Inf weight of row 0 yields NaN there, as in the reference."""
@@ -139,6 +156,11 @@ def make_weight():
 @pytest.fixture(scope="session")
 def make_x():
     return activations
+
+
+@pytest.fixture(scope="session")
+def block_weight():
+    return escape_block_weight
 
 
 @pytest.fixture(scope="session")

@@ -15,21 +15,6 @@ from specpilot.w12.codec import escape_columns, escape_rows
 from specpilot.w12.layout import SCALE_BIAS
 
 
-def weights(N: int = 40, K: int = 300, seed: int = 6) -> torch.Tensor:
-    """Scale-0.02 weights with +-0 escapes, values far below and above the window, a high-window
-    row and an escape in the last column."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(N, K, generator=g) * 0.02
-    w[3, ::5] = 0.0
-    w[3, 1] = -0.0
-    w[4, 7] = 1e-12
-    w[4, 8] = -3.0e4
-    w[5] = torch.randn(K, generator=g) * 2.0**9
-    w[5, [1, 70, 200]] = 0.0
-    w[N - 1, K - 1] = 0.0
-    return w.bfloat16()
-
-
 def escape_correction(enc, x: torch.Tensor) -> torch.Tensor:
     """[M, N] float64 in the kernel's scaled domain: sum over escapes (n, c, v) of
     (v * 2^(112 - e0[n]) - 2^-15) * x[m, c] -- the true weight minus what the slot decodes to."""
@@ -42,8 +27,8 @@ def escape_correction(enc, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("block_n", [16, 64, 256])
-def test_entries_add_up_to_the_escape_correction(block_n):
-    enc = encode(weights())
+def test_entries_add_up_to_the_escape_correction(block_weight, block_n):
+    enc = encode(block_weight(40, 300))
     blocks = build(enc, block_n)
     x = torch.randn(3, 300).bfloat16()
     got, want = reference_correction(blocks, x, 40), escape_correction(enc, x)
@@ -51,8 +36,8 @@ def test_entries_add_up_to_the_escape_correction(block_n):
     assert got[:, 3].abs().sum() > 0 and got[:, 0].abs().sum() == 0  # row 0 has no escapes
 
 
-def test_zeros_take_one_entry_other_escapes_two():
-    enc = encode(weights())
+def test_zeros_take_one_entry_other_escapes_two(block_weight):
+    enc = encode(block_weight(40, 300))
     bits = enc.esc_val.to(torch.int32) & 0x7FFF
     zeros = int((bits == 0).sum())
     blocks = build(enc, 16)
@@ -60,8 +45,8 @@ def test_zeros_take_one_entry_other_escapes_two():
     assert int((blocks.values != 0).sum()) == blocks.entries  # the rest is padding, value 0
 
 
-def test_slot_is_the_power_of_two_covering_the_busiest_block():
-    enc = encode(weights())
+def test_slot_is_the_power_of_two_covering_the_busiest_block(block_weight):
+    enc = encode(block_weight(40, 300))
     for block_n in (16, 64):
         blocks = build(enc, block_n)
         busiest = int((blocks.values != 0).sum(dim=1).max())
@@ -71,21 +56,21 @@ def test_slot_is_the_power_of_two_covering_the_busiest_block():
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e-40])
-def test_escapes_no_entry_can_hold_exactly_give_none(value):
-    w = weights()
+def test_escapes_no_entry_can_hold_exactly_give_none(block_weight, value):
+    w = block_weight(40, 300)
     w[7, 9] = value  # Inf, NaN, a subnormal in a scale-0.02 row (2^-15 below its window: no BF16)
     assert build(encode(w), 16) is None
 
 
-def test_too_many_entries_in_a_block_and_no_escapes_give_none():
-    w = weights()
+def test_too_many_entries_in_a_block_and_no_escapes_give_none(block_weight):
+    w = block_weight(40, 300)
     w[9] = 0.0  # 300 zero escapes in one row block
     assert 300 > MAX_SLOT and build(encode(w), 16) is None
     assert build(encode(torch.ones(8, 128).bfloat16()), 16) is None
 
 
-def test_cached_per_weight_and_block_size():
-    enc = encode(weights())
+def test_cached_per_weight_and_block_size(block_weight):
+    enc = encode(block_weight(40, 300))
     first = escape_blocks(enc, 16)
     assert escape_blocks(enc, 16) is first and escape_blocks(enc, 64) is not first
     moved = enc.to("cpu")
