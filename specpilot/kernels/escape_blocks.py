@@ -6,12 +6,12 @@ The GEMM decodes every escape slot as the placeholder code, which in its scaled 
 escapes, then the x columns they name, for every 16 escapes -- at the end of every program:
 +7% to +64% of the kernel (`bench/results/w12/w12_escape_cost.md`, commit 738bdfb). Adding them
 inside the K loop, per (row block, K tile), cost as much (commit 42c2f92): the x gather then
-stalls every step. Here each row block of `block_n` rows gets a fixed number `slot` of *entries*
-(row in block, column, value) at an address the program computes from its id: it loads them
-before its K loop (nothing waits on them there), and after the loop one gather of x at their
-columns and one dot -- a one-hot [block_n, slot] matrix of entry values times those x columns,
-about the work of one more K step -- add them, one memory round trip in all. Under split-K each
-program adds the entries of its own columns, before the partial sums are reduced.
+stalls every step. Here each row block of `block_n` rows -- under split-K, each (row block, K
+split) -- gets a fixed number `slot` of *entries* (row in block, column, value) at an address the
+program computes from its ids: it loads them before its K loop (nothing waits on them there), and
+after the loop one gather of x at their columns and one dot -- a one-hot [block_n, slot] matrix of
+entry values times those x columns -- add them, one memory round trip in all, before the partial
+sums are reduced.
 
 Entries live in the scaled domain. An escape (n, c, v) is, with v' = v * 2^(112 - e0[n]):
 - one entry v' - 2^-15 when that is exactly a BF16 number (always for v = +-0, the common escape
@@ -23,9 +23,9 @@ or v' outside the normal BF16 range (subnormal escapes of a normal row, say) -- 
 blocks; nor has one whose busiest row block needs more than `MAX_SLOT` entries (all-escape rows):
 both keep the epilogue correction. Padding entries have value 0 and read x as 0.
 
-Layout: `words` [row_blocks, slot] int32 = row_in_block << 24 | column, `values` [row_blocks,
-slot] int16 (BF16 bits). Built with torch ops on the weight's device, once per (weight, block_n)
-and cached on the weight (`W12Weight.derived`). Not part of the file format: derived data of
+Layout: `words` [row_blocks * splits, slot] int32 = row_in_block << 24 | column, `values` (same
+shape) int16 (BF16 bits); slab = row_block * splits + split. Built with torch ops on the weight's
+device, once per (weight, block_n, split width) and cached on the weight (`W12Weight.derived`). Not part of the file format: derived data of
 6 * slot bytes per row block (0.2-0.8% of the planes on the benchmark's random weights).
 Does not own the kernels (`gemm.py`) or the format (`specpilot.w12`).
 """
@@ -51,9 +51,10 @@ MIN_NORMAL = 2.0 ** -126
 @dataclass(frozen=True)
 class EscapeBlocks:
     block_n: int
-    slot: int  # entries per row block: a power of two, 16..MAX_SLOT
-    words: torch.Tensor  # [row_blocks, slot] int32: row_in_block << 24 | column
-    values: torch.Tensor  # [row_blocks, slot] int16: BF16 bits of the scaled entry (0: padding)
+    splits: int  # slabs per row block: the K splits of the launch they were built for (1: all columns)
+    slot: int  # entries per slab: a power of two, 16..MAX_SLOT
+    words: torch.Tensor  # [row_blocks * splits, slot] int32: row_in_block << 24 | column
+    values: torch.Tensor  # [row_blocks * splits, slot] int16: BF16 bits of the scaled entry (0: padding)
     entries: int  # real entries (the rest is padding)
 
     @property
@@ -88,9 +89,11 @@ def _entries(weight: W12Weight):
     return rows, cols, value
 
 
-def build(weight: W12Weight, block_n: int) -> EscapeBlocks | None:
-    """The escape blocks of `weight` for row blocks of `block_n`, or None when the weight has no
-    escapes, one no entry can express exactly, or a row block that would need > MAX_SLOT entries."""
+def build(weight: W12Weight, block_n: int, k_split: int | None = None) -> EscapeBlocks | None:
+    """The escape blocks of `weight` for row blocks of `block_n` -- one slab per (row block, K
+    split) when `k_split` (columns per split-K program) is given, so each program reads only its
+    own entries -- or None when the weight has no escapes, one no entry can express exactly, or a
+    slab that would need > MAX_SLOT entries."""
     N, K = weight.shape
     if not weight.num_escapes or block_n > 1 << (32 - ROW_SHIFT) or K > MAX_COLUMNS:
         return None
@@ -98,34 +101,35 @@ def build(weight: W12Weight, block_n: int) -> EscapeBlocks | None:
     if found is None:
         return None
     rows, cols, value = found
-    blocks = -(-N // block_n)
-    block = rows // block_n  # [entries]
-    counts = torch.bincount(block, minlength=blocks)
+    splits = -(-layout.padded_columns(K) // k_split) if k_split else 1
+    slabs = -(-N // block_n) * splits
+    slab = (rows // block_n) * splits + (cols // k_split if k_split else 0)  # [entries]
+    counts = torch.bincount(slab, minlength=slabs)
     busiest = int(counts.max())
     slot = max(SLOT_STEP, 1 << (busiest - 1).bit_length())  # a power of two (tl.arange)
     if slot > MAX_SLOT:
         return None
-    order = torch.argsort(block, stable=True)
-    block, rows, cols, value = block[order], rows[order], cols[order], value[order]
-    starts = torch.cumsum(counts, 0) - counts  # [blocks]
-    index = block * slot + torch.arange(block.numel(), device=block.device) - starts[block]
-    words = torch.zeros(blocks * slot, dtype=torch.int32, device=block.device)
-    values = torch.zeros(blocks * slot, dtype=torch.int16, device=block.device)
+    order = torch.argsort(slab, stable=True)
+    slab, rows, cols, value = slab[order], rows[order], cols[order], value[order]
+    starts = torch.cumsum(counts, 0) - counts  # [slabs]
+    index = slab * slot + torch.arange(slab.numel(), device=slab.device) - starts[slab]
+    words = torch.zeros(slabs * slot, dtype=torch.int32, device=slab.device)
+    values = torch.zeros(slabs * slot, dtype=torch.int16, device=slab.device)
     words[index] = (((rows % block_n) << ROW_SHIFT) | cols).to(torch.int32)
     values[index] = value
-    return EscapeBlocks(block_n, slot, words.view(blocks, slot), values.view(blocks, slot),
-                        entries=int(block.numel()))
+    return EscapeBlocks(block_n, splits, slot, words.view(slabs, slot), values.view(slabs, slot),
+                        entries=int(slab.numel()))
 
 
-def escape_blocks(weight: W12Weight, block_n: int) -> EscapeBlocks | None:
-    """`build`, cached on the weight per row-block size. While a CUDA graph is being captured
-    nothing is built (it syncs with the host): an uncached size then returns None, and the caller
-    falls back to the epilogue correction, which is exact too."""
-    key = ("escape_blocks", block_n)
+def escape_blocks(weight: W12Weight, block_n: int, k_split: int | None = None) -> EscapeBlocks | None:
+    """`build`, cached on the weight per (row-block size, split width). While a CUDA graph is being
+    captured nothing is built (it syncs with the host): an uncached one then returns None, and the
+    caller falls back to the epilogue correction, which is exact too."""
+    key = ("escape_blocks", block_n, k_split)
     if key not in weight.derived:
         if weight.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        weight.derived[key] = build(weight, block_n)
+        weight.derived[key] = build(weight, block_n, k_split)
     return weight.derived[key]
 
 
@@ -135,7 +139,7 @@ def reference_correction(blocks: EscapeBlocks, x: torch.Tensor, N: int) -> torch
     words = blocks.words.reshape(-1).long()
     values = blocks.values.reshape(-1).view(torch.bfloat16).double()
     keep = values != 0
-    block = torch.nonzero(keep).squeeze(1) // blocks.slot
+    block = torch.nonzero(keep).squeeze(1) // (blocks.slot * blocks.splits)
     words, values = words[keep], values[keep]
     rows = block * blocks.block_n + ((words >> ROW_SHIFT) & 0xFF)
     cols = words & (MAX_COLUMNS - 1)

@@ -111,16 +111,14 @@ def _escape_correction(
 
 
 @triton.jit
-def _escape_block(x_ptr, word, bits, k_lo, k_hi, m, M, stride_xm, acc,
-                  BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
-    """acc [BN, BM] plus the row block's entries (`escape_blocks`: word, bits [SLOT]) whose column
-    is in k_lo..k_hi: a one-hot [BN, SLOT] matrix of their scaled values times x^T at their columns."""
+def _escape_block(x_ptr, word, bits, m, M, stride_xm, acc, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
+    """acc [BN, BM] plus this program's entries (`escape_blocks`: word, bits [SLOT]): a one-hot
+    [BN, SLOT] matrix of their scaled values times x^T at their columns."""
     col = word & 0xFFFFFF
     row = (word >> 24) & 0xFF
-    mine = (bits != 0) & (col >= k_lo) & (col < k_hi)  # padding (0) and other splits' columns: none
-    xe = tl.load(x_ptr + m[None, :] * stride_xm + col[:, None], mask=(m < M)[None, :] & mine[:, None],
-                 other=0.0)  # [SLOT, BM]
-    v = tl.where(mine, bits, 0).to(tl.bfloat16, bitcast=True)
+    xe = tl.load(x_ptr + m[None, :] * stride_xm + col[:, None], mask=(m < M)[None, :] & (bits != 0)[:, None],
+                 other=0.0)  # [SLOT, BM]; padding (value 0) reads nothing
+    v = bits.to(tl.bfloat16, bitcast=True)
     a = tl.where(tl.arange(0, BLOCK_N)[:, None] == row[None, :], v[None, :], 0.0)  # [BN, SLOT]
     return _dot(a, xe, acc, DOT_BF16)
 
@@ -149,7 +147,7 @@ def _gemm_kernel(
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
 
     if IS_W12 and ESC_MODE == ESC_BLOCKS:  # fixed addresses: in registers by the end of the loop
-        e = pid_n * ESC_SLOT + tl.arange(0, ESC_SLOT)
+        e = (pid_n * split_k + pid_k) * ESC_SLOT + tl.arange(0, ESC_SLOT)  # this program's slab
         esc_word = tl.load(ebw_ptr + e)  # [SLOT] row_in_block << 24 | column
         esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits, 0 = padding
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
@@ -163,8 +161,7 @@ def _gemm_kernel(
         xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
         acc = _dot(w, xt, acc, DOT_BF16)
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
-        acc = _escape_block(x_ptr, esc_word, esc_bits, step0 * BLOCK_K, step1 * BLOCK_K, m, M, stride_xm, acc,
-                            BLOCK_N, DOT_BF16)
+        acc = _escape_block(x_ptr, esc_word, esc_bits, m, M, stride_xm, acc, BLOCK_N, DOT_BF16)
 
     out = tl.trans(acc)  # [BM, BN]
     y_mask = (m < M)[:, None] & (rows < N)[None, :]
@@ -188,16 +185,18 @@ def _gemm_kernel(
 ESCAPE_MODES = ("auto", "blocks", "epilogue", "off")
 
 
-def escape_plan(weight: W12Weight | torch.Tensor, config: LaunchConfig, escapes: str = "auto"):
-    """(ESC_MODE, EscapeBlocks or None) for a launch: no escapes -> none; else the escape blocks of
-    this row-block size when the weight has them (`escape_blocks`), else the epilogue correction."""
+def escape_plan(weight: W12Weight | torch.Tensor, config: LaunchConfig, escapes: str = "auto",
+                k_split: int | None = None):
+    """(ESC_MODE, EscapeBlocks or None) for a launch whose K splits cover `k_split` columns each
+    (None: one split): no escapes -> none; else the weight's escape blocks for this row-block size
+    and split when it has them (`escape_blocks`), else the epilogue correction."""
     if escapes not in ESCAPE_MODES:
         raise ValueError(f"escapes must be one of {sorted(ESCAPE_MODES)}, got {escapes!r}")
     if not isinstance(weight, W12Weight) or not weight.num_escapes or escapes == "off":
         return ESC_NONE, None
     if escapes == "epilogue":
         return ESC_EPILOGUE, None
-    found = escape_blocks(weight, config.block_n)
+    found = escape_blocks(weight, config.block_n, k_split)
     if found is None and escapes == "blocks":
         raise ValueError(f"this weight has no escape blocks of {config.block_n} rows (see specpilot.kernels.escape_blocks)")
     return (ESC_BLOCKS, found) if found is not None else (ESC_EPILOGUE, None)
@@ -211,7 +210,8 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
     (escape blocks where the weight has them, else the epilogue), "blocks", "epilogue" -- all exact --
     or "off", which skips them: a wrong result, timed only; nothing else may pass it."""
     run = prepare_launch(x, weight, config, KernelPath.GEMM, GEMM_MAX_M, workspace)
-    mode, found = escape_plan(weight, config, escapes)
+    splits = run.grid[1]
+    mode, found = escape_plan(weight, config, escapes, run.steps_per_split * config.block_k if splits > 1 else None)
     if found is not None:
         block_args = (found.words, found.values)
     else:  # unused: any int32 and int16 tensors keep the pointer types stable

@@ -125,6 +125,7 @@ class Launch:
     args: tuple  # the kernels' shared positional arguments: pointers, sizes, strides
     even_n: bool  # N a multiple of block_n
     even_k: bool  # K a multiple of block_k
+    steps_per_split: int  # K steps each of the grid's K splits covers
 
 
 def prepare_launch(x: torch.Tensor, weight, config: LaunchConfig, path: KernelPath, max_m: int,
@@ -142,7 +143,8 @@ def prepare_launch(x: torch.Tensor, weight, config: LaunchConfig, path: KernelPa
             plan.workspace.partials, plan.workspace.counters,
             M, ops.N, ops.K, ops.Kp, plan.split_k, plan.steps_per_split,
             x.stride(0), y.stride(0), ops.stride_w, ops.stride_hi)
-    return Launch(ops, y, (n_tiles, plan.split_k), args, ops.N % config.block_n == 0, ops.K % config.block_k == 0)
+    return Launch(ops, y, (n_tiles, plan.split_k), args, ops.N % config.block_n == 0, ops.K % config.block_k == 0,
+                  plan.steps_per_split)
 
 
 def bf16_dots(x: torch.Tensor, ops: WeightOperands) -> bool:

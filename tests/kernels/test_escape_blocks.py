@@ -26,14 +26,25 @@ def escape_correction(enc, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("block_n", [16, 64, 256])
-def test_entries_add_up_to_the_escape_correction(block_weight, block_n):
+@pytest.mark.parametrize("block_n, k_split", [(16, None), (64, None), (256, None), (16, 128), (64, 256)])
+def test_entries_add_up_to_the_escape_correction(block_weight, block_n, k_split):
     enc = encode(block_weight(40, 300))
-    blocks = build(enc, block_n)
+    blocks = build(enc, block_n, k_split)
     x = torch.randn(3, 300).bfloat16()
     got, want = reference_correction(blocks, x, 40), escape_correction(enc, x)
     assert torch.allclose(got, want, rtol=1e-12, atol=0.0)
     assert got[:, 3].abs().sum() > 0 and got[:, 0].abs().sum() == 0  # row 0 has no escapes
+
+
+def test_each_split_slab_holds_only_its_own_columns(block_weight):
+    enc = encode(block_weight(40, 300))
+    blocks = build(enc, 16, 128)  # 300 columns padded to 384: three splits of 128
+    assert blocks.splits == 3 and blocks.words.shape[0] == 3 * 3
+    cols = (blocks.words & 0xFFFFFF).long()
+    split = torch.arange(blocks.words.shape[0]) % 3
+    real = blocks.values != 0
+    assert bool(((cols // 128 == split[:, None]) | ~real).all())
+    assert blocks.slot <= build(enc, 16).slot
 
 
 def test_zeros_take_one_entry_other_escapes_two(block_weight):
