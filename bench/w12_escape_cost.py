@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.w12_kernels import check_output, environment, graph_time_us, random_weight, warm_clocks, weight_sets  # noqa: E402
 from specpilot.kernels.configs import WeightFormat, choose_config  # noqa: E402
 from specpilot.kernels.dispatch import device_name  # noqa: E402
-from specpilot.kernels.gemm import gemm  # noqa: E402
+from specpilot.kernels.gemm import gemm, plan_launch  # noqa: E402
 from specpilot.kernels.reference import error_bound  # noqa: E402
 from specpilot.w12 import decode, encode  # noqa: E402
 
@@ -40,9 +40,8 @@ SHAPES = [("Qwen3-8B", "qkv", 6144, 4096), ("Qwen3-8B", "down", 4096, 12288), ("
 
 
 def launch_blocks(weight, x, cfg):
-    """The escape blocks the launch of `cfg` on `weight` uses (built by running it once)."""
-    gemm(x, weight, cfg)
-    return next(v for k, v in weight.derived.items() if k[0] == "escape_blocks" and k[1] == cfg.block_n)
+    """The escape blocks a launch of `cfg` on `weight` uses."""
+    return plan_launch(x, weight, cfg, escapes="blocks")[2]
 
 
 def empty_blocks(weight, x, cfg):
@@ -51,9 +50,10 @@ def empty_blocks(weight, x, cfg):
     from dataclasses import replace
 
     copy = type(weight).from_planes(weight.shape, weight.planes())
-    launch_blocks(copy, x, cfg)
-    for k, v in list(copy.derived.items()):
-        copy.derived[k] = replace(v, values=torch.zeros_like(v.values))
+    blocks = launch_blocks(copy, x, cfg)  # cached on the copy, where the launch will find it
+    for key, cached in list(copy.derived.items()):
+        if cached is blocks:
+            copy.derived[key] = replace(blocks, values=torch.zeros_like(blocks.values))
     return copy
 
 

@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from specpilot.kernels import configs as kc  # noqa: E402
 from specpilot.kernels.configs import LaunchConfig, WeightFormat  # noqa: E402
 from specpilot.kernels.dispatch import run_config  # noqa: E402
+from specpilot.kernels.launch import sm_count  # noqa: E402
 from specpilot.kernels.reference import error_bound, reference_linear  # noqa: E402
 from specpilot.w12 import decode, encode  # noqa: E402
 from specpilot.w12.layout import bits_to_bf16  # noqa: E402
@@ -229,7 +230,6 @@ def sweep_configs(M: int, sweep: bool) -> list[LaunchConfig]:
 SPLIT_VARIANTS = (1, 4)  # programs_per_sm tried on the best phase-1 configs (phase 1 uses 2)
 PHASE2_BEST = 3
 EXPLICIT_SPLITS = (2, 3, 4, 6, 8)  # split_k tried on the fastest config when row tiles are few
-SM_COUNT = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 
 
 def split_variants(tried: list[dict], N: int, sm_count: int) -> list[LaunchConfig]:
@@ -382,7 +382,7 @@ def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: 
             configs = sweep_configs(M, sweep)
             tried = [time_config(x, sets, cfg, exact, bound) for cfg in configs]
             if sweep:
-                tried += [time_config(x, sets, cfg, exact, bound) for cfg in split_variants(tried, N, SM_COUNT)]
+                tried += [time_config(x, sets, cfg, exact, bound) for cfg in split_variants(tried, N, sm_count(x.device))]
             timed = [t for t in tried if "us" in t]
             best = min(timed, key=lambda t: t["us"]) if timed else None
             key = "w12" if fmt is WeightFormat.W12 else "bf16_kernel"

@@ -55,7 +55,11 @@ class EscapeBlocks:
     slot: int  # entries per slab: a power of two, 16..MAX_SLOT
     words: torch.Tensor  # [row_blocks * splits, slot] int32: row_in_block << 24 | column
     values: torch.Tensor  # [row_blocks * splits, slot] int16: BF16 bits of the scaled entry (0: padding)
-    entries: int  # real entries (the rest is padding)
+
+    @property
+    def entries(self) -> int:
+        """Real entries (no entry is zero: the rest is padding)."""
+        return int((self.values != 0).sum())
 
     @property
     def nbytes(self) -> int:
@@ -70,8 +74,7 @@ def _exact_bf16(v: torch.Tensor) -> torch.Tensor:
 def _entries(weight: W12Weight):
     """(rows, cols, bf16 bits) of every entry, or None when an escape cannot be an exact entry."""
     rows, cols = escape_rows(weight), escape_columns(weight)  # [E] int64
-    bits = weight.esc_val.to(torch.int32) & 0xFFFF
-    v = (bits << 16).view(torch.float32).double()  # the escape values, exact
+    v = weight.esc_val.view(torch.bfloat16).double()  # the escape values, exact
     shift = (layout.SCALE_BIAS - weight.base.to(torch.int64)[rows]).double()
     scaled = v * torch.exp2(shift)  # exact in float64 for every finite BF16 value and base
     single = scaled - PLACEHOLDER_SCALED  # rounded when the two are far apart (a tiny escape)
@@ -117,8 +120,7 @@ def build(weight: W12Weight, block_n: int, k_split: int | None = None) -> Escape
     values = torch.zeros(slabs * slot, dtype=torch.int16, device=slab.device)
     words[index] = (((rows % block_n) << ROW_SHIFT) | cols).to(torch.int32)
     values[index] = value
-    return EscapeBlocks(block_n, splits, slot, words.view(slabs, slot), values.view(slabs, slot),
-                        entries=int(slab.numel()))
+    return EscapeBlocks(block_n, splits, slot, words.view(slabs, slot), values.view(slabs, slot))
 
 
 def escape_blocks(weight: W12Weight, block_n: int, k_split: int | None = None) -> EscapeBlocks | None:

@@ -77,12 +77,12 @@ def _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K: tl.constexpr, EVEN_K: tl.
 
 @triton.jit
 def _escape_correction(
-    x_ptr, esc_col_ptr, esc_val_ptr, own_lo, own_hi, first, last, p, M, stride_xm,
+    x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, rows, row0, M, N, stride_xm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr, DOT_BF16: tl.constexpr,
 ):
-    """[BLOCK_M, BLOCK_N] float32: sum over escapes (n, c, v) of the row block (`tiles.escape_span`:
-    own_lo/own_hi/p [BN], first/last) of x[m, c] * v - x[m, c] * p_n."""
+    """[BLOCK_M, BLOCK_N] float32: sum over escapes (n, c, v) of `rows` of x[m, c] * v - x[m, c] * p_n."""
     m = tl.arange(0, BLOCK_M)
+    own_lo, own_hi, first, last, p = tiles.escape_span(esc_ptr_ptr, base_ptr, rows, row0, N, BLOCK_N)  # p [BN]
     corr = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for e0 in range(first, last, CHUNK):
         e = e0 + tl.arange(0, CHUNK)
@@ -175,8 +175,7 @@ def _gemm_kernel(
         if IS_W12:
             out = out * tiles.row_scale(base_ptr, rows, N)[None, :]
         if IS_W12 and ESC_MODE == ESC_EPILOGUE:
-            own_lo, own_hi, first, last, p = tiles.escape_span(esc_ptr_ptr, base_ptr, rows, row0, N, BLOCK_N)
-            out += _escape_correction(x_ptr, esc_col_ptr, esc_val_ptr, own_lo, own_hi, first, last, p, M,
+            out += _escape_correction(x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, rows, row0, M, N,
                                       stride_xm, BLOCK_M, BLOCK_N, ESCAPE_CHUNK, DOT_BF16)
         tiles.store_rows(out, y_ptr, rows, M, N, stride_ym, BLOCK_M)
 
@@ -202,6 +201,15 @@ def escape_plan(weight: W12Weight | torch.Tensor, config: LaunchConfig, escapes:
     return (ESC_BLOCKS, found) if found is not None else (ESC_EPILOGUE, None)
 
 
+def plan_launch(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
+                workspace: SplitKWorkspace | None = None, escapes: str = "auto"):
+    """(Launch, ESC_MODE, EscapeBlocks or None) of `gemm`: the grid, then the escape plan for its
+    K splits (each covers steps_per_split * block_k columns)."""
+    run = prepare_launch(x, weight, config, KernelPath.GEMM, GEMM_MAX_M, workspace)
+    k_split = run.steps_per_split * config.block_k if run.grid[1] > 1 else None
+    return (run, *escape_plan(weight, config, escapes, k_split))
+
+
 def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
          workspace: SplitKWorkspace | None = None, escapes: str = "auto") -> torch.Tensor:
     """y [M, N] in x's dtype for x [M, K] (1 <= M <= 64) and a W12 or plain weight [N, K].
@@ -209,9 +217,7 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
     `escapes` picks how W12 escapes are added, for tests and `bench/w12_escape_cost.py`: "auto"
     (escape blocks where the weight has them, else the epilogue), "blocks", "epilogue" -- all exact --
     or "off", which skips them: a wrong result, timed only; nothing else may pass it."""
-    run = prepare_launch(x, weight, config, KernelPath.GEMM, GEMM_MAX_M, workspace)
-    splits = run.grid[1]
-    mode, found = escape_plan(weight, config, escapes, run.steps_per_split * config.block_k if splits > 1 else None)
+    run, mode, found = plan_launch(x, weight, config, workspace, escapes)
     if found is not None:
         block_args = (found.words, found.values)
     else:  # unused: any int32 and int16 tensors keep the pointer types stable

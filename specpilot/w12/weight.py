@@ -36,7 +36,7 @@ class W12Weight:
     esc_ptr: torch.Tensor  # [N+1] int32: CSR row pointers into the escapes
     esc_col: torch.Tensor  # [E] int16 (uint16 values) or int32: escape columns
     esc_val: torch.Tensor  # [E] int16: escape BF16 bit patterns
-    # Data kernels derive from the planes, cached per weight (`specpilot.kernels.escape_tiles`);
+    # Data kernels derive from the planes, cached per weight (`specpilot.kernels.escape_blocks`);
     # never saved, and a new weight (`to`, `concat_rows`, a file) starts empty.
     derived: dict = field(default_factory=dict, compare=False, repr=False)
 

@@ -136,6 +136,20 @@ def assert_matches_reference(y: torch.Tensor, x: torch.Tensor, weight) -> None:
     assert worst <= 1.0, f"error {worst:.3g}x the bound"
 
 
+def assert_w12_equals_plain(kernel, config, N: int, M: int) -> None:
+    """On escape-free weights (`escape_free_weight` [N, 640]) `kernel` gives W12 the plain
+    weights' output bit for bit: decoding scaled by 2^(112 - e0) and scaling each row back is
+    exact, and the tiles and their order are the same."""
+    from specpilot.w12 import encode
+
+    w = escape_free_weight(N, 640)
+    enc = encode(w)
+    assert enc.num_escapes == 0
+    x = activations(M, 640)
+    y12 = kernel(x, on_device(enc), config)
+    assert torch.equal(y12.view(torch.int32), kernel(x, on_device(w), config).view(torch.int32))
+
+
 # Shared cases, handed to tests as fixtures (tests are not importable modules under
 # --import-mode=importlib).
 @pytest.fixture(scope="session")
@@ -164,10 +178,10 @@ def block_weight():
 
 
 @pytest.fixture(scope="session")
-def window_weight():
-    return escape_free_weight
+def check():
+    return assert_matches_reference
 
 
 @pytest.fixture(scope="session")
-def check():
-    return assert_matches_reference
+def check_w12_equals_plain():
+    return assert_w12_equals_plain

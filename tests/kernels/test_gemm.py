@@ -72,18 +72,12 @@ def test_pipelined_loop_matches_the_plain_loop(make_weight, make_x, to_device, c
 
 
 @pytest.mark.parametrize("M", [1, 20])
-def test_w12_equals_the_bf16_kernel_without_escapes(to_device, make_x, M, window_weight):
+def test_w12_equals_the_bf16_kernel_without_escapes(check_w12_equals_plain, M):
     """Decoding scaled by 2^(112 - e0) and scaling each row back is exact: on weights without
     escapes the W12 kernel gives the plain kernel's output bit for bit (same tiles, same order)."""
     from specpilot.kernels.gemm import gemm
 
-    w = window_weight(40, 640)
-    enc = encode(w)
-    assert enc.num_escapes == 0
-    x = make_x(M, 640)
-    config = LaunchConfig(KernelPath.GEMM, block_n=16, block_k=256, split_k=2)
-    y12 = gemm(x, to_device(enc), config)
-    assert torch.equal(y12.view(torch.int32), gemm(x, to_device(w), config).view(torch.int32))
+    check_w12_equals_plain(gemm, LaunchConfig(KernelPath.GEMM, block_n=16, block_k=256, split_k=2), 40, M)
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.label())

@@ -74,18 +74,12 @@ def test_pipelined_loop_on_even_tiles(make_weight, make_x, to_device, check, M):
 
 
 @pytest.mark.parametrize("M", [1, 5])
-def test_w12_equals_the_bf16_kernel_without_escapes(to_device, make_x, M, window_weight):
+def test_w12_equals_the_bf16_kernel_without_escapes(check_w12_equals_plain, M):
     """Decoding scaled by 2^(112 - e0) and scaling each row back is exact: on weights without
     escapes the W12 kernel gives the plain kernel's output bit for bit."""
     from specpilot.kernels.gemv import gemv
 
-    w = window_weight(24, 640)
-    enc = encode(w)
-    assert enc.num_escapes == 0
-    x = make_x(M, 640)
-    config = LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, split_k=2)
-    y12 = gemv(x, to_device(enc), config)
-    assert torch.equal(y12.view(torch.int32), gemv(x, to_device(w), config).view(torch.int32))
+    check_w12_equals_plain(gemv, LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, split_k=2), 24, M)
 
 
 def test_split_k_is_deterministic_and_resets_its_counters(weights, make_x, device):
