@@ -87,8 +87,9 @@ class LaunchConfig:
     def max_registers(self) -> int:
         """Registers per thread the compiler may use (Triton's `maxnreg`): few enough that
         MIN_PROGRAMS_PER_SM programs fit an SM's register file. Without the cap, an 8-warp W12
-        GEMM with escape blocks took 136 and ran one program per SM, +76% on the H200
-        (bench/results/w12/w12_escape_cost.md); 4-warp configs stay far below theirs (248)."""
+        GEMM with escape blocks took 136 and ran one program per SM, +76% on the H200 (a run of
+        bench/w12_escape_cost.py at commit eb43a8e, not kept; see that commit's successor a6d82c8);
+        4-warp configs stay far below theirs (248)."""
         return min(255, REGISTERS_PER_SM // (32 * self.num_warps * MIN_PROGRAMS_PER_SM)) // 8 * 8
 
     def shared_bytes(self, M: int, weight_bytes: float) -> float:
