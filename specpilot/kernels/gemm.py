@@ -53,6 +53,8 @@ ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
 
+FIRST_RESETS = True  # experiment switch (bench/prototypes/w12_first_reset.py): False = the session-4 loop
+
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
 
@@ -136,7 +138,7 @@ def _gemm_kernel(
     # meta
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
-    STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr,
+    STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, FIRST_RESETS: tl.constexpr = True,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -159,7 +161,10 @@ def _gemm_kernel(
         else:
             w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
         xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
-        acc = _dot(w, xt, acc, DOT_BF16)
+        if FIRST_RESETS:  # the first step's MMA ignores acc (its zeros never reach ptxas, see above)
+            acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
+        else:
+            acc = _dot(w, xt, acc, DOT_BF16)
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
         acc = _escape_block(x_ptr, esc_word, esc_bits, m, M, stride_xm, acc, BLOCK_N, DOT_BF16)
 
@@ -227,7 +232,7 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
-        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
+        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP, FIRST_RESETS=FIRST_RESETS,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
     )
     return run.y.to(x.dtype)
