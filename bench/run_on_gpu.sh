@@ -14,6 +14,11 @@ mkdir -p "$res"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SPECPILOT_COMMIT=$commit
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,clocks.sm,clocks.mem --format=csv > "$res/nvidia-smi.csv" 2>&1
+# clocks, power and throttle reasons every 500 ms while the steps run (a kernel that is issue-bound
+# rather than memory-bound slows with the SM clock; cuBLAS on these shapes does not)
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
+  --format=csv -lms 500 > "$res/clocks.csv" 2>&1 &
+smi_pid=$!
 
 for item in "$@"; do
   step=${item%%:*}; secs=${item##*:}
@@ -44,6 +49,7 @@ for item in "$@"; do
     mkdir -p specpilot/kernels/tuned && cp "$out"/tuned_*.json specpilot/kernels/tuned/ 2>/dev/null
   fi
 done
+kill "$smi_pid" 2>/dev/null
 echo "$commit" > "$res/commit.txt"
 tar czf "$OUT/results.tgz" -C "$res" .
 ls -la "$OUT"

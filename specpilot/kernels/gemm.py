@@ -25,6 +25,13 @@ along K when there are too few of them to fill the GPU; the reduction is determi
 (`tiles.reduce_split_k`). Registers are capped so two programs fit an SM
 (`LaunchConfig.max_registers`).
 
+The first K step's MMA reads `where(step == step0, 0, acc)`, which Triton lowers to wgmma's
+use-accumulator flag. Starting from the zeros instead, the path that skips the loop hands the
+accumulator registers a plain move, and ptxas then serializes every wgmma of the kernel (info
+C7515): the K loop waited after each HGMMA, 1-8% slower at M = 1 and up to 19% at M = 32 on the
+H200 (`bench/results/w12/first_reset.md`; one config there, n128 k128 w4 s3, was faster serialized).
+The SASS test holds the loop to one wait per K step.
+
 Does not own tile decoding (`tiles.py`), config choice (`configs.py`) or dispatch (`dispatch.py`).
 """
 
@@ -52,8 +59,6 @@ ESCAPE_CHUNK: tl.constexpr = tl.constexpr(16)  # escapes per step of the epilogu
 ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
-
-FIRST_RESETS = True  # experiment switch (bench/prototypes/w12_first_reset.py): False = the session-4 loop
 
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
@@ -138,7 +143,7 @@ def _gemm_kernel(
     # meta
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
-    STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, FIRST_RESETS: tl.constexpr = True,
+    STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -161,10 +166,8 @@ def _gemm_kernel(
         else:
             w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
         xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
-        if FIRST_RESETS:  # the first step's MMA ignores acc (its zeros never reach ptxas, see above)
-            acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
-        else:
-            acc = _dot(w, xt, acc, DOT_BF16)
+        # The first step's MMA ignores acc: Triton turns the select into wgmma's use-accumulator flag.
+        acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
         acc = _escape_block(x_ptr, esc_word, esc_bits, m, M, stride_xm, acc, BLOCK_N, DOT_BF16)
 
@@ -232,7 +235,7 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
-        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP, FIRST_RESETS=FIRST_RESETS,
+        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
     )
     return run.y.to(x.dtype)

@@ -5,6 +5,7 @@ The interpreter tests run the kernels' Python but never compile them; these run
 TRITON_INTERPRET), which compiles candidate configs to cubins with Triton's bundled ptxas.
 """
 
+import ast
 import importlib.util
 import os
 import subprocess
@@ -56,3 +57,16 @@ def test_w12_gemm_decodes_straight_into_the_mma_fragment():
     for line, cost in zip(w12, per_weight):
         assert "'STS" not in line and "LDS.64" in line  # 8-byte group loads from the cp.async buffers
         assert cost < 4.0  # ~1.25 to decode, the rest MMA, addressing and copies
+
+
+def test_w12_gemm_k_loop_waits_once_per_step():
+    """ptxas keeps the K loop's wgmmas asynchronous: far fewer waits (WARPGROUP.DEPBAR) than MMAs.
+    Serialized (info C7515, when the accumulator starts from a plain move of zeros; see gemm.py)
+    every HGMMA is followed by its own wait."""
+    run = aot("--quick", "--sass", "gemm n64 k256 w4 s3 bm16", needs="cuobjdump")
+    assert run.returncode == 0, run.stderr[-3000:]
+    for line in run.stdout.strip().splitlines():
+        mix = ast.literal_eval(line.split("; ", 1)[1])
+        mmas = sum(n for op, n in mix.items() if op.startswith("HGMMA"))
+        waits = sum(n for op, n in mix.items() if op.startswith("WARPGROUP.DEPBAR"))
+        assert mmas >= 16 and waits * 8 <= mmas, line
