@@ -1,0 +1,36 @@
+"""One call each of cuBLAS and the W12 GEMM (escape blocks, and escapes off) on one shape, inside
+cudaProfilerStart/Stop, for Nsight Compute (tuned config):
+
+    ncu --clock-control none --profile-from-start off --section WarpStateStats --section SourceCounters \\
+        -o REPORT python bench/prototypes/w12_ncu.py N K M
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.w12_kernels import random_weight  # noqa: E402
+from specpilot.kernels.configs import WeightFormat, choose_config  # noqa: E402
+from specpilot.kernels.dispatch import device_name  # noqa: E402
+from specpilot.kernels.gemm import gemm  # noqa: E402
+from specpilot.w12 import decode, encode  # noqa: E402
+
+N, K, M = (int(a) for a in sys.argv[1:4])
+w = encode(random_weight(N, K))
+d = decode(w)
+x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+cfg = choose_config(WeightFormat.W12, M, N, K, device_name(x.device))
+print("config", cfg.label(), flush=True)
+for _ in range(3):  # compile and warm
+    F.linear(x, d), gemm(x, w, cfg), gemm(x, w, cfg, escapes="off")
+torch.cuda.synchronize()
+torch.cuda.profiler.start()
+F.linear(x, d)
+gemm(x, w, cfg)
+gemm(x, w, cfg, escapes="off")
+torch.cuda.synchronize()
+torch.cuda.profiler.stop()
