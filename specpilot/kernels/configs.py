@@ -16,7 +16,7 @@ import enum
 import functools
 import json
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specpilot.errors import ConfigError
@@ -28,7 +28,7 @@ GEMV_DEFAULT_MAX_M = 0  # heuristic crossover: the tensor-core GEMM spends fewer
 # W12 weight at every M (~3.4 at M <= 16: decode + MMA; the GEMV 5.1 at M = 1, plus an FMA per extra row)
 MAX_SPLIT_K = 8
 REGISTERS_PER_SM = 65536
-MIN_PROGRAMS_PER_SM = 2  # by default the register cap keeps at least this many programs of a config on an SM
+MIN_PROGRAMS_PER_SM = 2  # the register cap keeps at least this many programs of a config on an SM
 SHARED_MEMORY_BUDGET = 220 * 1024  # candidates must fit an sm_90 block (232,448 bytes) with room for the epilogue
 TUNED_DIR = Path(__file__).resolve().parent / "tuned"
 
@@ -57,7 +57,6 @@ class LaunchConfig:
     num_stages: int = 1  # > 1: the K loop's loads are pipelined through shared memory (cp.async)
     ptx_decode: bool = True  # W12: decode with inline PTX (GPU); False = portable Triton ops
     programs_per_sm: int = 2  # with split_k = 0: split K until about this many programs per SM run
-    resident: int = MIN_PROGRAMS_PER_SM  # programs per SM the register cap leaves room for (1: up to 255)
 
     def __post_init__(self):
         if not _pow2(self.block_n) or not _pow2(self.block_k) or self.block_k < K_PAD:
@@ -68,8 +67,6 @@ class LaunchConfig:
             raise ValueError(f"split_k must be in 0..{MAX_SPLIT_K}: {self}")
         if not 1 <= self.programs_per_sm <= 16:
             raise ValueError(f"programs_per_sm must be in 1..16: {self}")
-        if self.resident not in (1, 2):
-            raise ValueError(f"resident must be 1 or 2: {self}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -84,19 +81,16 @@ class LaunchConfig:
         s = f"{self.path.value} n{self.block_n} k{self.block_k} w{self.num_warps} s{self.num_stages}"
         s += f" sk{self.split_k}" if self.split_k else ""
         s += f" p{self.programs_per_sm}" if self.programs_per_sm != 2 else ""
-        s += f" r{self.resident}" if self.resident != MIN_PROGRAMS_PER_SM else ""
         return s + ("" if self.ptx_decode else " portable")
 
     @property
     def max_registers(self) -> int:
         """Registers per thread the compiler may use (Triton's `maxnreg`): few enough that
-        `resident` programs fit an SM's register file. Without the cap, an 8-warp W12 GEMM with
-        escape blocks took 136 and ran one program per SM, +76% on the H200 (a run of
-        bench/w12_escape_cost.py at commit eb43a8e, not kept; see that commit's successor
-        a6d82c8). With the cap (128) the same tiles spill at 32-64 rows, whose MMA accumulators
-        need more, and tiles whose buffers leave room for one program only gain nothing from it:
-        `resident=1` lifts it to 255 (`gemm_candidates` offers both for 8-warp tiles from 16 rows)."""
-        return min(255, REGISTERS_PER_SM // (32 * self.num_warps * self.resident)) // 8 * 8
+        MIN_PROGRAMS_PER_SM programs fit an SM's register file. Without the cap, an 8-warp W12
+        GEMM with escape blocks took 136 and ran one program per SM, +76% on the H200 (a run of
+        bench/w12_escape_cost.py at commit eb43a8e, not kept; see that commit's successor a6d82c8);
+        4-warp configs stay far below theirs (248)."""
+        return min(255, REGISTERS_PER_SM // (32 * self.num_warps * MIN_PROGRAMS_PER_SM)) // 8 * 8
 
     def shared_bytes(self, M: int, weight_bytes: float) -> float:
         """Estimated shared memory of the pipelined loop: num_stages buffers of the weight tile
@@ -149,14 +143,9 @@ def gemv_candidates(M: int) -> tuple[LaunchConfig, ...]:
     return tuple(LaunchConfig(g, block_n=n, block_k=k, num_warps=w, num_stages=s) for n, k, w, s in tiles)
 
 
-UNCAPPED_FROM_M = 16  # 8-warp tiles are also offered with resident=1 from this many rows on
-
-
 def gemm_candidates(M: int) -> tuple[LaunchConfig, ...]:
     g = KernelPath.GEMM
-    configs = [LaunchConfig(g, block_n=n, block_k=k, num_warps=w, num_stages=s) for n, k, w, s in _GEMM_TILES]
-    if M >= UNCAPPED_FROM_M:
-        configs += [replace(c, resident=1) for c in configs if c.num_warps == 8]
+    configs = (LaunchConfig(g, block_n=n, block_k=k, num_warps=w, num_stages=s) for n, k, w, s in _GEMM_TILES)
     return tuple(c for c in configs if _fits(c, M))
 
 

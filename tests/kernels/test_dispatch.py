@@ -124,18 +124,3 @@ def test_w12_swap_refuses_weights_that_are_not_bf16():
     model = random_model(tiny_config(num_layers=1), seed=0)  # float32 weights
     with pytest.raises(ConfigError, match="BF16"):
         swap_projections(model, w12=True)
-
-
-def test_resident_sets_the_register_cap_and_8_warp_tiles_get_both_from_16_rows():
-    from specpilot.kernels.configs import UNCAPPED_FROM_M, gemm_candidates
-
-    capped = LaunchConfig(KernelPath.GEMM, 128, 256, num_warps=8, num_stages=2)
-    uncapped = LaunchConfig(KernelPath.GEMM, 128, 256, num_warps=8, num_stages=2, resident=1)
-    assert (capped.max_registers, uncapped.max_registers) == (128, 248)
-    assert uncapped.label().endswith(" r1") and LaunchConfig.from_dict(uncapped.to_dict()) == uncapped
-    assert LaunchConfig.from_dict({k: v for k, v in capped.to_dict().items() if k != "resident"}) == capped  # old tables
-    small, large = gemm_candidates(UNCAPPED_FROM_M // 2), gemm_candidates(UNCAPPED_FROM_M)
-    assert all(c.resident == 2 for c in small)
-    assert {c.block_n for c in large if c.resident == 1} and all(c.num_warps == 8 for c in large if c.resident == 1)
-    with pytest.raises(ValueError, match="resident"):
-        LaunchConfig(KernelPath.GEMM, 64, 256, resident=3)
