@@ -122,7 +122,8 @@ def m_bucket(M: int) -> int:
 # it stable, since tuned tables and reports refer to labels. The benchmark also tries the best
 # ones with other `programs_per_sm` (how finely small shapes are split along K).
 _GEMM_TILES = (  # (block_n, block_k, num_warps, num_stages)
-    (64, 256, 4, 3), (64, 128, 4, 4), (64, 128, 4, 6), (64, 256, 4, 4), (64, 512, 4, 2),
+    (64, 256, 4, 3), (64, 128, 4, 4), (64, 128, 4, 6), (64, 256, 4, 4), (64, 512, 4, 2), (64, 128, 4, 3),
+    (64, 256, 4, 2),
     (128, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4), (128, 256, 8, 2), (256, 128, 8, 3),
 )
 _GEMV_TILES = {  # block_m -> (block_n, block_k, num_warps, num_stages)
