@@ -220,8 +220,8 @@ def check_output(y: torch.Tensor, x: torch.Tensor, weight, exact=None, bound=Non
 
 
 def default_configs(M: int) -> list[LaunchConfig]:
-    """The untuned choices for M rows: the heuristic, and the first GEMM candidate."""
-    return [kc.heuristic_config(M), kc.gemm_candidates(M)[0]]
+    """The untuned choices for M rows: the heuristic of each format, and the first GEMM candidate."""
+    return list(dict.fromkeys([kc.heuristic_config(M, f) for f in WeightFormat] + [kc.gemm_candidates(M)[0]]))
 
 
 def sweep_configs(M: int, sweep: bool) -> list[LaunchConfig]:
@@ -404,7 +404,7 @@ def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: 
         sweep = not quick and time.monotonic() < deadline
         for fmt, sets in ((WeightFormat.DENSE, dense), (WeightFormat.W12, w12)):
             exact, bound = error_bound(x, sets[0], x.dtype)
-            heuristic = kc.heuristic_config(M)
+            heuristic = kc.heuristic_config(M, fmt)
             configs = sweep_configs(M, sweep)
             tried = [time_config(x, sets, cfg, exact, bound) for cfg in configs]
             if sweep:

@@ -118,9 +118,8 @@ def m_bucket(M: int) -> int:
 # columns, 2-6 pipeline stages; larger row blocks amortize the x^T tile each program stages per K
 # step (BK x BM x 2 bytes against BN x BK x 1.5 of W12), which matters from M = 32 on. GEMV: 2-16
 # rows per program, 16-32 weights per thread per step. Candidates whose buffers would not fit an
-# sm_90 block at this M are left out. The first entry of each list is the untuned heuristic: keep
-# it stable, since tuned tables and reports refer to labels. The benchmark also tries the best
-# ones with other `programs_per_sm` (how finely small shapes are split along K).
+# sm_90 block at this M are left out. The benchmark also tries the best ones with other
+# `programs_per_sm` (how finely small shapes are split along K) and split_k factors.
 _GEMM_TILES = (  # (block_n, block_k, num_warps, num_stages)
     (64, 256, 4, 3), (64, 128, 4, 4), (64, 128, 4, 6), (64, 256, 4, 4), (64, 512, 4, 2), (64, 128, 4, 3),
     (64, 256, 4, 2),
@@ -154,9 +153,26 @@ def candidates(M: int) -> tuple[LaunchConfig, ...]:
     return (gemv_candidates(M) if M <= GEMV_MAX_M else ()) + gemm_candidates(M)
 
 
-def heuristic_config(M: int) -> LaunchConfig:
-    """The untuned default: tensor cores (the GEMV only below GEMV_DEFAULT_MAX_M rows, none today)."""
-    return gemv_candidates(M)[0] if M <= GEMV_DEFAULT_MAX_M else gemm_candidates(M)[0]
+# The untuned default tile per format, for M up to the bucket's bound: the candidate with the best
+# geometric mean over the 10 Qwen3 projections of each M in the H200 sweeps (bench/results/w12/
+# w12_kernels.md at 4d037e8 and w12_kernels_more_tiles.md at 83be863, the only one with n64 k128 s3):
+# W12 within 6-9% of each row's best at M <= 16 (n64 k256 s3), 6% at 32 (k128 s3), 12-14% at 64
+# (n128 w8), where n64 k256 s3 everywhere was 13% (M = 32) and 23-25% (M = 64) off; BF16 within
+# 2-4% at M <= 32 and 17% at 64 with n64 k128 s3, against 13-28% for n64 k256 s3. (Each row's
+# best is its fastest of four timings, a config's figure one timing, so all are a little high.)
+_HEURISTIC_TILES = {  # format -> ((largest M, (block_n, block_k, num_warps, num_stages)), ...)
+    WeightFormat.W12: ((16, (64, 256, 4, 3)), (32, (64, 128, 4, 3)), (GEMM_MAX_M, (128, 128, 8, 3))),
+    WeightFormat.DENSE: ((GEMM_MAX_M, (64, 128, 4, 3)),),
+}
+
+
+def heuristic_config(M: int, fmt: WeightFormat = WeightFormat.W12) -> LaunchConfig:
+    """The untuned default for M rows of `fmt`: a tensor-core tile from `_HEURISTIC_TILES` (the GEMV
+    only below GEMV_DEFAULT_MAX_M rows, none today)."""
+    if M <= GEMV_DEFAULT_MAX_M:
+        return gemv_candidates(M)[0]
+    n, k, w, s = next(tile for bound, tile in _HEURISTIC_TILES[fmt] if M <= bound or bound == GEMM_MAX_M)
+    return LaunchConfig(KernelPath.GEMM, block_n=n, block_k=k, num_warps=w, num_stages=s)
 
 
 def auto_split_k(n_tiles: int, k_steps: int, sm_count: int, programs_per_sm: int = 2) -> int:
@@ -192,4 +208,4 @@ def tuned_table(slug: str) -> dict[tuple[str, int, int, int], LaunchConfig]:
 def choose_config(fmt: WeightFormat, M: int, N: int, K: int, device_name: str = "") -> LaunchConfig:
     """The launch config for an [M, K] x [K, N] projection in `fmt` on the named device."""
     tuned = tuned_table(device_slug(device_name)).get((fmt.value, m_bucket(M), N, K)) if device_name else None
-    return tuned or heuristic_config(M)
+    return tuned or heuristic_config(M, fmt)

@@ -124,3 +124,16 @@ def test_w12_swap_refuses_weights_that_are_not_bf16():
     model = random_model(tiny_config(num_layers=1), seed=0)  # float32 weights
     with pytest.raises(ConfigError, match="BF16"):
         swap_projections(model, w12=True)
+
+
+def test_heuristic_tiles_follow_the_format_and_row_bucket():
+    from specpilot.kernels.configs import heuristic_config
+
+    tile = lambda c: (c.block_n, c.block_k, c.num_warps, c.num_stages)  # noqa: E731
+    assert [tile(heuristic_config(M)) for M in (1, 16, 17, 32, 33, 64)] == [
+        (64, 256, 4, 3), (64, 256, 4, 3), (64, 128, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 3)]
+    assert {tile(heuristic_config(M, WeightFormat.DENSE)) for M in (1, 32, 64)} == {(64, 128, 4, 3)}
+    for fmt in WeightFormat:  # every heuristic is a candidate the sweep times (so reports can compare it)
+        for M in range(1, configs.GEMM_MAX_M + 1):
+            assert heuristic_config(M, fmt) in configs.candidates(M)
+    assert choose_config(WeightFormat.DENSE, 32, 4096, 4096) == heuristic_config(32, WeightFormat.DENSE)
