@@ -20,7 +20,9 @@ as the placeholder 2^-15. The escapes are added in that scaled domain, one of tw
   form is no normal BF16, rows full of escapes): the program finishing a row block reads its CSR
   escapes, 16 at a time, and adds two one-hot dots per chunk (values, minus placeholders), the
   non-finite ones row by row; each chunk costs two dependent loads.
-The program that finishes a row block multiplies by 2^(e0 - 112) -- exact. Row blocks are split
+The program that finishes a row block multiplies by 2^(e0 - 112) -- exact; every program loads
+that scale before its K loop (after it, the cold bytes cost one more DRAM round trip at the end:
+up to 3% slower on 13 of 14 rows in `bench/results/w12/scale_early.md`). Row blocks are split
 along K when there are too few of them to fill the GPU; the reduction is deterministic
 (`tiles.reduce_split_k`). Registers are capped so two programs fit an SM
 (`LaunchConfig.max_registers`).
@@ -59,8 +61,6 @@ ESCAPE_CHUNK: tl.constexpr = tl.constexpr(16)  # escapes per step of the epilogu
 ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
-
-SCALE_EARLY = True  # experiment switch (bench/prototypes/w12_scale_early.py): False = the row scale loaded after the loop
 
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
@@ -145,7 +145,7 @@ def _gemm_kernel(
     # meta
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
-    STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, SCALE_EARLY: tl.constexpr = True,
+    STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -159,7 +159,7 @@ def _gemm_kernel(
         e = (pid_n * split_k + pid_k) * ESC_SLOT + tl.arange(0, ESC_SLOT)  # this program's slab
         esc_word = tl.load(ebw_ptr + e)  # [SLOT] row_in_block << 24 | column
         esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits, 0 = padding
-    if IS_W12 and SCALE_EARLY:  # issued before the loop: the cold [BN] bytes arrive under it
+    if IS_W12:  # issued before the loop: the [BN] base bytes, cold in L2, arrive under it
         scale = tiles.row_scale(base_ptr, rows, N)  # [BN]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
     # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
@@ -185,8 +185,6 @@ def _gemm_kernel(
         is_last = pid_k == 0
     if is_last:
         if IS_W12:
-            if not SCALE_EARLY:
-                scale = tiles.row_scale(base_ptr, rows, N)
             out = out * scale[None, :]
         if IS_W12 and ESC_MODE == ESC_EPILOGUE:
             out += _escape_correction(x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, rows, row0, M, N,
@@ -241,7 +239,7 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
-        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP, SCALE_EARLY=SCALE_EARLY,
+        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
     )
     return run.y.to(x.dtype)
