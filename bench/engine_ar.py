@@ -7,7 +7,8 @@ Measures, in one run on one GPU:
   whole step, and each projection's achieved bandwidth;
 - transformers `generate` (eager, greedy) on the same weights, and whether its tokens match ours;
 - the verify-cost curve: one target forward over N tree nodes, N = 1..64, relative to an AR step;
-- AR decode with our Triton kernels (BF16 and W12 weights) vs cuBLAS, batch 1..32, if available.
+- AR decode with our Triton kernels vs cuBLAS, batch 1, 8, 32, if available: BF16 weights, W12
+  decoder-layer projections (the converter's default), and W12 with the lm_head as well.
 
 Writes engine_ar.json and engine_ar.md under --out (numbers from this run only).
 Usage: python bench/engine_ar.py --out DIR [--commit HASH] [--quick]
@@ -246,10 +247,12 @@ def kernel_variants(model, prompt_len, new_tokens, batches) -> dict:
 
     out = {}
     variants = {}
-    for name, w12 in (("triton_bf16", False), ("w12", True)):
+    # w12: the decoder layers' projections (what `specpilot w12 convert` converts by default);
+    # w12_lm_head: those and the lm_head (`--lm-head`), the largest matrix of the step
+    for name, w12, lm_head in (("triton_bf16", False, False), ("w12", True, False), ("w12_lm_head", True, True)):
         memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
         clone = copy.deepcopy(model, memo)
-        swap_projections(clone, w12=w12, lm_head=False)
+        swap_projections(clone, w12=w12, lm_head=lm_head)
         variants[name] = clone
     for b in batches:
         row = {"cublas": ar_decode(model, prompt_len, new_tokens, b)}
@@ -363,12 +366,19 @@ def render(res: dict) -> str:
             L.append(f"| {n} | {ms:.3f} | {vc['relative_to_ar_step'][n]:.3f} | {vc['relative_to_1'][n]:.3f} |")
     kv = res.get("kernels")
     if kv:
-        L += ["", "AR decode ms/step by projection kernel:", "", "| batch | cuBLAS | Triton BF16 | W12 | W12 speedup vs cuBLAS | same tokens (bf16 / w12) |",
-              "|---|---|---|---|---|---|"]
+        L += ["", "AR decode ms/step by projection kernel (W12: the decoder layers' projections; W12 + lm_head: "
+              "those and the lm_head):", "",
+              "| batch | cuBLAS | Triton BF16 | W12 | W12 speedup vs cuBLAS | W12 + lm_head | its speedup | "
+              "same tokens as cuBLAS (bf16 / w12 / w12 + lm_head) |", "|---|---|---|---|---|---|---|---|"]
         for b, row in kv.items():
-            L.append(f"| {b} | {row['cublas']['ms_per_step']:.3f} | {row['triton_bf16']['ms_per_step']:.3f} | "
-                     f"{row['w12']['ms_per_step']:.3f} | {row['cublas']['ms_per_step'] / row['w12']['ms_per_step']:.3f}× | "
-                     f"{row['triton_bf16']['same_tokens_as_cublas']} / {row['w12']['same_tokens_as_cublas']} |")
+            cu = row["cublas"]["ms_per_step"]
+            cells = []
+            for name in ("w12", "w12_lm_head"):  # runs before w12_lm_head existed have only "w12"
+                ms = row.get(name, {}).get("ms_per_step")
+                cells += [f"{ms:.3f}", f"{cu / ms:.3f}×"] if ms else ["-", "-"]
+            same = " / ".join(str(row.get(n, {}).get("same_tokens_as_cublas", "-")) for n in ("triton_bf16", "w12", "w12_lm_head"))
+            L.append(f"| {b} | {cu:.3f} | {row['triton_bf16']['ms_per_step']:.3f} | {cells[0]} | {cells[1]} | "
+                     f"{cells[2]} | {cells[3]} | {same} |")
     if res.get("errors"):
         L += ["", "Sections that failed: " + ", ".join(res["errors"])]
     return "\n".join(L) + "\n"
