@@ -1,6 +1,5 @@
 """bench/engine_ar.py (the GPU driver): its report, without a GPU."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,11 +11,8 @@ pytestmark = pytest.mark.skipif(not SCRIPT.is_file(), reason="no bench/ in this 
 
 
 @pytest.fixture(scope="module")
-def driver():
-    spec = importlib.util.spec_from_file_location("engine_ar", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def driver(bench_script):
+    return bench_script("engine_ar")
 
 
 def kernel_rows(with_lm_head: bool) -> dict:

@@ -1,6 +1,5 @@
 """bench/speed_fixture.py (the GPU driver): its plan and checks, without a GPU."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,8 @@ pytestmark = pytest.mark.skipif(not SCRIPT.is_file(), reason="no bench/ in this 
 
 
 @pytest.fixture(scope="module")
-def driver():
-    spec = importlib.util.spec_from_file_location("speed_fixture", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def driver(bench_script):
+    return bench_script("speed_fixture")
 
 
 @pytest.mark.parametrize("name", ["fixture", "fixture-x16"])

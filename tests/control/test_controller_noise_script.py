@@ -1,28 +1,16 @@
 """bench/controller_noise.py on CPU with fake runners: both placements, files written by code."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 from fake_runners import WORKDIR
-
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "controller_noise.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("controller_noise", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 ARGS = ["--deployment", "fixture", "--blocks", "5", "--requests-per-block", "2", "--max-new-tokens", "8",
         "--runner", "fake_runners:SpeedRunner", "--workdir", WORKDIR, "--prompt-source",
         "fake_runners:prompt_source_factory", "--resamples", "500"]
 
 
-def test_both_placements_write_json_and_markdown(tmp_path):
-    script = load_script()
+def test_both_placements_write_json_and_markdown(tmp_path, bench_script):
+    script = bench_script("controller_noise")
     assert script.main([*ARGS, "--out", str(tmp_path), "--devices", "cpu,cpu", "--placement", "both"]) == 0
     result = json.loads((tmp_path / "controller_noise.json").read_text())
     assert [m["placement"] for m in result["modes"]] == ["alternate", "side-by-side"]
@@ -35,8 +23,8 @@ def test_both_placements_write_json_and_markdown(tmp_path):
     assert "| alternate | 5 |" in md and "| side-by-side | 5 |" in md
 
 
-def test_missing_runner_fails_with_one_clear_line(tmp_path, capsys):
-    script = load_script()
+def test_missing_runner_fails_with_one_clear_line(tmp_path, capsys, bench_script):
+    script = bench_script("controller_noise")
     code = script.main([*ARGS, "--out", str(tmp_path), "--devices", "cpu", "--runner", "specpilot.engine.nope:Runner",
                         "--no-evaluation"])
     assert code == 2

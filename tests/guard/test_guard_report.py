@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "guard_report.py"
 
-
-def test_report_on_random_checkpoints(checkpoints, tmp_path):
+def test_report_on_random_checkpoints(checkpoints, tmp_path, bench_script):
     pytest.importorskip("specpilot.bench.prompts")
-    spec = importlib.util.spec_from_file_location("guard_report", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = bench_script("guard_report")
     out = tmp_path / "report"
     assert module.main(["--target", str(checkpoints["target"]), "--drafter", str(checkpoints["drafter"]),
                         "--device", "cpu", "--out", str(out), "--sets", "gsm8k", "mbpp", "--n-prompts", "2",
