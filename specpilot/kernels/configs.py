@@ -25,7 +25,8 @@ from specpilot.w12.layout import K_PAD
 GEMV_MAX_M = 8  # the GEMV kernel keeps one [BLOCK_N, BLOCK_K] partial-product tile per row in registers
 GEMM_MAX_M = 64  # beyond this the projection is compute-bound: decode once, then cuBLAS
 GEMV_DEFAULT_MAX_M = 0  # heuristic crossover: the tensor-core GEMM spends fewer instructions per
-# W12 weight at every M (~3.4 at M <= 16: decode + MMA; the GEMV 5.1 at M = 1, plus an FMA per extra row)
+# W12 weight at every M (~2.6 at M <= 16 in n64 k256 s3: decode + MMA; the GEMV 5.1 at M = 1,
+# plus an FMA per extra row)
 MAX_SPLIT_K = 8
 REGISTERS_PER_SM = 65536
 MIN_PROGRAMS_PER_SM = 2  # the register cap keeps at least this many programs of a config on an SM

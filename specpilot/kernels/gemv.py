@@ -16,9 +16,10 @@ Escapes are added by the program that finishes a row block, in float32, before t
 rounded.
 
 The tensor-core GEMM (`gemm.py`) needs fewer instructions per weight at every M (the FMAs are the
-MMA's; ~3.4 per W12 weight) and won 137 of the 140 (format, M, shape) entries of the session-3
-H200 sweep (the GEMV won three with plain BF16 weights); this path stays for the tuned table to
-choose where it is faster, and as a second implementation the tests hold to the same reference.
+MMA's; ~2.6 per W12 weight in n64 k256 s3 at M <= 16, `python -m specpilot.kernels.aot --sass`)
+and won 137 of the 140 (format, M, shape) entries of the session-3 H200 sweep (the GEMV won three
+with plain BF16 weights); this path stays for the tuned table to choose where it is faster, and
+as a second implementation the tests hold to the same reference.
 
 Does not own tile decoding (`tiles.py`), config choice (`configs.py`) or the M-based dispatch
 (`dispatch.py`).
