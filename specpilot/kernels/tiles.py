@@ -188,6 +188,35 @@ def reduce_split_k(acc, ws_ptr, count_ptr, tile, pid_k, split_k, ws_offsets, ws_
 
 
 @triton.jit
+def reduce_split_k_decoupled(acc, ws_ptr, count_ptr, tile, pid_k, split_k, ws_offsets, ws_mask, split_stride):
+    """Deterministic split-K with one memory round trip less on the last split's path: every split
+    first takes a ticket from the tile's counter; the last one then waits for the others' partials
+    (a second counter, after the first in `count_ptr`; every split it waits for has its ticket, so
+    it is running and will finish) and sums them with its own, in split order 0..split_k-1. The
+    others store their partial and then count it as done (release). Returns (is_last, total)."""
+    done_ptr = count_ptr + tl.num_programs(0) + tile
+    arrived = tl.atomic_add(count_ptr + tile, 1)
+    is_last = arrived == split_k - 1
+    total = acc
+    if is_last:
+        seen = tl.atomic_add(done_ptr, 0, sem="acquire")
+        while seen < split_k - 1:
+            seen = tl.atomic_add(done_ptr, 0, sem="acquire")
+        total = tl.zeros_like(acc)
+        for s in range(split_k):
+            part = tl.load(ws_ptr + s * split_stride + ws_offsets, mask=ws_mask, other=0.0,
+                           cache_modifier=".cg")
+            total += tl.where(pid_k == s, acc, part)  # its own slot holds no partial: skipped
+        tl.atomic_xchg(count_ptr + tile, 0)
+        tl.atomic_xchg(done_ptr, 0)
+    else:
+        tl.store(ws_ptr + pid_k * split_stride + ws_offsets, acc, mask=ws_mask)
+        tl.debug_barrier()
+        tl.atomic_add(done_ptr, 1, sem="release")
+    return is_last, total
+
+
+@triton.jit
 def escape_columns(esc_col_ptr, e, emask):
     """Escape columns [CHUNK] as int32 (int16 storage holds uint16 values)."""
     col = tl.load(esc_col_ptr + e, mask=emask, other=0).to(tl.int32)
