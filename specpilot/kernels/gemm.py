@@ -181,7 +181,19 @@ def _gemm_kernel(
     if split_k > 1:
         if REDUCE == 0:
             is_last, out = tiles.reduce_split_k(
-                out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N,
+                out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N, "acq_rel", "acq_rel",
+            )
+        elif REDUCE == 3:  # A/B: the counter without the acquire half (3) or without any fence (4)
+            is_last, out = tiles.reduce_split_k(
+                out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N, "release", "relaxed",
+            )
+        elif REDUCE == 4:
+            is_last, out = tiles.reduce_split_k(
+                out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N, "relaxed", "relaxed",
+            )
+        elif REDUCE == 5:  # A/B: the shipped increment, the counter reset relaxed
+            is_last, out = tiles.reduce_split_k(
+                out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N, "acq_rel", "relaxed",
             )
         elif REDUCE == 1:
             is_last, out = tiles.reduce_split_k_decoupled(
@@ -200,7 +212,7 @@ def _gemm_kernel(
 
 # -- wrapper ----------------------------------------------------------------------------------
 ESCAPE_MODES = ("auto", "blocks", "epilogue", "off")
-REDUCE_MODES = ("counter", "decoupled", "none")  # A/B switch (temporary): "none" is wrong, timing only
+REDUCE_MODES = ("counter", "decoupled", "none", "release", "relaxed", "reset_relaxed")  # A/B switch (temporary): "none" is wrong, timing only
 _REDUCE = "counter"
 
 

@@ -166,7 +166,8 @@ def row_scale(base_ptr, rows, N):
 
 
 @triton.jit
-def reduce_split_k(acc, ws_ptr, count_ptr, tile, pid_k, split_k, ws_offsets, ws_mask, split_stride):
+def reduce_split_k(acc, ws_ptr, count_ptr, tile, pid_k, split_k, ws_offsets, ws_mask, split_stride,
+                   SEM: tl.constexpr, RESET_SEM: tl.constexpr):
     """Deterministic split-K: every split stores its float32 partial; the last to arrive at the
     tile's counter sums all partials in split order 0..split_k-1 and resets the counter.
 
@@ -176,14 +177,14 @@ def reduce_split_k(acc, ws_ptr, count_ptr, tile, pid_k, split_k, ws_offsets, ws_
     """
     tl.store(ws_ptr + pid_k * split_stride + ws_offsets, acc, mask=ws_mask)
     tl.debug_barrier()
-    arrived = tl.atomic_add(count_ptr + tile, 1)
+    arrived = tl.atomic_add(count_ptr + tile, 1, sem=SEM)
     is_last = arrived == split_k - 1
     total = acc
     if is_last:
         total = tl.zeros_like(acc)
         for s in range(split_k):
             total += tl.load(ws_ptr + s * split_stride + ws_offsets, mask=ws_mask, other=0.0, cache_modifier=".cg")
-        tl.atomic_xchg(count_ptr + tile, 0)
+        tl.atomic_xchg(count_ptr + tile, 0, sem=RESET_SEM)
     return is_last, total
 
 
