@@ -167,7 +167,7 @@ def main_loop_profile(kernel, v: Variant) -> dict:
     weights = c.get("BLOCK_N", 1) * c.get("BLOCK_K", 1) / (32 * v.num_warps)  # per thread per K step
     return {"label": v.label, "loop_instructions": len(body), "weights_per_thread": weights,
             "per_weight": len(body) / weights, "shared_bytes": kernel.metadata.shared,
-            "mix": dict(ops.most_common())}
+            "mix": dict(ops.most_common()), "atomics": re.findall(r"\batom\.global\.[\w.]+", kernel.asm["ptx"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             compile_variant(v, args.arch, keep)
             prof = main_loop_profile(keep["kernel"], v)
             print(f"{prof['label']}: {prof['loop_instructions']} instructions per K step, "
-                  f"{prof.get('per_weight', float('nan')):.2f} per weight; {prof.get('mix')}")
+                  f"{prof.get('per_weight', float('nan')):.2f} per weight; {prof.get('mix')}; "
+                  f"atomics {prof.get('atomics')}")
         return 0
     failures = 0
     vs = variants(args.quick)

@@ -145,7 +145,7 @@ def _gemm_kernel(
     # meta
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
-    STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, REDUCE: tl.constexpr = 0,
+    STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -177,30 +177,12 @@ def _gemm_kernel(
 
     out = tl.trans(acc)  # [BM, BN]
     y_mask = (m < M)[:, None] & (rows < N)[None, :]
-    is_last = pid_k == 0
     if split_k > 1:
-        if REDUCE == 0:
-            is_last, out = tiles.reduce_split_k(
-                out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N, "acq_rel", "acq_rel",
-            )
-        elif REDUCE == 3:  # A/B: the counter without the acquire half (3) or without any fence (4)
-            is_last, out = tiles.reduce_split_k(
-                out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N, "release", "relaxed",
-            )
-        elif REDUCE == 4:
-            is_last, out = tiles.reduce_split_k(
-                out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N, "relaxed", "relaxed",
-            )
-        elif REDUCE == 5:  # A/B: the shipped increment, the counter reset relaxed
-            is_last, out = tiles.reduce_split_k(
-                out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N, "acq_rel", "relaxed",
-            )
-        elif REDUCE == 1:
-            is_last, out = tiles.reduce_split_k_decoupled(
-                out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N,
-            )
-        else:  # REDUCE 2 (A/B timing only): every split stores its partial as the result
-            is_last = pid_k >= 0
+        is_last, out = tiles.reduce_split_k(
+            out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N,
+        )
+    else:
+        is_last = pid_k == 0
     if is_last:
         if IS_W12:
             out = out * scale[None, :]
@@ -212,8 +194,6 @@ def _gemm_kernel(
 
 # -- wrapper ----------------------------------------------------------------------------------
 ESCAPE_MODES = ("auto", "blocks", "epilogue", "off")
-REDUCE_MODES = ("counter", "decoupled", "none", "release", "relaxed", "reset_relaxed")  # A/B switch (temporary): "none" is wrong, timing only
-_REDUCE = "counter"
 
 
 def escape_plan(weight: W12Weight | torch.Tensor, config: LaunchConfig, escapes: str = "auto",
@@ -259,7 +239,7 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
-        STAGES=config.num_stages, ESC_MODE=mode.value, REDUCE=REDUCE_MODES.index(_REDUCE), ESC_SLOT=found.slot if found is not None else SLOT_STEP,
+        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
     )
     return run.y.to(x.dtype)

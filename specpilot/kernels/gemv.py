@@ -136,7 +136,6 @@ def _gemv_kernel(
     if split_k > 1:
         is_last, out = tiles.reduce_split_k(
             out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N,
-            "acq_rel", "acq_rel",
         )
     else:
         is_last = pid_k == 0

@@ -166,54 +166,27 @@ def row_scale(base_ptr, rows, N):
 
 
 @triton.jit
-def reduce_split_k(acc, ws_ptr, count_ptr, tile, pid_k, split_k, ws_offsets, ws_mask, split_stride,
-                   SEM: tl.constexpr, RESET_SEM: tl.constexpr):
+def reduce_split_k(acc, ws_ptr, count_ptr, tile, pid_k, split_k, ws_offsets, ws_mask, split_stride):
     """Deterministic split-K: every split stores its float32 partial; the last to arrive at the
     tile's counter sums all partials in split order 0..split_k-1 and resets the counter.
 
     Returns (is_last, total); only the last split may use `total`. The barrier before the atomic
     (acq_rel, gpu scope) orders all threads' partial stores before the arrival; `.cg` loads read
-    the partials from L2, never from a stale L1 line.
+    the partials from L2, never from a stale L1 line. The reset is relaxed: nothing in this launch
+    reads the counter again, and the kernel boundary orders it before the next launch. An acq_rel
+    reset put a second fence on the last split's path: 0.3-0.45 µs per call on the split rows at
+    M = 1 on the H200, e.g. Qwen3-8B o 11.22 -> 10.77 µs (bench/results/w12/split_reduce.md).
     """
     tl.store(ws_ptr + pid_k * split_stride + ws_offsets, acc, mask=ws_mask)
     tl.debug_barrier()
-    arrived = tl.atomic_add(count_ptr + tile, 1, sem=SEM)
+    arrived = tl.atomic_add(count_ptr + tile, 1)
     is_last = arrived == split_k - 1
     total = acc
     if is_last:
         total = tl.zeros_like(acc)
         for s in range(split_k):
             total += tl.load(ws_ptr + s * split_stride + ws_offsets, mask=ws_mask, other=0.0, cache_modifier=".cg")
-        tl.atomic_xchg(count_ptr + tile, 0, sem=RESET_SEM)
-    return is_last, total
-
-
-@triton.jit
-def reduce_split_k_decoupled(acc, ws_ptr, count_ptr, tile, pid_k, split_k, ws_offsets, ws_mask, split_stride):
-    """Deterministic split-K with one memory round trip less on the last split's path: every split
-    first takes a ticket from the tile's counter; the last one then waits for the others' partials
-    (a second counter, after the first in `count_ptr`; every split it waits for has its ticket, so
-    it is running and will finish) and sums them with its own, in split order 0..split_k-1. The
-    others store their partial and then count it as done (release). Returns (is_last, total)."""
-    done_ptr = count_ptr + tl.num_programs(0) + tile
-    arrived = tl.atomic_add(count_ptr + tile, 1)
-    is_last = arrived == split_k - 1
-    total = acc
-    if is_last:
-        seen = tl.atomic_add(done_ptr, 0, sem="acquire")
-        while seen < split_k - 1:
-            seen = tl.atomic_add(done_ptr, 0, sem="acquire")
-        total = tl.zeros_like(acc)
-        for s in range(split_k):
-            part = tl.load(ws_ptr + s * split_stride + ws_offsets, mask=ws_mask, other=0.0,
-                           cache_modifier=".cg")
-            total += tl.where(pid_k == s, acc, part)  # its own slot holds no partial: skipped
-        tl.atomic_xchg(count_ptr + tile, 0)
-        tl.atomic_xchg(done_ptr, 0)
-    else:
-        tl.store(ws_ptr + pid_k * split_stride + ws_offsets, acc, mask=ws_mask)
-        tl.debug_barrier()
-        tl.atomic_add(done_ptr, 1, sem="release")
+        tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed")
     return is_last, total
 
 
