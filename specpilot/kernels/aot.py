@@ -88,8 +88,8 @@ def variants(quick: bool = False) -> list[Variant]:
                         continue
                     c.update(DOT_BF16=True)
                     # W12: escape blocks (ESC_MODE 1) or the epilogue's CSR correction (2)
-                    for mode in ((1, 2, 3) if w12 else (0,)):
-                        name = label + {0: "", 1: " blocks", 2: " epilogue", 3: " blocks-last"}[mode]
+                    for mode in ((1, 2) if w12 else (0,)):
+                        name = label + {0: "", 1: " blocks", 2: " epilogue"}[mode]
                         out.append(Variant(path, name, {**c, "ESC_MODE": mode, "ESC_SLOT": 64},
                                            cfg.num_warps, cfg.num_stages, cfg.max_registers))
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))

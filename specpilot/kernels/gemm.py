@@ -61,7 +61,6 @@ ESCAPE_CHUNK: tl.constexpr = tl.constexpr(16)  # escapes per step of the epilogu
 ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
-ESC_LAST: tl.constexpr = tl.constexpr(3)  # split-K: whole-row escape blocks, gathered by every split, added by the last
 
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
@@ -121,26 +120,16 @@ def _escape_correction(
 
 
 @triton.jit
-def _escape_gather(x_ptr, word, bits, m, M, stride_xm):
-    """x^T at the columns of escape-block entries (word, bits [SLOT]): [SLOT, BM]; padding (value 0) reads nothing."""
+def _escape_block(x_ptr, word, bits, m, M, stride_xm, acc, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
+    """acc [BN, BM] plus this program's entries (`escape_blocks`: word, bits [SLOT]): a one-hot
+    [BN, SLOT] matrix of their scaled values times x^T at their columns."""
     col = word & 0xFFFFFF
-    return tl.load(x_ptr + m[None, :] * stride_xm + col[:, None], mask=(m < M)[None, :] & (bits != 0)[:, None],
-                   other=0.0)
-
-
-@triton.jit
-def _escape_dot(word, bits, xe, acc, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
-    """acc [BN, BM] plus a one-hot [BN, SLOT] matrix of the entries' scaled values times xe [SLOT, BM]."""
     row = (word >> 24) & 0xFF
+    xe = tl.load(x_ptr + m[None, :] * stride_xm + col[:, None], mask=(m < M)[None, :] & (bits != 0)[:, None],
+                 other=0.0)  # [SLOT, BM]; padding (value 0) reads nothing
     v = bits.to(tl.bfloat16, bitcast=True)
     a = tl.where(tl.arange(0, BLOCK_N)[:, None] == row[None, :], v[None, :], 0.0)  # [BN, SLOT]
     return _dot(a, xe, acc, DOT_BF16)
-
-
-@triton.jit
-def _escape_block(x_ptr, word, bits, m, M, stride_xm, acc, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
-    """acc [BN, BM] plus this program's escape-block entries (`escape_blocks`: word, bits [SLOT])."""
-    return _escape_dot(word, bits, _escape_gather(x_ptr, word, bits, m, M, stride_xm), acc, BLOCK_N, DOT_BF16)
 
 
 @triton.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
@@ -166,11 +155,8 @@ def _gemm_kernel(
     step0 = pid_k * steps_per_split
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
 
-    if IS_W12 and (ESC_MODE == ESC_BLOCKS or ESC_MODE == ESC_LAST):  # fixed addresses: in registers by the loop's end
-        if ESC_MODE == ESC_BLOCKS:
-            e = (pid_n * split_k + pid_k) * ESC_SLOT + tl.arange(0, ESC_SLOT)  # this program's slab
-        else:
-            e = pid_n * ESC_SLOT + tl.arange(0, ESC_SLOT)  # the row block's slab
+    if IS_W12 and ESC_MODE == ESC_BLOCKS:  # fixed addresses: in registers by the end of the loop
+        e = (pid_n * split_k + pid_k) * ESC_SLOT + tl.arange(0, ESC_SLOT)  # this program's slab
         esc_word = tl.load(ebw_ptr + e)  # [SLOT] row_in_block << 24 | column
         esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits, 0 = padding
     if IS_W12:  # issued before the loop: the [BN] base bytes, cold in L2, arrive under it
@@ -188,8 +174,6 @@ def _gemm_kernel(
         acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
         acc = _escape_block(x_ptr, esc_word, esc_bits, m, M, stride_xm, acc, BLOCK_N, DOT_BF16)
-    if IS_W12 and ESC_MODE == ESC_LAST:  # issued before the reduction: the gather's trip overlaps its fence
-        xe = _escape_gather(x_ptr, esc_word, esc_bits, m, M, stride_xm)  # [SLOT, BM]
 
     out = tl.trans(acc)  # [BM, BN]
     y_mask = (m < M)[:, None] & (rows < N)[None, :]
@@ -200,9 +184,6 @@ def _gemm_kernel(
     else:
         is_last = pid_k == 0
     if is_last:
-        if IS_W12 and ESC_MODE == ESC_LAST:
-            out += tl.trans(_escape_dot(esc_word, esc_bits, xe, tl.zeros([BLOCK_N, BLOCK_M], tl.float32),
-                                        BLOCK_N, DOT_BF16))
         if IS_W12:
             out = out * scale[None, :]
         if IS_W12 and ESC_MODE == ESC_EPILOGUE:
@@ -213,7 +194,6 @@ def _gemm_kernel(
 
 # -- wrapper ----------------------------------------------------------------------------------
 ESCAPE_MODES = ("auto", "blocks", "epilogue", "off")
-_SPLIT_ESCAPES = "last"  # A/B switch (temporary): "per_split" = every split adds its own columns' entries
 
 
 def escape_plan(weight: W12Weight | torch.Tensor, config: LaunchConfig, escapes: str = "auto",
@@ -227,10 +207,6 @@ def escape_plan(weight: W12Weight | torch.Tensor, config: LaunchConfig, escapes:
         return ESC_NONE, None
     if escapes == "epilogue":
         return ESC_EPILOGUE, None
-    if k_split is not None and _SPLIT_ESCAPES == "last":
-        found = escape_blocks(weight, config.block_n, None)
-        if found is not None:
-            return ESC_LAST, found
     found = escape_blocks(weight, config.block_n, k_split)
     if found is None and escapes == "blocks":
         raise ValueError(f"this weight has no escape blocks of {config.block_n} rows (see specpilot.kernels.escape_blocks)")
