@@ -30,7 +30,7 @@ from specpilot.kernels.configs import GEMM_MAX_M, GEMV_MAX_M, KernelPath, Launch
 POINTERS = {  # argument -> Triton pointer type; a plain weight passes itself as hi/base/escapes
     "x_ptr": "*bf16", "y_ptr": "*bf16", "ws_ptr": "*fp32", "count_ptr": "*i32", "esc_ptr_ptr": "*i32",
     "esc_col_ptr": "*i16", "esc_val_ptr": "*i16", "lo_ptr": "*u8", "out_ptr": "*i16",
-    "ebw_ptr": "*i32", "ebv_ptr": "*i16",
+    "ebw_ptr": "*i32", "ebv_ptr": "*i16", "xt_ptr": "*bf16",
 }
 W12_PLANES = {"w_ptr": "*u8", "hi_ptr": "*u8", "base_ptr": "*u8"}
 DENSE_PLANES = {"w_ptr": "*bf16", "hi_ptr": "*bf16", "base_ptr": "*bf16", "esc_ptr_ptr": "*bf16",
@@ -90,7 +90,7 @@ def variants(quick: bool = False) -> list[Variant]:
                     # W12: escape blocks (ESC_MODE 1) or the epilogue's CSR correction (2)
                     for mode in ((1, 2) if w12 else (0,)):
                         name = label + {0: "", 1: " blocks", 2: " epilogue"}[mode]
-                        out.append(Variant(path, name, {**c, "ESC_MODE": mode, "ESC_SLOT": 64},
+                        out.append(Variant(path, name, {**c, "ESC_MODE": mode, "ESC_SLOT": 64, "GATHER_T": False},
                                            cfg.num_warps, cfg.num_stages, cfg.max_registers))
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))
     return list({v.label: v for v in out}.values())

@@ -120,13 +120,18 @@ def _escape_correction(
 
 
 @triton.jit
-def _escape_block(x_ptr, word, bits, m, M, stride_xm, acc, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
+def _escape_block(x_ptr, xt_ptr, word, bits, m, M, stride_xm, acc, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
+                  GATHER_T: tl.constexpr):
     """acc [BN, BM] plus this program's entries (`escape_blocks`: word, bits [SLOT]): a one-hot
-    [BN, SLOT] matrix of their scaled values times x^T at their columns."""
+    [BN, SLOT] matrix of their scaled values times x^T at their columns (GATHER_T: read from
+    xt [K, M], a column's M values side by side, instead of x [M, K], one sector per value)."""
     col = word & 0xFFFFFF
     row = (word >> 24) & 0xFF
-    xe = tl.load(x_ptr + m[None, :] * stride_xm + col[:, None], mask=(m < M)[None, :] & (bits != 0)[:, None],
-                 other=0.0)  # [SLOT, BM]; padding (value 0) reads nothing
+    mask = (m < M)[None, :] & (bits != 0)[:, None]  # padding (value 0) reads nothing
+    if GATHER_T:
+        xe = tl.load(xt_ptr + col[:, None] * M + m[None, :], mask=mask, other=0.0)  # [SLOT, BM]
+    else:
+        xe = tl.load(x_ptr + m[None, :] * stride_xm + col[:, None], mask=mask, other=0.0)  # [SLOT, BM]
     v = bits.to(tl.bfloat16, bitcast=True)
     a = tl.where(tl.arange(0, BLOCK_N)[:, None] == row[None, :], v[None, :], 0.0)  # [BN, SLOT]
     return _dot(a, xe, acc, DOT_BF16)
@@ -140,12 +145,12 @@ def _gemm_kernel(
     M, N, K, Kp, split_k, steps_per_split,
     # strides
     stride_xm, stride_ym, stride_w, stride_hi,
-    # escape blocks (ESC_MODE 1)
-    ebw_ptr, ebv_ptr,
+    # escape blocks (ESC_MODE 1); xt: x transposed [K, M] (GATHER_T)
+    ebw_ptr, ebv_ptr, xt_ptr,
     # meta
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
-    STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr,
+    STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -173,7 +178,7 @@ def _gemm_kernel(
         # The first step's MMA ignores acc: Triton turns the select into wgmma's use-accumulator flag.
         acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
-        acc = _escape_block(x_ptr, esc_word, esc_bits, m, M, stride_xm, acc, BLOCK_N, DOT_BF16)
+        acc = _escape_block(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, acc, BLOCK_N, DOT_BF16, GATHER_T)
 
     out = tl.trans(acc)  # [BM, BN]
     y_mask = (m < M)[:, None] & (rows < N)[None, :]
@@ -194,6 +199,7 @@ def _gemm_kernel(
 
 # -- wrapper ----------------------------------------------------------------------------------
 ESCAPE_MODES = ("auto", "blocks", "epilogue", "off")
+_GATHER_T_MIN_M = 1 << 30  # A/B switch (temporary): gather escapes' x from a transposed copy from this M on
 
 
 def escape_plan(weight: W12Weight | torch.Tensor, config: LaunchConfig, escapes: str = "auto",
@@ -234,8 +240,10 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         block_args = (found.words, found.values)
     else:  # unused: any int32 and int16 tensors keep the pointer types stable
         block_args = (run.ops.esc_ptr, run.ops.esc_val)
+    gather_t = mode.value == ESC_BLOCKS.value and _GATHER_T_MIN_M <= x.shape[0]
+    xt = x.t().contiguous() if gather_t else x  # [K, M]
     _gemm_kernel[run.grid](
-        *run.args, *block_args,
+        *run.args, *block_args, xt, GATHER_T=gather_t,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
