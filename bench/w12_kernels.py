@@ -247,6 +247,20 @@ def split_variants(tried: list[dict], N: int, sm_count: int) -> list[LaunchConfi
     return out
 
 
+GATHER_T_MIN_M = 16  # from here on the sweep also tries the best configs gathering from x^T (gemm.py)
+GATHER_T_BEST = 2
+
+
+def gather_t_variants(tried: list[dict], M: int, fmt: WeightFormat) -> list[LaunchConfig]:
+    """Phase 3 (W12, M >= GATHER_T_MIN_M): the GATHER_T_BEST fastest GEMM configs so far with the
+    escape gather reading a transposed copy of x; it pays a copy kernel (~2.5 µs) and wins where
+    the gather's traffic is large (bench/results/w12/gather_t.md)."""
+    if fmt is not WeightFormat.W12 or M < GATHER_T_MIN_M:
+        return []
+    timed = sorted((t for t in tried if "us" in t and t["config"]["path"] == "gemm"), key=lambda t: t["us"])
+    return [dataclasses.replace(LaunchConfig.from_dict(t["config"]), gather_t=True) for t in timed[:GATHER_T_BEST]]
+
+
 def correctness_configs(M: int, every: bool) -> list[LaunchConfig]:
     """What the correctness section checks: every candidate (or the defaults), plus the defaults
     with the portable decoder."""
@@ -409,6 +423,7 @@ def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: 
             tried = [time_config(x, sets, cfg, exact, bound) for cfg in configs]
             if sweep:
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in split_variants(tried, N, sm_count(x.device))]
+                tried += [time_config(x, sets, cfg, exact, bound) for cfg in gather_t_variants(tried, M, fmt)]
             timed = [t for t in tried if "us" in t]
             best = min(timed, key=lambda t: t["us"]) if timed else None
             key = "w12" if fmt is WeightFormat.W12 else "bf16_kernel"
@@ -490,6 +505,8 @@ def compile_problems(quick: bool, models, ms) -> list[tuple[int, int, int, Launc
         for _, N, K in model.projections():
             for M in ms:
                 out += [(N, K, M, c) for c in sweep_configs(M, not quick)]
+                if not quick and M >= GATHER_T_MIN_M:  # phase 3's binaries (any of these tiles may be best)
+                    out += [(N, K, M, dataclasses.replace(c, gather_t=True)) for c in kc.gemm_candidates(M)]
     return list(dict.fromkeys(out))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,11 @@ def bench_script():
     def load(name: str):
         spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        sys.modules[name] = module  # dataclasses resolve their module's annotations through it
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            del sys.modules[name]
         return module
 
     return load

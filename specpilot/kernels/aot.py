@@ -87,10 +87,10 @@ def variants(quick: bool = False) -> list[Variant]:
                         out.append(Variant(path, label, c, cfg.num_warps, cfg.num_stages))
                         continue
                     c.update(DOT_BF16=True)
-                    # W12: escape blocks (ESC_MODE 1) or the epilogue's CSR correction (2)
-                    for mode in ((1, 2) if w12 else (0,)):
-                        name = label + {0: "", 1: " blocks", 2: " epilogue"}[mode]
-                        out.append(Variant(path, name, {**c, "ESC_MODE": mode, "ESC_SLOT": 64, "GATHER_T": False},
+                    # W12: escape blocks (ESC_MODE 1, gathering from x or from x^T) or the epilogue's CSR correction (2)
+                    for mode, gather_t in (((1, False), (2, False), (1, True)) if w12 else ((0, False),)):
+                        name = label + {0: "", 1: " blocks", 2: " epilogue"}[mode] + (" xT" if gather_t else "")
+                        out.append(Variant(path, name, {**c, "ESC_MODE": mode, "ESC_SLOT": 64, "GATHER_T": gather_t},
                                            cfg.num_warps, cfg.num_stages, cfg.max_registers))
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))
     return list({v.label: v for v in out}.values())

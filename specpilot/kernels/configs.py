@@ -58,6 +58,7 @@ class LaunchConfig:
     num_stages: int = 1  # > 1: the K loop's loads are pipelined through shared memory (cp.async)
     ptx_decode: bool = True  # W12: decode with inline PTX (GPU); False = portable Triton ops
     programs_per_sm: int = 2  # with split_k = 0: split K until about this many programs per SM run
+    gather_t: bool = False  # GEMM, W12 escape blocks: gather x from a transposed copy (see gemm.py)
 
     def __post_init__(self):
         if not _pow2(self.block_n) or not _pow2(self.block_k) or self.block_k < K_PAD:
@@ -68,6 +69,8 @@ class LaunchConfig:
             raise ValueError(f"split_k must be in 0..{MAX_SPLIT_K}: {self}")
         if not 1 <= self.programs_per_sm <= 16:
             raise ValueError(f"programs_per_sm must be in 1..16: {self}")
+        if self.gather_t and self.path is not KernelPath.GEMM:
+            raise ValueError(f"gather_t is an option of the GEMM path: {self}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -82,6 +85,7 @@ class LaunchConfig:
         s = f"{self.path.value} n{self.block_n} k{self.block_k} w{self.num_warps} s{self.num_stages}"
         s += f" sk{self.split_k}" if self.split_k else ""
         s += f" p{self.programs_per_sm}" if self.programs_per_sm != 2 else ""
+        s += " xT" if self.gather_t else ""
         return s + ("" if self.ptx_decode else " portable")
 
     @property

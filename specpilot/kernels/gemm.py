@@ -15,7 +15,11 @@ as the placeholder 2^-15. The escapes are added in that scaled domain, one of tw
 (`escape_plan`, ESC_MODE):
 - escape blocks (`escape_blocks.py`; the default): each row block's entries are loaded before the
   K loop from addresses fixed by the program id, and after it one gather of x at their columns
-  and one one-hot dot add them, each split-K program its own columns -- one memory round trip;
+  and one one-hot dot add them, each split-K program its own columns -- one memory round trip.
+  The gather reads row-major x, one 32-byte sector per (entry, row), so its traffic grows with M;
+  with `LaunchConfig.gather_t` the call first copies x^T [K, M] (a kernel of ~2.5 µs) and the
+  gather reads each column's M values side by side: the lm_heads at M = 64 went from 0.93x to
+  1.02x cuBLAS, small projections lose the copy's time (bench/results/w12/gather_t.md);
 - the epilogue correction, for weights escape blocks cannot express (Inf/NaN, values whose scaled
   form is no normal BF16, rows full of escapes): the program finishing a row block reads its CSR
   escapes, 16 at a time, and adds two one-hot dots per chunk (values, minus placeholders), the
@@ -199,7 +203,6 @@ def _gemm_kernel(
 
 # -- wrapper ----------------------------------------------------------------------------------
 ESCAPE_MODES = ("auto", "blocks", "epilogue", "off")
-_GATHER_T_MIN_M = 1 << 30  # A/B switch (temporary): gather escapes' x from a transposed copy from this M on
 
 
 def escape_plan(weight: W12Weight | torch.Tensor, config: LaunchConfig, escapes: str = "auto",
@@ -240,8 +243,8 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         block_args = (found.words, found.values)
     else:  # unused: any int32 and int16 tensors keep the pointer types stable
         block_args = (run.ops.esc_ptr, run.ops.esc_val)
-    gather_t = mode.value == ESC_BLOCKS.value and _GATHER_T_MIN_M <= x.shape[0]
-    xt = x.t().contiguous() if gather_t else x  # [K, M]
+    gather_t = config.gather_t and mode.value == ESC_BLOCKS.value
+    xt = x.t().contiguous() if gather_t else x  # [K, M]: its own kernel, ~2.5 µs on the H200
     _gemm_kernel[run.grid](
         *run.args, *block_args, xt, GATHER_T=gather_t,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),

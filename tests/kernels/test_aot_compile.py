@@ -50,7 +50,7 @@ def test_w12_gemm_decodes_straight_into_the_mma_fragment():
     run = aot("--quick", "--sass", "gemm n64 k256 w4 s3 bm16", needs="cuobjdump")
     assert run.returncode == 0, run.stderr[-3000:]
     *w12, bf16 = run.stdout.strip().splitlines()
-    assert [line.split(":")[0].split()[-1] for line in w12] == ["blocks", "epilogue"]  # both escape modes
+    assert [line.split(":")[0].split(" w12 even ")[-1] for line in w12] == ["blocks", "epilogue", "blocks xT"]  # every escape mode
     for line in (*w12, bf16):
         assert "LDGSTS" in line and "HGMMA" in line
     per_weight = [float(line.split(" per weight")[0].split(", ")[-1]) for line in (*w12, bf16)]

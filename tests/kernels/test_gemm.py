@@ -95,6 +95,26 @@ def test_escape_blocks_match_the_reference(make_x, to_device, check, block_weigh
         check(gemm(x, enc, config, escapes="epilogue"), x, enc)
 
 
+@pytest.mark.parametrize("M", [1, 17, 33])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_gather_from_transposed_x_equals_the_row_gather(make_x, to_device, check, block_weight, M, split_k):
+    """`gather_t` reads the escape blocks' x values from a transposed copy: the same values, so
+    the same output bit for bit; without escape blocks (the epilogue path, plain weights) it
+    changes nothing."""
+    from specpilot.kernels.gemm import gemm
+
+    enc = to_device(encode(block_weight(37, 300)))
+    x = make_x(M, 300)
+    rows = LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, split_k=split_k)
+    transposed = dataclasses.replace(rows, gather_t=True)
+    assert transposed.label().endswith(" xT")
+    y = gemm(x, enc, transposed)
+    check(y, x, enc)
+    assert torch.equal(y.view(torch.int32), gemm(x, enc, rows).view(torch.int32))
+    epilogue = gemm(x, enc, transposed, escapes="epilogue")
+    assert torch.equal(epilogue.view(torch.int32), gemm(x, enc, rows, escapes="epilogue").view(torch.int32))
+
+
 def test_escape_modes(weights, make_x, to_device):
     """Weights with Inf/NaN/subnormal escapes fall back to the epilogue; "blocks" then refuses;
     a weight without escapes adds none; an unknown mode is an error."""
@@ -160,3 +180,5 @@ def test_rejects_bad_inputs(weights, make_x):
         LaunchConfig(KernelPath.GEMM, 8, 128)
     with pytest.raises(ValueError, match="programs_per_sm"):
         LaunchConfig(KernelPath.GEMM, 16, 128, programs_per_sm=0)
+    with pytest.raises(ValueError, match="gather_t"):
+        LaunchConfig(KernelPath.GEMV, 4, 128, gather_t=True)

@@ -1,0 +1,38 @@
+"""bench/w12_kernels.py (the GPU sweep): which configs its later phases try, without a GPU."""
+
+from pathlib import Path
+
+import pytest
+
+from specpilot.kernels.configs import KernelPath, LaunchConfig, WeightFormat
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(not (REPO / "bench" / "w12_kernels.py").is_file(), reason="no bench/ in this checkout")
+
+
+@pytest.fixture(scope="module")
+def sweep(bench_script):
+    return bench_script("w12_kernels")
+
+
+def timed(cfg: LaunchConfig, us: float) -> dict:
+    return {"config": cfg.to_dict(), "label": cfg.label(), "us": us}
+
+
+def test_gather_t_variants_take_the_fastest_gemm_configs(sweep):
+    fast = LaunchConfig(KernelPath.GEMM, 64, 256, num_stages=3, split_k=2)
+    second = LaunchConfig(KernelPath.GEMM, 128, 128, num_warps=8, num_stages=3)
+    tried = [timed(LaunchConfig(KernelPath.GEMM, 64, 128, num_stages=4), 30.0), timed(fast, 10.0),
+             timed(LaunchConfig(KernelPath.GEMV, 4, 1024), 5.0),  # the GEMV has no escape blocks
+             {"config": second.to_dict(), "label": second.label(), "error": "exceeds the error bound"},
+             timed(second, 20.0)]
+    out = sweep.gather_t_variants(tried, 32, WeightFormat.W12)
+    assert [c.label() for c in out] == [f"{fast.label()} xT", f"{second.label()} xT"]
+    assert sweep.gather_t_variants(tried, 8, WeightFormat.W12) == []  # below GATHER_T_MIN_M
+    assert sweep.gather_t_variants(tried, 32, WeightFormat.DENSE) == []  # plain weights have no escapes
+
+
+def test_precompile_covers_the_gather_t_binaries(sweep):
+    problems = sweep.compile_problems(False, sweep.MODELS[:1], (1, 32))
+    assert any(c.gather_t and M == 32 for _, _, M, c in problems)
+    assert not any(c.gather_t and M == 1 for _, _, M, c in problems)
