@@ -171,13 +171,23 @@ _HEURISTIC_TILES = {  # format -> ((largest M, (block_n, block_k, num_warps, num
 }
 
 
-def heuristic_config(M: int, fmt: WeightFormat = WeightFormat.W12) -> LaunchConfig:
-    """The untuned default for M rows of `fmt`: a tensor-core tile from `_HEURISTIC_TILES` (the GEMV
-    only below GEMV_DEFAULT_MAX_M rows, none today)."""
+# The escape gather reads a transposed copy of x (`gather_t`) by default from this many rows on weights
+# of at least this many entries: in the f748401 sweep (bench/results/w12/w12_kernels.md) it won at
+# M = 32-64 on the lm_heads (6-8e8 weights) and 32B gate_up (2.6e8), and lost on every projection
+# of 1.3e8 weights or fewer but one (8B gate_up at M = 64, by 1.5%).
+GATHER_T_MIN_M = 32
+GATHER_T_MIN_WEIGHTS = 200_000_000
+
+
+def heuristic_config(M: int, fmt: WeightFormat = WeightFormat.W12, N: int = 0, K: int = 0) -> LaunchConfig:
+    """The untuned default for M rows of `fmt` (an [N, K] weight, when known): a tensor-core tile
+    from `_HEURISTIC_TILES`, W12 gathering escapes from x^T on large weights at many rows (the
+    GEMV only below GEMV_DEFAULT_MAX_M rows, none today)."""
     if M <= GEMV_DEFAULT_MAX_M:
         return gemv_candidates(M)[0]
     n, k, w, s = next(tile for bound, tile in _HEURISTIC_TILES[fmt] if M <= bound or bound == GEMM_MAX_M)
-    return LaunchConfig(KernelPath.GEMM, block_n=n, block_k=k, num_warps=w, num_stages=s)
+    gather_t = fmt is WeightFormat.W12 and M >= GATHER_T_MIN_M and N * K >= GATHER_T_MIN_WEIGHTS
+    return LaunchConfig(KernelPath.GEMM, block_n=n, block_k=k, num_warps=w, num_stages=s, gather_t=gather_t)
 
 
 def auto_split_k(n_tiles: int, k_steps: int, sm_count: int, programs_per_sm: int = 2) -> int:
@@ -213,4 +223,4 @@ def tuned_table(slug: str) -> dict[tuple[str, int, int, int], LaunchConfig]:
 def choose_config(fmt: WeightFormat, M: int, N: int, K: int, device_name: str = "") -> LaunchConfig:
     """The launch config for an [M, K] x [K, N] projection in `fmt` on the named device."""
     tuned = tuned_table(device_slug(device_name)).get((fmt.value, m_bucket(M), N, K)) if device_name else None
-    return tuned or heuristic_config(M, fmt)
+    return tuned or heuristic_config(M, fmt, N, K)

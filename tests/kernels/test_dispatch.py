@@ -137,3 +137,15 @@ def test_heuristic_tiles_follow_the_format_and_row_bucket():
         for M in range(1, configs.GEMM_MAX_M + 1):
             assert heuristic_config(M, fmt) in configs.candidates(M)
     assert choose_config(WeightFormat.DENSE, 32, 4096, 4096) == heuristic_config(32, WeightFormat.DENSE)
+
+
+def test_heuristic_gathers_from_transposed_x_on_large_w12_weights_at_many_rows():
+    from specpilot.kernels.configs import heuristic_config
+
+    lm_head = (151936, 4096)
+    assert heuristic_config(32, WeightFormat.W12, *lm_head).gather_t
+    assert heuristic_config(64, WeightFormat.W12, *lm_head).gather_t
+    assert not heuristic_config(16, WeightFormat.W12, *lm_head).gather_t  # the copy costs more than it saves
+    assert not heuristic_config(32, WeightFormat.W12, 4096, 12288).gather_t  # a small weight
+    assert not heuristic_config(32, WeightFormat.DENSE, *lm_head).gather_t  # plain weights have no escapes
+    assert not heuristic_config(32).gather_t  # size unknown
