@@ -19,7 +19,6 @@ Does not own the kernels or the configs.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import time
@@ -38,7 +37,7 @@ DENSE_PLANES = {"w_ptr": "*bf16", "hi_ptr": "*bf16", "base_ptr": "*bf16", "esc_p
                 "esc_col_ptr": "*bf16", "esc_val_ptr": "*bf16", "ebw_ptr": "*bf16", "ebv_ptr": "*bf16"}
 
 
-NOT_DIVISIBLE = {"M", "split_k", "steps_per_split", "programs", "k_steps"}  # the launchers never specialize these
+NOT_DIVISIBLE = {"M", "split_k", "steps_per_split"}  # the launchers never specialize these
 SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes per block (opt-in maximum)
 
 
@@ -61,10 +60,6 @@ def _kernel(name: str):
         from specpilot.kernels.gemm import _gemm_kernel
 
         return _gemm_kernel
-    if name == "gemm_stream":
-        from specpilot.kernels.gemm import _gemm_stream_kernel
-
-        return _gemm_stream_kernel
     from specpilot.kernels.w12_unpack import _unpack_kernel
 
     return _unpack_kernel
@@ -96,10 +91,6 @@ def variants(quick: bool = False) -> list[Variant]:
                     for mode, gather_t in (((1, False), (2, False), (1, True)) if w12 else ((0, False),)):
                         name = label + {0: "", 1: " blocks", 2: " epilogue"}[mode] + (" xT" if gather_t else "")
                         out.append(Variant(path, name, {**c, "ESC_MODE": mode, "ESC_SLOT": 64, "GATHER_T": gather_t},
-                                           cfg.num_warps, cfg.num_stages, cfg.max_registers))
-                        stream = dataclasses.replace(cfg, stream_k=True)  # the other grid, same tile
-                        out.append(Variant("gemm_stream", name.replace(cfg.label(), stream.label(), 1),
-                                           {**c, "ESC_MODE": mode, "ESC_SLOT": 64},
                                            cfg.num_warps, cfg.num_stages, cfg.max_registers))
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))
     return list({v.label: v for v in out}.values())
@@ -161,13 +152,12 @@ def main_loop_profile(kernel, v: Variant) -> dict:
 
     def streaming(loop):
         """The K loop streams weights with vector loads (escape loops gather 2-byte values; the
-        split-K reduction's loads are .STRONG) and feeds them to the math (MMA or FMA); of such
-        loops the innermost (the stream-K grid nests the K loop in its loop over row tiles)."""
+        split-K reduction's loads are .STRONG) and feeds them to the math (MMA or FMA)."""
         _, first, last = loop
         body = [line for at, line in code if first <= at <= last]
         loads = sum(bool(re.search(r"\s(LDGSTS|LDG\.E\.(64|128))(?!\.STRONG)", line)) for line in body)
         math = sum(bool(re.search(r"\s(HGMMA|HMMA|FFMA)", line)) for line in body)
-        return loads > 0 and math > 0, -loop[0]
+        return loads > 0, math, loop[0]
 
     _, first, last = max(loops, key=streaming)
     body = [line for at, line in code if first <= at <= last]

@@ -59,7 +59,6 @@ class LaunchConfig:
     ptx_decode: bool = True  # W12: decode with inline PTX (GPU); False = portable Triton ops
     programs_per_sm: int = 2  # with split_k = 0: split K until about this many programs per SM run
     gather_t: bool = False  # GEMM, W12 escape blocks: gather x from a transposed copy (see gemm.py)
-    stream_k: bool = False  # programs_per_sm x SMs programs share the (row tile, K step) units evenly
 
     def __post_init__(self):
         if not _pow2(self.block_n) or not _pow2(self.block_k) or self.block_k < K_PAD:
@@ -72,8 +71,6 @@ class LaunchConfig:
             raise ValueError(f"programs_per_sm must be in 1..16: {self}")
         if self.gather_t and self.path is not KernelPath.GEMM:
             raise ValueError(f"gather_t is an option of the GEMM path: {self}")
-        if self.stream_k and (self.split_k or self.path is not KernelPath.GEMM):
-            raise ValueError(f"stream_k is a GEMM grid and sets its own K splits (split_k must be 0): {self}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -89,7 +86,6 @@ class LaunchConfig:
         s += f" sk{self.split_k}" if self.split_k else ""
         s += f" p{self.programs_per_sm}" if self.programs_per_sm != 2 else ""
         s += " xT" if self.gather_t else ""
-        s += " streamk" if self.stream_k else ""
         return s + ("" if self.ptx_decode else " portable")
 
     @property

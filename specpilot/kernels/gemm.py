@@ -141,28 +141,6 @@ def _escape_block(x_ptr, xt_ptr, word, bits, m, M, stride_xm, acc, BLOCK_N: tl.c
     return _dot(a, xe, acc, DOT_BF16)
 
 
-@triton.jit
-def _k_segment(
-    x_ptr, w_ptr, hi_ptr, rows, m, M, N, K, Kp, step0, step1, stride_xm, stride_w, stride_hi,
-    IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
-    STAGES: tl.constexpr,
-):
-    """y^T tile [BN, BM] of weight rows `rows` over K steps step0 .. step1 - 1 (float32; W12 scaled)."""
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
-    for step in tl.range(step0, step1, num_stages=STAGES):
-        if IS_W12:
-            w = tiles.load_w12_tile(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi,
-                                    BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, False)  # [BN, BK] scaled
-        else:
-            w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
-        xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
-        # The first step's MMA ignores acc: Triton turns the select into wgmma's use-accumulator flag.
-        acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
-    return acc
-
-
 @triton.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
 def _gemm_kernel(
     # pointers
@@ -190,11 +168,19 @@ def _gemm_kernel(
         e = (pid_n * split_k + pid_k) * ESC_SLOT + tl.arange(0, ESC_SLOT)  # this program's slab
         esc_word = tl.load(ebw_ptr + e)  # [SLOT] row_in_block << 24 | column
         esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits, 0 = padding
-    scale = tl.full([BLOCK_N], 1.0, tl.float32)
     if IS_W12:  # issued before the loop: the [BN] base bytes, cold in L2, arrive under it
         scale = tiles.row_scale(base_ptr, rows, N)  # [BN]
-    acc = _k_segment(x_ptr, w_ptr, hi_ptr, rows, m, M, N, K, Kp, step0, step1, stride_xm, stride_w, stride_hi,
-                     IS_W12, DOT_BF16, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, STAGES)  # [BN, BM]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
+    # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
+    for step in tl.range(step0, step1, num_stages=STAGES):
+        if IS_W12:
+            w = tiles.load_w12_tile(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi,
+                                    BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, False)  # [BN, BK] scaled
+        else:
+            w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
+        xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
+        # The first step's MMA ignores acc: Triton turns the select into wgmma's use-accumulator flag.
+        acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
         acc = _escape_block(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, acc, BLOCK_N, DOT_BF16, GATHER_T)
 
@@ -207,76 +193,12 @@ def _gemm_kernel(
     else:
         is_last = pid_k == 0
     if is_last:
-        _finish(out, scale, x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, y_ptr, rows, row0, M, N,
-                stride_xm, stride_ym, IS_W12, ESC_MODE, BLOCK_M, BLOCK_N, DOT_BF16)
-
-
-@triton.jit(do_not_specialize=["M", "programs"])
-def _gemm_stream_kernel(
-    # pointers
-    x_ptr, w_ptr, hi_ptr, base_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, y_ptr, ws_ptr, count_ptr,
-    # sizes
-    M, N, K, Kp, programs, k_steps,
-    # strides
-    stride_xm, stride_ym, stride_w, stride_hi,
-    # escape blocks (ESC_MODE 1): one slab per row block, added by the segment holding K step 0
-    ebw_ptr, ebv_ptr, xt_ptr,
-    # meta
-    IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
-    STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
-):
-    """The stream-K grid (`stream_k.py`): program p walks units [p U / P, (p + 1) U / P) of the
-    row-tile-major (row tile, K step) space, one segment per row tile it touches."""
-    pid = tl.program_id(0)
-    units = tl.cdiv(N, BLOCK_N) * k_steps
-    u = tiles.stream_first_unit(pid, units, programs)
-    u_end = tiles.stream_first_unit(pid + 1, units, programs)
-    m = tl.arange(0, BLOCK_M)
-    while u < u_end:
-        tile = u // k_steps
-        step0 = u - tile * k_steps
-        step1 = tl.minimum(k_steps, step0 + (u_end - u))
-        row0 = tile * BLOCK_N
-        rows = row0 + tl.arange(0, BLOCK_N)
-        if IS_W12 and ESC_MODE == ESC_BLOCKS:  # the tile's entries, for the segment starting it
-            e = tile * ESC_SLOT + tl.arange(0, ESC_SLOT)
-            esc_word = tl.load(ebw_ptr + e)  # [SLOT]
-            esc_bits = tl.load(ebv_ptr + e)  # [SLOT]
-        scale = tl.full([BLOCK_N], 1.0, tl.float32)
         if IS_W12:
-            scale = tiles.row_scale(base_ptr, rows, N)  # [BN]
-        acc = _k_segment(x_ptr, w_ptr, hi_ptr, rows, m, M, N, K, Kp, step0, step1, stride_xm, stride_w, stride_hi,
-                         IS_W12, DOT_BF16, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, STAGES)
-        if IS_W12 and ESC_MODE == ESC_BLOCKS:
-            if step0 == 0:
-                acc = _escape_block(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, acc, BLOCK_N, DOT_BF16,
-                                    GATHER_T)
-        out = tl.trans(acc)  # [BM, BN]
-        is_last = (step0 == 0) & (step1 == k_steps)  # a whole tile: no other contributor
-        if not is_last:
-            y_mask = (m < M)[:, None] & (rows < N)[None, :]
-            is_last, out = tiles.reduce_stream_k(
-                out, ws_ptr, count_ptr, tile, pid, units, programs, k_steps,
-                m[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :], y_mask, M * BLOCK_N,
-            )
-        if is_last:
-            _finish(out, scale, x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, y_ptr, rows, row0, M, N,
-                    stride_xm, stride_ym, IS_W12, ESC_MODE, BLOCK_M, BLOCK_N, DOT_BF16)
-        u += step1 - step0
-
-
-@triton.jit
-def _finish(out, scale, x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, y_ptr, rows, row0, M, N,
-            stride_xm, stride_ym, IS_W12: tl.constexpr, ESC_MODE: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
-    """Store a row block's total out [BM, BN]: W12 rescaled, plus the epilogue correction in ESC_MODE 2."""
-    if IS_W12:
-        out = out * scale[None, :]
-    if IS_W12 and ESC_MODE == ESC_EPILOGUE:
-        out += _escape_correction(x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, rows, row0, M, N,
-                                  stride_xm, BLOCK_M, BLOCK_N, ESCAPE_CHUNK, DOT_BF16)
-    tiles.store_rows(out, y_ptr, rows, M, N, stride_ym, BLOCK_M)
+            out = out * scale[None, :]
+        if IS_W12 and ESC_MODE == ESC_EPILOGUE:
+            out += _escape_correction(x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, rows, row0, M, N,
+                                      stride_xm, BLOCK_M, BLOCK_N, ESCAPE_CHUNK, DOT_BF16)
+        tiles.store_rows(out, y_ptr, rows, M, N, stride_ym, BLOCK_M)
 
 
 # -- wrapper ----------------------------------------------------------------------------------
@@ -323,20 +245,15 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         block_args = (run.ops.esc_ptr, run.ops.esc_val)
     gather_t = config.gather_t and mode.value == ESC_BLOCKS.value
     xt = x.t().contiguous() if gather_t else x  # [K, M]: its own kernel, ~2.5 µs on the H200
-    kernel = _gemm_stream_kernel if run.stream_k else _gemm_kernel
-    kernel[run.grid](
+    _gemm_kernel[run.grid](
         *run.args, *block_args, xt, GATHER_T=gather_t,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
         STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
-        num_warps=config.num_warps, num_stages=config.num_stages,
-        maxnreg=_STREAM_MAXNREG if run.stream_k and config.num_warps == 4 else config.max_registers,
+        num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
     )
     return run.y.to(x.dtype)
-
-
-_STREAM_MAXNREG = 168  # A/B (temporary): three 4-warp stream-K programs per SM
 
 
 # -- reference --------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import torch
 
 from specpilot import env
-from specpilot.kernels import stream_k
 from specpilot.kernels.configs import KernelPath, LaunchConfig, WeightFormat, auto_split_k
 from specpilot.kernels.workspace import SplitKWorkspace, shared_workspace
 from specpilot.w12.layout import padded_columns
@@ -116,18 +115,6 @@ def plan_split(cfg: LaunchConfig, ops: WeightOperands, M: int, n_tiles: int,
     return SplitPlan(split, steps, workspace)
 
 
-def plan_stream(cfg: LaunchConfig, ops: WeightOperands, M: int, n_tiles: int,
-                workspace: SplitKWorkspace | None) -> tuple[int, int, SplitKWorkspace]:
-    """(programs, K steps per row tile, workspace) of a stream-K launch (`stream_k.py`):
-    programs_per_sm per SM, no more than there are units, and few enough that their partials fit."""
-    workspace = workspace or shared_workspace(ops.device)
-    k_steps = -(-ops.Kp // cfg.block_k)
-    programs = min(n_tiles * k_steps, cfg.programs_per_sm * sm_count(ops.device))
-    while programs > 1 and not workspace.holds(stream_k.workspace_floats(programs, M, cfg.block_n), n_tiles):
-        programs -= 1
-    return programs, k_steps, workspace
-
-
 @dataclass(frozen=True)
 class Launch:
     """What a GEMV or GEMM launch needs beyond its path's own meta-parameters."""
@@ -138,8 +125,7 @@ class Launch:
     args: tuple  # the kernels' shared positional arguments: pointers, sizes, strides
     even_n: bool  # N a multiple of block_n
     even_k: bool  # K a multiple of block_k
-    steps_per_split: int  # K steps each of the grid's K splits covers (stream-K: per row tile)
-    stream_k: bool = False  # grid[0] stream-K programs (`stream_k.py`), not row tiles
+    steps_per_split: int  # K steps each of the grid's K splits covers
 
 
 def prepare_launch(x: torch.Tensor, weight, config: LaunchConfig, path: KernelPath, max_m: int,
@@ -152,17 +138,13 @@ def prepare_launch(x: torch.Tensor, weight, config: LaunchConfig, path: KernelPa
     M = x.shape[0]
     y = output_buffer(x, ops.N)  # [M, N]
     n_tiles = -(-ops.N // config.block_n)
-    if config.stream_k:  # grid (programs, 1); the kernel takes (programs, K steps) where splits go
-        programs, k_steps, ws = plan_stream(config, ops, M, n_tiles, workspace)
-        grid, sizes, steps = (programs, 1), (programs, k_steps), k_steps
-    else:
-        plan = plan_split(config, ops, M, n_tiles, workspace)
-        ws, grid, sizes, steps = plan.workspace, (n_tiles, plan.split_k), (plan.split_k, plan.steps_per_split), \
-            plan.steps_per_split
-    args = (x, ops.w, ops.hi, ops.base, ops.esc_ptr, ops.esc_col, ops.esc_val, y, ws.partials, ws.counters,
-            M, ops.N, ops.K, ops.Kp, *sizes, x.stride(0), y.stride(0), ops.stride_w, ops.stride_hi)
-    return Launch(ops, y, grid, args, ops.N % config.block_n == 0, ops.K % config.block_k == 0, steps,
-                  config.stream_k)
+    plan = plan_split(config, ops, M, n_tiles, workspace)
+    args = (x, ops.w, ops.hi, ops.base, ops.esc_ptr, ops.esc_col, ops.esc_val, y,
+            plan.workspace.partials, plan.workspace.counters,
+            M, ops.N, ops.K, ops.Kp, plan.split_k, plan.steps_per_split,
+            x.stride(0), y.stride(0), ops.stride_w, ops.stride_hi)
+    return Launch(ops, y, (n_tiles, plan.split_k), args, ops.N % config.block_n == 0, ops.K % config.block_k == 0,
+                  plan.steps_per_split)
 
 
 def bf16_dots(x: torch.Tensor, ops: WeightOperands) -> bool:

@@ -191,48 +191,6 @@ def reduce_split_k(acc, ws_ptr, count_ptr, tile, pid_k, split_k, ws_offsets, ws_
 
 
 @triton.jit
-def stream_first_unit(p, units, programs):
-    """Stream-K (`stream_k.py`): first unit of program p (int64 products: programs x units can pass 2^31)."""
-    return (tl.cast(p, tl.int64) * units // programs).to(tl.int32)
-
-
-@triton.jit
-def stream_owner(u, units, programs):
-    return ((tl.cast(u + 1, tl.int64) * programs - 1) // units).to(tl.int32)
-
-
-@triton.jit
-def stream_slot(p, tile_first, units, programs):
-    """Slot of program p's partial of the tile whose first unit is `tile_first`: 0 when p's range
-    starts inside that tile (it is p's first segment), else 1 (p's range ends there)."""
-    return tl.where(stream_first_unit(p, units, programs) >= tile_first, 0, 1)
-
-
-@triton.jit
-def reduce_stream_k(acc, ws_ptr, count_ptr, tile, pid, units, programs, k_steps, ws_offsets, ws_mask, slot_stride):
-    """Store this program's partial `acc` [BM, BN] of `tile`; returns (is_last, total): the last
-    contributor to arrive gets the sum over all contributors in program order and resets the
-    tile's counter. Memory ordering as in `reduce_split_k` (barrier, acq_rel atomic, .cg loads)."""
-    tile_first = tile * k_steps
-    slot = stream_slot(pid, tile_first, units, programs)
-    tl.store(ws_ptr + (pid * 2 + slot) * slot_stride + ws_offsets, acc, mask=ws_mask)
-    tl.debug_barrier()
-    p_first = stream_owner(tile_first, units, programs)
-    p_last = stream_owner(tile_first + k_steps - 1, units, programs)
-    arrived = tl.atomic_add(count_ptr + tile, 1)
-    is_last = arrived == p_last - p_first
-    total = acc
-    if is_last:
-        total = tl.zeros_like(acc)
-        for p in range(p_first, p_last + 1):
-            s = stream_slot(p, tile_first, units, programs)
-            total += tl.load(ws_ptr + (p * 2 + s) * slot_stride + ws_offsets, mask=ws_mask, other=0.0,
-                             cache_modifier=".cg")
-        tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed")
-    return is_last, total
-
-
-@triton.jit
 def escape_columns(esc_col_ptr, e, emask):
     """Escape columns [CHUNK] as int32 (int16 storage holds uint16 values)."""
     col = tl.load(esc_col_ptr + e, mask=emask, other=0).to(tl.int32)

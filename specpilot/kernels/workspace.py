@@ -35,11 +35,7 @@ class SplitKWorkspace:
         )
 
     def fits(self, split_k: int, M: int, N: int, n_tiles: int) -> bool:
-        return self.holds(split_k * M * N, n_tiles)
-
-    def holds(self, partial_floats: int, n_tiles: int) -> bool:
-        """Whether a launch storing up to `partial_floats` partials over `n_tiles` row tiles fits."""
-        return partial_floats <= self.partials.numel() and n_tiles <= self.counters.numel()
+        return split_k * M * N <= self.partials.numel() and n_tiles <= self.counters.numel()
 
 
 _lock = threading.Lock()
