@@ -261,6 +261,27 @@ def gather_t_variants(tried: list[dict], M: int, fmt: WeightFormat) -> list[Laun
     return [dataclasses.replace(LaunchConfig.from_dict(t["config"]), gather_t=True) for t in timed[:GATHER_T_BEST]]
 
 
+RESIDENT_MIN_M = 16  # from here on the sweep also tries 4-warp configs capped for three programs per SM
+DENSE_S2 = (64, 256, 4, 2)  # the tile that fits three programs per SM at M = 32 when capped (57 KB, 161 registers)
+
+
+def resident_variants(tried: list[dict], M: int) -> list[LaunchConfig]:
+    """Phase 3: from RESIDENT_MIN_M rows the PHASE2_BEST fastest 4-warp GEMM configs so far, and the
+    fastest one's splits on the n64 k256 s2 tile, with the register cap of three programs per SM
+    (`LaunchConfig.resident`). Uncapped, ptxas gives the M = 32 tiles 210 registers, two programs
+    per SM; capped at 168 they take 161 with no spills (sm_90 build)."""
+    if M < RESIDENT_MIN_M:
+        return []
+    timed = sorted((t for t in tried if "us" in t and t["config"]["path"] == "gemm" and t["config"]["num_warps"] == 4
+                    and t["config"].get("resident", 2) == 2), key=lambda t: t["us"])[:PHASE2_BEST]
+    configs = [LaunchConfig.from_dict(t["config"]) for t in timed]
+    out = [dataclasses.replace(c, resident=3) for c in configs]
+    if configs:
+        n, k, w, st = DENSE_S2
+        out.append(dataclasses.replace(configs[0], block_n=n, block_k=k, num_warps=w, num_stages=st, resident=3))
+    return list(dict.fromkeys(out))
+
+
 def correctness_configs(M: int, every: bool) -> list[LaunchConfig]:
     """What the correctness section checks: every candidate (or the defaults), plus the defaults
     with the portable decoder."""
@@ -423,6 +444,7 @@ def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: 
             tried = [time_config(x, sets, cfg, exact, bound) for cfg in configs]
             if sweep:
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in split_variants(tried, N, sm_count(x.device))]
+                tried += [time_config(x, sets, cfg, exact, bound) for cfg in resident_variants(tried, M)]
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in gather_t_variants(tried, M, fmt)]
             timed = [t for t in tried if "us" in t]
             best = min(timed, key=lambda t: t["us"]) if timed else None
@@ -507,6 +529,10 @@ def compile_problems(quick: bool, models, ms) -> list[tuple[int, int, int, Launc
                 out += [(N, K, M, c) for c in sweep_configs(M, not quick)]
                 if not quick and M >= GATHER_T_MIN_M:  # phase 3's binaries (any of these tiles may be best)
                     out += [(N, K, M, dataclasses.replace(c, gather_t=True)) for c in kc.gemm_candidates(M)]
+                if not quick and M >= RESIDENT_MIN_M:
+                    capped = [dataclasses.replace(c, resident=3) for c in kc.gemm_candidates(M) if c.num_warps == 4]
+                    out += [(N, K, M, c) for c in capped]
+                    out += [(N, K, M, dataclasses.replace(c, gather_t=True)) for c in capped if M >= GATHER_T_MIN_M]
     return list(dict.fromkeys(out))
 
 

@@ -19,6 +19,7 @@ Does not own the kernels or the configs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -92,6 +93,13 @@ def variants(quick: bool = False) -> list[Variant]:
                         name = label + {0: "", 1: " blocks", 2: " epilogue"}[mode] + (" xT" if gather_t else "")
                         out.append(Variant(path, name, {**c, "ESC_MODE": mode, "ESC_SLOT": 64, "GATHER_T": gather_t},
                                            cfg.num_warps, cfg.num_stages, cfg.max_registers))
+    for cfg in {c for M in (16, 32) for c in kc.gemm_candidates(M) if c.num_warps == 4}:  # capped for 3 per SM
+        capped = dataclasses.replace(cfg, resident=3)
+        c = {"IS_W12": True, "BLOCK_M": 32, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_N": True,
+             "EVEN_K": True, "PTX_DECODE": True, "STAGES": cfg.num_stages, "DOT_BF16": True, "ESC_MODE": 1,
+             "ESC_SLOT": 64, "GATHER_T": False}
+        out.append(Variant("gemm", f"{capped.label()} bm32 w12 even blocks", c, cfg.num_warps, cfg.num_stages,
+                           capped.max_registers))
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))
     return list({v.label: v for v in out}.values())
 

@@ -59,6 +59,7 @@ class LaunchConfig:
     ptx_decode: bool = True  # W12: decode with inline PTX (GPU); False = portable Triton ops
     programs_per_sm: int = 2  # with split_k = 0: split K until about this many programs per SM run
     gather_t: bool = False  # GEMM, W12 escape blocks: gather x from a transposed copy (see gemm.py)
+    resident: int = MIN_PROGRAMS_PER_SM  # programs per SM the register cap leaves room for (max_registers)
 
     def __post_init__(self):
         if not _pow2(self.block_n) or not _pow2(self.block_k) or self.block_k < K_PAD:
@@ -69,6 +70,8 @@ class LaunchConfig:
             raise ValueError(f"split_k must be in 0..{MAX_SPLIT_K}: {self}")
         if not 1 <= self.programs_per_sm <= 16:
             raise ValueError(f"programs_per_sm must be in 1..16: {self}")
+        if not MIN_PROGRAMS_PER_SM <= self.resident <= 4:
+            raise ValueError(f"resident must be in {MIN_PROGRAMS_PER_SM}..4: {self}")
         if self.gather_t and self.path is not KernelPath.GEMM:
             raise ValueError(f"gather_t is an option of the GEMM path: {self}")
 
@@ -86,16 +89,19 @@ class LaunchConfig:
         s += f" sk{self.split_k}" if self.split_k else ""
         s += f" p{self.programs_per_sm}" if self.programs_per_sm != 2 else ""
         s += " xT" if self.gather_t else ""
+        s += f" r{self.resident}" if self.resident != MIN_PROGRAMS_PER_SM else ""
         return s + ("" if self.ptx_decode else " portable")
 
     @property
     def max_registers(self) -> int:
         """Registers per thread the compiler may use (Triton's `maxnreg`): few enough that
-        MIN_PROGRAMS_PER_SM programs fit an SM's register file. Without the cap, an 8-warp W12
+        `resident` programs (MIN_PROGRAMS_PER_SM unless a config asks for more) fit an SM's register
+        file. With 3, the n64 k256 tiles at M = 32 compile to 161 registers with no spills instead
+        of 210, so three programs fit where shared memory allows (s2: 57 KB). Without the cap, an 8-warp W12
         GEMM with escape blocks took 136 and ran one program per SM, +76% on the H200 (a run of
         bench/w12_escape_cost.py at commit eb43a8e, not kept; see that commit's successor a6d82c8);
         4-warp configs stay far below theirs (248)."""
-        return min(255, REGISTERS_PER_SM // (32 * self.num_warps * MIN_PROGRAMS_PER_SM)) // 8 * 8
+        return min(255, REGISTERS_PER_SM // (32 * self.num_warps * self.resident)) // 8 * 8
 
     def shared_bytes(self, M: int, weight_bytes: float) -> float:
         """Estimated shared memory of the pipelined loop: num_stages buffers of the weight tile

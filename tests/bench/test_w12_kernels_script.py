@@ -36,3 +36,15 @@ def test_precompile_covers_the_gather_t_binaries(sweep):
     problems = sweep.compile_problems(False, sweep.MODELS[:1], (1, 32))
     assert any(c.gather_t and M == 32 for _, _, M, c in problems)
     assert not any(c.gather_t and M == 1 for _, _, M, c in problems)
+
+
+def test_resident_variants_cap_the_fastest_4_warp_configs(sweep):
+    fast = LaunchConfig(KernelPath.GEMM, 64, 256, num_stages=3, split_k=3, gather_t=True)
+    eight = LaunchConfig(KernelPath.GEMM, 128, 128, num_warps=8, num_stages=3)
+    tried = [timed(eight, 5.0), timed(fast, 10.0), timed(LaunchConfig(KernelPath.GEMM, 64, 128, num_stages=4), 12.0)]
+    out = sweep.resident_variants(tried, 32)
+    assert all(c.resident == 3 and c.num_warps == 4 for c in out)  # 8 warps at three per SM would spill
+    assert out[0] == LaunchConfig(KernelPath.GEMM, 64, 256, num_stages=3, split_k=3, gather_t=True, resident=3)
+    assert LaunchConfig(KernelPath.GEMM, 64, 256, num_stages=2, split_k=3, gather_t=True, resident=3) in out
+    assert sweep.resident_variants(tried, 8) == []
+    assert sweep.resident_variants([timed(out[0], 1.0)], 32) == []  # capped ones are not capped again

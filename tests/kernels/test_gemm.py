@@ -182,3 +182,14 @@ def test_rejects_bad_inputs(weights, make_x):
         LaunchConfig(KernelPath.GEMM, 16, 128, programs_per_sm=0)
     with pytest.raises(ValueError, match="gather_t"):
         LaunchConfig(KernelPath.GEMV, 4, 128, gather_t=True)
+    with pytest.raises(ValueError, match="resident"):
+        LaunchConfig(KernelPath.GEMM, 64, 256, resident=1)
+
+
+def test_register_cap_follows_the_programs_per_sm_it_must_leave_room_for():
+    base = LaunchConfig(KernelPath.GEMM, 64, 256, num_stages=2)
+    capped = dataclasses.replace(base, resident=3)
+    assert (base.max_registers, capped.max_registers) == (248, 168)  # 65536 registers / (128 threads x 3)
+    assert capped.label() == "gemm n64 k256 w4 s2 r3"
+    assert LaunchConfig.from_dict(capped.to_dict()) == capped
+    assert LaunchConfig.from_dict({k: v for k, v in base.to_dict().items() if k != "resident"}) == base  # old tables
