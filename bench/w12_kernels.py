@@ -643,6 +643,27 @@ def render_markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def swept_entries(data: dict) -> dict[tuple[str, int, int, int], tuple[dict, bool]]:
+    """{(format, M bucket, N, K): (best config, whether the row was swept)} of one run's results."""
+    out = {}
+    for r in data["timings"]:
+        for key, fmt in (("bf16_kernel", WeightFormat.DENSE), ("w12", WeightFormat.W12)):
+            row = r.get(key) or {}
+            best = next((t["config"] for t in row.get("tried", []) if t["label"] == row.get("best_config")), None)
+            if best:
+                out[(fmt.value, kc.m_bucket(r["M"]), r["N"], r["K"])] = (best, bool(row.get("swept")))
+    return out
+
+
+def merge_tuned(new: dict, old: dict) -> dict:
+    """A tuned table from two runs' results: the newer run's best config where it swept the row,
+    the older run's where the newer one ran out of budget (timed its defaults only)."""
+    merged = {key: cfg for key, (cfg, _) in swept_entries(old).items()}
+    merged.update({key: cfg for key, (cfg, swept) in swept_entries(new).items() if swept or key not in merged})
+    return {"device": new["meta"].get("gpu"), "merged_from": [new["meta"].get("git_commit"), old["meta"].get("git_commit")],
+            "entries": [{"format": f, "m": m, "n": n, "k": k, "config": c} for (f, m, n, k), c in sorted(merged.items())]}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, type=Path, help="directory for w12_kernels.json/.md and the tuned table")
@@ -652,7 +673,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)),
                    help="processes that compile the kernel variants in parallel first (1: no precompilation)")
     p.add_argument("--precompile-worker", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--merge-tuned", nargs=2, type=Path, metavar=("NEW", "OLD"),
+                   help="no GPU: write OUT/tuned_<gpu>.json from two runs' w12_kernels.json (NEW's rows it swept, OLD's others)")
     args = p.parse_args(argv)
+    if args.merge_tuned:
+        new, old = (json.loads(f.read_text()) for f in args.merge_tuned)
+        table = merge_tuned(new, old)
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"tuned_{kc.device_slug(new['meta'].get('gpu', 'gpu'))}.json"
+        path.write_text(json.dumps(table, indent=1) + "\n")
+        print(f"{path}: {len(table['entries'])} entries")
+        return 0
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("error: this benchmark needs a CUDA GPU", file=sys.stderr)
         return 2

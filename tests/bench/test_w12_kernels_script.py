@@ -48,3 +48,19 @@ def test_resident_variants_cap_the_fastest_4_warp_configs(sweep):
     assert LaunchConfig(KernelPath.GEMM, 64, 256, num_stages=2, split_k=3, gather_t=True, resident=3) in out
     assert sweep.resident_variants(tried, 8) == []
     assert sweep.resident_variants([timed(out[0], 1.0)], 32) == []  # capped ones are not capped again
+
+
+def run(commit: str, rows: list[tuple[int, LaunchConfig, bool]]) -> dict:
+    timings = [{"N": 64, "K": 128, "M": M, "w12": {"tried": [timed(cfg, 1.0)], "best_config": cfg.label(), "swept": swept}}
+               for M, cfg, swept in rows]
+    return {"meta": {"gpu": "NVIDIA H200", "git_commit": commit}, "timings": timings}
+
+
+def test_merge_tuned_keeps_the_older_run_where_the_newer_did_not_sweep(sweep):
+    a, b, c = (LaunchConfig(KernelPath.GEMM, 64, k, num_stages=3) for k in (128, 256, 512))
+    old = run("old", [(1, a, True), (32, a, True)])
+    new = run("new", [(1, b, False), (32, c, True), (64, b, False)])
+    table = sweep.merge_tuned(new, old)
+    got = {e["m"]: LaunchConfig.from_dict(e["config"]) for e in table["entries"]}
+    assert got == {1: a, 32: c, 64: b}  # 1: the new run only timed defaults; 64: nothing older to keep
+    assert table["merged_from"] == ["new", "old"] and {e["format"] for e in table["entries"]} == {"w12"}
