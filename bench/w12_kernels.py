@@ -262,7 +262,7 @@ def gather_t_variants(tried: list[dict], M: int, fmt: WeightFormat) -> list[Laun
 
 
 RESIDENT_MIN_M = 16  # from here on the sweep also tries 4-warp configs capped for three programs per SM
-DENSE_S2 = (64, 256, 4, 2)  # the tile that fits three programs per SM at M = 32 when capped (57 KB, 161 registers)
+CAPPED_TILE = (64, 256, 4, 2)  # the tile that fits three programs per SM at M = 32 when capped (57 KB, 161 registers)
 
 
 def resident_variants(tried: list[dict], M: int) -> list[LaunchConfig]:
@@ -277,7 +277,7 @@ def resident_variants(tried: list[dict], M: int) -> list[LaunchConfig]:
     configs = [LaunchConfig.from_dict(t["config"]) for t in timed]
     out = [dataclasses.replace(c, resident=3) for c in configs]
     if configs:
-        n, k, w, st = DENSE_S2
+        n, k, w, st = CAPPED_TILE
         out.append(dataclasses.replace(configs[0], block_n=n, block_k=k, num_warps=w, num_stages=st, resident=3))
     return list(dict.fromkeys(out))
 

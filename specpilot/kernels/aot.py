@@ -93,7 +93,8 @@ def variants(quick: bool = False) -> list[Variant]:
                         name = label + {0: "", 1: " blocks", 2: " epilogue"}[mode] + (" xT" if gather_t else "")
                         out.append(Variant(path, name, {**c, "ESC_MODE": mode, "ESC_SLOT": 64, "GATHER_T": gather_t},
                                            cfg.num_warps, cfg.num_stages, cfg.max_registers))
-    for cfg in {c for M in (16, 32) for c in kc.gemm_candidates(M) if c.num_warps == 4}:  # capped for 3 per SM
+    four_warps = dict.fromkeys(c for M in (16, 32) for c in kc.gemm_candidates(M) if c.num_warps == 4)
+    for cfg in four_warps:  # the register cap of three programs per SM (LaunchConfig.resident)
         capped = dataclasses.replace(cfg, resident=3)
         c = {"IS_W12": True, "BLOCK_M": 32, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_N": True,
              "EVEN_K": True, "PTX_DECODE": True, "STAGES": cfg.num_stages, "DOT_BF16": True, "ESC_MODE": 1,

@@ -95,12 +95,13 @@ class LaunchConfig:
     @property
     def max_registers(self) -> int:
         """Registers per thread the compiler may use (Triton's `maxnreg`): few enough that
-        `resident` programs (MIN_PROGRAMS_PER_SM unless a config asks for more) fit an SM's register
-        file. With 3, the n64 k256 tiles at M = 32 compile to 161 registers with no spills instead
-        of 210, so three programs fit where shared memory allows (s2: 57 KB). Without the cap, an 8-warp W12
-        GEMM with escape blocks took 136 and ran one program per SM, +76% on the H200 (a run of
-        bench/w12_escape_cost.py at commit eb43a8e, not kept; see that commit's successor a6d82c8);
-        4-warp configs stay far below theirs (248)."""
+        `resident` programs (MIN_PROGRAMS_PER_SM unless a config asks for more) fit an SM's
+        register file. Without the cap, an 8-warp W12 GEMM with escape blocks took 136 and ran one
+        program per SM, +76% on the H200 (a run of bench/w12_escape_cost.py at commit eb43a8e, not
+        kept; see that commit's successor a6d82c8); 4-warp configs stay below theirs (248). With
+        resident = 3 (168) the n64 k256 tiles at M = 32 compile to 161 registers with no spills
+        instead of 210, so three programs fit where shared memory allows (s2: 57 KB); such configs
+        were the best on 12 of 22 rows from M = 16 (bench/results/w12/w12_kernels_resident3.md)."""
         return min(255, REGISTERS_PER_SM // (32 * self.num_warps * self.resident)) // 8 * 8
 
     def shared_bytes(self, M: int, weight_bytes: float) -> float:
