@@ -247,7 +247,8 @@ def split_variants(tried: list[dict], N: int, sm_count: int) -> list[LaunchConfi
     return out
 
 
-GATHER_T_MIN_M = 16  # from here on the sweep also tries the best configs gathering from x^T (gemm.py)
+GATHER_T_MIN_M = 32  # from here on the sweep also tries the best configs gathering from x^T (gemm.py);
+# at M = 16 it was never the best in the f748401 and 9ca6a14 sweeps
 GATHER_T_BEST = 2
 
 
@@ -261,7 +262,8 @@ def gather_t_variants(tried: list[dict], M: int, fmt: WeightFormat) -> list[Laun
     return [dataclasses.replace(LaunchConfig.from_dict(t["config"]), gather_t=True) for t in timed[:GATHER_T_BEST]]
 
 
-RESIDENT_MIN_M = 16  # from here on the sweep also tries 4-warp configs capped for three programs per SM
+RESIDENT_MIN_M = 32  # from here on the sweep also tries 4-warp configs capped for three programs per SM;
+# at M = 16 the uncapped 4-warp builds already take <= 168 registers (three per SM where shared memory allows)
 CAPPED_TILE = (64, 256, 4, 2)  # the tile that fits three programs per SM at M = 32 when capped (57 KB, 161 registers)
 
 

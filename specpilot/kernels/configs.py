@@ -101,7 +101,7 @@ class LaunchConfig:
         kept; see that commit's successor a6d82c8); 4-warp configs stay below theirs (248). With
         resident = 3 (168) the n64 k256 tiles at M = 32 compile to 161 registers with no spills
         instead of 210, so three programs fit where shared memory allows (s2: 57 KB); such configs
-        were the best on 12 of 22 rows from M = 16 (bench/results/w12/w12_kernels_resident3.md)."""
+        were the best on 8 of 16 swept rows at M = 32-64 (bench/results/w12/w12_kernels_resident3.md)."""
         return min(255, REGISTERS_PER_SM // (32 * self.num_warps * self.resident)) // 8 * 8
 
     def shared_bytes(self, M: int, weight_bytes: float) -> float:

@@ -28,7 +28,7 @@ def test_gather_t_variants_take_the_fastest_gemm_configs(sweep):
              timed(second, 20.0)]
     out = sweep.gather_t_variants(tried, 32, WeightFormat.W12)
     assert [c.label() for c in out] == [f"{fast.label()} xT", f"{second.label()} xT"]
-    assert sweep.gather_t_variants(tried, 8, WeightFormat.W12) == []  # below GATHER_T_MIN_M
+    assert sweep.gather_t_variants(tried, 16, WeightFormat.W12) == []  # below GATHER_T_MIN_M
     assert sweep.gather_t_variants(tried, 32, WeightFormat.DENSE) == []  # plain weights have no escapes
 
 
@@ -46,7 +46,7 @@ def test_resident_variants_cap_the_fastest_4_warp_configs(sweep):
     assert all(c.resident == 3 and c.num_warps == 4 for c in out)  # 8 warps at three per SM would spill
     assert out[0] == LaunchConfig(KernelPath.GEMM, 64, 256, num_stages=3, split_k=3, gather_t=True, resident=3)
     assert LaunchConfig(KernelPath.GEMM, 64, 256, num_stages=2, split_k=3, gather_t=True, resident=3) in out
-    assert sweep.resident_variants(tried, 8) == []
+    assert sweep.resident_variants(tried, 16) == []
     assert sweep.resident_variants([timed(out[0], 1.0)], 32) == []  # capped ones are not capped again
 
 
