@@ -45,8 +45,9 @@ for item in "$@"; do
   rc=$?
   echo "=== $step rc=$rc in $(( $(date +%s) - start ))s"
   tail -n 25 "$res/$step.log"
-  if [ "$step" = w12 ]; then  # later steps of this call (engine-kernels) use the fresh tuned table
-    mkdir -p specpilot/kernels/tuned && cp "$out"/tuned_*.json specpilot/kernels/tuned/ 2>/dev/null
+  if [ "$step" = w12 ]; then  # later steps of this call (engine-kernels) use the fresh tuned table,
+    mkdir -p specpilot/kernels/tuned  # which the kernels read as tuned/<gpu>.json (the sweep writes tuned_<gpu>.json)
+    for f in "$out"/tuned_*.json; do [ -f "$f" ] && cp "$f" "specpilot/kernels/tuned/$(basename "${f#"$out"/tuned_}")"; done
   fi
 done
 kill "$smi_pid" 2>/dev/null

@@ -64,3 +64,23 @@ def test_merge_tuned_keeps_the_older_run_where_the_newer_did_not_sweep(sweep):
     got = {e["m"]: LaunchConfig.from_dict(e["config"]) for e in table["entries"]}
     assert got == {1: a, 32: c, 64: b}  # 1: the new run only timed defaults; 64: nothing older to keep
     assert table["merged_from"] == ["new", "old"] and {e["format"] for e in table["entries"]} == {"w12"}
+
+
+def test_merge_tuned_command_writes_a_table_the_kernels_read(sweep, tmp_path, monkeypatch):
+    import json
+
+    from specpilot.kernels import configs
+
+    a, b = (LaunchConfig(KernelPath.GEMM, 64, k, num_stages=3) for k in (128, 256))
+    (tmp_path / "new.json").write_text(json.dumps(run("new", [(32, b, True)])))
+    (tmp_path / "old.json").write_text(json.dumps(run("old", [(1, a, True), (32, a, True)])))
+    assert sweep.main(["--merge-tuned", str(tmp_path / "new.json"), str(tmp_path / "old.json"), "--out", str(tmp_path)]) == 0
+    (tmp_path / "tuned").mkdir()
+    (tmp_path / "tuned_nvidia_h200.json").rename(tmp_path / "tuned" / "nvidia_h200.json")  # as run_on_gpu.sh copies it
+    monkeypatch.setattr(configs, "TUNED_DIR", tmp_path / "tuned")
+    configs.tuned_table.cache_clear()
+    try:
+        assert configs.choose_config(WeightFormat.W12, 32, 64, 128, "NVIDIA H200") == b
+        assert configs.choose_config(WeightFormat.W12, 1, 64, 128, "NVIDIA H200") == a
+    finally:
+        configs.tuned_table.cache_clear()
