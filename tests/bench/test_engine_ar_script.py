@@ -6,8 +6,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "bench" / "engine_ar.py"
-pytestmark = pytest.mark.skipif(not SCRIPT.is_file(), reason="no bench/ in this checkout")
 
 
 @pytest.fixture(scope="module")

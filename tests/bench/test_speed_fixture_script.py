@@ -7,8 +7,6 @@ import pytest
 from specpilot.config import load_deployment, load_system
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "bench" / "speed_fixture.py"
-pytestmark = pytest.mark.skipif(not SCRIPT.is_file(), reason="no bench/ in this checkout")
 
 
 @pytest.fixture(scope="module")

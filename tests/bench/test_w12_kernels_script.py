@@ -1,13 +1,8 @@
 """bench/w12_kernels.py (the GPU sweep): which configs its later phases try, without a GPU."""
 
-from pathlib import Path
-
 import pytest
 
 from specpilot.kernels.configs import KernelPath, LaunchConfig, WeightFormat
-
-REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.skipif(not (REPO / "bench" / "w12_kernels.py").is_file(), reason="no bench/ in this checkout")
 
 
 @pytest.fixture(scope="module")
