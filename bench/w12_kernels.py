@@ -247,8 +247,8 @@ def split_variants(tried: list[dict], N: int, sm_count: int) -> list[LaunchConfi
     return out
 
 
-GATHER_T_MIN_M = 32  # from here on the sweep also tries the best configs gathering from x^T (gemm.py);
-# at M = 16 it was never the best in the f748401 and 9ca6a14 sweeps
+GATHER_T_MIN_M = kc.GATHER_T_MIN_M  # the sweep tries configs gathering from x^T (gemm.py) from the rows
+# where the heuristic starts using it; at M = 16 it was never the best in the f748401 and 9ca6a14 sweeps
 GATHER_T_BEST = 2
 
 

@@ -66,6 +66,14 @@ def _kernel(name: str):
     return _unpack_kernel
 
 
+def _constexprs(cfg: LaunchConfig, bm: int, w12: bool, even: bool) -> dict:
+    """The meta-parameters a launch of `cfg` with row block `bm` passes (GEMM: before its escape mode)."""
+    c = {"IS_W12": w12, "BLOCK_M": bm, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+         "EVEN_N": even, "EVEN_K": even, "PTX_DECODE": cfg.ptx_decode, "STAGES": cfg.num_stages}
+    c.update({"EVEN_M": even, "ESC_CHUNK": 16} if cfg.path is KernelPath.GEMV else {"DOT_BF16": True})
+    return c
+
+
 def variants(quick: bool = False) -> list[Variant]:
     """Every candidate config x format x (even, uneven tiles) x (smallest, largest row block)."""
     seen: dict[LaunchConfig, list[int]] = {}
@@ -79,15 +87,11 @@ def variants(quick: bool = False) -> list[Variant]:
         for bm in ([blocks[0]] if quick else [blocks[0], blocks[-1]]):
             for w12 in (True, False):
                 for even in ((True,) if quick else (True, False)):
-                    c = {"IS_W12": w12, "BLOCK_M": bm, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                         "EVEN_N": even, "EVEN_K": even, "PTX_DECODE": cfg.ptx_decode,
-                         "STAGES": cfg.num_stages}
+                    c = _constexprs(cfg, bm, w12, even)
                     label = f"{cfg.label()} bm{bm} {'w12' if w12 else 'bf16'} {'even' if even else 'masked'}"
                     if cfg.path is KernelPath.GEMV:
-                        c.update(EVEN_M=even, ESC_CHUNK=16)
                         out.append(Variant(path, label, c, cfg.num_warps, cfg.num_stages))
                         continue
-                    c.update(DOT_BF16=True)
                     # W12: escape blocks (ESC_MODE 1, gathering from x or from x^T) or the epilogue's CSR correction (2)
                     for mode, gather_t in (((1, False), (2, False), (1, True)) if w12 else ((0, False),)):
                         name = label + {0: "", 1: " blocks", 2: " epilogue"}[mode] + (" xT" if gather_t else "")
@@ -96,9 +100,7 @@ def variants(quick: bool = False) -> list[Variant]:
     four_warps = dict.fromkeys(c for M in (16, 32) for c in kc.gemm_candidates(M) if c.num_warps == 4)
     for cfg in four_warps:  # the register cap of three programs per SM (LaunchConfig.resident)
         capped = dataclasses.replace(cfg, resident=3)
-        c = {"IS_W12": True, "BLOCK_M": 32, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "EVEN_N": True,
-             "EVEN_K": True, "PTX_DECODE": True, "STAGES": cfg.num_stages, "DOT_BF16": True, "ESC_MODE": 1,
-             "ESC_SLOT": 64, "GATHER_T": False}
+        c = {**_constexprs(capped, 32, True, True), "ESC_MODE": 1, "ESC_SLOT": 64, "GATHER_T": False}
         out.append(Variant("gemm", f"{capped.label()} bm32 w12 even blocks", c, cfg.num_warps, cfg.num_stages,
                            capped.max_registers))
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))
