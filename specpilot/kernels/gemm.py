@@ -28,8 +28,8 @@ The program that finishes a row block multiplies by 2^(e0 - 112) -- exact; every
 that scale before its K loop (after it, the cold bytes cost one more DRAM round trip at the end:
 up to 3% slower on 13 of 14 rows in `bench/results/w12/scale_early.md`). Row blocks are split
 along K when there are too few of them to fill the GPU; the reduction is deterministic
-(`tiles.reduce_split_k`). Registers are capped so two programs fit an SM
-(`LaunchConfig.max_registers`).
+(`tiles.reduce_split_k`). Registers are capped so two programs fit an SM, or three where a
+config asks for it (`LaunchConfig.resident`, `max_registers`).
 
 The first K step's MMA reads `where(step == step0, 0, acc)`, which Triton lowers to wgmma's
 use-accumulator flag. Starting from the zeros instead, the path that skips the loop hands the
