@@ -46,9 +46,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
-from specpilot import env
 from specpilot.kernels import tiles
 from specpilot.kernels.configs import (
     GEMM_MAX_M,
@@ -67,8 +65,6 @@ ESCAPE_CHUNK: tl.constexpr = tl.constexpr(16)  # escapes per step of the epilogu
 ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
-
-AB = {"prefetch": 0, "pdl": False}  # temporary A/B switch (bench/prototypes/w12_pdl.py)
 
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
@@ -159,7 +155,6 @@ def _gemm_kernel(
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
-    PREFETCH: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -168,11 +163,6 @@ def _gemm_kernel(
     m = tl.arange(0, BLOCK_M)
     step0 = pid_k * steps_per_split
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
-    if PREFETCH > 0:  # L2 prefetch only: safe before gdc_wait
-        tiles.prefetch_weight_rows(w_ptr, hi_ptr, rows, step0, tl.minimum(step1 - step0, PREFETCH), N,
-                                   Kp if IS_W12 else K, stride_w, stride_hi, BLOCK_K, IS_W12)
-    if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel's writes
-        gdc_wait()
 
     if IS_W12 and ESC_MODE == ESC_BLOCKS:  # fixed addresses: in registers by the end of the loop
         e = (pid_n * split_k + pid_k) * ESC_SLOT + tl.arange(0, ESC_SLOT)  # this program's slab
@@ -255,17 +245,13 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         block_args = (run.ops.esc_ptr, run.ops.esc_val)
     gather_t = config.gather_t and mode.value == ESC_BLOCKS.value
     xt = x.t().contiguous() if gather_t else x  # [K, M]: its own kernel, ~2.5 µs on the H200
-    ops = run.ops
-    aligned = all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (ops.w, ops.hi))
-    gpu = {} if env.triton_interpret() else {"PREFETCH": AB["prefetch"] if aligned else 0, "PDL": AB["pdl"],
-                                             "launch_pdl": AB["pdl"]}
     _gemm_kernel[run.grid](
         *run.args, *block_args, xt, GATHER_T=gather_t,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
         STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
-        num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers, **gpu,
+        num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
     )
     return run.y.to(x.dtype)
 

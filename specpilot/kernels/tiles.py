@@ -158,38 +158,6 @@ def load_dense_tile(w_ptr, rows, step, N, K, stride_w,
     return tl.load(tile, mask=(rows < N)[:, None] & (k < K)[None, :], other=0.0)
 
 
-# cp.async.bulk.prefetch.L2 (sm_90): ask L2 for $2 contiguous bytes at $1 when $3 != 0; no register
-# is written and nothing waits for it. $0 is a dummy output (inline asm needs one).
-ASM_PREFETCH_L2: tl.constexpr = tl.constexpr(
-    "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }")
-
-
-@triton.jit
-def prefetch_l2(ptrs, nbytes, valid):
-    """L2 prefetch of `nbytes` (int32, a multiple of 16) from each 16-byte aligned pointer of `ptrs`
-    where `valid`. Reads nothing into registers: safe before `gdc_wait`, whatever the previous
-    kernel writes (L2 is where the GPU's memory is coherent)."""
-    tl.inline_asm_elementwise(ASM_PREFETCH_L2, "=r,l,r,r",
-                              [ptrs.to(tl.int64), nbytes + tl.zeros_like(valid.to(tl.int32)), valid.to(tl.int32)],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def prefetch_weight_rows(w_ptr, hi_ptr, rows, step0, steps, N, cols, stride_w, stride_hi,
-                         BLOCK_K: tl.constexpr, IS_W12: tl.constexpr):
-    """L2 prefetch of `steps` K steps of each row of a weight tile from K step `step0`, up to column
-    `cols` (W12: both planes, Kp; plain weights: their rows, K), one instruction per row and plane.
-    The launcher guarantees 16-byte aligned rows."""
-    valid = rows < N
-    n = tl.minimum(steps * BLOCK_K, cols - step0 * BLOCK_K)  # weights per row
-    if IS_W12:  # lo: a byte per weight, hi: a nibble (Kp is a multiple of 128)
-        prefetch_l2(w_ptr + rows * stride_w + step0 * BLOCK_K, n, valid)
-        prefetch_l2(hi_ptr + rows * stride_hi + step0 * (BLOCK_K // 2), n // 2, valid)
-    else:
-        size: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-        prefetch_l2(w_ptr + rows * stride_w + step0 * BLOCK_K, (n * size) & ~15, valid & (n * size >= 16))
-
-
 @triton.jit
 def row_scale(base_ptr, rows, N):
     """2^(e0 - 112) per row [BN] as float32: undoes the decoders' scaling (exact)."""
