@@ -65,9 +65,6 @@ ESCAPE_CHUNK: tl.constexpr = tl.constexpr(16)  # escapes per step of the epilogu
 ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
-ESC_LOOP: tl.constexpr = tl.constexpr(3)  # escape blocks, ESCAPE_CHUNK entries gathered per K step, added the next
-
-AB: dict = {}  # temporary diagnostic switch (bench/prototypes/w12_m32_parts.py): block_m override
 
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
@@ -127,24 +124,20 @@ def _escape_correction(
 
 
 @triton.jit
-def _gather_entries(x_ptr, xt_ptr, word, bits, m, M, stride_xm, GATHER_T: tl.constexpr):
-    """Escape-block entries (word, bits [E]) -> (x^T at their columns [E, BM], their rows in the
-    block [E], their scaled values [E] BF16). Padding (value 0) reads nothing. GATHER_T: read from
-    xt [K, M], a column's M values side by side, instead of x [M, K], one sector per value."""
+def _escape_block(x_ptr, xt_ptr, word, bits, m, M, stride_xm, acc, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
+                  GATHER_T: tl.constexpr):
+    """acc [BN, BM] plus this program's entries (`escape_blocks`: word, bits [SLOT]): a one-hot
+    [BN, SLOT] matrix of their scaled values times x^T at their columns (GATHER_T: read from
+    xt [K, M], a column's M values side by side, instead of x [M, K], one sector per value)."""
     col = word & 0xFFFFFF
     row = (word >> 24) & 0xFF
-    mask = (m < M)[None, :] & (bits != 0)[:, None]
+    mask = (m < M)[None, :] & (bits != 0)[:, None]  # padding (value 0) reads nothing
     if GATHER_T:
-        xe = tl.load(xt_ptr + col[:, None] * M + m[None, :], mask=mask, other=0.0)  # [E, BM]
+        xe = tl.load(xt_ptr + col[:, None] * M + m[None, :], mask=mask, other=0.0)  # [SLOT, BM]
     else:
-        xe = tl.load(x_ptr + m[None, :] * stride_xm + col[:, None], mask=mask, other=0.0)  # [E, BM]
-    return xe, row, bits.to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def _add_entries(acc, xe, row, v, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
-    """acc [BN, BM] plus a one-hot [BN, E] matrix of the entries' values times xe [E, BM]."""
-    a = tl.where(tl.arange(0, BLOCK_N)[:, None] == row[None, :], v[None, :], 0.0)  # [BN, E]
+        xe = tl.load(x_ptr + m[None, :] * stride_xm + col[:, None], mask=mask, other=0.0)  # [SLOT, BM]
+    v = bits.to(tl.bfloat16, bitcast=True)
+    a = tl.where(tl.arange(0, BLOCK_N)[:, None] == row[None, :], v[None, :], 0.0)  # [BN, SLOT]
     return _dot(a, xe, acc, DOT_BF16)
 
 
@@ -171,17 +164,10 @@ def _gemm_kernel(
     step0 = pid_k * steps_per_split
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
 
-    slab = (pid_n * split_k + pid_k) * ESC_SLOT  # this program's escape-block entries
     if IS_W12 and ESC_MODE == ESC_BLOCKS:  # fixed addresses: in registers by the end of the loop
-        esc_word = tl.load(ebw_ptr + slab + tl.arange(0, ESC_SLOT))  # [SLOT] row_in_block << 24 | column
-        esc_bits = tl.load(ebv_ptr + slab + tl.arange(0, ESC_SLOT))  # [SLOT] BF16 bits, 0 = padding
-    if IS_W12 and ESC_MODE == ESC_LOOP:  # a chunk of entries per K step, see ESC_LOOP
-        c = tl.arange(0, ESCAPE_CHUNK)
-        esc_word = tl.load(ebw_ptr + slab + c)  # [CHUNK] chunk 0, gathered in the first step
-        esc_bits = tl.load(ebv_ptr + slab + c)
-        xe = tl.zeros([ESCAPE_CHUNK, BLOCK_M], x_ptr.dtype.element_ty)  # the chunk gathered last step
-        xe_row = tl.zeros([ESCAPE_CHUNK], tl.int32)
-        xe_val = tl.zeros([ESCAPE_CHUNK], tl.bfloat16)
+        e = (pid_n * split_k + pid_k) * ESC_SLOT + tl.arange(0, ESC_SLOT)  # this program's slab
+        esc_word = tl.load(ebw_ptr + e)  # [SLOT] row_in_block << 24 | column
+        esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits, 0 = padding
     if IS_W12:  # issued before the loop: the [BN] base bytes, cold in L2, arrive under it
         scale = tiles.row_scale(base_ptr, rows, N)  # [BN]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
@@ -195,17 +181,8 @@ def _gemm_kernel(
         xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
         # The first step's MMA ignores acc: Triton turns the select into wgmma's use-accumulator flag.
         acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
-        if IS_W12 and ESC_MODE == ESC_LOOP:
-            acc = _add_entries(acc, xe, xe_row, xe_val, BLOCK_N, DOT_BF16)  # zeros in the first step
-            xe, xe_row, xe_val = _gather_entries(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, GATHER_T)
-            nxt = (step - step0 + 1) * ESCAPE_CHUNK + c  # the next chunk; past the slab: padding
-            esc_word = tl.load(ebw_ptr + slab + nxt, mask=nxt < ESC_SLOT, other=0)
-            esc_bits = tl.load(ebv_ptr + slab + nxt, mask=nxt < ESC_SLOT, other=0)
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
-        acc = _add_entries(acc, *_gather_entries(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, GATHER_T),
-                           BLOCK_N, DOT_BF16)
-    if IS_W12 and ESC_MODE == ESC_LOOP:  # the chunk gathered in the last step (padding when the slab ended)
-        acc = _add_entries(acc, xe, xe_row, xe_val, BLOCK_N, DOT_BF16)
+        acc = _escape_block(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, acc, BLOCK_N, DOT_BF16, GATHER_T)
 
     out = tl.trans(acc)  # [BM, BN]
     y_mask = (m < M)[:, None] & (rows < N)[None, :]
@@ -254,14 +231,6 @@ def plan_launch(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: Launc
     return (run, *escape_plan(weight, config, escapes, k_split))
 
 
-def entries_fit_loop(run, config: LaunchConfig, slot: int) -> bool:
-    """Whether every program's K loop has a step for each chunk of its `slot` escape-block entries
-    (ESC_LOOP): the last K split, which may be shorter, included."""
-    k_steps = -(-run.ops.Kp // config.block_k)
-    fewest = k_steps - (run.grid[1] - 1) * run.steps_per_split
-    return slot // ESCAPE_CHUNK.value <= min(run.steps_per_split, fewest)
-
-
 def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
          workspace: SplitKWorkspace | None = None, escapes: str = "auto") -> torch.Tensor:
     """y [M, N] in x's dtype for x [M, K] (1 <= M <= 64) and a W12 or plain weight [N, K].
@@ -274,14 +243,12 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         block_args = (found.words, found.values)
     else:  # unused: any int32 and int16 tensors keep the pointer types stable
         block_args = (run.ops.esc_ptr, run.ops.esc_val)
-    if AB.get("esc_loop") and mode.value == ESC_BLOCKS.value and entries_fit_loop(run, config, found.slot):
-        mode = ESC_LOOP
-    gather_t = config.gather_t and mode.value in (ESC_BLOCKS.value, ESC_LOOP.value)
+    gather_t = config.gather_t and mode.value == ESC_BLOCKS.value
     xt = x.t().contiguous() if gather_t else x  # [K, M]: its own kernel, ~2.5 µs on the H200
     _gemm_kernel[run.grid](
         *run.args, *block_args, xt, GATHER_T=gather_t,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
-        BLOCK_M=AB.get("block_m") or block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
         STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
