@@ -66,8 +66,6 @@ ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
 
-AB: dict = {}  # temporary A/B switch: mid = the escape gather between two halves of the K loop
-
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
 
@@ -126,43 +124,21 @@ def _escape_correction(
 
 
 @triton.jit
-def _gather_entries(x_ptr, xt_ptr, word, bits, m, M, stride_xm, GATHER_T: tl.constexpr):
-    """Escape-block entries (word, bits [E]) -> (x^T at their columns [E, BM], their rows in the
-    block [E], their scaled values [E] BF16). Padding (value 0) reads nothing. GATHER_T: read from
-    xt [K, M], a column's M values side by side, instead of x [M, K], one sector per value."""
+def _escape_block(x_ptr, xt_ptr, word, bits, m, M, stride_xm, acc, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
+                  GATHER_T: tl.constexpr):
+    """acc [BN, BM] plus this program's entries (`escape_blocks`: word, bits [SLOT]): a one-hot
+    [BN, SLOT] matrix of their scaled values times x^T at their columns (GATHER_T: read from
+    xt [K, M], a column's M values side by side, instead of x [M, K], one sector per value)."""
     col = word & 0xFFFFFF
     row = (word >> 24) & 0xFF
-    mask = (m < M)[None, :] & (bits != 0)[:, None]
+    mask = (m < M)[None, :] & (bits != 0)[:, None]  # padding (value 0) reads nothing
     if GATHER_T:
-        xe = tl.load(xt_ptr + col[:, None] * M + m[None, :], mask=mask, other=0.0)  # [E, BM]
+        xe = tl.load(xt_ptr + col[:, None] * M + m[None, :], mask=mask, other=0.0)  # [SLOT, BM]
     else:
-        xe = tl.load(x_ptr + m[None, :] * stride_xm + col[:, None], mask=mask, other=0.0)  # [E, BM]
-    return xe, row, bits.to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def _add_entries(acc, xe, row, v, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
-    """acc [BN, BM] plus a one-hot [BN, E] matrix of the entries' values times xe [E, BM]."""
-    a = tl.where(tl.arange(0, BLOCK_N)[:, None] == row[None, :], v[None, :], 0.0)  # [BN, E]
+        xe = tl.load(x_ptr + m[None, :] * stride_xm + col[:, None], mask=mask, other=0.0)  # [SLOT, BM]
+    v = bits.to(tl.bfloat16, bitcast=True)
+    a = tl.where(tl.arange(0, BLOCK_N)[:, None] == row[None, :], v[None, :], 0.0)  # [BN, SLOT]
     return _dot(a, xe, acc, DOT_BF16)
-
-
-@triton.jit
-def _k_loop(x_ptr, w_ptr, hi_ptr, rows, m, M, N, K, Kp, stride_xm, stride_w, stride_hi, step0, first, last, acc,
-            IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-            EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr, STAGES: tl.constexpr):
-    """acc after K steps first..last-1 (STAGES > 1: Triton software-pipelines the loads through
-    shared memory). Step step0, the program's first, ignores acc: Triton turns the select into
-    wgmma's use-accumulator flag."""
-    for step in tl.range(first, last, num_stages=STAGES):
-        if IS_W12:
-            w = tiles.load_w12_tile(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi,
-                                    BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, False)  # [BN, BK] scaled
-        else:
-            w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
-        xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
-        acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
-    return acc
 
 
 @triton.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
@@ -179,7 +155,6 @@ def _gemm_kernel(
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
-    AB_MID: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -196,20 +171,18 @@ def _gemm_kernel(
     if IS_W12:  # issued before the loop: the [BN] base bytes, cold in L2, arrive under it
         scale = tiles.row_scale(base_ptr, rows, N)  # [BN]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
-    if IS_W12 and ESC_MODE == ESC_BLOCKS and AB_MID:
-        mid = step0 + (step1 - step0) // 2
-        acc = _k_loop(x_ptr, w_ptr, hi_ptr, rows, m, M, N, K, Kp, stride_xm, stride_w, stride_hi, step0, step0, mid, acc,
-                      IS_W12, DOT_BF16, BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, STAGES)
-        xe, erow, eval_ = _gather_entries(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, GATHER_T)
-        acc = _k_loop(x_ptr, w_ptr, hi_ptr, rows, m, M, N, K, Kp, stride_xm, stride_w, stride_hi, step0, mid, step1, acc,
-                      IS_W12, DOT_BF16, BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, STAGES)
-        acc = _add_entries(acc, xe, erow, eval_, BLOCK_N, DOT_BF16)
-    else:
-        acc = _k_loop(x_ptr, w_ptr, hi_ptr, rows, m, M, N, K, Kp, stride_xm, stride_w, stride_hi, step0, step0, step1, acc,
-                      IS_W12, DOT_BF16, BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, STAGES)
-        if IS_W12 and ESC_MODE == ESC_BLOCKS:
-            acc = _add_entries(acc, *_gather_entries(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, GATHER_T),
-                               BLOCK_N, DOT_BF16)
+    # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
+    for step in tl.range(step0, step1, num_stages=STAGES):
+        if IS_W12:
+            w = tiles.load_w12_tile(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi,
+                                    BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, False)  # [BN, BK] scaled
+        else:
+            w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
+        xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
+        # The first step's MMA ignores acc: Triton turns the select into wgmma's use-accumulator flag.
+        acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
+    if IS_W12 and ESC_MODE == ESC_BLOCKS:
+        acc = _escape_block(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, acc, BLOCK_N, DOT_BF16, GATHER_T)
 
     out = tl.trans(acc)  # [BM, BN]
     y_mask = (m < M)[:, None] & (rows < N)[None, :]
@@ -277,7 +250,7 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
-        AB_MID=AB.get("mid", False), STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
+        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
     )
     return run.y.to(x.dtype)
