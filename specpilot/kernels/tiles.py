@@ -158,26 +158,6 @@ def load_dense_tile(w_ptr, rows, step, N, K, stride_w,
     return tl.load(tile, mask=(rows < N)[:, None] & (k < K)[None, :], other=0.0)
 
 
-# prefetch.global.L1 of x[0, word & 0xFFFFFF] ($1: an escape-block entry word, $2: x's base address,
-# 2- or 4-byte elements); the column is taken from the word inside the asm, so nothing outside it
-# waits on the entries' load. $0 is a dummy output.
-_ASM_PREFETCH_X = ("{ .reg .u32 c; .reg .u64 a; and.b32 c, $1, 0xFFFFFF; mad.wide.u32 a, c, SIZE, $2; "
-                   "prefetch.global.L1 [a]; mov.b32 $0, 0; }")
-ASM_PREFETCH_X2: tl.constexpr = tl.constexpr(_ASM_PREFETCH_X.replace("SIZE", "2"))
-ASM_PREFETCH_X4: tl.constexpr = tl.constexpr(_ASM_PREFETCH_X.replace("SIZE", "4"))
-
-
-@triton.jit
-def prefetch_x_columns(x_ptr, word):
-    """L1 prefetch of row 0 of x at the columns of escape-block entries `word` [E] (padding names
-    column 0: harmless). Not pure, so the compiler keeps it where it is written (in the K loop,
-    after the pipeline's first loads) instead of hoisting it to wait on the entries up front."""
-    if x_ptr.dtype.element_ty.primitive_bitwidth == 16:
-        tl.inline_asm_elementwise(ASM_PREFETCH_X2, "=r,r,l", [word, x_ptr], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise(ASM_PREFETCH_X4, "=r,r,l", [word, x_ptr], dtype=tl.int32, is_pure=False, pack=1)
-
-
 @triton.jit
 def row_scale(base_ptr, rows, N):
     """2^(e0 - 112) per row [BN] as float32: undoes the decoders' scaling (exact)."""
