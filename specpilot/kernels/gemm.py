@@ -66,8 +66,6 @@ ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
 
-AB: dict = {}  # temporary A/B switch: pairs = split-K by pairwise exchange (needs a sentinel-filled workspace)
-
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
 
@@ -157,7 +155,6 @@ def _gemm_kernel(
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
-    PAIRS: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -189,16 +186,10 @@ def _gemm_kernel(
 
     out = tl.trans(acc)  # [BM, BN]
     y_mask = (m < M)[:, None] & (rows < N)[None, :]
-    store_mask = y_mask
     if split_k > 1:
-        if PAIRS:
-            store_mask, out = tiles.reduce_split_k_pairs(out, ws_ptr, pid_k, split_k, m[:, None] * N + rows[None, :],
-                                                         y_mask, M * N)
-            is_last = pid_k >= 0
-        else:
-            is_last, out = tiles.reduce_split_k(
-                out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N,
-            )
+        is_last, out = tiles.reduce_split_k(
+            out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N,
+        )
     else:
         is_last = pid_k == 0
     if is_last:
@@ -207,7 +198,7 @@ def _gemm_kernel(
         if IS_W12 and ESC_MODE == ESC_EPILOGUE:
             out += _escape_correction(x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, rows, row0, M, N,
                                       stride_xm, BLOCK_M, BLOCK_N, ESCAPE_CHUNK, DOT_BF16)
-        tl.store(y_ptr + m[:, None] * stride_ym + rows[None, :], out.to(y_ptr.dtype.element_ty), mask=store_mask)
+        tiles.store_rows(out, y_ptr, rows, M, N, stride_ym, BLOCK_M)
 
 
 # -- wrapper ----------------------------------------------------------------------------------
@@ -259,7 +250,6 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
-        PAIRS=bool(AB.get("pairs")) and mode.value != ESC_EPILOGUE.value,
         STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
     )

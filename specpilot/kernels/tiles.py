@@ -190,38 +190,6 @@ def reduce_split_k(acc, ws_ptr, count_ptr, tile, pid_k, split_k, ws_offsets, ws_
     return is_last, total
 
 
-SENTINEL: tl.constexpr = tl.constexpr(-1)  # 0xFFFFFFFF: a NaN no float32 arithmetic or BF16 widening produces
-
-
-@triton.jit
-def reduce_split_k_pairs(acc, slot_ptr, pid_k, split_k, offsets, mask, slot_stride):
-    """Deterministic split-K by pairwise exchange: the splits form a binary tree (lower half +
-    upper half at every level), and at each level the two surviving programs of a pair swap
-    their values through one slot per element with an atomic exchange; the one that gets the
-    sentinel back has handed its value over and drops out, the other adds the two (float32
-    addition commutes, so the sum does not depend on who comes second) and resets the slot.
-    One atomic round trip per level, no fence, no counter. Slots must hold SENTINEL between launches.
-
-    Returns (mine [BM, BN]: the elements whose total this program holds, total)."""
-    slots = slot_ptr.to(tl.pointer_type(tl.int32))
-    val = acc
-    active = mask
-    span = 1
-    base = 0
-    while span < split_k:
-        pair = pid_k // (2 * span)
-        if pair * 2 * span + span < split_k:  # the pair has an upper half: exchange
-            ptrs = slots + (base + pair) * slot_stride + offsets
-            old = tl.atomic_xchg(ptrs, val.to(tl.int32, bitcast=True), mask=active, sem="relaxed")
-            second = active & (old != SENTINEL)
-            val = tl.where(second, old.to(tl.float32, bitcast=True) + val, val)
-            tl.store(ptrs, tl.full(val.shape, SENTINEL, tl.int32), mask=second)
-            active = second
-        base += tl.cdiv(split_k, 2 * span)
-        span *= 2
-    return active, val
-
-
 @triton.jit
 def escape_columns(esc_col_ptr, e, emask):
     """Escape columns [CHUNK] as int32 (int16 storage holds uint16 values)."""
