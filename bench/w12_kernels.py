@@ -45,12 +45,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from specpilot.kernels import configs as kc  # noqa: E402
-from specpilot.kernels.configs import LaunchConfig, WeightFormat  # noqa: E402
+from specpilot.kernels.configs import KernelPath, LaunchConfig, WeightFormat  # noqa: E402
 from specpilot.kernels.dispatch import run_config  # noqa: E402
 from specpilot.kernels.launch import sm_count  # noqa: E402
 from specpilot.kernels.reference import error_bound, reference_linear  # noqa: E402
 from specpilot.w12 import decode, encode  # noqa: E402
-from specpilot.w12.layout import bits_to_bf16  # noqa: E402
+from specpilot.w12.layout import bits_to_bf16, padded_columns  # noqa: E402
 
 M_ORDER = (1, 32, 8, 64, 2, 4, 16)  # the targets first, in case the budget runs out
 TARGET_MS = (1, 32)  # swept for every projection before any other M
@@ -234,17 +234,40 @@ PHASE2_BEST = 3
 EXPLICIT_SPLITS = (2, 3, 4, 6, 8)  # split_k tried on the fastest config when row tiles are few
 
 
-def split_variants(tried: list[dict], N: int, sm_count: int) -> list[LaunchConfig]:
+ONE_WAVE_WITHIN = 1.3  # phase 2 also gives a one-wave split to phase-1 GEMM configs this close to the fastest
+
+
+def one_wave_split(cfg: LaunchConfig, N: int, K: int, sm_count: int) -> LaunchConfig | None:
+    """`cfg` with the largest split_k whose programs fit one wave of MIN_PROGRAMS_PER_SM per SM
+    (the register cap guarantees that many), when its automatic split overshoots that wave; else
+    None. The automatic split rounds up: 40 row tiles of n128 x 7 splits = 280 programs for 264
+    slots, 16 of them in a second wave (Qwen3-32B down at M = 32 and 64,
+    bench/results/w12/w12_n128_waves.md: 103.5 -> 79.5 µs at M = 64 with 6 splits)."""
+    if cfg.path is not KernelPath.GEMM or cfg.split_k:
+        return None
+    tiles = -(-N // cfg.block_n)
+    k_steps = -(-padded_columns(K) // cfg.block_k)
+    slots = kc.MIN_PROGRAMS_PER_SM * sm_count
+    auto = kc.auto_split_k(tiles, k_steps, sm_count, cfg.programs_per_sm)
+    fit = max(1, min(kc.MAX_SPLIT_K, slots // tiles, k_steps))
+    return dataclasses.replace(cfg, split_k=fit) if tiles * auto > slots and fit < auto else None
+
+
+def split_variants(tried: list[dict], N: int, K: int, sm_count: int) -> list[LaunchConfig]:
     """Phase 2 of a sweep: the PHASE2_BEST fastest configs of phase 1 with other programs_per_sm
-    (how finely small shapes are split along K; no new binaries), and, when the fastest one has
-    fewer row tiles than two per SM, that config with each explicit split_k: the automatic split
-    leaves waves uneven (96 row tiles x 3 splits = 2.2 programs per SM of 132, so some SMs run 3)."""
-    timed = sorted((t for t in tried if "us" in t), key=lambda t: t["us"])[:PHASE2_BEST]
-    configs = [LaunchConfig.from_dict(t["config"]) for t in timed]
+    (how finely small shapes are split along K; no new binaries); when the fastest one has fewer
+    row tiles than two per SM, that config with each explicit split_k: the automatic split leaves
+    waves uneven (96 row tiles x 3 splits = 2.2 programs per SM of 132, so some SMs run 3); and
+    every GEMM config within ONE_WAVE_WITHIN of the fastest with its one-wave split
+    (`one_wave_split`)."""
+    ranked = sorted((t for t in tried if "us" in t), key=lambda t: t["us"])
+    configs = [LaunchConfig.from_dict(t["config"]) for t in ranked[:PHASE2_BEST]]
     out = [dataclasses.replace(c, programs_per_sm=p) for c in configs for p in SPLIT_VARIANTS]
     if configs and -(-N // configs[0].block_n) < 2 * sm_count:
         out += [dataclasses.replace(configs[0], split_k=s) for s in EXPLICIT_SPLITS]
-    return out
+    near = [LaunchConfig.from_dict(t["config"]) for t in ranked if t["us"] <= ONE_WAVE_WITHIN * ranked[0]["us"]]
+    out += [v for c in near if (v := one_wave_split(c, N, K, sm_count)) is not None]
+    return list(dict.fromkeys(out))
 
 
 GATHER_T_MIN_M = kc.GATHER_T_MIN_M  # the sweep tries configs gathering from x^T (gemm.py) from the rows
@@ -445,7 +468,7 @@ def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: 
             configs = list(dict.fromkeys(sweep_configs(M, sweep) + [heuristic]))  # its xT form is no candidate
             tried = [time_config(x, sets, cfg, exact, bound) for cfg in configs]
             if sweep:
-                tried += [time_config(x, sets, cfg, exact, bound) for cfg in split_variants(tried, N, sm_count(x.device))]
+                tried += [time_config(x, sets, cfg, exact, bound) for cfg in split_variants(tried, N, K, sm_count(x.device))]
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in resident_variants(tried, M)]
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in gather_t_variants(tried, M, fmt)]
             timed = [t for t in tried if "us" in t]

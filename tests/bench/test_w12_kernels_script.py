@@ -79,3 +79,24 @@ def test_merge_tuned_command_writes_a_table_the_kernels_read(sweep, tmp_path, mo
         assert configs.choose_config(WeightFormat.W12, 1, 64, 128, "NVIDIA H200") == a
     finally:
         configs.tuned_table.cache_clear()
+
+
+def test_split_variants_give_near_best_configs_a_split_that_fits_one_wave(sweep):
+    """Qwen3-32B down (5120 x 25600): 40 row tiles of n128 split 7 ways automatically = 280
+    programs for 264 slots on 132 SMs; the variant splits 6 ways. The n64 tiles (80 x 4 = 320
+    programs) overshoot too and get 3; a config with an explicit split or far from the fastest
+    gets none."""
+    n64 = LaunchConfig(KernelPath.GEMM, 64, 256, num_stages=2, resident=3)
+    n128 = LaunchConfig(KernelPath.GEMM, 128, 128, num_warps=8, num_stages=3)
+    slow = LaunchConfig(KernelPath.GEMM, 128, 256, num_warps=8, num_stages=2)
+    fixed = LaunchConfig(KernelPath.GEMM, 64, 128, num_stages=3, split_k=4)
+    assert sweep.one_wave_split(n128, 5120, 25600, 132) == LaunchConfig(KernelPath.GEMM, 128, 128, num_warps=8,
+                                                                         num_stages=3, split_k=6)
+    assert sweep.one_wave_split(fixed, 5120, 25600, 132) is None
+    assert sweep.one_wave_split(n64, 51200, 5120, 132) is None  # 800 row tiles: no split, one program each
+    tried = [timed(n64, 64.0), timed(n128, 80.0), timed(slow, 90.0), timed(fixed, 66.0)]
+    out = sweep.split_variants(tried, 5120, 25600, 132)
+    assert sweep.dataclasses.replace(n128, split_k=6) in out
+    assert sweep.dataclasses.replace(n64, split_k=3) in out
+    assert not any(c.block_n == 128 and c.block_k == 256 and c.split_k for c in out)  # 90 > 1.3 x 64
+    assert len(out) == len(set(out))
