@@ -1,6 +1,6 @@
 """GPU benchmark of the W12 and plain-BF16 projection kernels against cuBLAS BF16.
 
-    python bench/w12_kernels.py --out DIR [--quick] [--budget-s 330]
+    python bench/w12_kernels.py --out DIR [--quick] [--budget-s 330] [--ms M ...]
 
 On one CUDA GPU, for every projection of Qwen3-8B and Qwen3-32B (qkv fused, o, gate_up fused,
 down, lm_head) at M = 1, 2, 4, 8, 16, 32, 64 rows it times cuBLAS (`F.linear`), our BF16 kernel and
@@ -593,12 +593,12 @@ def precompile_worker(index: int, jobs: int, quick: bool, models, ms) -> int:
     return 0
 
 
-def precompile(jobs: int, quick: bool, timeout_s: float) -> dict:
+def precompile(jobs: int, quick: bool, timeout_s: float, ms: tuple[int, ...] = M_ORDER) -> dict:
     """Compile every kernel variant in `jobs` processes at once (compiling is CPU-bound and the
     sweep would otherwise spend most of its budget on it); the timed sections then load them."""
     t = time.monotonic()
     cmd = [sys.executable, str(Path(__file__).resolve()), "--out", "/dev/null", "--jobs", str(jobs)] + (
-        ["--quick"] if quick else [])
+        ["--quick"] if quick else []) + ["--ms", *map(str, ms)]
     procs = [subprocess.Popen(cmd + ["--precompile-worker", str(i)]) for i in range(jobs)]
     codes = []
     for proc in procs:
@@ -697,6 +697,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds (from the start) after which the config sweep stops; later rows time the heuristic only")
     p.add_argument("--jobs", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)),
                    help="processes that compile the kernel variants in parallel first (1: no precompilation)")
+    p.add_argument("--ms", type=int, nargs="+", metavar="M",
+                   help=f"only these row counts (of {', '.join(map(str, sorted(M_ORDER)))}); the tuned table then covers "
+                        "only them: merge it into a complete one with --merge-tuned")
     p.add_argument("--precompile-worker", type=int, help=argparse.SUPPRESS)
     p.add_argument("--merge-tuned", nargs=2, type=Path, metavar=("NEW", "OLD"),
                    help="no GPU: write OUT/tuned_<gpu>.json from two runs' w12_kernels.json (NEW's rows it swept, OLD's others)")
@@ -709,11 +712,15 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(table, indent=1) + "\n")
         print(f"{path}: {len(table['entries'])} entries")
         return 0
+    models = MODELS[:1] if args.quick else MODELS
+    ms = (1, 32, 8) if args.quick else M_ORDER
+    if args.ms:
+        if not set(args.ms) <= set(M_ORDER):
+            p.error(f"--ms takes row counts of {sorted(M_ORDER)}, got {sorted(set(args.ms) - set(M_ORDER))}")
+        ms = tuple(M for M in ms if M in args.ms)
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("error: this benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
-    models = MODELS[:1] if args.quick else MODELS
-    ms = (1, 32, 8) if args.quick else M_ORDER
     if args.precompile_worker is not None:
         return precompile_worker(args.precompile_worker, args.jobs, args.quick, models, ms)
     start = time.monotonic()
@@ -724,12 +731,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - record it and go on with the next part
         results.error("environment", err)
     results.data["meta"]["mode"] = "quick" if args.quick else "full"
+    results.data["meta"]["ms"] = list(ms)
     print(json.dumps(results.data["meta"]))
     results.data["meta"]["budget_s"] = args.budget_s
     seconds = results.data["meta"]["section_seconds"] = {}
     deadline = start + args.budget_s
     if args.jobs > 1:
-        results.data["meta"]["precompile"] = precompile(args.jobs, args.quick, 0.6 * args.budget_s)
+        results.data["meta"]["precompile"] = precompile(args.jobs, args.quick, 0.6 * args.budget_s, ms)
     sections = [("copy bandwidth", lambda: copy_bandwidth(results)),
                 ("correctness", lambda: correctness(results, args.quick))]
     passes = [tuple(M for M in ms if M in TARGET_MS), tuple(M for M in ms if M not in TARGET_MS)]

@@ -100,3 +100,9 @@ def test_split_variants_give_near_best_configs_a_split_that_fits_one_wave(sweep)
     assert sweep.dataclasses.replace(n64, split_k=3) in out
     assert not any(c.block_n == 128 and c.block_k == 256 and c.split_k for c in out)  # 90 > 1.3 x 64
     assert len(out) == len(set(out))
+
+
+def test_ms_takes_only_the_swept_row_counts(sweep, capsys):
+    with pytest.raises(SystemExit):
+        sweep.main(["--out", "/dev/null", "--ms", "3"])
+    assert "--ms takes row counts of [1, 2, 4, 8, 16, 32, 64], got [3]" in capsys.readouterr().err
