@@ -240,9 +240,11 @@ ONE_WAVE_WITHIN = 1.3  # phase 2 also gives a one-wave split to phase-1 GEMM con
 def one_wave_split(cfg: LaunchConfig, N: int, K: int, sm_count: int) -> LaunchConfig | None:
     """`cfg` with the largest split_k whose programs fit one wave of MIN_PROGRAMS_PER_SM per SM
     (the register cap guarantees that many), when its automatic split overshoots that wave; else
-    None. The automatic split rounds up: 40 row tiles of n128 x 7 splits = 280 programs for 264
-    slots, 16 of them in a second wave (Qwen3-32B down at M = 32 and 64,
-    bench/results/w12/w12_n128_waves.md: 103.5 -> 79.5 µs at M = 64 with 6 splits)."""
+    None. The automatic split rounds up: on Qwen3-32B down, 40 row tiles of n128 x 7 splits = 280
+    programs for 264 slots (103.5 -> 79.5 µs at M = 64 with 6 splits,
+    bench/results/w12/w12_n128_waves.md), and at M = 32 the n64 k256 s3 tile (two programs per SM
+    there) 80 x 4 = 320; with 3 splits it was the fastest config of the row, 64.24 -> 60.56 µs
+    (bench/results/w12/w12_kernels_m32_64.md)."""
     if cfg.path is not KernelPath.GEMM or cfg.split_k:
         return None
     tiles = -(-N // cfg.block_n)
