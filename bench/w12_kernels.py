@@ -250,7 +250,7 @@ def one_wave_split(cfg: LaunchConfig, N: int, K: int, sm_count: int) -> LaunchCo
     tiles = -(-N // cfg.block_n)
     k_steps = -(-padded_columns(K) // cfg.block_k)
     slots = kc.MIN_PROGRAMS_PER_SM * sm_count
-    auto = kc.auto_split_k(tiles, k_steps, sm_count, cfg.programs_per_sm)
+    auto = kc.auto_split_k(tiles, k_steps, sm_count, cfg.programs_per_sm, cfg.fit_wave)
     fit = max(1, min(kc.MAX_SPLIT_K, slots // tiles, k_steps))
     return dataclasses.replace(cfg, split_k=fit) if tiles * auto > slots and fit < auto else None
 

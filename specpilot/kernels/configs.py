@@ -60,6 +60,7 @@ class LaunchConfig:
     programs_per_sm: int = 2  # with split_k = 0: split K until about this many programs per SM run
     gather_t: bool = False  # GEMM, W12 escape blocks: gather x from a transposed copy (see gemm.py)
     resident: int = MIN_PROGRAMS_PER_SM  # programs per SM the register cap leaves room for (max_registers)
+    fit_wave: bool = False  # with split_k = 0: round the automatic split down, see `auto_split_k`
 
     def __post_init__(self):
         if not _pow2(self.block_n) or not _pow2(self.block_k) or self.block_k < K_PAD:
@@ -74,6 +75,8 @@ class LaunchConfig:
             raise ValueError(f"resident must be in {MIN_PROGRAMS_PER_SM}..4: {self}")
         if self.gather_t and self.path is not KernelPath.GEMM:
             raise ValueError(f"gather_t is an option of the GEMM path: {self}")
+        if self.fit_wave and self.split_k:
+            raise ValueError(f"fit_wave rounds the automatic split; this config fixes split_k: {self}")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -90,6 +93,7 @@ class LaunchConfig:
         s += f" p{self.programs_per_sm}" if self.programs_per_sm != 2 else ""
         s += " xT" if self.gather_t else ""
         s += f" r{self.resident}" if self.resident != MIN_PROGRAMS_PER_SM else ""
+        s += " fw" if self.fit_wave else ""
         return s + ("" if self.ptx_decode else " portable")
 
     @property
@@ -188,22 +192,30 @@ GATHER_T_MIN_WEIGHTS = 200_000_000
 
 def heuristic_config(M: int, fmt: WeightFormat = WeightFormat.W12, N: int = 0, K: int = 0) -> LaunchConfig:
     """The untuned default for M rows of `fmt` (an [N, K] weight, when known): a tensor-core tile
-    from `_HEURISTIC_TILES`, W12 gathering escapes from x^T on large weights at many rows (the
-    GEMV only below GEMV_DEFAULT_MAX_M rows, none today)."""
+    from `_HEURISTIC_TILES`, W12 gathering escapes from x^T on large weights at many rows, the
+    8-warp tile with its split rounded down to one wave (`auto_split_k`; the GEMV only below
+    GEMV_DEFAULT_MAX_M rows, none today)."""
     if M <= GEMV_DEFAULT_MAX_M:
         return gemv_candidates(M)[0]
     n, k, w, s = next(tile for bound, tile in _HEURISTIC_TILES[fmt] if M <= bound or bound == GEMM_MAX_M)
     gather_t = fmt is WeightFormat.W12 and M >= GATHER_T_MIN_M and N * K >= GATHER_T_MIN_WEIGHTS
-    return LaunchConfig(KernelPath.GEMM, block_n=n, block_k=k, num_warps=w, num_stages=s, gather_t=gather_t)
+    return LaunchConfig(KernelPath.GEMM, block_n=n, block_k=k, num_warps=w, num_stages=s, gather_t=gather_t,
+                        fit_wave=w == 8)  # the 8-warp tile's register cap fits exactly two programs per SM
 
 
-def auto_split_k(n_tiles: int, k_steps: int, sm_count: int, programs_per_sm: int = 2) -> int:
+def auto_split_k(n_tiles: int, k_steps: int, sm_count: int, programs_per_sm: int = 2, fit_wave: bool = False) -> int:
     """Splits along K so that about `programs_per_sm` programs per SM stream weights, each over
-    >= 2 K steps."""
+    >= 2 K steps: rounded up, or with `fit_wave` down, so that they fit one wave of that many per
+    SM. Rounding up overshoots the wave by up to a tile's splits, which is free where more programs
+    than that fit an SM and costs a second wave where the register cap allows exactly that many
+    (the 8-warp tiles at two per SM): W12 n128 k128 w8 s3 at M = 64, 40 row tiles of Qwen3-32B
+    down, 7 splits (280 programs for 264 slots) 103.5 µs, 6 splits 79.5; rounded down it was
+    faster on 5 of the 8 decoder projections and within 1% on the others
+    (bench/results/w12/w12_n128_waves.md)."""
     programs = programs_per_sm * sm_count
     if n_tiles >= programs:
         return 1
-    want = -(-programs // n_tiles)
+    want = programs // n_tiles if fit_wave else -(-programs // n_tiles)
     return max(1, min(MAX_SPLIT_K, want, k_steps // 2))
 
 

@@ -106,7 +106,7 @@ def plan_split(cfg: LaunchConfig, ops: WeightOperands, M: int, n_tiles: int,
     """How many programs share each row tile along K, and the workspace they reduce through."""
     workspace = workspace or shared_workspace(ops.device)
     k_steps = -(-ops.Kp // cfg.block_k)
-    split = cfg.split_k or auto_split_k(n_tiles, k_steps, sm_count(ops.device), cfg.programs_per_sm)
+    split = cfg.split_k or auto_split_k(n_tiles, k_steps, sm_count(ops.device), cfg.programs_per_sm, cfg.fit_wave)
     split = max(1, min(split, k_steps))
     while split > 1 and not workspace.fits(split, M, ops.N, n_tiles):
         split -= 1

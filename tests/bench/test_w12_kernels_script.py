@@ -106,3 +106,8 @@ def test_ms_takes_only_the_swept_row_counts(sweep, capsys):
     with pytest.raises(SystemExit):
         sweep.main(["--out", "/dev/null", "--ms", "3"])
     assert "--ms takes row counts of [1, 2, 4, 8, 16, 32, 64], got [3]" in capsys.readouterr().err
+
+
+def test_one_wave_split_leaves_a_config_that_already_rounds_down(sweep):
+    fw = LaunchConfig(KernelPath.GEMM, 128, 128, num_warps=8, num_stages=3, fit_wave=True)
+    assert sweep.one_wave_split(fw, 5120, 25600, 132) is None

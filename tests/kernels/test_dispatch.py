@@ -1,5 +1,6 @@
 """Dispatch by M, config choice, and the modules the engine swaps in (TritonLinear, W12Linear)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -75,6 +76,24 @@ def test_auto_split_fills_the_gpu_only_when_row_tiles_are_few():
     assert auto_split_k(n_tiles=300, k_steps=16, sm_count=132, programs_per_sm=4) == 2
 
 
+def test_fit_wave_rounds_the_split_down_to_one_wave():
+    """Qwen3-32B down in n128 tiles: 40 row tiles, 200 K steps of 128. Rounded up, 7 splits make
+    280 programs for the 264 that fit two per SM; rounded down, 6 make 240. The 8-warp heuristic
+    tile (exactly two per SM) rounds down; the 4-warp ones, which fit more, do not."""
+    from specpilot.kernels.configs import heuristic_config
+
+    assert auto_split_k(n_tiles=40, k_steps=200, sm_count=132) == 7
+    assert auto_split_k(n_tiles=40, k_steps=200, sm_count=132, fit_wave=True) == 6
+    assert auto_split_k(n_tiles=192, k_steps=32, sm_count=132, fit_wave=True) == 1  # 8B gate_up: one per tile
+    assert auto_split_k(n_tiles=1024, k_steps=16, sm_count=132, fit_wave=True) == 1
+    assert heuristic_config(64, WeightFormat.W12, 5120, 25600).fit_wave
+    assert heuristic_config(64, WeightFormat.W12, 5120, 25600).label().endswith(" fw")
+    assert not heuristic_config(32, WeightFormat.W12, 5120, 25600).fit_wave
+    assert not heuristic_config(64, WeightFormat.DENSE, 5120, 25600).fit_wave
+    with pytest.raises(ValueError, match="fit_wave"):
+        LaunchConfig(KernelPath.GEMM, 128, 128, num_warps=8, split_k=3, fit_wave=True)
+
+
 @pytest.mark.parametrize("rows", [1, 6, 65])  # GEMM, GEMM, decode + F.linear (heuristic configs)
 def test_linear_dispatches_by_rows(weight, make_x, to_device, check, rows):
     for w in map(to_device, (encode(weight), weight)):
@@ -133,9 +152,9 @@ def test_heuristic_tiles_follow_the_format_and_row_bucket():
     assert [tile(heuristic_config(M)) for M in (1, 16, 17, 32, 33, 64)] == [
         (64, 256, 4, 3), (64, 256, 4, 3), (64, 128, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 3)]
     assert {tile(heuristic_config(M, WeightFormat.DENSE)) for M in (1, 32, 64)} == {(64, 128, 4, 3)}
-    for fmt in WeightFormat:  # every heuristic is a candidate the sweep times (so reports can compare it)
+    for fmt in WeightFormat:  # every heuristic's tile is a candidate the sweep times (so reports can compare it)
         for M in range(1, configs.GEMM_MAX_M + 1):
-            assert heuristic_config(M, fmt) in configs.candidates(M)
+            assert dataclasses.replace(heuristic_config(M, fmt), fit_wave=False) in configs.candidates(M)
     assert choose_config(WeightFormat.DENSE, 32, 4096, 4096) == heuristic_config(32, WeightFormat.DENSE)
 
 
