@@ -249,10 +249,10 @@ def one_wave_split(cfg: LaunchConfig, N: int, K: int, sm_count: int) -> LaunchCo
         return None
     tiles = -(-N // cfg.block_n)
     k_steps = -(-padded_columns(K) // cfg.block_k)
-    slots = kc.MIN_PROGRAMS_PER_SM * sm_count
     auto = kc.auto_split_k(tiles, k_steps, sm_count, cfg.programs_per_sm, cfg.fit_wave)
-    fit = max(1, min(kc.MAX_SPLIT_K, slots // tiles, k_steps))
-    return dataclasses.replace(cfg, split_k=fit) if tiles * auto > slots and fit < auto else None
+    fit = max(1, min(kc.MAX_SPLIT_K, kc.MIN_PROGRAMS_PER_SM * sm_count // tiles, k_steps))
+    # auto <= MAX_SPLIT_K and <= k_steps, so fit < auto only where tiles * auto overshoots the wave
+    return dataclasses.replace(cfg, split_k=fit) if fit < auto else None
 
 
 def split_variants(tried: list[dict], N: int, K: int, sm_count: int) -> list[LaunchConfig]:
