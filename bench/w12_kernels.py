@@ -237,6 +237,12 @@ EXPLICIT_SPLITS = (2, 3, 4, 6, 8)  # split_k tried on the fastest config when ro
 ONE_WAVE_WITHIN = 1.3  # phase 2 also gives a one-wave split to phase-1 GEMM configs this close to the fastest
 
 
+def with_split(cfg: LaunchConfig, split_k: int) -> LaunchConfig:
+    """`cfg` with a fixed split, which replaces any rounding of the automatic one (`fit_wave`: the
+    heuristic 8-warp tile, which phase 1 times too, has it)."""
+    return dataclasses.replace(cfg, split_k=split_k, fit_wave=False)
+
+
 def one_wave_split(cfg: LaunchConfig, N: int, K: int, sm_count: int) -> LaunchConfig | None:
     """`cfg` with the largest split_k whose programs fit one wave of MIN_PROGRAMS_PER_SM per SM
     (the register cap guarantees that many), when its automatic split overshoots that wave; else
@@ -252,7 +258,7 @@ def one_wave_split(cfg: LaunchConfig, N: int, K: int, sm_count: int) -> LaunchCo
     auto = kc.auto_split_k(tiles, k_steps, sm_count, cfg.programs_per_sm, cfg.fit_wave)
     fit = max(1, min(kc.MAX_SPLIT_K, kc.MIN_PROGRAMS_PER_SM * sm_count // tiles, k_steps))
     # auto <= MAX_SPLIT_K and <= k_steps, so fit < auto only where tiles * auto overshoots the wave
-    return dataclasses.replace(cfg, split_k=fit) if fit < auto else None
+    return with_split(cfg, fit) if fit < auto else None
 
 
 def split_variants(tried: list[dict], N: int, K: int, sm_count: int) -> list[LaunchConfig]:
@@ -266,7 +272,7 @@ def split_variants(tried: list[dict], N: int, K: int, sm_count: int) -> list[Lau
     configs = [LaunchConfig.from_dict(t["config"]) for t in ranked[:PHASE2_BEST]]
     out = [dataclasses.replace(c, programs_per_sm=p) for c in configs for p in SPLIT_VARIANTS]
     if configs and -(-N // configs[0].block_n) < 2 * sm_count:
-        out += [dataclasses.replace(configs[0], split_k=s) for s in EXPLICIT_SPLITS]
+        out += [with_split(configs[0], s) for s in EXPLICIT_SPLITS]
     near = [LaunchConfig.from_dict(t["config"]) for t in ranked if t["us"] <= ONE_WAVE_WITHIN * ranked[0]["us"]]
     out += [v for c in near if (v := one_wave_split(c, N, K, sm_count)) is not None]
     return list(dict.fromkeys(out))

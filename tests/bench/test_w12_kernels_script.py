@@ -111,3 +111,13 @@ def test_ms_takes_only_the_swept_row_counts(sweep, capsys):
 def test_one_wave_split_leaves_a_config_that_already_rounds_down(sweep):
     fw = LaunchConfig(KernelPath.GEMM, 128, 128, num_warps=8, num_stages=3, fit_wave=True)
     assert sweep.one_wave_split(fw, 5120, 25600, 132) is None
+
+
+def test_explicit_splits_of_the_rounding_heuristic_tile_are_valid_configs(sweep):
+    """The e15ad5c sweep lost five row groups to this: the heuristic 8-warp tile (fit_wave) was the
+    fastest of phase 1 on a shape with few row tiles, and its explicit-split variants kept
+    fit_wave, which LaunchConfig rejects beside split_k."""
+    fw = LaunchConfig(KernelPath.GEMM, 128, 128, num_warps=8, num_stages=3, fit_wave=True)
+    out = sweep.split_variants([timed(fw, 30.0)], 10240, 5120, 132)  # Qwen3-32B qkv: 80 row tiles
+    assert [c.split_k for c in out if c.split_k] == list(sweep.EXPLICIT_SPLITS)
+    assert not any(c.fit_wave for c in out if c.split_k)
