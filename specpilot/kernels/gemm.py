@@ -66,8 +66,6 @@ ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
 
-AB: dict = {}  # temporary A/B switch: early = 1/2: the escape gather issued inside the K loop (its 2nd step); 2 reloads the words there
-
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
 
@@ -126,34 +124,18 @@ def _escape_correction(
 
 
 @triton.jit
-def _gather_entries(x_ptr, xt_ptr, word, bits, m, M, stride_xm, GATHER_T: tl.constexpr):
-    """x^T at the columns of this program's entries (`escape_blocks`: word, bits [SLOT]) -> [SLOT, BM].
-    Padding (value 0) reads nothing. GATHER_T: read from xt [K, M], a column's M values side by
-    side, instead of x [M, K], one sector per value."""
+def _escape_block(x_ptr, xt_ptr, word, bits, m, M, stride_xm, acc, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr,
+                  GATHER_T: tl.constexpr):
+    """acc [BN, BM] plus this program's entries (`escape_blocks`: word, bits [SLOT]): a one-hot
+    [BN, SLOT] matrix of their scaled values times x^T at their columns (GATHER_T: read from
+    xt [K, M], a column's M values side by side, instead of x [M, K], one sector per value)."""
     col = word & 0xFFFFFF
-    mask = (m < M)[None, :] & (bits != 0)[:, None]
-    if GATHER_T:
-        return tl.load(xt_ptr + col[:, None] * M + m[None, :], mask=mask, other=0.0)  # [SLOT, BM]
-    return tl.load(x_ptr + m[None, :] * stride_xm + col[:, None], mask=mask, other=0.0)  # [SLOT, BM]
-
-
-@triton.jit
-def _gather_entries_asm(x_ptr, word_ptrs, bits, m, M, stride_xm):
-    """`_gather_entries` from x, its words reloaded, every load inline PTX (GPU only)."""
-    word = tl.inline_asm_elementwise("ld.global.b32 $0, [$1];", "=r,l", [word_ptrs], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-    col = word & 0xFFFFFF
-    mask = ((m < M)[None, :] & (bits != 0)[:, None]).to(tl.int32)
-    ptrs = x_ptr + m[None, :] * stride_xm + col[:, None]
-    return tl.inline_asm_elementwise(
-        "{.reg .pred p; setp.ne.b32 p, $2, 0; mov.b16 $0, 0; @p ld.global.b16 $0, [$1];}", "=h,l,r",
-        [ptrs, mask], dtype=tl.bfloat16, is_pure=False, pack=1)
-
-
-@triton.jit
-def _add_entries(acc, xe, word, bits, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr):
-    """acc [BN, BM] plus a one-hot [BN, SLOT] matrix of the entries' scaled values times xe [SLOT, BM]."""
     row = (word >> 24) & 0xFF
+    mask = (m < M)[None, :] & (bits != 0)[:, None]  # padding (value 0) reads nothing
+    if GATHER_T:
+        xe = tl.load(xt_ptr + col[:, None] * M + m[None, :], mask=mask, other=0.0)  # [SLOT, BM]
+    else:
+        xe = tl.load(x_ptr + m[None, :] * stride_xm + col[:, None], mask=mask, other=0.0)  # [SLOT, BM]
     v = bits.to(tl.bfloat16, bitcast=True)
     a = tl.where(tl.arange(0, BLOCK_N)[:, None] == row[None, :], v[None, :], 0.0)  # [BN, SLOT]
     return _dot(a, xe, acc, DOT_BF16)
@@ -173,7 +155,6 @@ def _gemm_kernel(
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
-    AB_EARLY: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -190,9 +171,6 @@ def _gemm_kernel(
     if IS_W12:  # issued before the loop: the [BN] base bytes, cold in L2, arrive under it
         scale = tiles.row_scale(base_ptr, rows, N)  # [BN]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
-    if IS_W12 and ESC_MODE == ESC_BLOCKS and AB_EARLY:
-        xe = tl.zeros([ESC_SLOT, BLOCK_M], dtype=x_ptr.dtype.element_ty)  # [SLOT, BM]
-        gather_step = tl.minimum(step0 + 1, step1 - 1)  # the entries have arrived by the second step
     # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
     for step in tl.range(step0, step1, num_stages=STAGES):
         if IS_W12:
@@ -203,18 +181,8 @@ def _gemm_kernel(
         xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
         # The first step's MMA ignores acc: Triton turns the select into wgmma's use-accumulator flag.
         acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
-        if IS_W12 and ESC_MODE == ESC_BLOCKS and AB_EARLY:
-            if step == gather_step:  # issued once, consumed after the loop: it overlaps the weight stream
-                if AB_EARLY == 3:  # inline-PTX loads: the pipeliner leaves them alone, LLVM cannot hoist them
-                    xe = _gather_entries_asm(x_ptr, ebw_ptr + e, esc_bits, m, M, stride_xm)
-                elif AB_EARLY == 2:  # reloaded here (an L1/L2 hit), so its addresses are not live across the loop
-                    xe = _gather_entries(x_ptr, xt_ptr, tl.load(ebw_ptr + e), esc_bits, m, M, stride_xm, GATHER_T)
-                else:
-                    xe = _gather_entries(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, GATHER_T)
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
-        if not AB_EARLY:
-            xe = _gather_entries(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, GATHER_T)
-        acc = _add_entries(acc, xe, esc_word, esc_bits, BLOCK_N, DOT_BF16)
+        acc = _escape_block(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, acc, BLOCK_N, DOT_BF16, GATHER_T)
 
     out = tl.trans(acc)  # [BM, BN]
     y_mask = (m < M)[:, None] & (rows < N)[None, :]
@@ -282,7 +250,7 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
-        AB_EARLY=AB.get("early", 0), STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
+        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
     )
     return run.y.to(x.dtype)
