@@ -66,8 +66,6 @@ ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
 
-AB: dict = {}  # temporary diagnostic switch: timeline = int64 [programs, 4] tensor the kernel writes %globaltimer stamps to
-
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
 
@@ -143,11 +141,6 @@ def _escape_block(x_ptr, xt_ptr, word, bits, m, M, stride_xm, acc, BLOCK_N: tl.c
     return _dot(a, xe, acc, DOT_BF16)
 
 
-@triton.jit
-def _globaltimer():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-
-
 @triton.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
 def _gemm_kernel(
     # pointers
@@ -162,15 +155,9 @@ def _gemm_kernel(
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
-    timeline_ptr=None, TIMELINE: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    if TIMELINE:  # [program, 4]: start, K loop done (last thread), end (after the store), SM id
-        t_slot = timeline_ptr + (pid_n * tl.num_programs(1) + pid_k) * 4
-        tl.store(t_slot, _globaltimer())
-        tl.store(t_slot + 3, tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,
-                                                       is_pure=False, pack=1).to(tl.int64))
     row0 = pid_n * BLOCK_N
     rows = row0 + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
@@ -194,9 +181,6 @@ def _gemm_kernel(
         xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
         # The first step's MMA ignores acc: Triton turns the select into wgmma's use-accumulator flag.
         acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
-    if TIMELINE:  # stamped by every thread once its share of acc is final; the latest kept
-        tl.store(t_slot + 1, tl.max(tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,f", [acc],
-                                                              dtype=tl.int64, is_pure=False, pack=1)))
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
         acc = _escape_block(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, acc, BLOCK_N, DOT_BF16, GATHER_T)
 
@@ -215,8 +199,6 @@ def _gemm_kernel(
             out += _escape_correction(x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, rows, row0, M, N,
                                       stride_xm, BLOCK_M, BLOCK_N, ESCAPE_CHUNK, DOT_BF16)
         tiles.store_rows(out, y_ptr, rows, M, N, stride_ym, BLOCK_M)
-    if TIMELINE:
-        tl.store(t_slot + 2, _globaltimer())
 
 
 # -- wrapper ----------------------------------------------------------------------------------
@@ -270,7 +252,6 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
         STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
-        **({"timeline_ptr": AB["timeline"], "TIMELINE": True} if "timeline" in AB else {}),
     )
     return run.y.to(x.dtype)
 
