@@ -58,16 +58,13 @@ from specpilot.kernels.configs import (
 from specpilot.kernels.escape_blocks import SLOT_STEP, escape_blocks
 from specpilot.kernels.launch import bf16_dots, prepare_launch, ptx_decode
 from specpilot.kernels.reference import reference_linear
-from specpilot.kernels.workspace import SplitKWorkspace, shared_workspace
+from specpilot.kernels.workspace import SplitKWorkspace
 from specpilot.w12.weight import W12Weight
 
 ESCAPE_CHUNK: tl.constexpr = tl.constexpr(16)  # escapes per step of the epilogue correction: a tl.dot's smallest K
 ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
-
-AB: dict = {}  # temporary switches: tail = (t0, s2): row tiles >= t0 split s2 ways, the first t0 whole (1-D grid);
-# timeline = int64 [programs, 4] tensor the kernel writes %globaltimer stamps to
 
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
@@ -144,11 +141,6 @@ def _escape_block(x_ptr, xt_ptr, word, bits, m, M, stride_xm, acc, BLOCK_N: tl.c
     return _dot(a, xe, acc, DOT_BF16)
 
 
-@triton.jit
-def _globaltimer():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-
-
 @triton.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
 def _gemm_kernel(
     # pointers
@@ -163,27 +155,9 @@ def _gemm_kernel(
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
-    tail_t0=0, tail_s2=1, tail_steps2=1, tail_slab2=0, TAIL: tl.constexpr = False,
-    timeline_ptr=None, TIMELINE: tl.constexpr = False,
 ):
-    if TIMELINE:  # [program, 4]: start, K loop done (last thread), end (after the store), SM id
-        t_slot = timeline_ptr + (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * 4
-        tl.store(t_slot, _globaltimer())
-        tl.store(t_slot + 3, tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,
-                                                       is_pure=False, pack=1).to(tl.int64))
-    if TAIL:  # 1-D grid: programs < t0 take row tile pid whole, the rest split tiles t0.. s2 ways
-        pid = tl.program_id(0)
-        in_tail = pid >= tail_t0
-        q = tl.maximum(pid - tail_t0, 0)
-        pid_n = tl.where(in_tail, tail_t0 + q // tail_s2, pid)
-        pid_k = tl.where(in_tail, q % tail_s2, 0)
-        split_k = tl.where(in_tail, tail_s2, 1)
-        steps_per_split = tl.where(in_tail, tail_steps2, tl.cdiv(Kp, BLOCK_K))
-        slab = tl.where(in_tail, tail_slab2 + pid_n * tail_s2 + pid_k, pid_n)  # whole tiles' slabs, then the split ones
-    else:
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        slab = pid_n * split_k + pid_k
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
     row0 = pid_n * BLOCK_N
     rows = row0 + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
@@ -191,7 +165,7 @@ def _gemm_kernel(
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
 
     if IS_W12 and ESC_MODE == ESC_BLOCKS:  # fixed addresses: in registers by the end of the loop
-        e = slab * ESC_SLOT + tl.arange(0, ESC_SLOT)  # this program's slab
+        e = (pid_n * split_k + pid_k) * ESC_SLOT + tl.arange(0, ESC_SLOT)  # this program's slab
         esc_word = tl.load(ebw_ptr + e)  # [SLOT] row_in_block << 24 | column
         esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits, 0 = padding
     if IS_W12:  # issued before the loop: the [BN] base bytes, cold in L2, arrive under it
@@ -207,9 +181,6 @@ def _gemm_kernel(
         xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
         # The first step's MMA ignores acc: Triton turns the select into wgmma's use-accumulator flag.
         acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
-    if TIMELINE:  # stamped by every thread once its share of acc is final; the latest kept
-        tl.store(t_slot + 1, tl.max(tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,f", [acc],
-                                                              dtype=tl.int64, is_pure=False, pack=1)))
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
         acc = _escape_block(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, acc, BLOCK_N, DOT_BF16, GATHER_T)
 
@@ -228,8 +199,6 @@ def _gemm_kernel(
             out += _escape_correction(x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, rows, row0, M, N,
                                       stride_xm, BLOCK_M, BLOCK_N, ESCAPE_CHUNK, DOT_BF16)
         tiles.store_rows(out, y_ptr, rows, M, N, stride_ym, BLOCK_M)
-    if TIMELINE:
-        tl.store(t_slot + 2, _globaltimer())
 
 
 # -- wrapper ----------------------------------------------------------------------------------
@@ -269,8 +238,6 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
     `escapes` picks how W12 escapes are added, for tests and `bench/w12_escape_cost.py`: "auto"
     (escape blocks where the weight has them, else the epilogue), "blocks", "epilogue" -- all exact --
     or "off", which skips them: a wrong result, timed only; nothing else may pass it."""
-    if "tail" in AB:
-        return _gemm_tail(x, weight, config, *AB["tail"], workspace)
     run, mode, found = plan_launch(x, weight, config, workspace, escapes)
     if found is not None:
         block_args = (found.words, found.values)
@@ -285,38 +252,6 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
         STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
-        **({"timeline_ptr": AB["timeline"], "TIMELINE": True} if "timeline" in AB else {}),
-    )
-    return run.y.to(x.dtype)
-
-
-def _gemm_tail(x, weight, config, t0, s2, workspace=None):
-    """A/B: `gemm` with row tiles [0, t0) whole and [t0, tiles) split s2 ways (W12 with escape blocks)."""
-    run = prepare_launch(x, weight, config, KernelPath.GEMM, GEMM_MAX_M, workspace)
-    tiles_n = run.grid[0]
-    k_steps = -(-run.ops.Kp // config.block_k)
-    steps2 = -(-k_steps // s2)
-    s2 = -(-k_steps // steps2)
-    whole = escape_blocks(weight, config.block_n, None)
-    split = escape_blocks(weight, config.block_n, steps2 * config.block_k)
-    if whole is None or split is None or config.gather_t:
-        raise ValueError("the tail split needs escape blocks and no gather_t")
-    slot = max(whole.slot, split.slot)
-    pad = lambda t: torch.nn.functional.pad(t, (0, slot - t.shape[1]))  # noqa: E731 - padding entries: value 0
-    words = torch.cat([pad(whole.words), pad(split.words)]).contiguous()
-    values = torch.cat([pad(whole.values), pad(split.values)]).contiguous()
-    if not (workspace or shared_workspace(x.device)).fits(s2, x.shape[0], run.ops.N, tiles_n):
-        raise ValueError(f"the split-K workspace cannot hold {s2} partials")
-    grid = (t0 + (tiles_n - t0) * s2,)
-    _gemm_kernel[grid](
-        *run.args, words, values, x, GATHER_T=False,
-        IS_W12=True, DOT_BF16=bf16_dots(x, run.ops),
-        BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
-        STAGES=config.num_stages, ESC_MODE=ESC_BLOCKS.value, ESC_SLOT=slot,
-        num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
-        tail_t0=t0, tail_s2=s2, tail_steps2=steps2, tail_slab2=whole.words.shape[0], TAIL=True,
-        **({"timeline_ptr": AB["timeline"], "TIMELINE": True} if "timeline" in AB else {}),
     )
     return run.y.to(x.dtype)
 
