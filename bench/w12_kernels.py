@@ -173,6 +173,19 @@ def graph_time_us(calls: list, passes: int = 2, replays: int = 7) -> float:
     return statistics.median(per_call)
 
 
+def rotated_rounds(arms: dict[str, list], rounds: int = 3) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """(fastest µs per arm, every round's µs) of `arms` (name -> calls for `graph_time_us`), each
+    timed once per round in an order rotated by one arm per round, after warming the clocks: the
+    side-by-side timing of the prototypes in bench/prototypes/."""
+    keys = list(arms)
+    runs: dict[str, list[float]] = {k: [] for k in keys}
+    warm_clocks()
+    for r in range(rounds):
+        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+            runs[k].append(graph_time_us(arms[k]))
+    return {k: min(v) for k, v in runs.items()}, runs
+
+
 def warm_clocks(ms: float = 30.0) -> None:
     """Keep the GPU busy for about `ms` so its clocks are up before a baseline is timed (the first
     timing after host-side work, e.g. encoding weights, was seen ~10% slow)."""

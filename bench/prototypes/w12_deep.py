@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.w12_kernels import check_output, environment, graph_time_us, random_weight, warm_clocks, weight_sets  # noqa: E402
+from bench.w12_kernels import check_output, environment, random_weight, rotated_rounds, weight_sets  # noqa: E402
 from specpilot.kernels import configs as kc  # noqa: E402
 from specpilot.kernels import gemm as gemm_mod  # noqa: E402
 from specpilot.kernels.configs import KernelPath, LaunchConfig  # noqa: E402
@@ -76,13 +76,7 @@ def main(argv=None) -> int:
                 arms[cfg.label()] = [lambda w=w, c=cfg: gemm_mod.gemm(x, w, c) for w in sets]
             except Exception as err:  # noqa: BLE001 - a config that does not compile or fit is reported
                 failed[cfg.label()] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-        keys = list(arms)
-        runs = {k: [] for k in keys}
-        warm_clocks()
-        for r in range(3):
-            for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-                runs[k].append(graph_time_us(arms[k]))
-        u = {k: min(v) for k, v in runs.items()}
+        u, runs = rotated_rounds(arms)
         row = {"model": model, "proj": proj, "N": N, "K": K, "M": M, "us": u, "runs": runs,
                "error_over_bound": errors, "failed": failed}
         data["rows"].append(row)

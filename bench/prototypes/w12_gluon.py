@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.w12_kernels import environment, graph_time_us, random_weight, warm_clocks, weight_sets  # noqa: E402
+from bench.w12_kernels import environment, random_weight, rotated_rounds, weight_sets  # noqa: E402
 from specpilot.kernels import gemm as gemm_mod  # noqa: E402
 from specpilot.kernels.configs import KernelPath, LaunchConfig  # noqa: E402
 from specpilot.kernels.launch import prepare_launch  # noqa: E402
@@ -173,6 +173,19 @@ SPLITS = (0, 1)  # 0: the automatic split
 STAGES = (4,)
 
 
+def shapes(budget_s: float, start: float):
+    """(model, proj, N, K, W12 weight sets, BF16 weight sets) per row of ROWS, until the budget is spent."""
+    for model, proj, N, K in ROWS:
+        if time.monotonic() - start > budget_s:
+            print("budget spent; stopping before", model, proj, flush=True)
+            return
+        sets = [encode(random_weight(N, K)) for _ in range(weight_sets(N, K, N * K * 1.5))]
+        dense = [random_weight(N, K) for _ in range(weight_sets(N, K, N * K * 2))]
+        yield model, proj, N, K, sets, dense
+        del sets, dense
+        torch.cuda.empty_cache()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
@@ -187,12 +200,7 @@ def main(argv=None) -> int:
     data = {"meta": environment(), "rows": []}
     if args.occupancy:
         return occupancy(args, data, start)
-    for model, proj, N, K in ROWS:
-        if time.monotonic() - start > args.budget_s:
-            print("budget spent; stopping before", model, proj, flush=True)
-            break
-        sets = [encode(random_weight(N, K)) for _ in range(weight_sets(N, K, N * K * 1.5))]
-        dense = [random_weight(N, K) for _ in range(weight_sets(N, K, N * K * 2))]
+    for model, proj, N, K, sets, dense in shapes(args.budget_s, start):
         for M in args.ms:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             arms, same = {"cublas": [lambda d=d: F.linear(x, d) for d in dense]}, {}
@@ -210,20 +218,13 @@ def main(argv=None) -> int:
                             arms[f"{name} {tag}"] = [lambda w=w, fn=fn: fn(w) for w in sets]
                         except Exception as err:  # noqa: BLE001 - report and go on
                             same[f"{name} {tag}"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
-            keys = list(arms)
-            runs = {k: [] for k in keys}
-            warm_clocks()
-            for r in range(3):
-                for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-                    runs[k].append(graph_time_us(arms[k]))
-            u = {k: min(v) for k, v in runs.items()}
+            u, runs = rotated_rounds(arms)
             row = {"model": model, "proj": proj, "N": N, "K": K, "M": M, "us": u, "runs": runs, "bit_identical": same}
             data["rows"].append(row)
             best = {n: min((k for k in u if k.startswith(n)), key=u.get, default=None) for n in ("triton", "gluon sync", "gluon async")}
             print(model, proj, M, "cublas %.2f" % u["cublas"], {n: (k, round(u[k], 2)) for n, k in best.items() if k},
                   "not identical / failed:", {k: v for k, v in same.items() if v is not True}, flush=True)
-        del sets, dense
-        torch.cuda.empty_cache()
+        del sets, dense  # the generator frees them before the next shape
     (args.out / "w12_gluon.json").write_text(json.dumps(data, indent=1) + "\n")
     lines = ["# W12 K loop in Gluon with asynchronous wgmma vs the Triton kernel (bench/prototypes/w12_gluon.py)", "",
              f"- {data['meta']['date']}, {data['meta']['gpu']}, commit {data['meta']['git_commit']}; escapes off in every "
@@ -242,12 +243,7 @@ def occupancy(args, data, start) -> int:
     from specpilot.kernels import configs as kc
 
     name = torch.cuda.get_device_name()
-    for model, proj, N, K in ROWS:
-        if time.monotonic() - start > args.budget_s:
-            print("budget spent; stopping before", model, proj, flush=True)
-            break
-        sets = [encode(random_weight(N, K)) for _ in range(weight_sets(N, K, N * K * 1.5))]
-        dense = [random_weight(N, K) for _ in range(weight_sets(N, K, N * K * 2))]
+    for model, proj, N, K, sets, dense in shapes(args.budget_s, start):
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
         tuned = kc.choose_config(kc.WeightFormat.W12, 1, N, K, name)
         arms = {"cublas": [lambda d=d: F.linear(x, d) for d in dense],
@@ -256,20 +252,13 @@ def occupancy(args, data, start) -> int:
             for per_sm in (2, 3, 4):
                 cfg = LaunchConfig(KernelPath.GEMM, 64, 128, num_warps=4, num_stages=st, programs_per_sm=per_sm, resident=4)
                 arms[f"gluon async s{st} p{per_sm}"] = [lambda w=w, c=cfg: gluon_gemm(x, w, c, True) for w in sets]
-        keys = list(arms)
-        runs = {k: [] for k in keys}
-        warm_clocks()
-        for r in range(3):
-            for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-                runs[k].append(graph_time_us(arms[k]))
-        u = {k: min(v) for k, v in runs.items()}
+        u, runs = rotated_rounds(arms)
         data["rows"].append({"model": model, "proj": proj, "N": N, "K": K, "M": 1, "us": u, "runs": runs})
         best = min((k for k in u if k.startswith("gluon")), key=u.get)
-        tk = keys[1]
+        tk = list(arms)[1]
         print(model, proj, "cublas %.2f" % u["cublas"], "%s %.2f" % (tk, u[tk]), "best %s %.2f" % (best, u[best]),
               {k: round(v, 2) for k, v in u.items() if k.startswith("gluon")}, flush=True)
         del sets, dense
-        torch.cuda.empty_cache()
     (args.out / "w12_gluon_occupancy.json").write_text(json.dumps(data, indent=1) + "\n")
     lines = ["# Asynchronous Gluon W12 loop at 2-4 programs per SM vs the tuned Triton config, M=1 (bench/prototypes/w12_gluon.py --occupancy)",
              "", f"- {data['meta']['date']}, {data['meta']['gpu']}, commit {data['meta']['git_commit']}; escapes off in every W12 arm; "

@@ -121,3 +121,14 @@ def test_explicit_splits_of_the_rounding_heuristic_tile_are_valid_configs(sweep)
     out = sweep.split_variants([timed(fw, 30.0)], 10240, 5120, 132)  # Qwen3-32B qkv: 80 row tiles
     assert [c.split_k for c in out if c.split_k] == list(sweep.EXPLICIT_SPLITS)
     assert not any(c.fit_wave for c in out if c.split_k)
+
+
+def test_rotated_rounds_times_every_arm_once_per_round_in_rotated_order(sweep, monkeypatch):
+    order = []
+    speeds = {"a": [3.0, 2.0, 4.0], "b": [5.0, 6.0, 1.5], "c": [7.0, 7.0, 7.0]}
+    monkeypatch.setattr(sweep, "warm_clocks", lambda: order.append("warm"))
+    monkeypatch.setattr(sweep, "graph_time_us", lambda calls: (order.append(calls[0]), speeds[calls[0]].pop(0))[1])
+    best, runs = sweep.rotated_rounds({"a": ["a"], "b": ["b"], "c": ["c"]})
+    assert order == ["warm", "a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert best == {"a": 2.0, "b": 1.5, "c": 7.0}
+    assert runs == {"a": [3.0, 2.0, 4.0], "b": [5.0, 6.0, 1.5], "c": [7.0, 7.0, 7.0]}
