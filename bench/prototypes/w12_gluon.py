@@ -11,6 +11,10 @@ the x^T tile, the inline-PTX decoder, the format-2 join/permute into the wgmma A
 layouts Triton chose for n64 k128 w4 at 16 rows) issues each step's wgmma asynchronously and waits
 only for the one before it, keeping that step's A registers alive through the wait.
 
+The 256-column K step's layouts (`LAYOUTS[256]`, `--occupancy --k256`) compile for sm_90a (148
+registers with the asynchronous wgmma, no spills at the 168 cap) but have not run on a GPU yet; the
+128-column ones ran bit-identical (bench/results/w12/w12_gluon.md).
+
 Scope: W12 weights with escapes left out (the arm is compared against the Triton kernel with
 `escapes="off"`: the same sums in the same order, so the outputs must be bit-identical), M <= 16,
 64-row tiles, 128-column K steps, 4 warps, deterministic split-K as in `tiles.reduce_split_k`.
@@ -43,15 +47,23 @@ from specpilot.w12 import encode  # noqa: E402
 
 ASM = ASM_DECODE_BF16.value
 
-# Layouts of the Triton kernel at n64 k128 w4 s4, 16 rows (its TTGIR): global loads, shared ring, registers.
-LD_W = gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0])  # lo/hi group pointers [64, 16]
-LD_X = gl.BlockedLayout([8, 1], [16, 2], [1, 4], [0, 1])  # x^T pointers [128, 16]
-SH_LO = gl.SwizzledSharedLayout(4, 1, 4, [1, 0])
-SH_HI = gl.SwizzledSharedLayout(4, 2, 4, [1, 0])
+# Layouts of the Triton kernel at n64 k128 / k256 w4 s4, 16 rows (its TTGIR): global loads, shared
+# ring, registers. K step -> (LD_W, LD_X, SH_LO, SH_HI, REG_W).
+LAYOUTS = {
+    128: (gl.BlockedLayout([1, 4], [8, 4], [4, 1], [1, 0]),  # lo/hi group pointers [64, 16]
+          gl.BlockedLayout([8, 1], [16, 2], [1, 4], [0, 1]),  # x^T pointers [128, 16]
+          gl.SwizzledSharedLayout(4, 1, 4, [1, 0]), gl.SwizzledSharedLayout(4, 2, 4, [1, 0]),
+          gl.DistributedLinearLayout(reg_bases=[[8, 0], [0, 4], [0, 8]],
+                                     lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+                                     warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])),
+    256: (gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0]),  # [64, 32]
+          gl.BlockedLayout([8, 1], [32, 1], [1, 4], [0, 1]),  # [256, 16]
+          gl.SwizzledSharedLayout(4, 1, 4, [1, 0]), gl.SwizzledSharedLayout(4, 1, 8, [1, 0]),
+          gl.DistributedLinearLayout(reg_bases=[[8, 0], [0, 4], [0, 8], [0, 16]],
+                                     lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+                                     warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 32])),
+}
 SH_X = gl.NVMMASharedLayout(128, 16, 2, transposed=True)
-REG_W = gl.DistributedLinearLayout(reg_bases=[[8, 0], [0, 4], [0, 8]],
-                                   lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-                                   warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
 MMA = gl.NVMMADistributedLayout([3, 0], [4, 1], [16, 16, 16])
 A_OP = gl.DotOperandLayout(0, MMA, 2)
 
@@ -152,7 +164,8 @@ def _w12_gluon_kernel(x_ptr, lo_ptr, hi_ptr, base_ptr, y_ptr, ws_ptr, count_ptr,
 
 def gluon_gemm(x: torch.Tensor, weight, cfg: LaunchConfig, asynchronous: bool = True) -> torch.Tensor:
     """y [M, N] = x @ W^T, escapes left out, with the launch plan (grid, split) of the Triton kernel for `cfg`."""
-    assert cfg.block_n == 64 and cfg.block_k == 128 and cfg.num_warps == 4 and x.shape[0] <= 16
+    assert cfg.block_n == 64 and cfg.block_k in LAYOUTS and cfg.num_warps == 4 and x.shape[0] <= 16
+    ld_w, ld_x, sh_lo, sh_hi, reg_w = LAYOUTS[cfg.block_k]
     run = prepare_launch(x, weight, cfg, KernelPath.GEMM, 64, None)
     ops = run.ops
     ws, counters = run.args[8], run.args[9]
@@ -160,8 +173,8 @@ def gluon_gemm(x: torch.Tensor, weight, cfg: LaunchConfig, asynchronous: bool = 
         x, ops.w, ops.hi, ops.base, run.y, ws, counters,
         x.shape[0], ops.N, ops.Kp, run.grid[1], run.steps_per_split, x.stride(0), run.y.stride(0),
         ops.stride_w, ops.stride_hi,
-        BLOCK_N=64, BLOCK_K=128, BLOCK_M=16, STAGES=cfg.num_stages, ASYNC=asynchronous,
-        LD_W=LD_W, LD_X=LD_X, SH_LO=SH_LO, SH_HI=SH_HI, SH_X=SH_X, REG_W=REG_W, MMA=MMA, A_OP=A_OP, ASM_TEXT=ASM,
+        BLOCK_N=64, BLOCK_K=cfg.block_k, BLOCK_M=16, STAGES=cfg.num_stages, ASYNC=asynchronous,
+        LD_W=ld_w, LD_X=ld_x, SH_LO=sh_lo, SH_HI=sh_hi, SH_X=SH_X, REG_W=reg_w, MMA=MMA, A_OP=A_OP, ASM_TEXT=ASM,
         num_warps=4, maxnreg=cfg.max_registers,
     )
     return run.y
@@ -194,6 +207,8 @@ def main(argv=None) -> int:
     p.add_argument("--occupancy", action="store_true",
                    help="instead: the asynchronous Gluon loop at 2-4 programs per SM (its 110 registers allow 4) and "
                         "3-6 stages, against the tuned Triton config, M=1, escapes off everywhere")
+    p.add_argument("--k256", action="store_true", help="with --occupancy: also the 256-column K step (the tuned "
+                   "configs' own), 2-3 stages, 2-3 programs per SM")
     args = p.parse_args(argv)
     start = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -248,10 +263,12 @@ def occupancy(args, data, start) -> int:
         tuned = kc.choose_config(kc.WeightFormat.W12, 1, N, K, name)
         arms = {"cublas": [lambda d=d: F.linear(x, d) for d in dense],
                 "triton tuned " + tuned.label(): [lambda w=w: gemm_mod.gemm(x, w, tuned, escapes="off") for w in sets]}
-        for st in (3, 4, 6):
-            for per_sm in (2, 3, 4):
-                cfg = LaunchConfig(KernelPath.GEMM, 64, 128, num_warps=4, num_stages=st, programs_per_sm=per_sm, resident=4)
-                arms[f"gluon async s{st} p{per_sm}"] = [lambda w=w, c=cfg: gluon_gemm(x, w, c, True) for w in sets]
+        plans = [(128, st, per_sm, 4) for st in (3, 4, 6) for per_sm in (2, 3, 4)]  # 110 registers: 4 per SM
+        if args.k256:  # 148 registers: capped at 168 for 3 per SM (compiled for sm_90a without spills; not yet run)
+            plans += [(256, st, per_sm, 3) for st in (2, 3) for per_sm in (2, 3)]
+        for bk, st, per_sm, resident in plans:
+            cfg = LaunchConfig(KernelPath.GEMM, 64, bk, num_warps=4, num_stages=st, programs_per_sm=per_sm, resident=resident)
+            arms[f"gluon async k{bk} s{st} p{per_sm}"] = [lambda w=w, c=cfg: gluon_gemm(x, w, c, True) for w in sets]
         u, runs = rotated_rounds(arms)
         data["rows"].append({"model": model, "proj": proj, "N": N, "K": K, "M": 1, "us": u, "runs": runs})
         best = min((k for k in u if k.startswith("gluon")), key=u.get)
