@@ -17,7 +17,8 @@ registers with the asynchronous wgmma, no spills at the 168 cap) but have not ru
 
 Scope: W12 weights with escapes left out (the arm is compared against the Triton kernel with
 `escapes="off"`: the same sums in the same order, so the outputs must be bit-identical), M <= 16,
-64-row tiles, 128-column K steps, 4 warps, deterministic split-K as in `tiles.reduce_split_k`.
+64-row tiles, 128- or 256-column K steps, 4 warps, deterministic split-K as in `tiles.reduce_split_k`
+(Gluon cannot call the Triton helpers, so the reduction and the row scale are written again here).
 Writes OUT/w12_gluon.json and .md.
 """
 
@@ -39,10 +40,11 @@ from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.w12_kernels import environment, random_weight, rotated_rounds, weight_sets  # noqa: E402
+from specpilot.kernels import configs as kc  # noqa: E402
 from specpilot.kernels import gemm as gemm_mod  # noqa: E402
 from specpilot.kernels.configs import KernelPath, LaunchConfig  # noqa: E402
 from specpilot.kernels.launch import prepare_launch  # noqa: E402
-from specpilot.kernels.tiles import ASM_DECODE_BF16  # noqa: E402
+from specpilot.kernels.tiles import ASM_DECODE_BF16, SCALE_EXP  # noqa: E402
 from specpilot.w12 import encode  # noqa: E402
 
 ASM = ASM_DECODE_BF16.value
@@ -94,7 +96,7 @@ def _w12_gluon_kernel(x_ptr, lo_ptr, hi_ptr, base_ptr, y_ptr, ws_ptr, count_ptr,
                       BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
                       ASYNC: gl.constexpr, LD_W: gl.constexpr, LD_X: gl.constexpr, SH_LO: gl.constexpr,
                       SH_HI: gl.constexpr, SH_X: gl.constexpr, REG_W: gl.constexpr, MMA: gl.constexpr,
-                      A_OP: gl.constexpr, ASM_TEXT: gl.constexpr):
+                      A_OP: gl.constexpr, ASM_TEXT: gl.constexpr, SCALE_EXP: gl.constexpr):
     G: gl.constexpr = BLOCK_K // 8
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
@@ -157,7 +159,7 @@ def _w12_gluon_kernel(x_ptr, lo_ptr, hi_ptr, base_ptr, y_ptr, ws_ptr, count_ptr,
             gl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")
     if is_last:
         e0 = gl.load(base_ptr + rows_o, mask=rows_o < N, other=1).to(gl.int32)
-        scale = ((e0 + 15) << 23).to(gl.float32, bitcast=True)
+        scale = ((e0 + SCALE_EXP) << 23).to(gl.float32, bitcast=True)  # 2^(e0 - 112), as `tiles.row_scale`
         out = total * scale[:, None]
         gl.store(y_ptr + rows_o[:, None] + m_o[None, :] * stride_ym, out.to(gl.bfloat16), mask=mask)
 
@@ -166,7 +168,7 @@ def gluon_gemm(x: torch.Tensor, weight, cfg: LaunchConfig, asynchronous: bool = 
     """y [M, N] = x @ W^T, escapes left out, with the launch plan (grid, split) of the Triton kernel for `cfg`."""
     assert cfg.block_n == 64 and cfg.block_k in LAYOUTS and cfg.num_warps == 4 and x.shape[0] <= 16
     ld_w, ld_x, sh_lo, sh_hi, reg_w = LAYOUTS[cfg.block_k]
-    run = prepare_launch(x, weight, cfg, KernelPath.GEMM, 64, None)
+    run = prepare_launch(x, weight, cfg, KernelPath.GEMM, kc.GEMM_MAX_M, None)
     ops = run.ops
     ws, counters = run.args[8], run.args[9]
     _w12_gluon_kernel[run.grid](
@@ -175,6 +177,7 @@ def gluon_gemm(x: torch.Tensor, weight, cfg: LaunchConfig, asynchronous: bool = 
         ops.stride_w, ops.stride_hi,
         BLOCK_N=64, BLOCK_K=cfg.block_k, BLOCK_M=16, STAGES=cfg.num_stages, ASYNC=asynchronous,
         LD_W=ld_w, LD_X=ld_x, SH_LO=sh_lo, SH_HI=sh_hi, SH_X=SH_X, REG_W=reg_w, MMA=MMA, A_OP=A_OP, ASM_TEXT=ASM,
+        SCALE_EXP=SCALE_EXP.value,
         num_warps=4, maxnreg=cfg.max_registers,
     )
     return run.y
@@ -255,8 +258,6 @@ def main(argv=None) -> int:
 
 
 def occupancy(args, data, start) -> int:
-    from specpilot.kernels import configs as kc
-
     name = torch.cuda.get_device_name()
     for model, proj, N, K, sets, dense in shapes(args.budget_s, start):
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
@@ -279,7 +280,8 @@ def occupancy(args, data, start) -> int:
     (args.out / "w12_gluon_occupancy.json").write_text(json.dumps(data, indent=1) + "\n")
     lines = ["# Asynchronous Gluon W12 loop at 2-4 programs per SM vs the tuned Triton config, M=1 (bench/prototypes/w12_gluon.py --occupancy)",
              "", f"- {data['meta']['date']}, {data['meta']['gpu']}, commit {data['meta']['git_commit']}; escapes off in every W12 arm; "
-             "µs, fastest of 3 rotated rounds; Gluon arms n64 k128 w4, 128-register cap", "",
+             "µs, fastest of 3 rotated rounds; Gluon arms n64 w4, their K step in the label, capped at 128 registers "
+             "(k128, four programs per SM) or 168 (k256, three)", "",
              "| model | proj | arm | µs | cuBLAS / arm |", "|---|---|---|---|---|"]
     for r in data["rows"]:
         for k, v in sorted(r["us"].items(), key=lambda kv: kv[1]):
