@@ -267,25 +267,35 @@ def occupancy(args, data, start) -> int:
         plans = [(128, st, per_sm, 4) for st in (3, 4, 6) for per_sm in (2, 3, 4)]  # 110 registers: 4 per SM
         if args.k256:  # 148 registers: capped at 168 for 3 per SM (compiled for sm_90a without spills; not yet run)
             plans += [(256, st, per_sm, 3) for st in (2, 3) for per_sm in (2, 3)]
+        same = {}
         for bk, st, per_sm, resident in plans:
             cfg = LaunchConfig(KernelPath.GEMM, 64, bk, num_warps=4, num_stages=st, programs_per_sm=per_sm, resident=resident)
-            arms[f"gluon async k{bk} s{st} p{per_sm}"] = [lambda w=w, c=cfg: gluon_gemm(x, w, c, True) for w in sets]
+            tag = f"gluon async k{bk} s{st} p{per_sm}"
+            try:  # the Triton kernel at the same plan sums in the same order: the outputs must be bit-identical
+                ref = gemm_mod.gemm(x, sets[0], cfg, escapes="off").view(torch.int16)
+                same[tag] = bool(torch.equal(gluon_gemm(x, sets[0], cfg, True).view(torch.int16), ref))
+                arms[tag] = [lambda w=w, c=cfg: gluon_gemm(x, w, c, True) for w in sets]
+            except Exception as err:  # noqa: BLE001 - report and go on
+                same[tag] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
         u, runs = rotated_rounds(arms)
-        data["rows"].append({"model": model, "proj": proj, "N": N, "K": K, "M": 1, "us": u, "runs": runs})
+        data["rows"].append({"model": model, "proj": proj, "N": N, "K": K, "M": 1, "us": u, "runs": runs,
+                             "bit_identical": same})
         best = min((k for k in u if k.startswith("gluon")), key=u.get)
         tk = list(arms)[1]
         print(model, proj, "cublas %.2f" % u["cublas"], "%s %.2f" % (tk, u[tk]), "best %s %.2f" % (best, u[best]),
-              {k: round(v, 2) for k, v in u.items() if k.startswith("gluon")}, flush=True)
+              {k: round(v, 2) for k, v in u.items() if k.startswith("gluon")},
+              "not identical / failed:", {k: v for k, v in same.items() if v is not True}, flush=True)
         del sets, dense
     (args.out / "w12_gluon_occupancy.json").write_text(json.dumps(data, indent=1) + "\n")
     lines = ["# Asynchronous Gluon W12 loop at 2-4 programs per SM vs the tuned Triton config, M=1 (bench/prototypes/w12_gluon.py --occupancy)",
              "", f"- {data['meta']['date']}, {data['meta']['gpu']}, commit {data['meta']['git_commit']}; escapes off in every W12 arm; "
              "µs, fastest of 3 rotated rounds; Gluon arms n64 w4, their K step in the label, capped at 128 registers "
              "(k128, four programs per SM) or 168 (k256, three)", "",
-             "| model | proj | arm | µs | cuBLAS / arm |", "|---|---|---|---|---|"]
+             "| model | proj | arm | µs | cuBLAS / arm | bit-identical to Triton at the same plan |", "|---|---|---|---|---|---|"]
     for r in data["rows"]:
         for k, v in sorted(r["us"].items(), key=lambda kv: kv[1]):
-            lines.append(f"| {r['model']} | {r['proj']} | {k} | {v:.2f} | {r['us']['cublas'] / v:.3f} |")
+            lines.append(f"| {r['model']} | {r['proj']} | {k} | {v:.2f} | {r['us']['cublas'] / v:.3f} | "
+                         f"{r['bit_identical'].get(k, '')} |")
     (args.out / "w12_gluon_occupancy.md").write_text("\n".join(lines) + "\n")
     return 0
 
