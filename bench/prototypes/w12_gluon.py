@@ -11,9 +11,10 @@ the x^T tile, the inline-PTX decoder, the format-2 join/permute into the wgmma A
 layouts Triton chose for n64 k128 w4 at 16 rows) issues each step's wgmma asynchronously and waits
 only for the one before it, keeping that step's A registers alive through the wait.
 
-The 256-column K step's layouts (`LAYOUTS[256]`, `--occupancy --k256`) compile for sm_90a (148
-registers with the asynchronous wgmma, no spills at the 168 cap) but have not run on a GPU yet; the
-128-column ones ran bit-identical (bench/results/w12/w12_gluon.md).
+The 256-column K step's layouts (`LAYOUTS[256]`, `--occupancy --k256`) compile for sm_90a to 148
+registers with the asynchronous wgmma (no spills at the 168 cap). Both K steps ran bit-identical to
+the Triton kernel (bench/results/w12/w12_gluon.md, w12_gluon_occupancy.md); no plan beat the tuned
+Triton config.
 
 Scope: W12 weights with escapes left out (the arm is compared against the Triton kernel with
 `escapes="off"`: the same sums in the same order, so the outputs must be bit-identical), M <= 16,
