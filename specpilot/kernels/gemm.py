@@ -170,7 +170,7 @@ def _pdl_prologue(w_ptr, hi_ptr, rows, N, Kp, step0, step1, stride_w, stride_hi,
                 _prefetch_rows(hi_ptr + r.to(tl.int64) * stride_hi + step0 * (BLOCK_K // 2), cols // 2)
             else:  # the wrapper prefetches plain weights only when K is a multiple of BLOCK_K
                 _prefetch_rows(w_ptr + r.to(tl.int64) * stride_w + step0 * BLOCK_K,
-                               cols * (w_ptr.dtype.element_ty.primitive_bitsize // 8))
+                               cols * (w_ptr.dtype.element_ty.primitive_bitwidth // 8))
     tl.extra.cuda.gdc_wait()
 
 
