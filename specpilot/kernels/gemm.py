@@ -66,11 +66,6 @@ ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
 
-# A/B switch of bench/prototypes/w12_pdl.py (temporary): launch with programmatic dependent
-# launch, the program waiting (griddepcontrol.wait) before it reads x or writes anything, after
-# prefetching its first `prefetch` K steps of weight bytes into L2.
-AB = {"pdl": False, "prefetch": 0}
-
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
 
@@ -146,34 +141,6 @@ def _escape_block(x_ptr, xt_ptr, word, bits, m, M, stride_xm, acc, BLOCK_N: tl.c
     return _dot(a, xe, acc, DOT_BF16)
 
 
-@triton.jit
-def _prefetch_rows(ptrs, nbytes):
-    """cp.async.bulk.prefetch.L2 of `nbytes` (a multiple of 16) at each 16-byte-aligned pointer of `ptrs`."""
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
-                              [ptrs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _pdl_prologue(w_ptr, hi_ptr, rows, N, Kp, step0, step1, stride_w, stride_hi,
-                  IS_W12: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr):
-    """Let the next launch start, prefetch this program's first PREFETCH K steps of weight bytes
-    into L2 (weights are never written by a kernel this one may overlap), then wait for the
-    previous kernel to finish and flush: nothing before the wait reads x or writes memory."""
-    tl.extra.cuda.gdc_launch_dependents()
-    if PREFETCH > 0:
-        steps = tl.minimum(step1 - step0, PREFETCH)
-        if steps > 0:
-            r = tl.minimum(rows, N - 1)
-            cols = tl.minimum(steps * BLOCK_K, Kp - step0 * BLOCK_K)  # a multiple of 128: Kp is
-            if IS_W12:  # lo: a byte per column; hi: a nibble
-                _prefetch_rows(w_ptr + r.to(tl.int64) * stride_w + step0 * BLOCK_K, cols)
-                _prefetch_rows(hi_ptr + r.to(tl.int64) * stride_hi + step0 * (BLOCK_K // 2), cols // 2)
-            else:  # the wrapper prefetches plain weights only when K is a multiple of BLOCK_K
-                _prefetch_rows(w_ptr + r.to(tl.int64) * stride_w + step0 * BLOCK_K,
-                               cols * (w_ptr.dtype.element_ty.primitive_bitwidth // 8))
-    tl.extra.cuda.gdc_wait()
-
-
 @triton.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
 def _gemm_kernel(
     # pointers
@@ -188,7 +155,6 @@ def _gemm_kernel(
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
-    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -197,8 +163,6 @@ def _gemm_kernel(
     m = tl.arange(0, BLOCK_M)
     step0 = pid_k * steps_per_split
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
-    if PDL:
-        _pdl_prologue(w_ptr, hi_ptr, rows, N, Kp, step0, step1, stride_w, stride_hi, IS_W12, BLOCK_K, PREFETCH)
 
     if IS_W12 and ESC_MODE == ESC_BLOCKS:  # fixed addresses: in registers by the end of the loop
         e = (pid_n * split_k + pid_k) * ESC_SLOT + tl.arange(0, ESC_SLOT)  # this program's slab
@@ -281,18 +245,13 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         block_args = (run.ops.esc_ptr, run.ops.esc_val)
     gather_t = config.gather_t and mode.value == ESC_BLOCKS.value
     xt = x.t().contiguous() if gather_t else x  # [K, M]: its own kernel, ~2.5 µs on the H200
-    pdl = AB["pdl"] and x.is_cuda
-    ops, size = run.ops, run.ops.w.element_size()
-    aligned = all(t.data_ptr() % 16 == 0 for t in (ops.w, ops.hi)) and (ops.stride_w * size) % 16 == 0 \
-        and ops.stride_hi % 16 == 0 and (ops.is_w12 or ops.K % config.block_k == 0)
-    extra = {"PDL": True, "PREFETCH": AB["prefetch"] if aligned else 0, "launch_pdl": True} if pdl else {}
     _gemm_kernel[run.grid](
         *run.args, *block_args, xt, GATHER_T=gather_t,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
         STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
-        num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers, **extra,
+        num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
     )
     return run.y.to(x.dtype)
 
