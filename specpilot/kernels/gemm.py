@@ -66,11 +66,6 @@ ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
 
-# A/B switch of bench/prototypes/w12_tiled.py (temporary): the W12 planes stored tile-contiguous
-# for this launch's (BLOCK_N, BLOCK_K): 1 = lo and hi planes each [N/BN, Kp/BK, BN, BK(/2)];
-# 2 = one buffer in lo's place, each tile's lo bytes then its hi bytes (BN * BK * 3/2 contiguous).
-AB = {"tiled": 0}
-
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
 
@@ -160,7 +155,6 @@ def _gemm_kernel(
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
-    TILED: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -179,16 +173,7 @@ def _gemm_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
     # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
     for step in tl.range(step0, step1, num_stages=STAGES):
-        if IS_W12 and TILED == 1:
-            t = pid_n * tl.cdiv(Kp, BLOCK_K) + step
-            w = tiles.load_w12_tile(w_ptr + t * (BLOCK_N * BLOCK_K), hi_ptr + t * (BLOCK_N * BLOCK_K // 2),
-                                    tl.arange(0, BLOCK_N), 0, N, Kp, BLOCK_K, BLOCK_K // 2,
-                                    BLOCK_N, BLOCK_K, True, True, PTX_DECODE, False)
-        elif IS_W12 and TILED == 2:
-            t_ptr = w_ptr + (pid_n * tl.cdiv(Kp, BLOCK_K) + step) * (BLOCK_N * BLOCK_K * 3 // 2)
-            w = tiles.load_w12_tile(t_ptr, t_ptr + BLOCK_N * BLOCK_K, tl.arange(0, BLOCK_N), 0, N, Kp,
-                                    BLOCK_K, BLOCK_K // 2, BLOCK_N, BLOCK_K, True, True, PTX_DECODE, False)
-        elif IS_W12:
+        if IS_W12:
             w = tiles.load_w12_tile(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi,
                                     BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, False)  # [BN, BK] scaled
         else:
@@ -267,7 +252,6 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
         STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
-        **({"TILED": AB["tiled"]} if AB["tiled"] and run.ops.is_w12 else {}),
     )
     return run.y.to(x.dtype)
 
