@@ -70,7 +70,7 @@ def _constexprs(cfg: LaunchConfig, bm: int, w12: bool, even: bool) -> dict:
     """The meta-parameters a launch of `cfg` with row block `bm` passes (GEMM: before its escape mode)."""
     c = {"IS_W12": w12, "BLOCK_M": bm, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
          "EVEN_N": even, "EVEN_K": even, "PTX_DECODE": cfg.ptx_decode, "STAGES": cfg.num_stages}
-    c.update({"EVEN_M": even, "ESC_CHUNK": 16} if cfg.path is KernelPath.GEMV else {"DOT_BF16": True, "CLUSTER": 0})
+    c.update({"EVEN_M": even, "ESC_CHUNK": 16} if cfg.path is KernelPath.GEMV else {"DOT_BF16": True})
     return c
 
 

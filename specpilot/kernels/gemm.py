@@ -66,11 +66,6 @@ ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
 
-# A/B switch of bench/prototypes/w12_cluster.py (temporary): a split launch runs each row tile's
-# K splits as one thread-block cluster (CLUSTER = split_k CTAs along x) and reduces their partials
-# through distributed shared memory instead of the global workspace and counter.
-AB = {"cluster": False}
-
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
 
@@ -146,37 +141,6 @@ def _escape_block(x_ptr, xt_ptr, word, bits, m, M, stride_xm, acc, BLOCK_N: tl.c
     return _dot(a, xe, acc, DOT_BF16)
 
 
-@triton.jit
-def _cluster_sync():
-    """All threads of every CTA of the cluster arrive (their shared-memory writes released) and wait."""
-    tl.inline_asm_elementwise("barrier.cluster.arrive.release; barrier.cluster.wait.acquire; mov.u32 $0, 0;",
-                              "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _cluster_reduce(acc, pid_k, CLUSTER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
-    """acc [BN, BM] float32 partial of cluster rank pid_k -> (on rank 0) 0 + p_0 + p_1 + ... in rank
-    order, the sum `tiles.reduce_split_k` forms. Each element goes to this CTA's shared memory at its
-    logical index, so every rank's thread holding (n, m) finds (n, m) of the others at the same
-    offset (mapa + ld.shared::cluster), whatever the register layout."""
-    idx = (tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]) * 4  # [BN, BM] bytes
-    tl.debug_barrier()  # every thread is past the K loop's shared-memory reads
-    tl.inline_asm_elementwise(
-        "{ .reg .u32 a; mov.u32 a, global_smem; add.u32 a, a, $2; st.shared.f32 [a], $1; mov.u32 $0, 0; }",
-        "=r,f,r", [acc, idx], dtype=tl.int32, is_pure=False, pack=1)
-    _cluster_sync()
-    total = acc
-    if pid_k == 0:
-        total = tl.zeros_like(acc) + acc
-        for r in tl.static_range(1, CLUSTER):
-            total += tl.inline_asm_elementwise(
-                "{ .reg .u32 a, b; mov.u32 a, global_smem; add.u32 a, a, $1; mapa.shared::cluster.u32 b, a, $2; "
-                "ld.shared::cluster.f32 $0, [b]; }", "=f,r,r", [idx, idx * 0 + r], dtype=tl.float32,
-                is_pure=False, pack=1)
-    _cluster_sync()  # the other ranks keep their shared memory until rank 0 has read it
-    return total
-
-
 @triton.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
 def _gemm_kernel(
     # pointers
@@ -191,14 +155,9 @@ def _gemm_kernel(
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
-    CLUSTER: tl.constexpr = 0,
 ):
-    if CLUSTER > 1:  # grid (row tiles * CLUSTER,): clusters of CLUSTER consecutive CTAs, one per K split
-        pid_n = tl.program_id(0) // CLUSTER
-        pid_k = tl.program_id(0) % CLUSTER
-    else:
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
     row0 = pid_n * BLOCK_N
     rows = row0 + tl.arange(0, BLOCK_N)
     m = tl.arange(0, BLOCK_M)
@@ -225,13 +184,9 @@ def _gemm_kernel(
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
         acc = _escape_block(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, acc, BLOCK_N, DOT_BF16, GATHER_T)
 
-    if CLUSTER > 1:
-        acc = _cluster_reduce(acc, pid_k, CLUSTER, BLOCK_N, BLOCK_M)
     out = tl.trans(acc)  # [BM, BN]
     y_mask = (m < M)[:, None] & (rows < N)[None, :]
-    if CLUSTER > 1:
-        is_last = pid_k == 0
-    elif split_k > 1:
+    if split_k > 1:
         is_last, out = tiles.reduce_split_k(
             out, ws_ptr, count_ptr, pid_n, pid_k, split_k, m[:, None] * N + rows[None, :], y_mask, M * N,
         )
@@ -290,21 +245,14 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         block_args = (run.ops.esc_ptr, run.ops.esc_val)
     gather_t = config.gather_t and mode.value == ESC_BLOCKS.value
     xt = x.t().contiguous() if gather_t else x  # [K, M]: its own kernel, ~2.5 µs on the H200
-    cluster = run.grid[1] if AB["cluster"] and x.is_cuda and 1 < run.grid[1] <= 8 else 0
-    grid = (run.grid[0], 1) if cluster else run.grid  # the launcher multiplies x by the cluster size
-    args = (*run.args, *block_args, xt)
-    meta = dict(GATHER_T=gather_t,
+    _gemm_kernel[run.grid](
+        *run.args, *block_args, xt, GATHER_T=gather_t,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
         STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
     )
-    if cluster:
-        meta["CLUSTER"] = cluster
-        kernel = _gemm_kernel[(0, 1)](*args, **meta)  # compiles, launches nothing (empty grid)
-        kernel.packed_metadata = (config.num_warps, cluster, kernel.metadata.shared)  # launch as clusters
-    _gemm_kernel[grid](*args, **meta)
     return run.y.to(x.dtype)
 
 
