@@ -328,6 +328,19 @@ def resident_variants(tried: list[dict], M: int) -> list[LaunchConfig]:
     return list(dict.fromkeys(out))
 
 
+TMA_BEST = 2
+
+
+def tma_variants(tried: list[dict]) -> list[LaunchConfig]:
+    """Phase 4: the TMA_BEST fastest GEMM configs so far (phases 1-3 included) loading their weight
+    tiles by TMA (`LaunchConfig.tma`), for both formats: at the cp.async path's tuned configs a
+    prototype was 1-5.5% faster at M = 32 and within ±1% at M = 1 on most rows
+    (bench/results/w12/w12_tma.md), so whether it wins is a per-row question."""
+    timed = sorted((t for t in tried if "us" in t and t["config"]["path"] == "gemm" and not t["config"].get("tma")),
+                   key=lambda t: t["us"])
+    return [dataclasses.replace(LaunchConfig.from_dict(t["config"]), tma=True) for t in timed[:TMA_BEST]]
+
+
 def correctness_configs(M: int, every: bool) -> list[LaunchConfig]:
     """What the correctness section checks: every candidate (or the defaults), plus the defaults
     with the portable decoder."""
@@ -492,6 +505,7 @@ def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: 
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in split_variants(tried, N, K, sm_count(x.device))]
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in resident_variants(tried, M)]
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in gather_t_variants(tried, M, fmt)]
+                tried += [time_config(x, sets, cfg, exact, bound) for cfg in tma_variants(tried)]
             timed = [t for t in tried if "us" in t]
             best = min(timed, key=lambda t: t["us"]) if timed else None
             key = "w12" if fmt is WeightFormat.W12 else "bf16_kernel"
@@ -579,6 +593,9 @@ def compile_problems(quick: bool, models, ms) -> list[tuple[int, int, int, Launc
                     capped = [dataclasses.replace(c, resident=3) for c in kc.gemm_candidates(M) if c.num_warps == 4]
                     out += [(N, K, M, c) for c in capped]
                     out += [(N, K, M, dataclasses.replace(c, gather_t=True)) for c in capped if M >= GATHER_T_MIN_M]
+                if not quick:  # phase 4's binaries: any GEMM tile above may be among the fastest
+                    gemm = [c for n, k, m, c in out if (n, k, m) == (N, K, M) and c.path is KernelPath.GEMM and not c.tma]
+                    out += [(N, K, M, dataclasses.replace(c, tma=True)) for c in gemm]
     return list(dict.fromkeys(out))
 
 

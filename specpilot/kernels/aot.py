@@ -70,8 +70,20 @@ def _constexprs(cfg: LaunchConfig, bm: int, w12: bool, even: bool) -> dict:
     """The meta-parameters a launch of `cfg` with row block `bm` passes (GEMM: before its escape mode)."""
     c = {"IS_W12": w12, "BLOCK_M": bm, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
          "EVEN_N": even, "EVEN_K": even, "PTX_DECODE": cfg.ptx_decode, "STAGES": cfg.num_stages}
-    c.update({"EVEN_M": even, "ESC_CHUNK": 16} if cfg.path is KernelPath.GEMV else {"DOT_BF16": True})
+    c.update({"EVEN_M": even, "ESC_CHUNK": 16} if cfg.path is KernelPath.GEMV else {"DOT_BF16": True, "TMA": cfg.tma})
     return c
+
+
+def _descriptor_types(c: dict, w12: bool) -> dict:
+    """Signature of the GEMM's lo_desc/hi_desc: tensor descriptors of the weight tiles with TMA
+    (`tma.py`: W12 int64 / int32 groups [BN, BK/8], plain [BN, BK]), else the planes' pointers."""
+    if not c.get("TMA"):
+        planes = W12_PLANES if w12 else DENSE_PLANES
+        return {"lo_desc": planes["w_ptr"], "hi_desc": planes["hi_ptr"]}
+    n, k = c["BLOCK_N"], c["BLOCK_K"]
+    if w12:
+        return {"lo_desc": f"tensordesc<i64[{n}, {k // 8}]>", "hi_desc": f"tensordesc<i32[{n}, {k // 8}]>"}
+    return {"lo_desc": f"tensordesc<bf16[{n}, {k}]>", "hi_desc": f"tensordesc<bf16[{n}, {k}]>"}
 
 
 def variants(quick: bool = False) -> list[Variant]:
@@ -103,6 +115,14 @@ def variants(quick: bool = False) -> list[Variant]:
         c = {**_constexprs(capped, 32, True, True), "ESC_MODE": 1, "ESC_SLOT": 64, "GATHER_T": False}
         out.append(Variant("gemm", f"{capped.label()} bm32 w12 even blocks", c, cfg.num_warps, cfg.num_stages,
                            capped.max_registers))
+    tma_tiles = dict.fromkeys(c for M in (1, 32) for c in kc.gemm_candidates(M)
+                              if c.num_warps == 4 and c.block_k <= 256)  # a plain weight's TMA box is <= 256 wide
+    for cfg in tma_tiles:  # the weight tiles loaded by TMA (`tma.py`), the sweep's tma variants
+        t = dataclasses.replace(cfg, tma=True)
+        for w12 in (True, False):
+            c = {**_constexprs(t, 16, w12, True), "ESC_MODE": 1 if w12 else 0, "ESC_SLOT": 64, "GATHER_T": False}
+            out.append(Variant("gemm", f"{t.label()} bm16 {'w12' if w12 else 'bf16'} even{' blocks' if w12 else ''}",
+                               c, cfg.num_warps, cfg.num_stages, cfg.max_registers))
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))
     return list({v.label: v for v in out}.values())
 
@@ -115,7 +135,8 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
     from triton.compiler import ASTSource
 
     fn = _kernel(v.kernel)
-    planes = W12_PLANES if v.constexprs.get("IS_W12", True) else DENSE_PLANES
+    w12 = v.constexprs.get("IS_W12", True)
+    planes = {**(W12_PLANES if w12 else DENSE_PLANES), **(_descriptor_types(v.constexprs, w12) if v.kernel == "gemm" else {})}
     signature = {}
     for name in fn.arg_names:
         if name in v.constexprs:
@@ -126,7 +147,7 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
     # What a launch on real tensors specializes: 16-byte aligned pointers, and sizes and strides
     # divisible by 16 (every model shape here) -- without it the compiler emits byte-wide loads.
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-             if signature[name] != "constexpr" and name not in NOT_DIVISIBLE}
+             if signature[name] != "constexpr" and name not in NOT_DIVISIBLE and not signature[name].startswith("tensordesc")}
     t = time.monotonic()
     kernel = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
                             options={"num_warps": v.num_warps, "num_stages": v.num_stages,
@@ -166,7 +187,7 @@ def main_loop_profile(kernel, v: Variant) -> dict:
         split-K reduction's loads are .STRONG) and feeds them to the math (MMA or FMA)."""
         _, first, last = loop
         body = [line for at, line in code if first <= at <= last]
-        loads = sum(bool(re.search(r"\s(LDGSTS|LDG\.E\.(64|128))(?!\.STRONG)", line)) for line in body)
+        loads = sum(bool(re.search(r"\s(LDGSTS|UTMALDG|LDG\.E\.(64|128))(?!\.STRONG)", line)) for line in body)
         math = sum(bool(re.search(r"\s(HGMMA|HMMA|FFMA)", line)) for line in body)
         return loads > 0, math, loop[0]
 

@@ -38,6 +38,9 @@ C7515): the K loop waited after each HGMMA, 1-8% slower at M = 1 and up to 19% a
 H200 (`bench/results/w12/first_reset.md`; one config there, n128 k128 w4 s3, was faster serialized).
 The SASS test holds the loop to one wait per K step.
 
+With `LaunchConfig.tma` the weight tiles come by TMA from tensor descriptors instead (`tma.py`):
+the same tiles, so the same output bit for bit; a weight TMA cannot describe keeps cp.async.
+
 Does not own tile decoding (`tiles.py`), config choice (`configs.py`) or dispatch (`dispatch.py`).
 """
 
@@ -58,6 +61,7 @@ from specpilot.kernels.configs import (
 from specpilot.kernels.escape_blocks import SLOT_STEP, escape_blocks
 from specpilot.kernels.launch import bf16_dots, prepare_launch, ptx_decode
 from specpilot.kernels.reference import reference_linear
+from specpilot.kernels.tma import descriptors as tma_descriptors
 from specpilot.kernels.workspace import SplitKWorkspace
 from specpilot.w12.weight import W12Weight
 
@@ -151,10 +155,14 @@ def _gemm_kernel(
     stride_xm, stride_ym, stride_w, stride_hi,
     # escape blocks (ESC_MODE 1); xt: x transposed [K, M] (GATHER_T)
     ebw_ptr, ebv_ptr, xt_ptr,
+    # TMA: tensor descriptors of the weight tiles (`tma.py`; W12 lo/hi, plain: both the weight);
+    # without TMA the weight's own pointers, unused
+    lo_desc, hi_desc,
     # meta
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -173,9 +181,15 @@ def _gemm_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
     # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
     for step in tl.range(step0, step1, num_stages=STAGES):
-        if IS_W12:
+        if IS_W12 and TMA:  # boxes [BN, G] of the int64 lo / int32 hi groups; zeros past N and Kp
+            g0 = step * (BLOCK_K // 8)
+            w = tiles.decode_tile(lo_desc.load([row0, g0]), hi_desc.load([row0, g0]),
+                                  BLOCK_N, BLOCK_K, PTX_DECODE, False)  # [BN, BK] scaled
+        elif IS_W12:
             w = tiles.load_w12_tile(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi,
                                     BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, False)  # [BN, BK] scaled
+        elif TMA:  # box [BN, BK]; zeros past N and K
+            w = lo_desc.load([row0, step * BLOCK_K])
         else:
             w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
         xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
@@ -245,8 +259,9 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         block_args = (run.ops.esc_ptr, run.ops.esc_val)
     gather_t = config.gather_t and mode.value == ESC_BLOCKS.value
     xt = x.t().contiguous() if gather_t else x  # [K, M]: its own kernel, ~2.5 µs on the H200
+    descs = tma_descriptors(weight, run.ops, config) if config.tma else None
     _gemm_kernel[run.grid](
-        *run.args, *block_args, xt, GATHER_T=gather_t,
+        *run.args, *block_args, xt, *(descs or (run.ops.w, run.ops.hi)), GATHER_T=gather_t, TMA=descs is not None,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),

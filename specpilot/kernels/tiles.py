@@ -143,6 +143,12 @@ def load_w12_tile(lo_ptr, hi_ptr, rows, step, N, Kp, stride_lo, stride_hi,
                   PTX: tl.constexpr, F32: tl.constexpr):
     """W12 weights of `rows` x K tile `step`, decoded and scaled: [BN, BLOCK_K] BF16 (or float32)."""
     lo, hi = load_groups(lo_ptr, hi_ptr, rows, step, N, Kp, stride_lo, stride_hi, BLOCK_K, EVEN_N, EVEN_K)
+    return decode_tile(lo, hi, BLOCK_N, BLOCK_K, PTX, F32)
+
+
+@triton.jit
+def decode_tile(lo, hi, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PTX: tl.constexpr, F32: tl.constexpr):
+    """Raw groups (lo [BN, G] int64, hi [BN, G] int32), however loaded -> [BN, BLOCK_K] decoded, scaled."""
     o0, o1, o2, o3, o4, o5, o6, o7 = decode_groups(lo, hi, PTX, F32)
     return assemble(o0, o1, o2, o3, o4, o5, o6, o7, BLOCK_N, BLOCK_K)
 

@@ -45,6 +45,29 @@ def test_resident_variants_cap_the_fastest_4_warp_configs(sweep):
     assert sweep.resident_variants([timed(out[0], 1.0)], 32) == []  # capped ones are not capped again
 
 
+def test_tma_variants_take_the_fastest_gemm_configs_of_every_phase(sweep):
+    import dataclasses
+
+    capped = LaunchConfig(KernelPath.GEMM, 64, 256, num_stages=2, split_k=3, gather_t=True, resident=3)
+    plain = LaunchConfig(KernelPath.GEMM, 64, 128, num_stages=4)
+    tried = [timed(LaunchConfig(KernelPath.GEMV, 4, 1024), 1.0), timed(plain, 12.0), timed(capped, 10.0),
+             timed(LaunchConfig(KernelPath.GEMM, 128, 128, num_warps=8, num_stages=3), 30.0)]
+    out = sweep.tma_variants(tried)
+    assert out == [dataclasses.replace(capped, tma=True), dataclasses.replace(plain, tma=True)]  # no GEMV
+    assert sweep.tma_variants([timed(out[0], 1.0)]) == []  # TMA configs are not varied again
+
+
+def test_precompile_covers_the_tma_binaries(sweep):
+    import dataclasses
+
+    shapes = {(N, K) for _, N, K in sweep.MODELS[0].projections()}
+    problems = [p for p in sweep.compile_problems(False, sweep.MODELS[:1], (1, 32)) if p[:2] in shapes]
+    gemm = {(N, K, M, c) for N, K, M, c in problems if c.path is KernelPath.GEMM and not c.tma}
+    tma = {(N, K, M, dataclasses.replace(c, tma=False)) for N, K, M, c in problems if c.tma}
+    assert gemm and tma == gemm  # every GEMM binary of the sweep, with TMA too
+    assert not any(c.tma for _, _, _, c in sweep.compile_problems(True, sweep.MODELS[:1], (1, 32)))
+
+
 def run(commit: str, rows: list[tuple[int, LaunchConfig, bool]]) -> dict:
     timings = [{"N": 64, "K": 128, "M": M, "w12": {"tried": [timed(cfg, 1.0)], "best_config": cfg.label(), "swept": swept}}
                for M, cfg, swept in rows]

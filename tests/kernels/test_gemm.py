@@ -115,6 +115,57 @@ def test_gather_from_transposed_x_equals_the_row_gather(make_x, to_device, check
     assert torch.equal(epilogue.view(torch.int32), gemm(x, enc, rows, escapes="epilogue").view(torch.int32))
 
 
+@pytest.mark.parametrize("M", [1, 17, 33])
+@pytest.mark.parametrize("config", [
+    LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, num_stages=2),
+    LaunchConfig(KernelPath.GEMM, block_n=32, block_k=256, split_k=2),
+    LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, split_k=3, gather_t=True),
+], ids=lambda c: c.label())
+def test_tma_loads_give_the_cp_async_result(make_x, make_weight, to_device, check, block_weight, M, config):
+    """`tma` loads the weight tiles from tensor descriptors: the same tiles (TMA's zeros past N,
+    Kp and K are the masks' zeros), so the output equals the cp.async path's bit for bit -- W12
+    with escape blocks, with the epilogue correction (Inf/NaN escapes), plain BF16 and float32
+    weights, on shapes no tile divides (37 rows, 300 columns)."""
+    from specpilot.kernels.gemm import gemm
+    from specpilot.kernels.launch import weight_operands
+    from specpilot.kernels.tma import descriptors
+
+    tma = dataclasses.replace(config, tma=True)
+    assert tma.label().endswith(" tma") and LaunchConfig.from_dict(tma.to_dict()) == tma
+    blocks, heavy = to_device(encode(block_weight(37, 304))), to_device(encode(make_weight(37, 304)))
+    plain = to_device(make_weight(37, 304, seed=6))
+    x = make_x(M, 304)
+    for weight in (blocks, heavy, plain, plain.float()):
+        assert descriptors(weight, weight_operands(weight), tma) is not None  # TMA really runs
+        y = gemm(x, weight, tma)
+        check(y, x, weight)
+        assert torch.equal(y.view(torch.int32), gemm(x, weight, config).view(torch.int32))
+    y = gemm(x, blocks, tma, escapes="epilogue")
+    assert torch.equal(y.view(torch.int32), gemm(x, blocks, config, escapes="epilogue").view(torch.int32))
+
+
+def test_tma_falls_back_to_cp_async_where_a_descriptor_cannot_describe_the_weight(make_x, make_weight, to_device, check):
+    """A TMA box needs 16-byte-aligned rows and at most 256 elements per side: a plain weight of
+    300 BF16 columns (600-byte rows) or a 512-column K step keeps the cp.async path -- same
+    output, no error; W12 planes (rows of Kp bytes, Kp a multiple of 128) always qualify."""
+    from specpilot.kernels.gemm import gemm
+    from specpilot.kernels.launch import weight_operands
+    from specpilot.kernels.tma import descriptors
+
+    w = to_device(make_weight(37, 300, seed=7))
+    x = make_x(3, 300)
+    tma = LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, tma=True)
+    assert descriptors(w, weight_operands(w), tma) is None
+    assert descriptors(w, weight_operands(w), dataclasses.replace(tma, block_k=512)) is None
+    enc = to_device(encode(w))
+    assert descriptors(enc, weight_operands(enc), tma) is not None
+    y = gemm(x, w, tma)
+    check(y, x, w)
+    assert torch.equal(y.view(torch.int32), gemm(x, w, dataclasses.replace(tma, tma=False)).view(torch.int32))
+    with pytest.raises(ValueError, match="tma is an option of the GEMM path"):
+        LaunchConfig(KernelPath.GEMV, block_n=4, block_k=128, tma=True)
+
+
 def test_escape_modes(weights, make_x, to_device):
     """Weights with Inf/NaN/subnormal escapes fall back to the epilogue; "blocks" then refuses;
     a weight without escapes adds none; an unknown mode is an error."""

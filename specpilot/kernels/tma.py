@@ -1,0 +1,66 @@
+"""Tensor descriptors for the GEMM's weight tiles (`LaunchConfig.tma`).
+
+With `tma` the GEMM loads each K step's weight tile with two TMA copies (W12: the lo plane viewed as
+int64 [N, Kp/8] and the hi plane as int32 [N, Kp/8], boxes [block_n, block_k/8]; plain weights: one
+box [block_n, block_k] of the weight) instead of 16-byte cp.async per thread; Triton pipelines them
+through shared memory with mbarriers. The tile's values and the sums are the same, so the output is
+bit-identical to the cp.async path. TMA reads zeros outside the tensor, as the cp.async path's
+masks do (rows past N, groups past Kp, columns past K).
+
+Measured first with a prototype kernel at the cp.async path's tuned configs, escapes off, on the
+H200 (bench/results/w12/w12_tma.md): 1-5.5% faster at M = 32 on 9 of 10 projections (32B qkv
+29.07 -> 27.47 µs), within ±1% at M = 1 except 32B qkv (-3.3%) and 32B gate_up (+2.3%); so it is a
+config option the benchmark sweep tries, not a default.
+
+A TMA box needs a 16-byte-aligned base and row stride, at most 256 elements per dimension and at
+least 16 bytes in its inner one; a weight or config that cannot meet that takes the cp.async path
+(`descriptors` returns None): the option is a speed choice, never a reason to fail. W12
+descriptors are cached on the weight (`W12Weight.derived`, like the escape blocks); a plain
+weight's are built per call (a few µs of host time, nothing on the GPU).
+
+Does not own the kernel (`gemm.py`) or config choice (`configs.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpilot.kernels.configs import LaunchConfig
+from specpilot.kernels.launch import WeightOperands
+from specpilot.w12.weight import W12Weight
+
+WORD = 8  # weights per group: one int64 of lo bytes, one int32 of hi nibbles
+MAX_BOX = 256  # elements per box dimension (a TMA limit)
+ALIGN = 16  # bytes: base address and row stride
+
+
+def _box_ok(t: torch.Tensor, box: list[int]) -> bool:
+    return (t.data_ptr() % ALIGN == 0 and (t.stride(0) * t.element_size()) % ALIGN == 0 and t.stride(1) == 1
+            and all(1 <= b <= MAX_BOX for b in box) and box[-1] * t.element_size() >= ALIGN)
+
+
+def _descriptor(t: torch.Tensor, box: list[int]):
+    from triton.tools.tensor_descriptor import TensorDescriptor  # lazy: the package imports without Triton
+
+    return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], box)
+
+
+def descriptors(weight: W12Weight | torch.Tensor, ops: WeightOperands, config: LaunchConfig):
+    """(lo, hi) descriptors of `weight`'s tiles for `config` (a plain weight: (w, w)), or None where
+    TMA cannot load them (see the module docstring)."""
+    if not ops.is_w12:
+        box = [config.block_n, config.block_k]
+        if not _box_ok(ops.w, box):
+            return None
+        d = _descriptor(ops.w, box)
+        return d, d
+    key = ("tma", config.block_n, config.block_k)
+    if key not in weight.derived:
+        try:
+            lo, hi = ops.w.view(torch.int64), ops.hi.view(torch.int32)  # [N, Kp/8] each
+        except RuntimeError:  # a view whose strides do not allow the wider dtype
+            lo = hi = None
+        box = [config.block_n, config.block_k // WORD]
+        ok = lo is not None and _box_ok(lo, box) and _box_ok(hi, box)
+        weight.derived[key] = (_descriptor(lo, box), _descriptor(hi, box)) if ok else None
+    return weight.derived[key]
