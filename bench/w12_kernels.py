@@ -334,7 +334,7 @@ TMA_BEST = 2
 def tma_variants(tried: list[dict]) -> list[LaunchConfig]:
     """Phase 4: the TMA_BEST fastest GEMM configs so far (phases 1-3 included) loading their weight
     tiles by TMA (`LaunchConfig.tma`), for both formats: at the cp.async path's tuned configs a
-    prototype was 1-5.5% faster at M = 32 and within ±1% at M = 1 on most rows
+    prototype was 0.6-5.5% faster at M = 32 and within ±1% at M = 1 on most rows
     (bench/results/w12/w12_tma.md), so whether it wins is a per-row question."""
     timed = sorted((t for t in tried if "us" in t and t["config"]["path"] == "gemm" and not t["config"].get("tma")),
                    key=lambda t: t["us"])

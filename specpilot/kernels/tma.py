@@ -8,9 +8,10 @@ bit-identical to the cp.async path. TMA reads zeros outside the tensor, as the c
 masks do (rows past N, groups past Kp, columns past K).
 
 Measured first with a prototype kernel at the cp.async path's tuned configs, escapes off, on the
-H200 (bench/results/w12/w12_tma.md): 1-5.5% faster at M = 32 on 9 of 10 projections (32B qkv
-29.07 -> 27.47 µs), within ±1% at M = 1 except 32B qkv (-3.3%) and 32B gate_up (+2.3%); so it is a
-config option the benchmark sweep tries, not a default.
+H200 (bench/results/w12/w12_tma.md): 0.6-5.5% faster at M = 32 on 9 of 10 projections (32B qkv
+29.07 -> 27.47 µs), within ±1% at M = 1 except 32B qkv (3.3% faster) and 32B gate_up (2.3% slower); so it is a
+config option the benchmark sweep tries, not a default. In the sweep that followed (d856760,
+bench/results/w12/w12_kernels.md) TMA configs were the best on 36 of 70 W12 rows.
 
 A TMA box needs a 16-byte-aligned base and row stride, at most 256 elements per dimension and at
 least 16 bytes in its inner one; a weight or config that cannot meet that takes the cp.async path
