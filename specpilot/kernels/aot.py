@@ -79,11 +79,11 @@ def _descriptor_types(c: dict, w12: bool) -> dict:
     (`tma.py`: W12 int64 / int32 groups [BN, BK/8], plain [BN, BK]), else the planes' pointers."""
     if not c.get("TMA"):
         planes = W12_PLANES if w12 else DENSE_PLANES
-        return {"lo_desc": planes["w_ptr"], "hi_desc": planes["hi_ptr"], "x_desc": "*bf16"}
+        return {"lo_desc": planes["w_ptr"], "hi_desc": planes["hi_ptr"]}
     n, k = c["BLOCK_N"], c["BLOCK_K"]
     if w12:
-        return {"lo_desc": f"tensordesc<i64[{n}, {k // 8}]>", "hi_desc": f"tensordesc<i32[{n}, {k // 8}]>", "x_desc": "*bf16"}
-    return {"lo_desc": f"tensordesc<bf16[{n}, {k}]>", "hi_desc": f"tensordesc<bf16[{n}, {k}]>", "x_desc": "*bf16"}
+        return {"lo_desc": f"tensordesc<i64[{n}, {k // 8}]>", "hi_desc": f"tensordesc<i32[{n}, {k // 8}]>"}
+    return {"lo_desc": f"tensordesc<bf16[{n}, {k}]>", "hi_desc": f"tensordesc<bf16[{n}, {k}]>"}
 
 
 def variants(quick: bool = False) -> list[Variant]:

@@ -70,9 +70,6 @@ ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
 
-# A/B switch of bench/prototypes/w12_tma_x.py (temporary): the x^T tiles by TMA too.
-AB = {"tma_x": False}
-
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
 
@@ -160,12 +157,12 @@ def _gemm_kernel(
     ebw_ptr, ebv_ptr, xt_ptr,
     # TMA: tensor descriptors of the weight tiles (`tma.py`; W12 lo/hi, plain: both the weight);
     # without TMA the weight's own pointers, unused
-    lo_desc, hi_desc, x_desc,
+    lo_desc, hi_desc,
     # meta
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
-    TMA: tl.constexpr, TMA_X: tl.constexpr = False,
+    TMA: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -195,10 +192,7 @@ def _gemm_kernel(
             w = lo_desc.load([row0, step * BLOCK_K])
         else:
             w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
-        if TMA_X:  # box [BM, BK] of x, zeros past M and K
-            xt = tl.trans(x_desc.load([0, step * BLOCK_K]))  # [BK, BM]
-        else:
-            xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
+        xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
         # The first step's MMA ignores acc: Triton turns the select into wgmma's use-accumulator flag.
         acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
@@ -266,15 +260,8 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
     gather_t = config.gather_t and mode.value == ESC_BLOCKS.value
     xt = x.t().contiguous() if gather_t else x  # [K, M]: its own kernel, ~2.5 µs on the H200
     descs = tma_descriptors(weight, run.ops, config) if config.tma else None
-    bm = block_m(KernelPath.GEMM, x.shape[0])
-    x_desc = None
-    if AB["tma_x"] and x.data_ptr() % 16 == 0 and (x.stride(0) * x.element_size()) % 16 == 0 and config.block_k <= 256:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        x_desc = TensorDescriptor(x, list(x.shape), [x.stride(0), 1], [bm, config.block_k])
     _gemm_kernel[run.grid](
-        *run.args, *block_args, xt, *(descs or (run.ops.w, run.ops.hi)), x_desc if x_desc is not None else x,
-        GATHER_T=gather_t, TMA=descs is not None, TMA_X=x_desc is not None,
+        *run.args, *block_args, xt, *(descs or (run.ops.w, run.ops.hi)), GATHER_T=gather_t, TMA=descs is not None,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
