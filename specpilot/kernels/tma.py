@@ -15,9 +15,9 @@ bench/results/w12/w12_kernels.md) TMA configs were the best on 36 of 70 W12 rows
 
 A TMA box needs a 16-byte-aligned base and row stride, at most 256 elements per dimension and at
 least 16 bytes in its inner one; a weight or config that cannot meet that takes the cp.async path
-(`descriptors` returns None): the option is a speed choice, never a reason to fail. W12
-descriptors are cached on the weight (`W12Weight.derived`, like the escape blocks); a plain
-weight's are built per call (a few µs of host time, nothing on the GPU).
+(`descriptors` returns None), as does any GPU before sm_90: the option is a speed choice, never a
+reason to fail. W12 descriptors are cached on the weight (`W12Weight.derived`, like the escape
+blocks); a plain weight's are built per call (a few µs of host time, nothing on the GPU).
 
 Does not own the kernel (`gemm.py`) or config choice (`configs.py`).
 """
@@ -33,6 +33,7 @@ from specpilot.w12.weight import W12Weight
 WORD = 8  # weights per group: one int64 of lo bytes, one int32 of hi nibbles
 MAX_BOX = 256  # elements per box dimension (a TMA limit)
 ALIGN = 16  # bytes: base address and row stride
+TMA_MAJOR = 9  # compute capability from which GPUs have TMA (Hopper)
 
 
 def _box_ok(t: torch.Tensor, box: list[int]) -> bool:
@@ -48,7 +49,9 @@ def _descriptor(t: torch.Tensor, box: list[int]):
 
 def descriptors(weight: W12Weight | torch.Tensor, ops: WeightOperands, config: LaunchConfig):
     """(lo, hi) descriptors of `weight`'s tiles for `config` (a plain weight: (w, w)), or None where
-    TMA cannot load them (see the module docstring)."""
+    TMA cannot load them (see the module docstring; GPUs before sm_90 have no TMA)."""
+    if ops.w.is_cuda and torch.cuda.get_device_capability(ops.w.device)[0] < TMA_MAJOR:
+        return None
     if not ops.is_w12:
         box = [config.block_n, config.block_k]
         if not _box_ok(ops.w, box):
