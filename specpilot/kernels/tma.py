@@ -17,7 +17,7 @@ A TMA box needs a 16-byte-aligned base and row stride, at most 256 elements per 
 least 16 bytes in its inner one; a weight or config that cannot meet that takes the cp.async path
 (`descriptors` returns None), as does any GPU before sm_90: the option is a speed choice, never a
 reason to fail. W12 descriptors are cached on the weight (`W12Weight.derived`, like the escape
-blocks); a plain weight's are built per call (1.9 µs of Python on this repo's 2-core CI machine;
+blocks); a plain weight's are built per call (1.9 µs of Python on a 2-core development machine;
 nothing on the GPU), and Triton's launcher encodes every descriptor at each eager launch.
 
 Does not own the kernel (`gemm.py`) or config choice (`configs.py`).
