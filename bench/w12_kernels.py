@@ -329,16 +329,25 @@ def resident_variants(tried: list[dict], M: int) -> list[LaunchConfig]:
 
 
 TMA_BEST = 2
+TMA_EVERY_TILE_MIN_M = 16  # from here on phase 4 also gives TMA to every phase-1 GEMM tile
 
 
-def tma_variants(tried: list[dict]) -> list[LaunchConfig]:
+def tma_variants(tried: list[dict], M: int) -> list[LaunchConfig]:
     """Phase 4: the TMA_BEST fastest GEMM configs so far (phases 1-3 included) loading their weight
-    tiles by TMA (`LaunchConfig.tma`), for both formats: at the cp.async path's tuned configs a
-    prototype was 0.6-5.5% faster at M = 32 and within ±1% at M = 1 on most rows
-    (bench/results/w12/w12_tma.md), so whether it wins is a per-row question."""
+    tiles by TMA (`LaunchConfig.tma`), for both formats; from TMA_EVERY_TILE_MIN_M rows also every
+    GEMM config of phase 1 (the candidate tiles at the automatic split). At the cp.async path's
+    tuned configs a prototype was 0.6-5.5% faster at M = 32 and within ±1% at M = 1 on most rows
+    (bench/results/w12/w12_tma.md); but TMA also reorders the tiles: on Qwen3-8B gate_up at M = 32
+    the n64 k128 s3 tile ranked 13th of 30 with cp.async in the d856760 sweep (55.05 µs) and was
+    the fastest with TMA in a later look (42.12 µs against the tuned 46.22,
+    bench/results/w12/w12_tma_tiles.md), out of reach of the two fastest."""
     timed = sorted((t for t in tried if "us" in t and t["config"]["path"] == "gemm" and not t["config"].get("tma")),
                    key=lambda t: t["us"])
-    return [dataclasses.replace(LaunchConfig.from_dict(t["config"]), tma=True) for t in timed[:TMA_BEST]]
+    configs = [LaunchConfig.from_dict(t["config"]) for t in timed[:TMA_BEST]]
+    if M >= TMA_EVERY_TILE_MIN_M:
+        tiles = set(kc.gemm_candidates(M))
+        configs += [c for c in map(LaunchConfig.from_dict, (t["config"] for t in timed)) if c in tiles]
+    return list(dict.fromkeys(dataclasses.replace(c, tma=True) for c in configs))
 
 
 def correctness_configs(M: int, every: bool) -> list[LaunchConfig]:
@@ -505,7 +514,7 @@ def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: 
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in split_variants(tried, N, K, sm_count(x.device))]
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in resident_variants(tried, M)]
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in gather_t_variants(tried, M, fmt)]
-                tried += [time_config(x, sets, cfg, exact, bound) for cfg in tma_variants(tried)]
+                tried += [time_config(x, sets, cfg, exact, bound) for cfg in tma_variants(tried, M)]
             timed = [t for t in tried if "us" in t]
             best = min(timed, key=lambda t: t["us"]) if timed else None
             key = "w12" if fmt is WeightFormat.W12 else "bf16_kernel"

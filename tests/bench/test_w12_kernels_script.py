@@ -52,9 +52,15 @@ def test_tma_variants_take_the_fastest_gemm_configs_of_every_phase(sweep):
     plain = LaunchConfig(KernelPath.GEMM, 64, 128, num_stages=4)
     tried = [timed(LaunchConfig(KernelPath.GEMV, 4, 1024), 1.0), timed(plain, 12.0), timed(capped, 10.0),
              timed(LaunchConfig(KernelPath.GEMM, 128, 128, num_warps=8, num_stages=3), 30.0)]
-    out = sweep.tma_variants(tried)
+    out = sweep.tma_variants(tried, 1)
     assert out == [dataclasses.replace(capped, tma=True), dataclasses.replace(plain, tma=True)]  # no GEMV
-    assert sweep.tma_variants([timed(out[0], 1.0)]) == []  # TMA configs are not varied again
+    assert sweep.tma_variants([timed(out[0], 1.0)], 1) == []  # TMA configs are not varied again
+    # from 16 rows also every phase-1 tile (a candidate at the automatic split), however slow
+    eight = LaunchConfig(KernelPath.GEMM, 128, 128, num_warps=8, num_stages=3)
+    assert eight in sweep.kc.gemm_candidates(32)
+    wide = sweep.tma_variants(tried, 32)
+    assert wide[:2] == out and dataclasses.replace(eight, tma=True) in wide
+    assert dataclasses.replace(capped, tma=True) in wide and len(wide) == len(set(wide))
 
 
 def test_precompile_covers_the_tma_binaries(sweep):
