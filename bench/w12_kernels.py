@@ -343,10 +343,11 @@ def tma_variants(tried: list[dict], M: int) -> list[LaunchConfig]:
     bench/results/w12/w12_tma_tiles.md), out of reach of the two fastest."""
     timed = sorted((t for t in tried if "us" in t and t["config"]["path"] == "gemm" and not t["config"].get("tma")),
                    key=lambda t: t["us"])
-    configs = [LaunchConfig.from_dict(t["config"]) for t in timed[:TMA_BEST]]
+    ranked = [LaunchConfig.from_dict(t["config"]) for t in timed]
+    configs = ranked[:TMA_BEST]
     if M >= TMA_EVERY_TILE_MIN_M:
         tiles = set(kc.gemm_candidates(M))
-        configs += [c for c in map(LaunchConfig.from_dict, (t["config"] for t in timed)) if c in tiles]
+        configs += [c for c in ranked if c in tiles]
     return list(dict.fromkeys(dataclasses.replace(c, tma=True) for c in configs))
 
 
@@ -595,16 +596,15 @@ def compile_problems(quick: bool, models, ms) -> list[tuple[int, int, int, Launc
     for model in models:
         for _, N, K in model.projections():
             for M in ms:
-                out += [(N, K, M, c) for c in sweep_configs(M, not quick)]
+                configs = list(sweep_configs(M, not quick))
                 if not quick and M >= GATHER_T_MIN_M:  # phase 3's binaries (any of these tiles may be best)
-                    out += [(N, K, M, dataclasses.replace(c, gather_t=True)) for c in kc.gemm_candidates(M)]
+                    configs += [dataclasses.replace(c, gather_t=True) for c in kc.gemm_candidates(M)]
                 if not quick and M >= RESIDENT_MIN_M:
                     capped = [dataclasses.replace(c, resident=3) for c in kc.gemm_candidates(M) if c.num_warps == 4]
-                    out += [(N, K, M, c) for c in capped]
-                    out += [(N, K, M, dataclasses.replace(c, gather_t=True)) for c in capped if M >= GATHER_T_MIN_M]
+                    configs += capped + [dataclasses.replace(c, gather_t=True) for c in capped if M >= GATHER_T_MIN_M]
                 if not quick:  # phase 4's binaries: any GEMM tile above may be among the fastest
-                    gemm = [c for n, k, m, c in out if (n, k, m) == (N, K, M) and c.path is KernelPath.GEMM and not c.tma]
-                    out += [(N, K, M, dataclasses.replace(c, tma=True)) for c in gemm]
+                    configs += [dataclasses.replace(c, tma=True) for c in configs if c.path is KernelPath.GEMM]
+                out += [(N, K, M, c) for c in configs]
     return list(dict.fromkeys(out))
 
 

@@ -266,7 +266,7 @@ def occupancy(args, data, start) -> int:
         arms = {"cublas": [lambda d=d: F.linear(x, d) for d in dense],
                 "triton tuned " + tuned.label(): [lambda w=w: gemm_mod.gemm(x, w, tuned, escapes="off") for w in sets]}
         plans = [(128, st, per_sm, 4) for st in (3, 4, 6) for per_sm in (2, 3, 4)]  # 110 registers: 4 per SM
-        if args.k256:  # 148 registers: capped at 168 for 3 per SM (compiled for sm_90a without spills; not yet run)
+        if args.k256:  # 148 registers: capped at 168 for 3 per SM (no spills; run in w12_gluon_occupancy.md)
             plans += [(256, st, per_sm, 3) for st in (2, 3) for per_sm in (2, 3)]
         same = {}
         for bk, st, per_sm, resident in plans:

@@ -1,5 +1,7 @@
 """bench/w12_kernels.py (the GPU sweep): which configs its later phases try, without a GPU."""
 
+import dataclasses
+
 import pytest
 
 from specpilot.kernels.configs import KernelPath, LaunchConfig, WeightFormat
@@ -46,8 +48,6 @@ def test_resident_variants_cap_the_fastest_4_warp_configs(sweep):
 
 
 def test_tma_variants_take_the_fastest_gemm_configs_of_every_phase(sweep):
-    import dataclasses
-
     capped = LaunchConfig(KernelPath.GEMM, 64, 256, num_stages=2, split_k=3, gather_t=True, resident=3)
     plain = LaunchConfig(KernelPath.GEMM, 64, 128, num_stages=4)
     tried = [timed(LaunchConfig(KernelPath.GEMV, 4, 1024), 1.0), timed(plain, 12.0), timed(capped, 10.0),
@@ -64,8 +64,6 @@ def test_tma_variants_take_the_fastest_gemm_configs_of_every_phase(sweep):
 
 
 def test_precompile_covers_the_tma_binaries(sweep):
-    import dataclasses
-
     shapes = {(N, K) for _, N, K in sweep.MODELS[0].projections()}
     problems = [p for p in sweep.compile_problems(False, sweep.MODELS[:1], (1, 32)) if p[:2] in shapes]
     gemm = {(N, K, M, c) for N, K, M, c in problems if c.path is KernelPath.GEMM and not c.tma}
