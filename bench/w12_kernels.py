@@ -351,6 +351,23 @@ def tma_variants(tried: list[dict], M: int) -> list[LaunchConfig]:
     return list(dict.fromkeys(dataclasses.replace(c, tma=True) for c in configs))
 
 
+TMA_X_MIN_M = 16  # from here on phase 5 also loads the x tiles by TMA
+TMA_X_BEST = 3
+
+
+def tma_x_variants(tried: list[dict], M: int) -> list[LaunchConfig]:
+    """Phase 5 (M >= TMA_X_MIN_M): the TMA_X_BEST fastest GEMM configs so far (phases 1-4
+    included) loading their x tiles by TMA too (`LaunchConfig.tma_x`), for both formats; only K
+    steps of at most 256 columns, which a TMA box can hold (a wider one would rerun the same
+    binary). At the tuned configs a prototype was 0.5-4.5% faster at M = 32 on 8 of 10
+    projections and 5-18% slower at M = 1 (bench/results/w12/w12_tma_x.md)."""
+    if M < TMA_X_MIN_M:
+        return []
+    timed = sorted((t for t in tried if "us" in t and t["config"]["path"] == "gemm" and not t["config"].get("tma_x")
+                    and t["config"]["block_k"] <= 256), key=lambda t: t["us"])
+    return [dataclasses.replace(LaunchConfig.from_dict(t["config"]), tma_x=True) for t in timed[:TMA_X_BEST]]
+
+
 def correctness_configs(M: int, every: bool) -> list[LaunchConfig]:
     """What the correctness section checks: every candidate (or the defaults), plus the defaults
     with the portable decoder."""
@@ -516,6 +533,7 @@ def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: 
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in resident_variants(tried, M)]
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in gather_t_variants(tried, M, fmt)]
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in tma_variants(tried, M)]
+                tried += [time_config(x, sets, cfg, exact, bound) for cfg in tma_x_variants(tried, M)]
             timed = [t for t in tried if "us" in t]
             best = min(timed, key=lambda t: t["us"]) if timed else None
             key = "w12" if fmt is WeightFormat.W12 else "bf16_kernel"
@@ -604,6 +622,9 @@ def compile_problems(quick: bool, models, ms) -> list[tuple[int, int, int, Launc
                     configs += capped + [dataclasses.replace(c, gather_t=True) for c in capped if M >= GATHER_T_MIN_M]
                 if not quick:  # phase 4's binaries: any GEMM tile above may be among the fastest
                     configs += [dataclasses.replace(c, tma=True) for c in configs if c.path is KernelPath.GEMM]
+                if not quick and M >= TMA_X_MIN_M:  # phase 5's: any of those may be among the fastest
+                    configs += [dataclasses.replace(c, tma_x=True) for c in configs
+                                if c.path is KernelPath.GEMM and c.block_k <= 256]
                 out += [(N, K, M, c) for c in configs]
     return list(dict.fromkeys(out))
 

@@ -70,20 +70,23 @@ def _constexprs(cfg: LaunchConfig, bm: int, w12: bool, even: bool) -> dict:
     """The meta-parameters a launch of `cfg` with row block `bm` passes (GEMM: before its escape mode)."""
     c = {"IS_W12": w12, "BLOCK_M": bm, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
          "EVEN_N": even, "EVEN_K": even, "PTX_DECODE": cfg.ptx_decode, "STAGES": cfg.num_stages}
-    c.update({"EVEN_M": even, "ESC_CHUNK": 16} if cfg.path is KernelPath.GEMV else {"DOT_BF16": True, "TMA": cfg.tma})
+    gemm = {"DOT_BF16": True, "TMA": cfg.tma, "TMA_X": cfg.tma_x}
+    c.update({"EVEN_M": even, "ESC_CHUNK": 16} if cfg.path is KernelPath.GEMV else gemm)
     return c
 
 
 def _descriptor_types(c: dict, w12: bool) -> dict:
-    """Signature of the GEMM's lo_desc/hi_desc: tensor descriptors of the weight tiles with TMA
-    (`tma.py`: W12 int64 / int32 groups [BN, BK/8], plain [BN, BK]), else the planes' pointers."""
+    """Signature of the GEMM's lo_desc/hi_desc/x_desc: tensor descriptors of the weight tiles with
+    TMA (`tma.py`: W12 int64 / int32 groups [BN, BK/8], plain [BN, BK]), else the planes' pointers;
+    x's tiles [BM, BK] with TMA_X, else x's pointer."""
+    n, k = c["BLOCK_N"], c["BLOCK_K"]
+    x = {"x_desc": f"tensordesc<bf16[{c['BLOCK_M']}, {k}]>" if c.get("TMA_X") else "*bf16"}
     if not c.get("TMA"):
         planes = W12_PLANES if w12 else DENSE_PLANES
-        return {"lo_desc": planes["w_ptr"], "hi_desc": planes["hi_ptr"]}
-    n, k = c["BLOCK_N"], c["BLOCK_K"]
+        return {"lo_desc": planes["w_ptr"], "hi_desc": planes["hi_ptr"], **x}
     if w12:
-        return {"lo_desc": f"tensordesc<i64[{n}, {k // 8}]>", "hi_desc": f"tensordesc<i32[{n}, {k // 8}]>"}
-    return {"lo_desc": f"tensordesc<bf16[{n}, {k}]>", "hi_desc": f"tensordesc<bf16[{n}, {k}]>"}
+        return {"lo_desc": f"tensordesc<i64[{n}, {k // 8}]>", "hi_desc": f"tensordesc<i32[{n}, {k // 8}]>", **x}
+    return {"lo_desc": f"tensordesc<bf16[{n}, {k}]>", "hi_desc": f"tensordesc<bf16[{n}, {k}]>", **x}
 
 
 def variants(quick: bool = False) -> list[Variant]:
@@ -117,12 +120,12 @@ def variants(quick: bool = False) -> list[Variant]:
                            capped.max_registers))
     tma_tiles = dict.fromkeys(c for M in (1, 32) for c in kc.gemm_candidates(M)
                               if c.num_warps == 4 and c.block_k <= 256)  # a plain weight's TMA box is <= 256 wide
-    for cfg in tma_tiles:  # the weight tiles loaded by TMA (`tma.py`), the sweep's tma variants
-        t = dataclasses.replace(cfg, tma=True)
-        for w12 in (True, False):
-            c = {**_constexprs(t, 16, w12, True), "ESC_MODE": 1 if w12 else 0, "ESC_SLOT": 64, "GATHER_T": False}
-            out.append(Variant("gemm", f"{t.label()} bm16 {'w12' if w12 else 'bf16'} even{' blocks' if w12 else ''}",
-                               c, cfg.num_warps, cfg.num_stages, cfg.max_registers))
+    for cfg in tma_tiles:  # the weight tiles loaded by TMA (`tma.py`), the sweep's tma variants; from 16
+        for t, bm in ((dataclasses.replace(cfg, tma=True), 16), (dataclasses.replace(cfg, tma=True, tma_x=True), 32)):
+            for w12 in (True, False):  # rows also with x's tiles by TMA (tma_x)
+                c = {**_constexprs(t, bm, w12, True), "ESC_MODE": 1 if w12 else 0, "ESC_SLOT": 64, "GATHER_T": False}
+                out.append(Variant("gemm", f"{t.label()} bm{bm} {'w12' if w12 else 'bf16'} even{' blocks' if w12 else ''}",
+                                   c, cfg.num_warps, cfg.num_stages, cfg.max_registers))
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))
     return list({v.label: v for v in out}.values())
 

@@ -62,6 +62,7 @@ class LaunchConfig:
     resident: int = MIN_PROGRAMS_PER_SM  # programs per SM the register cap leaves room for (max_registers)
     fit_wave: bool = False  # with split_k = 0: round the automatic split down, see `auto_split_k`
     tma: bool = False  # GEMM: load the weight tiles by TMA (tensor descriptors, `tma.py`) instead of cp.async
+    tma_x: bool = False  # GEMM: load the x tiles by TMA too (a box [BM, BK] of x, transposed in shared memory)
 
     def __post_init__(self):
         if not _pow2(self.block_n) or not _pow2(self.block_k) or self.block_k < K_PAD:
@@ -76,8 +77,8 @@ class LaunchConfig:
             raise ValueError(f"resident must be in {MIN_PROGRAMS_PER_SM}..4: {self}")
         if self.gather_t and self.path is not KernelPath.GEMM:
             raise ValueError(f"gather_t is an option of the GEMM path: {self}")
-        if self.tma and self.path is not KernelPath.GEMM:
-            raise ValueError(f"tma is an option of the GEMM path: {self}")
+        if (self.tma or self.tma_x) and self.path is not KernelPath.GEMM:
+            raise ValueError(f"tma and tma_x are options of the GEMM path: {self}")
         if self.fit_wave and self.split_k:
             raise ValueError(f"fit_wave rounds the automatic split; this config fixes split_k: {self}")
 
@@ -98,6 +99,7 @@ class LaunchConfig:
         s += f" r{self.resident}" if self.resident != MIN_PROGRAMS_PER_SM else ""
         s += " fw" if self.fit_wave else ""
         s += " tma" if self.tma else ""
+        s += " tmax" if self.tma_x else ""
         return s + ("" if self.ptx_decode else " portable")
 
     @property

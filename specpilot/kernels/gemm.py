@@ -39,7 +39,8 @@ H200 (`bench/results/w12/first_reset.md`; one config there, n128 k128 w4 s3, was
 The SASS test holds the loop to one wait per K step.
 
 With `LaunchConfig.tma` the weight tiles come by TMA from tensor descriptors instead (`tma.py`):
-the same tiles, so the same output bit for bit; a weight TMA cannot describe keeps cp.async.
+the same tiles, so the same output bit for bit; a weight TMA cannot describe keeps cp.async. With
+`LaunchConfig.tma_x` the x^T tiles come by TMA as well (a box of x, transposed in shared memory).
 
 Does not own tile decoding (`tiles.py`), config choice (`configs.py`) or dispatch (`dispatch.py`).
 """
@@ -62,6 +63,7 @@ from specpilot.kernels.escape_blocks import SLOT_STEP, escape_blocks
 from specpilot.kernels.launch import bf16_dots, prepare_launch, ptx_decode
 from specpilot.kernels.reference import reference_linear
 from specpilot.kernels.tma import descriptors as tma_descriptors
+from specpilot.kernels.tma import x_descriptor
 from specpilot.kernels.workspace import SplitKWorkspace
 from specpilot.w12.weight import W12Weight
 
@@ -156,13 +158,13 @@ def _gemm_kernel(
     # escape blocks (ESC_MODE 1); xt: x transposed [K, M] (GATHER_T)
     ebw_ptr, ebv_ptr, xt_ptr,
     # TMA: tensor descriptors of the weight tiles (`tma.py`; W12 lo/hi, plain: both the weight);
-    # without TMA the weight's own pointers, unused
-    lo_desc, hi_desc,
+    # without TMA the weight's own pointers, unused; TMA_X: x's descriptor, else x's pointer, unused
+    lo_desc, hi_desc, x_desc,
     # meta
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, TMA_X: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -192,7 +194,10 @@ def _gemm_kernel(
             w = lo_desc.load([row0, step * BLOCK_K])
         else:
             w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
-        xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
+        if TMA_X:  # box [BM, BK] of x; zeros past M and K
+            xt = tl.trans(x_desc.load([0, step * BLOCK_K]))  # [BK, BM]
+        else:
+            xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
         # The first step's MMA ignores acc: Triton turns the select into wgmma's use-accumulator flag.
         acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
@@ -260,10 +265,13 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
     gather_t = config.gather_t and mode.value == ESC_BLOCKS.value
     xt = x.t().contiguous() if gather_t else x  # [K, M]: its own kernel, ~2.5 µs on the H200
     descs = tma_descriptors(weight, run.ops, config) if config.tma else None
+    bm = block_m(KernelPath.GEMM, x.shape[0])
+    x_desc = x_descriptor(x, bm, config)
     _gemm_kernel[run.grid](
-        *run.args, *block_args, xt, *(descs or (run.ops.w, run.ops.hi)), GATHER_T=gather_t, TMA=descs is not None,
+        *run.args, *block_args, xt, *(descs or (run.ops.w, run.ops.hi)), x if x_desc is None else x_desc,
+        GATHER_T=gather_t, TMA=descs is not None, TMA_X=x_desc is not None,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
-        BLOCK_M=block_m(KernelPath.GEMM, x.shape[0]), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
         STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,

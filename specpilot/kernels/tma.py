@@ -20,6 +20,14 @@ reason to fail. W12 descriptors are cached on the weight (`W12Weight.derived`, l
 blocks); a plain weight's are built per call (1.9 µs of Python on a 2-core development machine;
 nothing on the GPU), and Triton's launcher encodes every descriptor at each eager launch.
 
+With `LaunchConfig.tma_x` the x^T tile of each K step comes by TMA too: one box [BM, BK] of x
+(`x_descriptor`; zeros past M and K, as the masked loads read), transposed in shared memory for
+the MMA. A prototype at the tuned configs (bench/results/w12/w12_tma_x.md) was 0.5-4.5% faster
+at M = 32 on 8 of 10 projections and 5-18% slower at M = 1, so the sweep tries it from 16 rows.
+x's descriptor is built per call (its address changes); the same alignment rules apply, and an x
+that breaks them (an odd row stride, a sliced view, a K step of 512) or is float32 takes the plain
+loads.
+
 Does not own the kernel (`gemm.py`) or config choice (`configs.py`).
 """
 
@@ -46,6 +54,15 @@ def _descriptor(t: torch.Tensor, box: list[int]):
     from triton.tools.tensor_descriptor import TensorDescriptor  # lazy: the package imports without Triton
 
     return TensorDescriptor(t, list(t.shape), [t.stride(0), 1], box)
+
+
+def x_descriptor(x: torch.Tensor, block_m: int, config: LaunchConfig):
+    """The descriptor of x [M, K]'s tiles [block_m, block_k] for `config.tma_x`, or None where TMA
+    cannot load them (then the kernel reads x with masked loads)."""
+    if not config.tma_x or x.element_size() != 2 or (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] < TMA_MAJOR):
+        return None  # float32 x (IEEE dots) keeps the plain loads: only 16-bit boxes are built and tested
+    box = [block_m, config.block_k]
+    return _descriptor(x, box) if _box_ok(x, box) else None
 
 
 def descriptors(weight: W12Weight | torch.Tensor, ops: WeightOperands, config: LaunchConfig):

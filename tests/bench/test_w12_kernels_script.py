@@ -72,6 +72,29 @@ def test_precompile_covers_the_tma_binaries(sweep):
     assert not any(c.tma for _, _, _, c in sweep.compile_problems(True, sweep.MODELS[:1], (1, 32)))
 
 
+def test_tma_x_variants_take_the_fastest_gemm_configs_from_16_rows(sweep):
+    tma = LaunchConfig(KernelPath.GEMM, 64, 256, num_stages=3, split_k=3, tma=True)
+    wide = LaunchConfig(KernelPath.GEMM, 64, 512, num_stages=2)  # a K step no TMA box of x holds
+    tried = [timed(LaunchConfig(KernelPath.GEMV, 4, 1024), 1.0), timed(wide, 2.0), timed(tma, 10.0),
+             timed(LaunchConfig(KernelPath.GEMM, 64, 128, num_stages=4), 12.0),
+             timed(LaunchConfig(KernelPath.GEMM, 128, 128, num_warps=8, num_stages=3), 30.0),
+             timed(LaunchConfig(KernelPath.GEMM, 64, 128, num_stages=3), 40.0)]
+    out = sweep.tma_x_variants(tried, 32)
+    assert out == [dataclasses.replace(tma, tma_x=True), LaunchConfig(KernelPath.GEMM, 64, 128, num_stages=4, tma_x=True),
+                   LaunchConfig(KernelPath.GEMM, 128, 128, num_warps=8, num_stages=3, tma_x=True)]
+    assert sweep.tma_x_variants(tried, 8) == []  # below TMA_X_MIN_M
+    assert sweep.tma_x_variants([timed(out[0], 1.0)], 32) == []  # tma_x configs are not varied again
+
+
+def test_precompile_covers_the_tma_x_binaries(sweep):
+    shapes = {(N, K) for _, N, K in sweep.MODELS[0].projections()}
+    problems = [p for p in sweep.compile_problems(False, sweep.MODELS[:1], (1, 32)) if p[:2] in shapes]
+    gemm = {(N, K, M, c) for N, K, M, c in problems if c.path is KernelPath.GEMM and not c.tma_x}
+    tma_x = {(N, K, M, dataclasses.replace(c, tma_x=False)) for N, K, M, c in problems if c.tma_x}
+    assert tma_x == {(N, K, M, c) for N, K, M, c in gemm if M == 32 and c.block_k <= 256}  # from 16 rows only
+    assert not any(c.tma_x for _, _, _, c in sweep.compile_problems(True, sweep.MODELS[:1], (1, 32)))
+
+
 def run(commit: str, rows: list[tuple[int, LaunchConfig, bool]]) -> dict:
     timings = [{"N": 64, "K": 128, "M": M, "w12": {"tried": [timed(cfg, 1.0)], "best_config": cfg.label(), "swept": swept}}
                for M, cfg, swept in rows]

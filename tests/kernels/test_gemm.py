@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from specpilot.kernels.configs import KernelPath, LaunchConfig
+from specpilot.kernels.configs import KernelPath, LaunchConfig, block_m
 from specpilot.kernels.workspace import SplitKWorkspace
 from specpilot.w12 import encode
 
@@ -162,8 +162,56 @@ def test_tma_falls_back_to_cp_async_where_a_descriptor_cannot_describe_the_weigh
     y = gemm(x, w, tma)
     check(y, x, w)
     assert torch.equal(y.view(torch.int32), gemm(x, w, dataclasses.replace(tma, tma=False)).view(torch.int32))
-    with pytest.raises(ValueError, match="tma is an option of the GEMM path"):
+    with pytest.raises(ValueError, match="tma and tma_x are options of the GEMM path"):
         LaunchConfig(KernelPath.GEMV, block_n=4, block_k=128, tma=True)
+
+
+@pytest.mark.parametrize("M", [1, 17, 33])
+@pytest.mark.parametrize("config", [
+    LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, num_stages=2),
+    LaunchConfig(KernelPath.GEMM, block_n=32, block_k=256, split_k=2, tma=True),
+    LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, split_k=3, gather_t=True, tma=True),
+], ids=lambda c: c.label())
+def test_tma_x_loads_give_the_plain_result(make_x, make_weight, to_device, check, block_weight, M, config):
+    """`tma_x` loads each K step's x tile as a TMA box of x [BM, BK] and transposes it in shared
+    memory: the same values (TMA's zeros past M and K are the masks' zeros), so the output equals
+    the masked loads' bit for bit -- W12 with escape blocks and with the epilogue correction, plain
+    weights, with and without the weight tiles by TMA, on 37 x 304 (no tile divides K)."""
+    from specpilot.kernels.gemm import gemm
+    from specpilot.kernels.tma import x_descriptor
+
+    tx = dataclasses.replace(config, tma_x=True)
+    assert tx.label().endswith(" tmax") and LaunchConfig.from_dict(tx.to_dict()) == tx
+    blocks, heavy = to_device(encode(block_weight(37, 304))), to_device(encode(make_weight(37, 304)))
+    plain = to_device(make_weight(37, 304, seed=6))
+    x = make_x(M, 304, dtype=torch.bfloat16)
+    assert x_descriptor(x, block_m(KernelPath.GEMM, M), tx) is not None  # TMA really runs
+    for weight in (blocks, heavy, plain):
+        y = gemm(x, weight, tx)
+        check(y, x, weight)
+        assert torch.equal(y.view(torch.int16), gemm(x, weight, config).view(torch.int16))
+    y = gemm(x, blocks, tx, escapes="epilogue")
+    assert torch.equal(y.view(torch.int16), gemm(x, blocks, config, escapes="epilogue").view(torch.int16))
+
+
+def test_tma_x_falls_back_to_plain_loads_where_a_descriptor_cannot_describe_x(make_x, to_device, check, block_weight):
+    """x's box needs 16-byte-aligned rows and a K step of at most 256; float32 x keeps the plain
+    loads too (only 16-bit boxes are built). Each case runs the masked loads: same output, no error."""
+    from specpilot.kernels.gemm import gemm
+    from specpilot.kernels.tma import x_descriptor
+
+    tx = LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, tma_x=True)
+    w300, w304 = (to_device(encode(block_weight(37, k))) for k in (300, 304))
+    cases = {"600-byte rows": (make_x(3, 300, dtype=torch.bfloat16), w300, tx),
+             "float32": (make_x(3, 304), w304, tx),
+             "512-column step": (make_x(3, 304, dtype=torch.bfloat16), w304, dataclasses.replace(tx, block_k=512))}
+    for name, (x, w, cfg) in cases.items():
+        assert x_descriptor(x, 16, cfg) is None, name
+        y, plain = gemm(x, w, cfg), gemm(x, w, dataclasses.replace(cfg, tma_x=False))
+        check(y, x, w)
+        assert torch.equal(y.view(torch.int16), plain.view(torch.int16)), name  # float32: as int16 pairs
+    with pytest.raises(ValueError, match="tma and tma_x are options of the GEMM path"):
+        LaunchConfig(KernelPath.GEMV, block_n=4, block_k=128, tma_x=True)
 
 
 def test_escape_modes(weights, make_x, to_device):
