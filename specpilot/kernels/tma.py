@@ -1,4 +1,4 @@
-"""Tensor descriptors for the GEMM's weight tiles (`LaunchConfig.tma`).
+"""Tensor descriptors for the GEMM's weight and x tiles (`LaunchConfig.tma`, `LaunchConfig.tma_x`).
 
 With `tma` the GEMM loads each K step's weight tile with two TMA copies (W12: the lo plane viewed as
 int64 [N, Kp/8] and the hi plane as int32 [N, Kp/8], boxes [block_n, block_k/8]; plain weights: one
