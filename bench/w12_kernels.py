@@ -351,7 +351,7 @@ def tma_variants(tried: list[dict], M: int) -> list[LaunchConfig]:
     return list(dict.fromkeys(dataclasses.replace(c, tma=True) for c in configs))
 
 
-TMA_X_MIN_M = 16  # from here on phase 5 also loads the x tiles by TMA
+TMA_X_MIN_M = kc.TMA_X_MIN_M  # from here on phase 5 also loads the x tiles by TMA
 TMA_X_BEST = 3
 
 

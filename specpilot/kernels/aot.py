@@ -119,7 +119,7 @@ def variants(quick: bool = False) -> list[Variant]:
         out.append(Variant("gemm", f"{capped.label()} bm32 w12 even blocks", c, cfg.num_warps, cfg.num_stages,
                            capped.max_registers))
     tma_tiles = dict.fromkeys(c for M in (1, 32) for c in kc.gemm_candidates(M)
-                              if c.num_warps == 4 and c.block_k <= 256)  # a plain weight's TMA box is <= 256 wide
+                              if c.block_k <= 256)  # a plain weight's TMA box is <= 256 wide; 8 warps: the M > 32 heuristic
     for cfg in tma_tiles:  # the weight tiles loaded by TMA (`tma.py`), the sweep's tma variants; from 16
         for t, bm in ((dataclasses.replace(cfg, tma=True), 16), (dataclasses.replace(cfg, tma=True, tma_x=True), 32)):
             for w12 in (True, False):  # rows also with x's tiles by TMA (tma_x)

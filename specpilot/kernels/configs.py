@@ -16,7 +16,7 @@ import enum
 import functools
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from specpilot.errors import ConfigError
@@ -175,6 +175,20 @@ def candidates(M: int) -> tuple[LaunchConfig, ...]:
     return (gemv_candidates(M) if M <= GEMV_MAX_M else ()) + gemm_candidates(M)
 
 
+TMA_X_MIN_M = 16  # x's tiles by TMA are worth a try from here: 5-18% slower at M = 1 (bench/results/w12/w12_tma_x.md)
+
+
+def with_tma_forms(configs, M: int) -> tuple[LaunchConfig, ...]:
+    """`configs` and, after them, each GEMM config with its weight tiles by TMA and, from
+    TMA_X_MIN_M rows with K steps a TMA box of x can hold (<= 256), x's tiles too: what a tuner
+    tries besides the tiles themselves (TMA configs were the best on 43 of 70 W12 rows of the
+    ae3517f sweep, x by TMA on 17 of 30 at M = 16-64 in a4ee472's)."""
+    configs = tuple(configs)
+    tma = tuple(replace(c, tma=True) for c in configs if c.path is KernelPath.GEMM)
+    tma_x = tuple(replace(c, tma_x=True) for c in tma if M >= TMA_X_MIN_M and c.block_k <= 256)
+    return tuple(dict.fromkeys(configs + tma + tma_x))
+
+
 # The untuned default tile per format, for M up to the bucket's bound: the candidate with the best
 # geometric mean over the 10 Qwen3 projections of each M in the H200 sweeps (bench/results/w12/
 # w12_kernels.md at 4d037e8 and w12_kernels_more_tiles.md at 83be863, the only one with n64 k128 s3):
@@ -187,6 +201,14 @@ _HEURISTIC_TILES = {  # format -> ((largest M, (block_n, block_k, num_warps, num
     WeightFormat.DENSE: ((GEMM_MAX_M, (64, 128, 4, 3)),),
 }
 
+
+# The heuristic tiles load their weights by TMA (`tma.py`; cp.async wherever TMA cannot, e.g. before
+# sm_90). Against the same tile with cp.async, one timing each in the same H200 sweep, TMA was faster
+# on 21 of 27 W12 rows (geometric mean 1.027x, worst 0.961x) and 38 of 49 BF16 rows (1.012x, worst
+# 0.993x) in the ae3517f sweep, and on 12 of 15 / 19 of 25 rows (1.053x / 1.017x) at M = 16-64 in
+# a4ee472's (bench/results/w12/w12_kernels.json, w12_kernels_m16_64.json: the rows where the sweep
+# timed both forms). Where the tuned table has a row it decides; this is the default for the rest.
+HEURISTIC_TMA = True
 
 # The escape gather reads a transposed copy of x (`gather_t`) by default from this many rows on weights
 # of at least this many entries: in the f748401 sweep (bench/results/w12/w12_kernels.md) it won at
@@ -206,7 +228,8 @@ def heuristic_config(M: int, fmt: WeightFormat = WeightFormat.W12, N: int = 0, K
     n, k, w, s = next(tile for bound, tile in _HEURISTIC_TILES[fmt] if M <= bound or bound == GEMM_MAX_M)
     gather_t = fmt is WeightFormat.W12 and M >= GATHER_T_MIN_M and N * K >= GATHER_T_MIN_WEIGHTS
     return LaunchConfig(KernelPath.GEMM, block_n=n, block_k=k, num_warps=w, num_stages=s, gather_t=gather_t,
-                        fit_wave=w == 8)  # the 8-warp tile's register cap fits exactly two programs per SM
+                        fit_wave=w == 8,  # the 8-warp tile's register cap fits exactly two programs per SM
+                        tma=HEURISTIC_TMA)
 
 
 def auto_split_k(n_tiles: int, k_steps: int, sm_count: int, programs_per_sm: int = 2, fit_wave: bool = False) -> int:

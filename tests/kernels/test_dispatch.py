@@ -87,7 +87,7 @@ def test_fit_wave_rounds_the_split_down_to_one_wave():
     assert auto_split_k(n_tiles=192, k_steps=32, sm_count=132, fit_wave=True) == 1  # 8B gate_up: one per tile
     assert auto_split_k(n_tiles=1024, k_steps=16, sm_count=132, fit_wave=True) == 1
     assert heuristic_config(64, WeightFormat.W12, 5120, 25600).fit_wave
-    assert heuristic_config(64, WeightFormat.W12, 5120, 25600).label().endswith(" fw")
+    assert "fw" in heuristic_config(64, WeightFormat.W12, 5120, 25600).label().split()
     assert not heuristic_config(32, WeightFormat.W12, 5120, 25600).fit_wave
     assert not heuristic_config(64, WeightFormat.DENSE, 5120, 25600).fit_wave
     with pytest.raises(ValueError, match="fit_wave"):
@@ -154,7 +154,9 @@ def test_heuristic_tiles_follow_the_format_and_row_bucket():
     assert {tile(heuristic_config(M, WeightFormat.DENSE)) for M in (1, 32, 64)} == {(64, 128, 4, 3)}
     for fmt in WeightFormat:  # every heuristic's tile is a candidate the sweep times (so reports can compare it)
         for M in range(1, configs.GEMM_MAX_M + 1):
-            assert dataclasses.replace(heuristic_config(M, fmt), fit_wave=False) in configs.candidates(M)
+            h = heuristic_config(M, fmt)
+            assert h.path is not KernelPath.GEMM or h.tma  # weight tiles by TMA where the GPU has it
+            assert dataclasses.replace(h, fit_wave=False, tma=False) in configs.candidates(M)
     assert choose_config(WeightFormat.DENSE, 32, 4096, 4096) == heuristic_config(32, WeightFormat.DENSE)
 
 
@@ -168,3 +170,20 @@ def test_heuristic_gathers_from_transposed_x_on_large_w12_weights_at_many_rows()
     assert not heuristic_config(32, WeightFormat.W12, 4096, 12288).gather_t  # a small weight
     assert not heuristic_config(32, WeightFormat.DENSE, *lm_head).gather_t  # plain weights have no escapes
     assert not heuristic_config(32).gather_t  # size unknown
+
+
+def test_tma_forms_follow_the_tiles_and_add_x_by_tma_from_16_rows():
+    """What a tuner tries besides the tiles: each GEMM tile with TMA weight loads, and from
+    TMA_X_MIN_M rows with x's tiles by TMA too -- never a GEMV (no TMA there) nor a K step of 512
+    (no box of x holds it), the plain tiles first, no repeats."""
+    from specpilot.kernels.configs import TMA_X_MIN_M, candidates, with_tma_forms
+
+    for M in (1, 8, TMA_X_MIN_M, 32, 64):
+        tiles = candidates(M)
+        forms = with_tma_forms(tiles, M)
+        assert forms[:len(tiles)] == tiles and len(set(forms)) == len(forms)
+        gemm = [c for c in tiles if c.path is KernelPath.GEMM]
+        assert {c for c in forms if c.tma and not c.tma_x} == {dataclasses.replace(c, tma=True) for c in gemm}
+        wanted = {dataclasses.replace(c, tma=True, tma_x=True) for c in gemm if c.block_k <= 256} if M >= TMA_X_MIN_M else set()
+        assert {c for c in forms if c.tma_x} == wanted
+    assert any(c.block_k == 512 for c in candidates(32))  # the exclusion above is not vacuous

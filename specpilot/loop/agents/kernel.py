@@ -7,10 +7,11 @@ tree nodes rows; qkv, o, gate_up, down per block, and lm_head when it runs throu
    device's tuned table, else the heuristic; timed again after the sweep, the faster counting)
    and computes the byte floor (weights + activations in and out / the measured bandwidth), so
    each shape's excess = (time - floor) x calls per forward;
-2. in order of excess, largest first, times every candidate configuration (`configs.candidates`)
-   on the target's own weights (W12-encoded when the incumbent runs W12), each first checked
-   against the reference within `kernels.reference.error_bound` (a config that fails is never
-   timed), until `kernel_budget_s` is spent;
+2. in order of excess, largest first, times every candidate configuration (`configs.candidates`,
+   then each GEMM tile's TMA forms, `configs.with_tma_forms`) on the target's own weights
+   (W12-encoded when the incumbent runs W12), each first checked against the reference within
+   `kernels.reference.error_bound` (a config that fails is never timed), until `kernel_budget_s`
+   is spent;
 3. keeps the configurations at least `MIN_SPEEDUP` faster than today's choice, merges them into
    the device's tuned table, and proposes that table as a patch: a worktree whose
    `specpilot/kernels/tuned/<device>.json` holds it (the dispatcher reads tables from the package,
@@ -186,9 +187,9 @@ class GpuKernelBench:
         return choose_config(fmt, shape.m, shape.n, shape.k, self.device_name)
 
     def candidates(self, shape):
-        from specpilot.kernels.configs import candidates
+        from specpilot.kernels.configs import candidates, with_tma_forms
 
-        return list(candidates(shape.m))
+        return list(with_tma_forms(candidates(shape.m), shape.m))
 
     def floor_us(self, shape) -> float:
         weight_bytes = shape.n * shape.k * (1.5 if self.w12 else 2.0)
