@@ -296,14 +296,20 @@ GATHER_T_MIN_M = kc.GATHER_T_MIN_M  # the sweep tries configs gathering from x^T
 GATHER_T_BEST = 2
 
 
+def fastest_gemm(tried: list[dict], keep=lambda c: True) -> list[LaunchConfig]:
+    """The GEMM configs of `tried` that were timed and satisfy `keep`, fastest first: what phases
+    3-5 vary."""
+    timed = sorted((t for t in tried if "us" in t and t["config"]["path"] == "gemm"), key=lambda t: t["us"])
+    return [c for c in (LaunchConfig.from_dict(t["config"]) for t in timed) if keep(c)]
+
+
 def gather_t_variants(tried: list[dict], M: int, fmt: WeightFormat) -> list[LaunchConfig]:
     """Phase 3 (W12, M >= GATHER_T_MIN_M): the GATHER_T_BEST fastest GEMM configs so far with the
     escape gather reading a transposed copy of x; it pays a copy kernel (~2.5 µs) and wins where
     the gather's traffic is large (bench/results/w12/gather_t.md)."""
     if fmt is not WeightFormat.W12 or M < GATHER_T_MIN_M:
         return []
-    timed = sorted((t for t in tried if "us" in t and t["config"]["path"] == "gemm"), key=lambda t: t["us"])
-    return [dataclasses.replace(LaunchConfig.from_dict(t["config"]), gather_t=True) for t in timed[:GATHER_T_BEST]]
+    return [dataclasses.replace(c, gather_t=True) for c in fastest_gemm(tried)[:GATHER_T_BEST]]
 
 
 RESIDENT_MIN_M = 32  # from here on the sweep also tries 4-warp configs capped for three programs per SM;
@@ -318,9 +324,7 @@ def resident_variants(tried: list[dict], M: int) -> list[LaunchConfig]:
     per SM; capped at 168 they take 161 with no spills (sm_90 build)."""
     if M < RESIDENT_MIN_M:
         return []
-    timed = sorted((t for t in tried if "us" in t and t["config"]["path"] == "gemm" and t["config"]["num_warps"] == 4
-                    and t["config"].get("resident", 2) == 2), key=lambda t: t["us"])[:PHASE2_BEST]
-    configs = [LaunchConfig.from_dict(t["config"]) for t in timed]
+    configs = fastest_gemm(tried, lambda c: c.num_warps == 4 and c.resident == kc.MIN_PROGRAMS_PER_SM)[:PHASE2_BEST]
     out = [dataclasses.replace(c, resident=3) for c in configs]
     if configs:
         n, k, w, st = CAPPED_TILE
@@ -341,9 +345,7 @@ def tma_variants(tried: list[dict], M: int) -> list[LaunchConfig]:
     the n64 k128 s3 tile ranked 13th of 30 with cp.async in the d856760 sweep (55.05 µs) and was
     the fastest with TMA in a later look (42.12 µs against the tuned 46.22,
     bench/results/w12/w12_tma_tiles.md), out of reach of the two fastest."""
-    timed = sorted((t for t in tried if "us" in t and t["config"]["path"] == "gemm" and not t["config"].get("tma")),
-                   key=lambda t: t["us"])
-    ranked = [LaunchConfig.from_dict(t["config"]) for t in timed]
+    ranked = fastest_gemm(tried, lambda c: not c.tma)
     configs = ranked[:TMA_BEST]
     if M >= TMA_EVERY_TILE_MIN_M:
         tiles = set(kc.gemm_candidates(M))
@@ -363,9 +365,8 @@ def tma_x_variants(tried: list[dict], M: int) -> list[LaunchConfig]:
     projections and 5-18% slower at M = 1 (bench/results/w12/w12_tma_x.md)."""
     if M < TMA_X_MIN_M:
         return []
-    timed = sorted((t for t in tried if "us" in t and t["config"]["path"] == "gemm" and not t["config"].get("tma_x")
-                    and t["config"]["block_k"] <= 256), key=lambda t: t["us"])
-    return [dataclasses.replace(LaunchConfig.from_dict(t["config"]), tma_x=True) for t in timed[:TMA_X_BEST]]
+    boxable = fastest_gemm(tried, lambda c: not c.tma_x and c.block_k <= 256)
+    return [dataclasses.replace(c, tma_x=True) for c in boxable[:TMA_X_BEST]]
 
 
 def correctness_configs(M: int, every: bool) -> list[LaunchConfig]:

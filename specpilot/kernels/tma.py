@@ -50,6 +50,11 @@ def _box_ok(t: torch.Tensor, box: list[int]) -> bool:
             and all(1 <= b <= MAX_BOX for b in box) and box[-1] * t.element_size() >= ALIGN)
 
 
+def _no_tma(t: torch.Tensor) -> bool:
+    """True on a GPU before sm_90 (the interpreter on CPU emulates TMA)."""
+    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] < TMA_MAJOR
+
+
 def _descriptor(t: torch.Tensor, box: list[int]):
     from triton.tools.tensor_descriptor import TensorDescriptor  # lazy: the package imports without Triton
 
@@ -59,7 +64,7 @@ def _descriptor(t: torch.Tensor, box: list[int]):
 def x_descriptor(x: torch.Tensor, block_m: int, config: LaunchConfig):
     """The descriptor of x [M, K]'s tiles [block_m, block_k] for `config.tma_x`, or None where TMA
     cannot load them (then the kernel reads x with masked loads)."""
-    if not config.tma_x or x.element_size() != 2 or (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] < TMA_MAJOR):
+    if not config.tma_x or x.element_size() != 2 or _no_tma(x):
         return None  # float32 x (IEEE dots) keeps the plain loads: only 16-bit boxes are built and tested
     box = [block_m, config.block_k]
     return _descriptor(x, box) if _box_ok(x, box) else None
@@ -68,7 +73,7 @@ def x_descriptor(x: torch.Tensor, block_m: int, config: LaunchConfig):
 def descriptors(weight: W12Weight | torch.Tensor, ops: WeightOperands, config: LaunchConfig):
     """(lo, hi) descriptors of `weight`'s tiles for `config` (a plain weight: (w, w)), or None where
     TMA cannot load them (see the module docstring; GPUs before sm_90 have no TMA)."""
-    if ops.w.is_cuda and torch.cuda.get_device_capability(ops.w.device)[0] < TMA_MAJOR:
+    if _no_tma(ops.w):
         return None
     if not ops.is_w12:
         box = [config.block_n, config.block_k]
