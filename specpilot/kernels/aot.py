@@ -71,7 +71,9 @@ def _constexprs(cfg: LaunchConfig, bm: int, w12: bool, even: bool) -> dict:
     c = {"IS_W12": w12, "BLOCK_M": bm, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
          "EVEN_N": even, "EVEN_K": even, "PTX_DECODE": cfg.ptx_decode, "STAGES": cfg.num_stages}
     gemm = {"DOT_BF16": True, "TMA": cfg.tma, "TMA_X": cfg.tma_x}
-    c.update({"EVEN_M": even, "ESC_CHUNK": 16} if cfg.path is KernelPath.GEMV else gemm)
+    gemv = {"EVEN_M": even, "ESC_CHUNK": 16, "PAIRS": not w12 and even, "X_PAIRS": even and cfg.ptx_decode,
+            "PREFETCH": cfg.prefetch}
+    c.update(gemv if cfg.path is KernelPath.GEMV else gemm)
     return c
 
 

@@ -63,6 +63,7 @@ class LaunchConfig:
     fit_wave: bool = False  # with split_k = 0: round the automatic split down, see `auto_split_k`
     tma: bool = False  # GEMM: load the weight tiles by TMA (tensor descriptors, `tma.py`) instead of cp.async
     tma_x: bool = False  # GEMM: load the x tiles by TMA too (a box [BM, BK] of x, transposed in shared memory)
+    prefetch: bool = False  # GEMV, W12: issue the next K step's loads into registers before this step's math
 
     def __post_init__(self):
         if not _pow2(self.block_n) or not _pow2(self.block_k) or self.block_k < K_PAD:
@@ -79,6 +80,8 @@ class LaunchConfig:
             raise ValueError(f"gather_t is an option of the GEMM path: {self}")
         if (self.tma or self.tma_x) and self.path is not KernelPath.GEMM:
             raise ValueError(f"tma and tma_x are options of the GEMM path: {self}")
+        if self.prefetch and self.path is not KernelPath.GEMV:
+            raise ValueError(f"prefetch is an option of the GEMV path: {self}")
         if self.fit_wave and self.split_k:
             raise ValueError(f"fit_wave rounds the automatic split; this config fixes split_k: {self}")
 
@@ -100,6 +103,7 @@ class LaunchConfig:
         s += " fw" if self.fit_wave else ""
         s += " tma" if self.tma else ""
         s += " tmax" if self.tma_x else ""
+        s += " pf" if self.prefetch else ""
         return s + ("" if self.ptx_decode else " portable")
 
     @property

@@ -1,25 +1,25 @@
 """GEMV path: y[M, N] = x[M, K] @ W[N, K].T for 1..8 rows, W12 or plain weights, fp32 FMAs.
 
 Owns the FMA kernel for few rows, its launcher and its reference. Each program streams a block of
-BLOCK_N weight rows over its share of K; W12 groups are decoded in registers right after the loads
-(`tiles.load_w12_tile` with float32 output: ~2.25 instructions per weight for the decode itself)
-and scaled back per row at the end. Each activation row m keeps its own [BLOCK_N, BLOCK_K]
-float32 tile of partial products, reduced once at the end, so the loop body is loads, the decode,
-and per row a widening of x and an FMA. x is read as a tile of the weights' shape with row stride
-0 (the repeated reads hit L1). For plain weights that tile has the weights' register layout; a
-W12 tile comes out of `tiles.assemble` in the MMA-fragment layout, which Triton converts through
-shared memory to meet x's (sm_90 SASS at M = 1: 5.1 instructions per weight for W12, 3.6 for
-BF16). With `num_stages` > 1 Triton pipelines the loop's loads through shared memory (cp.async).
-Row blocks are split along K when there are too few of them to keep every SM streaming; splits
-reduce through `tiles.reduce_split_k` in a fixed order, so results do not depend on scheduling.
-Escapes are added by the program that finishes a row block, in float32, before the output is
-rounded.
+BLOCK_N weight rows over its share of K, a *group* of 8 codes at a time (see
+`specpilot.w12.layout`): a W12 group is 8 bytes of `lo` and 4 of `hi`, decoded in registers
+right after the loads by the inline-PTX decoder (`tiles.decode_groups`: ~2.25 instructions per
+float32 weight), and code i of every group meets x at that code's column, gathered from x
+(which the repeated reads keep in L1). So the weights stay in the registers they were loaded
+into: nothing is reordered into column order, and nothing passes through shared memory. (The
+first version of this kernel assembled each tile in column order, as the tensor-core GEMM needs
+it, which Triton converted through shared memory: 5.1 instructions per W12 weight at M = 1 on
+sm_90, and slower than the GEMM on every projection of the session-10 sweep.)
 
-The tensor-core GEMM (`gemm.py`) needs fewer instructions per weight at every M (the FMAs are the
-MMA's; ~2.6 per W12 weight in n64 k256 s3 at M <= 16, `python -m specpilot.kernels.aot --sass`)
-and won 137 of the 140 (format, M, shape) entries of the session-3 H200 sweep (the GEMV won three
-with plain BF16 weights); this path stays for the tuned table to choose where it is faster, and
-as a second implementation the tests hold to the same reference.
+Each activation row m keeps one [BLOCK_N, G] float32 accumulator (G = BLOCK_K / 8), summed over
+the codes of a group in code order, over the K steps in order, and over G once at the end. Plain
+weights run the same loop in the same order, their codes read by column (`_dense_codes`; BF16
+pairs as one 32-bit load): on escape-free weights W12 gives the plain kernel's output bit for
+bit, since the decoders' scaling by 2^(112 - e0) is undone exactly per row. With `num_stages` > 1
+Triton pipelines the loop's loads through shared memory (cp.async). Row blocks are split along K
+when there are too few of them to keep every SM streaming; splits reduce through
+`tiles.reduce_split_k` in a fixed order, so results do not depend on scheduling. Escapes are added
+by the program that finishes a row block, in float32, before the output is rounded.
 
 Does not own tile decoding (`tiles.py`), config choice (`configs.py`) or the M-based dispatch
 (`dispatch.py`).
@@ -52,22 +52,121 @@ configs = gemv_candidates  # the tiles the benchmark sweeps for a given M (see c
 
 # -- kernel -----------------------------------------------------------------------------------
 @triton.jit
-def _fma_row(acc, w, x_ptr, zero_rows, row, M, K, k, stride_xm, EVEN_M: tl.constexpr, EVEN_K: tl.constexpr):
-    """acc [BN, BK] += w * x[row, k] (x read as a [BN, BK] tile with row stride 0)."""
-    ptr = x_ptr + row * stride_xm + zero_rows + k[None, :]
+def _code_offset(i: tl.constexpr):
+    """Column of code i of a group, relative to code 0's: 0, 1, 8, 9, 16, 17, 24, 25."""
+    return (i % 2) + 8 * (i // 2)
+
+
+@triton.jit
+def _x_code(x_ptr, row, col0, i: tl.constexpr, M, K, stride_xm, EVEN_M: tl.constexpr, EVEN_K: tl.constexpr):
+    """x[row] at code i of the groups whose code 0 is at columns col0 [G], as float32 [G]."""
+    col = col0 + _code_offset(i)
+    ptr = x_ptr + row * stride_xm + col
     if EVEN_M and EVEN_K:
         xv = tl.load(ptr)
     else:
-        mask = (zero_rows + row) < M
+        mask = (col * 0 + row) < M
         if not EVEN_K:
-            mask = mask & (k < K)[None, :]
+            mask = mask & (col < K)
         xv = tl.load(ptr, mask=mask, other=0.0)
-    return tl.fma(w, xv.to(tl.float32), acc)
+    return xv.to(tl.float32)
+
+
+# x[row] at two adjacent columns of BF16 activations, as float32, from one 32-bit load through the
+# read-only cache. Inline PTX so that the load keeps the layout of its addresses (the groups' slice
+# of the weight tile): a tl.load of the same gather is given a layout of its own by Triton, then
+# converted through shared memory, two CTA barriers per code and K step (sm_90 SASS).
+ASM_X_PAIR: tl.constexpr = tl.constexpr(
+    "{.reg .b32 p; ld.global.nc.b32 p, [$2]; shl.b32 $0, p, 16; and.b32 $1, p, 0xFFFF0000;}")
+
+
+@triton.jit
+def _x_pair(x_ptr, row, col0, q: tl.constexpr, M, stride_xm):
+    """x[row] at codes 2q and 2q + 1 (columns col0 + 8q and the next) of BF16 x: float32 [G] each.
+    Rows past M read row M - 1 (valid memory; the caller stores no output for them)."""
+    ptr = x_ptr + tl.minimum(row, M - 1) * stride_xm + col0 + 8 * q
+    return tl.inline_asm_elementwise(ASM_X_PAIR, "=r,=r,l", [ptr.to(tl.int64, bitcast=True)],
+                                     dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+
+
+@triton.jit
+def _fma_codes(acc, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, row, col0, M, K, stride_xm,
+               EVEN_M: tl.constexpr, EVEN_K: tl.constexpr, X_PAIRS: tl.constexpr):
+    """acc [BN, G] += the 8 codes of each group times x[row] at their columns, in code order.
+    X_PAIRS: x is BF16 on the GPU with 4-byte aligned rows and K a multiple of BLOCK_K."""
+    if X_PAIRS:
+        x0, x1 = _x_pair(x_ptr, row, col0, 0, M, stride_xm)
+        x2, x3 = _x_pair(x_ptr, row, col0, 1, M, stride_xm)
+        x4, x5 = _x_pair(x_ptr, row, col0, 2, M, stride_xm)
+        x6, x7 = _x_pair(x_ptr, row, col0, 3, M, stride_xm)
+    else:
+        x0 = _x_code(x_ptr, row, col0, 0, M, K, stride_xm, EVEN_M, EVEN_K)
+        x1 = _x_code(x_ptr, row, col0, 1, M, K, stride_xm, EVEN_M, EVEN_K)
+        x2 = _x_code(x_ptr, row, col0, 2, M, K, stride_xm, EVEN_M, EVEN_K)
+        x3 = _x_code(x_ptr, row, col0, 3, M, K, stride_xm, EVEN_M, EVEN_K)
+        x4 = _x_code(x_ptr, row, col0, 4, M, K, stride_xm, EVEN_M, EVEN_K)
+        x5 = _x_code(x_ptr, row, col0, 5, M, K, stride_xm, EVEN_M, EVEN_K)
+        x6 = _x_code(x_ptr, row, col0, 6, M, K, stride_xm, EVEN_M, EVEN_K)
+        x7 = _x_code(x_ptr, row, col0, 7, M, K, stride_xm, EVEN_M, EVEN_K)
+    acc = tl.fma(o0, x0[None, :], acc)
+    acc = tl.fma(o1, x1[None, :], acc)
+    acc = tl.fma(o2, x2[None, :], acc)
+    acc = tl.fma(o3, x3[None, :], acc)
+    acc = tl.fma(o4, x4[None, :], acc)
+    acc = tl.fma(o5, x5[None, :], acc)
+    acc = tl.fma(o6, x6[None, :], acc)
+    acc = tl.fma(o7, x7[None, :], acc)
+    return acc
+
+
+@triton.jit
+def _dense_pair(w32, rows, col0, q: tl.constexpr, N, K, stride_w, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+    """Codes 2q and 2q + 1 (adjacent columns) of plain BF16 weights as float32: one 32-bit load."""
+    col = col0 + 8 * q
+    pair = tl.max_contiguous(tl.multiple_of(col // 2, 4), 4)  # groups 4b..4b+3 read 4 consecutive pairs
+    ptr = w32 + rows[:, None] * (stride_w // 2) + pair[None, :]
+    if EVEN_N and EVEN_K:
+        p = tl.load(ptr)
+    else:
+        p = tl.load(ptr, mask=(rows < N)[:, None] & (col < K)[None, :], other=0)
+    return (p << 16).to(tl.float32, bitcast=True), (p & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dense_code(w_ptr, rows, col0, i: tl.constexpr, N, K, stride_w, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
+    """Code i of plain weights of any float dtype as float32 [BN, G]."""
+    col = col0 + _code_offset(i)
+    ptr = w_ptr + rows[:, None] * stride_w + col[None, :]
+    if EVEN_N and EVEN_K:
+        return tl.load(ptr).to(tl.float32)
+    return tl.load(ptr, mask=(rows < N)[:, None] & (col < K)[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _dense_codes(w_ptr, rows, col0, N, K, stride_w, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PAIRS: tl.constexpr):
+    """The 8 codes of each group of plain weights, float32 [BN, G] each, in the order W12 decodes them.
+    PAIRS: BF16 with an even row length, read a pair of adjacent codes per 32-bit load."""
+    if PAIRS:
+        w32 = w_ptr.to(tl.pointer_type(tl.int32))
+        o0, o1 = _dense_pair(w32, rows, col0, 0, N, K, stride_w, EVEN_N, EVEN_K)
+        o2, o3 = _dense_pair(w32, rows, col0, 1, N, K, stride_w, EVEN_N, EVEN_K)
+        o4, o5 = _dense_pair(w32, rows, col0, 2, N, K, stride_w, EVEN_N, EVEN_K)
+        o6, o7 = _dense_pair(w32, rows, col0, 3, N, K, stride_w, EVEN_N, EVEN_K)
+    else:
+        o0 = _dense_code(w_ptr, rows, col0, 0, N, K, stride_w, EVEN_N, EVEN_K)
+        o1 = _dense_code(w_ptr, rows, col0, 1, N, K, stride_w, EVEN_N, EVEN_K)
+        o2 = _dense_code(w_ptr, rows, col0, 2, N, K, stride_w, EVEN_N, EVEN_K)
+        o3 = _dense_code(w_ptr, rows, col0, 3, N, K, stride_w, EVEN_N, EVEN_K)
+        o4 = _dense_code(w_ptr, rows, col0, 4, N, K, stride_w, EVEN_N, EVEN_K)
+        o5 = _dense_code(w_ptr, rows, col0, 5, N, K, stride_w, EVEN_N, EVEN_K)
+        o6 = _dense_code(w_ptr, rows, col0, 6, N, K, stride_w, EVEN_N, EVEN_K)
+        o7 = _dense_code(w_ptr, rows, col0, 7, N, K, stride_w, EVEN_N, EVEN_K)
+    return o0, o1, o2, o3, o4, o5, o6, o7
 
 
 @triton.jit
 def _put_row(out, acc, row, m):
-    """out [BM, BN] with row `row` set to the K-sum of acc [BN, BK]."""
+    """out [BM, BN] with row `row` set to the sum over groups of acc [BN, G]."""
     return tl.where((m == row)[:, None], tl.sum(acc, axis=1)[None, :], out)
 
 
@@ -82,8 +181,10 @@ def _gemv_kernel(
     # meta
     IS_W12: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
-    ESC_CHUNK: tl.constexpr, STAGES: tl.constexpr,
+    ESC_CHUNK: tl.constexpr, STAGES: tl.constexpr, PAIRS: tl.constexpr, X_PAIRS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
+    G: tl.constexpr = BLOCK_K // tiles.WORD
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     row0 = pid_n * BLOCK_N
@@ -91,9 +192,8 @@ def _gemv_kernel(
     m = tl.arange(0, BLOCK_M)
     step0 = pid_k * steps_per_split
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
-    zero_rows = (rows * 0)[:, None]
-    # One [BN, BK] accumulator per activation row (unrolled: BLOCK_M <= 8); unused ones fold away.
-    acc0 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    # One [BN, G] accumulator per activation row (unrolled: BLOCK_M <= 8); unused ones fold away.
+    acc0 = tl.zeros([BLOCK_N, G], dtype=tl.float32)
     acc1 = tl.zeros_like(acc0)
     acc2 = tl.zeros_like(acc0)
     acc3 = tl.zeros_like(acc0)
@@ -101,24 +201,33 @@ def _gemv_kernel(
     acc5 = tl.zeros_like(acc0)
     acc6 = tl.zeros_like(acc0)
     acc7 = tl.zeros_like(acc0)
+    if IS_W12 and PREFETCH:
+        lo_next, hi_next = tiles.load_groups(w_ptr, hi_ptr, rows, step0, N, Kp, stride_w, stride_hi, BLOCK_K,
+                                             EVEN_N, EVEN_K, True, step0 < step1)
     for step in tl.range(step0, step1, num_stages=STAGES):
+        g = step * G + tl.max_contiguous(tl.multiple_of(tl.arange(0, G), G), G)  # [G] groups
+        col0 = (g // 4) * 32 + (g % 4) * 2  # [G] the column of each group's code 0
         if IS_W12:
-            w = tiles.load_w12_tile(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi,
-                                    BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, True)  # [BN, BK] scaled
+            if PREFETCH:  # this step's groups came with the last one; issue the next step's before the math
+                lo, hi = lo_next, hi_next
+                lo_next, hi_next = tiles.load_groups(w_ptr, hi_ptr, rows, step + 1, N, Kp, stride_w, stride_hi,
+                                                     BLOCK_K, EVEN_N, EVEN_K, True, step + 1 < step1)
+            else:
+                lo, hi = tiles.load_groups(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi, BLOCK_K, EVEN_N, EVEN_K)
+            o0, o1, o2, o3, o4, o5, o6, o7 = tiles.decode_groups(lo, hi, PTX_DECODE, True)  # [BN, G] each, scaled
         else:
-            w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K).to(tl.float32)
-        k = step * BLOCK_K + tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
-        acc0 = _fma_row(acc0, w, x_ptr, zero_rows, 0, M, K, k, stride_xm, EVEN_M, EVEN_K)
+            o0, o1, o2, o3, o4, o5, o6, o7 = _dense_codes(w_ptr, rows, col0, N, K, stride_w, EVEN_N, EVEN_K, PAIRS)
+        acc0 = _fma_codes(acc0, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 0, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
         if BLOCK_M > 1:
-            acc1 = _fma_row(acc1, w, x_ptr, zero_rows, 1, M, K, k, stride_xm, EVEN_M, EVEN_K)
+            acc1 = _fma_codes(acc1, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 1, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
         if BLOCK_M > 2:
-            acc2 = _fma_row(acc2, w, x_ptr, zero_rows, 2, M, K, k, stride_xm, EVEN_M, EVEN_K)
-            acc3 = _fma_row(acc3, w, x_ptr, zero_rows, 3, M, K, k, stride_xm, EVEN_M, EVEN_K)
+            acc2 = _fma_codes(acc2, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 2, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
+            acc3 = _fma_codes(acc3, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 3, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
         if BLOCK_M > 4:
-            acc4 = _fma_row(acc4, w, x_ptr, zero_rows, 4, M, K, k, stride_xm, EVEN_M, EVEN_K)
-            acc5 = _fma_row(acc5, w, x_ptr, zero_rows, 5, M, K, k, stride_xm, EVEN_M, EVEN_K)
-            acc6 = _fma_row(acc6, w, x_ptr, zero_rows, 6, M, K, k, stride_xm, EVEN_M, EVEN_K)
-            acc7 = _fma_row(acc7, w, x_ptr, zero_rows, 7, M, K, k, stride_xm, EVEN_M, EVEN_K)
+            acc4 = _fma_codes(acc4, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 4, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
+            acc5 = _fma_codes(acc5, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 5, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
+            acc6 = _fma_codes(acc6, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 6, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
+            acc7 = _fma_codes(acc7, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 7, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
     out = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # [BM, BN]
     out = _put_row(out, acc0, 0, m)
     if BLOCK_M > 1:
@@ -150,6 +259,19 @@ def _gemv_kernel(
 
 
 # -- wrapper ----------------------------------------------------------------------------------
+def dense_pairs(weight: W12Weight | torch.Tensor) -> bool:
+    """Whether plain weights are read a BF16 pair per 32-bit load (BF16, even row length and stride)."""
+    return (isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16
+            and weight.shape[1] % 2 == 0 and weight.stride(0) % 2 == 0)
+
+
+def x_pairs(x: torch.Tensor, config: LaunchConfig, even_k: bool) -> bool:
+    """Whether x is read a BF16 pair per 32-bit inline-PTX load: BF16 on the GPU (the PTX decoder's
+    condition), rows 4-byte aligned, and no K tile past K (the pairs are not masked)."""
+    return (ptx_decode(config) and x.dtype == torch.bfloat16 and even_k
+            and x.stride(0) % 2 == 0 and x.data_ptr() % 4 == 0)
+
+
 def gemv(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
          workspace: SplitKWorkspace | None = None) -> torch.Tensor:
     """y [M, N] in x's dtype for x [M, K] (1 <= M <= 8) and a W12 or plain weight [N, K]."""
@@ -160,6 +282,7 @@ def gemv(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         IS_W12=run.ops.is_w12, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_M=x.shape[0] == bm, EVEN_N=run.even_n, EVEN_K=run.even_k,
         PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK, STAGES=config.num_stages,
+        PAIRS=dense_pairs(weight), X_PAIRS=x_pairs(x, config, run.even_k), PREFETCH=config.prefetch,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return run.y.to(x.dtype)

@@ -19,6 +19,8 @@ CONFIGS = [  # few programs each: the interpreter pays per program
     LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, num_stages=3),  # a pipelined K loop
     LaunchConfig(KernelPath.GEMV, block_n=16, block_k=256, split_k=2, num_stages=2),  # 1 step per split
     LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, ptx_decode=False),  # the portable decoder by name
+    LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, prefetch=True),  # W12: next step's loads in registers
+    LaunchConfig(KernelPath.GEMV, block_n=16, block_k=256, split_k=2, prefetch=True),  # a prefetch past a split's end
 ]
 
 
@@ -73,13 +75,16 @@ def test_pipelined_loop_on_even_tiles(make_weight, make_x, to_device, check, M):
         assert torch.equal(y.view(torch.int32), gemv(x, weight, plain).view(torch.int32))
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("M", [1, 5])
-def test_w12_equals_the_bf16_kernel_without_escapes(check_w12_equals_plain, M):
-    """Decoding scaled by 2^(112 - e0) and scaling each row back is exact: on weights without
-    escapes the W12 kernel gives the plain kernel's output bit for bit."""
+def test_w12_equals_the_bf16_kernel_without_escapes(check_w12_equals_plain, M, prefetch):
+    """Decoding scaled by 2^(112 - e0) and scaling each row back is exact, and both formats sum
+    the same products in the same order: on weights without escapes the W12 kernel gives the
+    plain kernel's output bit for bit (prefetching only moves W12's loads earlier)."""
     from specpilot.kernels.gemv import gemv
 
-    check_w12_equals_plain(gemv, LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, split_k=2), 24, M)
+    config = LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, split_k=2, prefetch=prefetch)
+    check_w12_equals_plain(gemv, config, 24, M)
 
 
 def test_split_k_is_deterministic_and_resets_its_counters(weights, make_x, device):
