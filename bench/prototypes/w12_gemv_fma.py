@@ -8,7 +8,8 @@ Why: at M = 1 the small projections (qkv, o) lose 3-6 µs per call to split-K re
 uneven last wave of 64-row GEMM tiles; FMA tiles of 8-32 rows give every SM an even share with no
 split. The old GEMV reordered each decoded tile into column order through shared memory (5.1
 instructions per W12 weight); this one keeps it in registers (~4 on sm_90, `aot --sass`), with or
-without the next K step's loads issued before the math (`prefetch`). Phase A times each candidate
+without the next K step's loads issued before the math (`prefetch`), or with its W12 groups by TMA
+(`tma`, pipelined `num_stages` deep through shared memory). Phase A times each candidate
 below once (after the reference check of `bench/w12_kernels.time_config`), then the three fastest
 with programs_per_sm 1 and 4 (how finely K is split when row tiles are few). Phase B times cuBLAS,
 the shipped tuned config of each format and the two fastest GEMV configs side by side: fastest of
@@ -42,10 +43,13 @@ from specpilot.kernels.dispatch import run_config  # noqa: E402
 from specpilot.kernels.reference import error_bound  # noqa: E402
 from specpilot.w12 import encode  # noqa: E402
 
-TILES = {  # M -> (block_n, block_k, num_warps, num_stages, prefetch)
-    1: tuple((n, k, w, 1, pf) for n, k, w in ((16, 1024, 4), (8, 1024, 2), (32, 512, 4), (16, 512, 4), (8, 512, 2))
-             for pf in (False, True)),
-    2: ((16, 1024, 4, 1, True), (8, 1024, 2, 1, True), (32, 512, 4, 1, True), (16, 1024, 4, 1, False)),
+TILES = {  # M -> (block_n, block_k, num_warps, num_stages, prefetch, tma)
+    1: ((8, 1024, 2, 1, False, False), (32, 512, 4, 1, False, False), (16, 1024, 4, 1, False, False),
+        (8, 1024, 2, 3, False, True), (8, 1024, 2, 4, False, True), (16, 1024, 4, 3, False, True),
+        (32, 512, 4, 3, False, True), (8, 2048, 4, 3, False, True), (16, 512, 4, 4, False, True),
+        (8, 512, 2, 4, False, True)),
+    2: ((16, 1024, 4, 1, True, False), (8, 1024, 2, 1, True, False), (32, 512, 4, 1, True, False),
+        (16, 1024, 4, 1, False, False)),
 }
 READ_VARIANTS = ((1024, 8, 4), (2048, 4, 4), (2048, 8, 4), (4096, 4, 8), (4096, 8, 8), (2048, 16, 8))  # (words, iters, warps)
 
@@ -78,12 +82,14 @@ def read_floor(nbytes: int) -> dict:
     return best
 
 
-def gemv(n, k, w, s, pf, p=2) -> LaunchConfig:
-    return LaunchConfig(KernelPath.GEMV, block_n=n, block_k=k, num_warps=w, num_stages=s, prefetch=pf, programs_per_sm=p)
+def gemv(n, k, w, s, pf, tma, p=2) -> LaunchConfig:
+    return LaunchConfig(KernelPath.GEMV, block_n=n, block_k=k, num_warps=w, num_stages=s, prefetch=pf, tma=tma,
+                        programs_per_sm=p)
 
 
-def phase_a(x, sets, M, exact, bound) -> list[dict]:
-    tried = [time_config(x, sets, gemv(*t), exact, bound) for t in TILES[M]]
+def phase_a(x, sets, M, exact, bound, fmt) -> list[dict]:
+    tiles = [t for t in TILES[M] if fmt is WeightFormat.W12 or not t[5]]  # TMA loads only W12 groups
+    tried = [time_config(x, sets, gemv(*t), exact, bound) for t in tiles]
     fastest = sorted((t for t in tried if "us" in t), key=lambda t: t["us"])[:3]
     more = [dataclasses.replace(LaunchConfig.from_dict(t["config"]), programs_per_sm=p) for t in fastest for p in (1, 4)]
     return tried + [time_config(x, sets, c, exact, bound) for c in more]
@@ -99,6 +105,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--budget-s", type=float, default=300.0)
     p.add_argument("--ms", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--no-floor", action="store_true", help="skip the read floors")
     args = p.parse_args(argv)
     start = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +124,7 @@ def main(argv=None) -> int:
                 arms = {"cublas": [lambda d=d: F.linear(x, d) for d in dense]}
                 for fmt, ws, key in ((WeightFormat.W12, sets, "w12"), (WeightFormat.DENSE, dense, "bf16")):
                     exact, bound = error_bound(x, ws[0], x.dtype)
-                    tried = phase_a(x, ws, M, exact, bound) if fmt is WeightFormat.W12 or M == 1 else []
+                    tried = phase_a(x, ws, M, exact, bound, fmt) if fmt is WeightFormat.W12 or M == 1 else []
                     tuned = kc.choose_config(fmt, M, N, K, gpu)
                     row[key] = {"tuned": tuned.label(), "phase_a": tried}
                     arms[f"{key} tuned {tuned.label()}"] = [lambda w=w, c=tuned: run_config(x, w, c) for w in ws]
@@ -126,7 +133,7 @@ def main(argv=None) -> int:
                     del exact, bound
                 u, runs = rotated_rounds(arms)
                 row.update({"us": u, "runs": runs, "bytes": {"bf16": N * K * 2, "w12": sets[0].nbytes_total}})
-                if M == args.ms[0]:
+                if M == args.ms[0] and not args.no_floor:
                     row["read_floor"] = {k: read_floor(b) for k, b in row["bytes"].items()}
                 data["rows"].append(row)
                 w12_best = min(v for k, v in u.items() if k.startswith("w12 ") and "tuned" not in k)

@@ -72,7 +72,7 @@ def _constexprs(cfg: LaunchConfig, bm: int, w12: bool, even: bool) -> dict:
          "EVEN_N": even, "EVEN_K": even, "PTX_DECODE": cfg.ptx_decode, "STAGES": cfg.num_stages}
     gemm = {"DOT_BF16": True, "TMA": cfg.tma, "TMA_X": cfg.tma_x}
     gemv = {"EVEN_M": even, "ESC_CHUNK": 16, "PAIRS": not w12 and even, "X_PAIRS": even and cfg.ptx_decode,
-            "PREFETCH": cfg.prefetch}
+            "PREFETCH": cfg.prefetch, "TMA": cfg.tma and w12}
     c.update(gemv if cfg.path is KernelPath.GEMV else gemm)
     return c
 
@@ -141,7 +141,7 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
 
     fn = _kernel(v.kernel)
     w12 = v.constexprs.get("IS_W12", True)
-    planes = {**(W12_PLANES if w12 else DENSE_PLANES), **(_descriptor_types(v.constexprs, w12) if v.kernel == "gemm" else {})}
+    planes = {**(W12_PLANES if w12 else DENSE_PLANES), **(_descriptor_types(v.constexprs, w12) if v.kernel != "unpack" else {})}
     signature = {}
     for name in fn.arg_names:
         if name in v.constexprs:

@@ -41,6 +41,7 @@ from specpilot.kernels.configs import (
 )
 from specpilot.kernels.launch import prepare_launch, ptx_decode
 from specpilot.kernels.reference import reference_linear
+from specpilot.kernels.tma import descriptors as tma_descriptors
 from specpilot.kernels.workspace import SplitKWorkspace
 from specpilot.w12.weight import W12Weight
 
@@ -178,11 +179,13 @@ def _gemv_kernel(
     M, N, K, Kp, split_k, steps_per_split,
     # strides
     stride_xm, stride_ym, stride_w, stride_hi,
+    # TMA (W12 only): descriptors of the lo/hi groups (`tma.py`), else the planes' pointers, unused
+    lo_desc, hi_desc,
     # meta
     IS_W12: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     ESC_CHUNK: tl.constexpr, STAGES: tl.constexpr, PAIRS: tl.constexpr, X_PAIRS: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, TMA: tl.constexpr,
 ):
     G: tl.constexpr = BLOCK_K // tiles.WORD
     pid_n = tl.program_id(0)
@@ -207,7 +210,11 @@ def _gemv_kernel(
     for step in tl.range(step0, step1, num_stages=STAGES):
         g = step * G + tl.max_contiguous(tl.multiple_of(tl.arange(0, G), G), G)  # [G] groups
         col0 = (g // 4) * 32 + (g % 4) * 2  # [G] the column of each group's code 0
-        if IS_W12:
+        if IS_W12 and TMA:  # boxes [BN, G] of the int64 lo / int32 hi groups; zeros past N and Kp
+            lo = lo_desc.load([row0, step * G])
+            hi = hi_desc.load([row0, step * G])
+            o0, o1, o2, o3, o4, o5, o6, o7 = tiles.decode_groups(lo, hi, PTX_DECODE, True)  # [BN, G] each, scaled
+        elif IS_W12:
             if PREFETCH:  # this step's groups came with the last one; issue the next step's before the math
                 lo, hi = lo_next, hi_next
                 lo_next, hi_next = tiles.load_groups(w_ptr, hi_ptr, rows, step + 1, N, Kp, stride_w, stride_hi,
@@ -277,8 +284,9 @@ def gemv(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
     """y [M, N] in x's dtype for x [M, K] (1 <= M <= 8) and a W12 or plain weight [N, K]."""
     run = prepare_launch(x, weight, config, KernelPath.GEMV, GEMV_MAX_M, workspace)
     bm = block_m(KernelPath.GEMV, x.shape[0])
+    descs = tma_descriptors(weight, run.ops, config) if config.tma and run.ops.is_w12 else None
     _gemv_kernel[run.grid](
-        *run.args,
+        *run.args, *(descs or (run.ops.w, run.ops.hi)), TMA=descs is not None,
         IS_W12=run.ops.is_w12, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_M=x.shape[0] == bm, EVEN_N=run.even_n, EVEN_K=run.even_k,
         PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK, STAGES=config.num_stages,

@@ -21,6 +21,7 @@ CONFIGS = [  # few programs each: the interpreter pays per program
     LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, ptx_decode=False),  # the portable decoder by name
     LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, prefetch=True),  # W12: next step's loads in registers
     LaunchConfig(KernelPath.GEMV, block_n=16, block_k=256, split_k=2, prefetch=True),  # a prefetch past a split's end
+    LaunchConfig(KernelPath.GEMV, block_n=16, block_k=256, num_stages=3, tma=True),  # W12 groups by TMA
 ]
 
 
