@@ -7,9 +7,12 @@ streaming read of the same bytes sets (GPU only).
 Why: at M = 1 the small projections (qkv, o) lose 3-6 µs per call to split-K reductions and an
 uneven last wave of 64-row GEMM tiles; FMA tiles of 8-32 rows give every SM an even share with no
 split. The old GEMV reordered each decoded tile into column order through shared memory (5.1
-instructions per W12 weight); this one keeps it in registers (~4 on sm_90, `aot --sass`), with or
-without the next K step's loads issued before the math (`prefetch`), or with its W12 groups by TMA
-(`tma`, pipelined `num_stages` deep through shared memory). Phase A times each candidate
+instructions per W12 weight); this one keeps it in registers (~4 on sm_90, `aot --sass`), with
+W12 escapes added from escape blocks loaded before the K loop (the GEMM's scheme) instead of the
+CSR correction after it (three dependent loads at the end of every program; phase B times the
+fastest config with that epilogue, and with escapes off, as a bound). Earlier runs of this script
+also tried a register prefetch of the next K step and W12 groups by TMA: both slower (results
+files). Phase A times each candidate
 below once (after the reference check of `bench/w12_kernels.time_config`), then the three fastest
 with programs_per_sm 1 and 4 (how finely K is split when row tiles are few). Phase B times cuBLAS,
 the shipped tuned config of each format and the two fastest GEMV configs side by side: fastest of
@@ -40,16 +43,13 @@ from bench.w12_kernels import (L2_COVER_BYTES, MODELS, environment, graph_time_u
 from specpilot.kernels import configs as kc  # noqa: E402
 from specpilot.kernels.configs import KernelPath, LaunchConfig, WeightFormat  # noqa: E402
 from specpilot.kernels.dispatch import run_config  # noqa: E402
+from specpilot.kernels.gemv import gemv as gemv_fn  # noqa: E402
 from specpilot.kernels.reference import error_bound  # noqa: E402
 from specpilot.w12 import encode  # noqa: E402
 
-TILES = {  # M -> (block_n, block_k, num_warps, num_stages, prefetch, tma)
-    1: ((8, 1024, 2, 1, False, False), (32, 512, 4, 1, False, False), (16, 1024, 4, 1, False, False),
-        (8, 1024, 2, 3, False, True), (8, 1024, 2, 4, False, True), (16, 1024, 4, 3, False, True),
-        (32, 512, 4, 3, False, True), (8, 2048, 4, 3, False, True), (16, 512, 4, 4, False, True),
-        (8, 512, 2, 4, False, True)),
-    2: ((16, 1024, 4, 1, True, False), (8, 1024, 2, 1, True, False), (32, 512, 4, 1, True, False),
-        (16, 1024, 4, 1, False, False)),
+TILES = {  # M -> (block_n, block_k, num_warps, num_stages)
+    1: ((8, 1024, 2, 1), (16, 1024, 4, 1), (32, 512, 4, 1), (16, 512, 4, 1), (8, 512, 2, 1), (32, 1024, 8, 1)),
+    2: ((8, 1024, 2, 1), (16, 1024, 4, 1), (32, 512, 4, 1), (16, 512, 4, 1)),
 }
 READ_VARIANTS = ((1024, 8, 4), (2048, 4, 4), (2048, 8, 4), (4096, 4, 8), (4096, 8, 8), (2048, 16, 8))  # (words, iters, warps)
 
@@ -82,14 +82,12 @@ def read_floor(nbytes: int) -> dict:
     return best
 
 
-def gemv(n, k, w, s, pf, tma, p=2) -> LaunchConfig:
-    return LaunchConfig(KernelPath.GEMV, block_n=n, block_k=k, num_warps=w, num_stages=s, prefetch=pf, tma=tma,
-                        programs_per_sm=p)
+def gemv(n, k, w, s, p=2) -> LaunchConfig:
+    return LaunchConfig(KernelPath.GEMV, block_n=n, block_k=k, num_warps=w, num_stages=s, programs_per_sm=p)
 
 
 def phase_a(x, sets, M, exact, bound, fmt) -> list[dict]:
-    tiles = [t for t in TILES[M] if fmt is WeightFormat.W12 or not t[5]]  # TMA loads only W12 groups
-    tried = [time_config(x, sets, gemv(*t), exact, bound) for t in tiles]
+    tried = [time_config(x, sets, gemv(*t), exact, bound) for t in TILES[M]]
     fastest = sorted((t for t in tried if "us" in t), key=lambda t: t["us"])[:3]
     more = [dataclasses.replace(LaunchConfig.from_dict(t["config"]), programs_per_sm=p) for t in fastest for p in (1, 4)]
     return tried + [time_config(x, sets, c, exact, bound) for c in more]
@@ -130,6 +128,11 @@ def main(argv=None) -> int:
                     arms[f"{key} tuned {tuned.label()}"] = [lambda w=w, c=tuned: run_config(x, w, c) for w in ws]
                     for c in fastest(tried, 2 if fmt is WeightFormat.W12 else 1):
                         arms[f"{key} {c.label()}"] = [lambda w=w, c=c: run_config(x, w, c) for w in ws]
+                    if fmt is WeightFormat.W12 and tried:  # the fastest with the CSR epilogue, and with none
+                        best = fastest(tried, 1)[0]
+                        for esc in ("epilogue", "off"):
+                            arms[f"escapes {esc} {best.label()}"] = [lambda w=w, e=esc: gemv_fn(x, w, best, escapes=e)
+                                                                     for w in ws]
                     del exact, bound
                 u, runs = rotated_rounds(arms)
                 row.update({"us": u, "runs": runs, "bytes": {"bf16": N * K * 2, "w12": sets[0].nbytes_total}})
@@ -157,8 +160,9 @@ def render(data: dict) -> str:
              "- read floor: the fastest of six plain streaming-read kernels over the same bytes (W12's, or "
              "BF16's for cuBLAS), graph-timed over rotating buffers: launch, ramp and tail included", "",
              "| model | proj | M | cuBLAS | W12 tuned (config) | W12 GEMV best (config) | tuned / cuBLAS | **GEMV / cuBLAS** "
-             "| GEMV TB/s | read floor W12 / BF16 bytes | floor / GEMV | floor / cuBLAS | BF16 tuned | BF16 GEMV |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| GEMV TB/s | read floor W12 / BF16 bytes | floor / GEMV | floor / cuBLAS | GEMV CSR escapes / none "
+             "| BF16 tuned | BF16 GEMV |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
         u = r["us"]
         tuned = next(k for k in u if k.startswith("w12 tuned"))
@@ -166,12 +170,13 @@ def render(data: dict) -> str:
         b_tuned = next(k for k in u if k.startswith("bf16 tuned"))
         b_gemv = [k for k in u if k.startswith("bf16 ") and "tuned" not in k]
         floor = r.get("read_floor")
+        esc = [next((f"{u[k]:.2f}" for k in u if k.startswith(f"escapes {e} ")), "-") for e in ("epilogue", "off")]
         floors = (f"{floor['w12']['us']:.2f} / {floor['bf16']['us']:.2f} | {floor['w12']['us'] / u[gem]:.3f} "
                   f"| {floor['bf16']['us'] / u['cublas']:.3f}") if floor else "- | - | -"
         lines.append(
             f"| {r['model']} | {r['proj']} | {r['M']} | {u['cublas']:.2f} | {u[tuned]:.2f} ({tuned[10:]}) "
             f"| {u[gem]:.2f} ({gem[4:]}) | {u['cublas'] / u[tuned]:.3f} | **{u['cublas'] / u[gem]:.3f}** "
-            f"| {r['bytes']['w12'] / u[gem] / 1e6:.2f} | {floors} | {u[b_tuned]:.2f} "
+            f"| {r['bytes']['w12'] / u[gem] / 1e6:.2f} | {floors} | {esc[0]} / {esc[1]} | {u[b_tuned]:.2f} "
             f"| {(f'{u[b_gemv[0]]:.2f} ({b_gemv[0][5:]})' if b_gemv else '-')} |")
     return "\n".join(lines) + "\n"
 

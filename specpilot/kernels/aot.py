@@ -71,8 +71,7 @@ def _constexprs(cfg: LaunchConfig, bm: int, w12: bool, even: bool) -> dict:
     c = {"IS_W12": w12, "BLOCK_M": bm, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
          "EVEN_N": even, "EVEN_K": even, "PTX_DECODE": cfg.ptx_decode, "STAGES": cfg.num_stages}
     gemm = {"DOT_BF16": True, "TMA": cfg.tma, "TMA_X": cfg.tma_x}
-    gemv = {"EVEN_M": even, "ESC_CHUNK": 16, "PAIRS": not w12 and even, "X_PAIRS": even and cfg.ptx_decode,
-            "PREFETCH": cfg.prefetch, "TMA": cfg.tma and w12}
+    gemv = {"EVEN_M": even, "ESC_CHUNK": 16, "PAIRS": not w12 and even, "X_PAIRS": even and cfg.ptx_decode}
     c.update(gemv if cfg.path is KernelPath.GEMV else gemm)
     return c
 
@@ -106,8 +105,11 @@ def variants(quick: bool = False) -> list[Variant]:
                 for even in ((True,) if quick else (True, False)):
                     c = _constexprs(cfg, bm, w12, even)
                     label = f"{cfg.label()} bm{bm} {'w12' if w12 else 'bf16'} {'even' if even else 'masked'}"
-                    if cfg.path is KernelPath.GEMV:
-                        out.append(Variant(path, label, c, cfg.num_warps, cfg.num_stages))
+                    if cfg.path is KernelPath.GEMV:  # W12: escape blocks (ESC_MODE 1) or the epilogue (2)
+                        for mode in ((1, 2) if w12 else (0,)):
+                            name = label + {0: "", 1: " blocks", 2: " epilogue"}[mode]
+                            out.append(Variant(path, name, {**c, "ESC_MODE": mode, "ESC_SLOT": 16},
+                                               cfg.num_warps, cfg.num_stages))
                         continue
                     # W12: escape blocks (ESC_MODE 1, gathering from x or from x^T) or the epilogue's CSR correction (2)
                     for mode, gather_t in (((1, False), (2, False), (1, True)) if w12 else ((0, False),)):
@@ -141,7 +143,7 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
 
     fn = _kernel(v.kernel)
     w12 = v.constexprs.get("IS_W12", True)
-    planes = {**(W12_PLANES if w12 else DENSE_PLANES), **(_descriptor_types(v.constexprs, w12) if v.kernel != "unpack" else {})}
+    planes = {**(W12_PLANES if w12 else DENSE_PLANES), **(_descriptor_types(v.constexprs, w12) if v.kernel == "gemm" else {})}
     signature = {}
     for name in fn.arg_names:
         if name in v.constexprs:

@@ -61,9 +61,8 @@ class LaunchConfig:
     gather_t: bool = False  # GEMM, W12 escape blocks: gather x from a transposed copy (see gemm.py)
     resident: int = MIN_PROGRAMS_PER_SM  # programs per SM the register cap leaves room for (max_registers)
     fit_wave: bool = False  # with split_k = 0: round the automatic split down, see `auto_split_k`
-    tma: bool = False  # load the weight tiles by TMA (tensor descriptors, `tma.py`) instead of cp.async (GEMV: W12 only)
+    tma: bool = False  # GEMM: load the weight tiles by TMA (tensor descriptors, `tma.py`) instead of cp.async
     tma_x: bool = False  # GEMM: load the x tiles by TMA too (a box [BM, BK] of x, transposed in shared memory)
-    prefetch: bool = False  # GEMV, W12: issue the next K step's loads into registers before this step's math
 
     def __post_init__(self):
         if not _pow2(self.block_n) or not _pow2(self.block_k) or self.block_k < K_PAD:
@@ -78,10 +77,8 @@ class LaunchConfig:
             raise ValueError(f"resident must be in {MIN_PROGRAMS_PER_SM}..4: {self}")
         if self.gather_t and self.path is not KernelPath.GEMM:
             raise ValueError(f"gather_t is an option of the GEMM path: {self}")
-        if self.tma_x and self.path is not KernelPath.GEMM:
-            raise ValueError(f"tma_x is an option of the GEMM path: {self}")
-        if self.prefetch and (self.path is not KernelPath.GEMV or self.tma):
-            raise ValueError(f"prefetch is an option of the GEMV path's pointer loads (not tma): {self}")
+        if (self.tma or self.tma_x) and self.path is not KernelPath.GEMM:
+            raise ValueError(f"tma and tma_x are options of the GEMM path: {self}")
         if self.fit_wave and self.split_k:
             raise ValueError(f"fit_wave rounds the automatic split; this config fixes split_k: {self}")
 
@@ -103,7 +100,6 @@ class LaunchConfig:
         s += " fw" if self.fit_wave else ""
         s += " tma" if self.tma else ""
         s += " tmax" if self.tma_x else ""
-        s += " pf" if self.prefetch else ""
         return s + ("" if self.ptx_decode else " portable")
 
     @property

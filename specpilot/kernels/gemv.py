@@ -39,9 +39,10 @@ from specpilot.kernels.configs import (
     block_m,
     gemv_candidates,
 )
+from specpilot.kernels.escape_blocks import SLOT_STEP
+from specpilot.kernels.gemm import ESC_BLOCKS, ESC_EPILOGUE, escape_plan
 from specpilot.kernels.launch import prepare_launch, ptx_decode
 from specpilot.kernels.reference import reference_linear
-from specpilot.kernels.tma import descriptors as tma_descriptors
 from specpilot.kernels.workspace import SplitKWorkspace
 from specpilot.w12.weight import W12Weight
 
@@ -166,6 +167,19 @@ def _dense_codes(w_ptr, rows, col0, N, K, stride_w, EVEN_N: tl.constexpr, EVEN_K
 
 
 @triton.jit
+def _escape_block(x_ptr, word, bits, m, M, stride_xm, BLOCK_N: tl.constexpr):
+    """[BM, BN] float32: this program's escape-block entries (`escape_blocks`: word, bits [SLOT]) at
+    their rows, sum of value * x[m, column] (each product exact: BF16 times BF16)."""
+    col = word & 0xFFFFFF
+    row = (word >> 24) & 0xFF
+    xe = tl.load(x_ptr + m[:, None] * stride_xm + col[None, :],
+                 mask=(m < M)[:, None] & (bits != 0)[None, :], other=0.0).to(tl.float32)  # [BM, SLOT]
+    v = (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)  # [SLOT]
+    hit = tl.arange(0, BLOCK_N)[None, :] == row[:, None]  # [SLOT, BN]
+    return tl.sum(tl.where(hit[None, :, :], (xe * v[None, :])[:, :, None], 0.0), axis=1)
+
+
+@triton.jit
 def _put_row(out, acc, row, m):
     """out [BM, BN] with row `row` set to the sum over groups of acc [BN, G]."""
     return tl.where((m == row)[:, None], tl.sum(acc, axis=1)[None, :], out)
@@ -179,13 +193,13 @@ def _gemv_kernel(
     M, N, K, Kp, split_k, steps_per_split,
     # strides
     stride_xm, stride_ym, stride_w, stride_hi,
-    # TMA (W12 only): descriptors of the lo/hi groups (`tma.py`), else the planes' pointers, unused
-    lo_desc, hi_desc,
+    # escape blocks (ESC_MODE 1, `escape_blocks.py`)
+    ebw_ptr, ebv_ptr,
     # meta
     IS_W12: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     ESC_CHUNK: tl.constexpr, STAGES: tl.constexpr, PAIRS: tl.constexpr, X_PAIRS: tl.constexpr,
-    PREFETCH: tl.constexpr, TMA: tl.constexpr,
+    ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr,
 ):
     G: tl.constexpr = BLOCK_K // tiles.WORD
     pid_n = tl.program_id(0)
@@ -195,6 +209,12 @@ def _gemv_kernel(
     m = tl.arange(0, BLOCK_M)
     step0 = pid_k * steps_per_split
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
+    if IS_W12 and ESC_MODE == ESC_BLOCKS:  # fixed addresses: in registers by the end of the loop
+        e = (pid_n * split_k + pid_k) * ESC_SLOT + tl.arange(0, ESC_SLOT)  # this program's slab
+        esc_word = tl.load(ebw_ptr + e)  # [SLOT] row_in_block << 24 | column
+        esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits of the scaled entry, 0 = padding
+    if IS_W12:  # issued before the loop: the [BN] base bytes, cold in L2, arrive under it
+        scale = tiles.row_scale(base_ptr, rows, N)  # [BN]
     # One [BN, G] accumulator per activation row (unrolled: BLOCK_M <= 8); unused ones fold away.
     acc0 = tl.zeros([BLOCK_N, G], dtype=tl.float32)
     acc1 = tl.zeros_like(acc0)
@@ -204,23 +224,11 @@ def _gemv_kernel(
     acc5 = tl.zeros_like(acc0)
     acc6 = tl.zeros_like(acc0)
     acc7 = tl.zeros_like(acc0)
-    if IS_W12 and PREFETCH:
-        lo_next, hi_next = tiles.load_groups(w_ptr, hi_ptr, rows, step0, N, Kp, stride_w, stride_hi, BLOCK_K,
-                                             EVEN_N, EVEN_K, True, step0 < step1)
     for step in tl.range(step0, step1, num_stages=STAGES):
         g = step * G + tl.max_contiguous(tl.multiple_of(tl.arange(0, G), G), G)  # [G] groups
         col0 = (g // 4) * 32 + (g % 4) * 2  # [G] the column of each group's code 0
-        if IS_W12 and TMA:  # boxes [BN, G] of the int64 lo / int32 hi groups; zeros past N and Kp
-            lo = lo_desc.load([row0, step * G])
-            hi = hi_desc.load([row0, step * G])
-            o0, o1, o2, o3, o4, o5, o6, o7 = tiles.decode_groups(lo, hi, PTX_DECODE, True)  # [BN, G] each, scaled
-        elif IS_W12:
-            if PREFETCH:  # this step's groups came with the last one; issue the next step's before the math
-                lo, hi = lo_next, hi_next
-                lo_next, hi_next = tiles.load_groups(w_ptr, hi_ptr, rows, step + 1, N, Kp, stride_w, stride_hi,
-                                                     BLOCK_K, EVEN_N, EVEN_K, True, step + 1 < step1)
-            else:
-                lo, hi = tiles.load_groups(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi, BLOCK_K, EVEN_N, EVEN_K)
+        if IS_W12:
+            lo, hi = tiles.load_groups(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi, BLOCK_K, EVEN_N, EVEN_K)
             o0, o1, o2, o3, o4, o5, o6, o7 = tiles.decode_groups(lo, hi, PTX_DECODE, True)  # [BN, G] each, scaled
         else:
             o0, o1, o2, o3, o4, o5, o6, o7 = _dense_codes(w_ptr, rows, col0, N, K, stride_w, EVEN_N, EVEN_K, PAIRS)
@@ -248,6 +256,9 @@ def _gemv_kernel(
         out = _put_row(out, acc6, 6, m)
         out = _put_row(out, acc7, 7, m)
 
+    if IS_W12 and ESC_MODE == ESC_BLOCKS:  # scaled entries, added before the split-K reduction
+        out += _escape_block(x_ptr, esc_word, esc_bits, m, M, stride_xm, BLOCK_N)
+
     y_mask = (m < M)[:, None] & (rows < N)[None, :]
     if split_k > 1:
         is_last, out = tiles.reduce_split_k(
@@ -257,7 +268,8 @@ def _gemv_kernel(
         is_last = pid_k == 0
     if is_last:
         if IS_W12:
-            out = out * tiles.row_scale(base_ptr, rows, N)[None, :]
+            out = out * scale[None, :]
+        if IS_W12 and ESC_MODE == ESC_EPILOGUE:
             out += tiles.escape_correction_mn(
                 x_ptr, esc_ptr_ptr, esc_col_ptr, esc_val_ptr, base_ptr, rows, row0, M, N, stride_xm,
                 BLOCK_M, BLOCK_N, ESC_CHUNK,
@@ -280,17 +292,22 @@ def x_pairs(x: torch.Tensor, config: LaunchConfig, even_k: bool) -> bool:
 
 
 def gemv(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
-         workspace: SplitKWorkspace | None = None) -> torch.Tensor:
-    """y [M, N] in x's dtype for x [M, K] (1 <= M <= 8) and a W12 or plain weight [N, K]."""
+         workspace: SplitKWorkspace | None = None, escapes: str = "auto") -> torch.Tensor:
+    """y [M, N] in x's dtype for x [M, K] (1 <= M <= 8) and a W12 or plain weight [N, K].
+
+    `escapes` as in `gemm.gemm`: "auto" (escape blocks where the weight has them, else the
+    epilogue), "blocks", "epilogue" -- all exact -- or "off" (wrong results, for timing only)."""
     run = prepare_launch(x, weight, config, KernelPath.GEMV, GEMV_MAX_M, workspace)
+    k_split = run.steps_per_split * config.block_k if run.grid[1] > 1 else None
+    mode, found = escape_plan(weight, config, escapes, k_split)
+    block_args = (found.words, found.values) if found is not None else (run.ops.esc_ptr, run.ops.esc_val)
     bm = block_m(KernelPath.GEMV, x.shape[0])
-    descs = tma_descriptors(weight, run.ops, config) if config.tma and run.ops.is_w12 else None
     _gemv_kernel[run.grid](
-        *run.args, *(descs or (run.ops.w, run.ops.hi)), TMA=descs is not None,
+        *run.args, *block_args, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
         IS_W12=run.ops.is_w12, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_M=x.shape[0] == bm, EVEN_N=run.even_n, EVEN_K=run.even_k,
         PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK, STAGES=config.num_stages,
-        PAIRS=dense_pairs(weight), X_PAIRS=x_pairs(x, config, run.even_k), PREFETCH=config.prefetch,
+        PAIRS=dense_pairs(weight), X_PAIRS=x_pairs(x, config, run.even_k),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return run.y.to(x.dtype)

@@ -118,23 +118,19 @@ def assemble(o0, o1, o2, o3, o4, o5, o6, o7, BLOCK_N: tl.constexpr, BLOCK_K: tl.
 
 @triton.jit
 def load_groups(lo_ptr, hi_ptr, rows, step, N, Kp, stride_lo, stride_hi,
-                BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-                PREDICATED: tl.constexpr = False, valid=True):
+                BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr):
     """The raw W12 groups of `rows` x K tile `step`: (lo [BN, G] int64, hi [BN, G] int32).
-    Rows past N and groups past Kp read as code 0 (the placeholder; callers give x zeros there).
-    PREDICATED: load only if the scalar `valid` holds (a prefetch past the last step reads nothing)."""
+    Rows past N and groups past Kp read as code 0 (the placeholder; callers give x zeros there)."""
     G: tl.constexpr = BLOCK_K // WORD
     g = step * G + tl.max_contiguous(tl.multiple_of(tl.arange(0, G), G), G)
     lo64 = lo_ptr.to(tl.pointer_type(tl.int64))
     hi32 = hi_ptr.to(tl.pointer_type(tl.int32))
     lo_tile = lo64 + rows[:, None] * (stride_lo // WORD) + g[None, :]
     hi_tile = hi32 + rows[:, None] * (stride_hi // (WORD // 2)) + g[None, :]
-    if EVEN_N and EVEN_K and not PREDICATED:
+    if EVEN_N and EVEN_K:
         lo = tl.load(lo_tile)
         hi = tl.load(hi_tile)
     else:
-        if PREDICATED:  # (a row bound, not `mask & valid`: the interpreter rejects a mask and-ed with a scalar)
-            N = tl.where(valid, N, 0)
         mask = (rows < N)[:, None] & (g < Kp // WORD)[None, :]
         lo = tl.load(lo_tile, mask=mask, other=0)
         hi = tl.load(hi_tile, mask=mask, other=0)

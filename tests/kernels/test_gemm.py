@@ -162,8 +162,8 @@ def test_tma_falls_back_to_cp_async_where_a_descriptor_cannot_describe_the_weigh
     y = gemm(x, w, tma)
     check(y, x, w)
     assert torch.equal(y.view(torch.int32), gemm(x, w, dataclasses.replace(tma, tma=False)).view(torch.int32))
-    with pytest.raises(ValueError, match="prefetch is an option of the GEMV path's pointer loads"):
-        LaunchConfig(KernelPath.GEMV, block_n=4, block_k=128, tma=True, prefetch=True)
+    with pytest.raises(ValueError, match="tma and tma_x are options of the GEMM path"):
+        LaunchConfig(KernelPath.GEMV, block_n=4, block_k=128, tma=True)
 
 
 @pytest.mark.parametrize("M", [1, 17, 33])
@@ -210,7 +210,7 @@ def test_tma_x_falls_back_to_plain_loads_where_a_descriptor_cannot_describe_x(ma
         y, plain = gemm(x, w, cfg), gemm(x, w, dataclasses.replace(cfg, tma_x=False))
         check(y, x, w)
         assert torch.equal(y.view(torch.int16), plain.view(torch.int16)), name  # float32: as int16 pairs
-    with pytest.raises(ValueError, match="tma_x is an option of the GEMM path"):
+    with pytest.raises(ValueError, match="tma and tma_x are options of the GEMM path"):
         LaunchConfig(KernelPath.GEMV, block_n=4, block_k=128, tma_x=True)
 
 
