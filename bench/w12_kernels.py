@@ -750,11 +750,17 @@ def swept_entries(data: dict) -> dict[tuple[str, int, int, int], tuple[dict, boo
 
 
 def merge_tuned(new: dict, old: dict) -> dict:
-    """A tuned table from two runs' results: the newer run's best config where it swept the row,
-    the older run's where the newer one ran out of budget (timed its defaults only)."""
-    merged = {key: cfg for key, (cfg, _) in swept_entries(old).items()}
+    """A tuned table from a run's results (`new`) and an older run's results or a tuned table
+    (`old`, e.g. the shipped one): the newer run's best config where it swept the row, the older
+    one's where the newer run did not sweep it (out of budget, or a row count it did not run)."""
+    if "entries" in old:  # a tuned table
+        merged = {(e["format"], e["m"], e["n"], e["k"]): e["config"] for e in old["entries"]}
+        older = old.get("merged_from") or [old.get("device")]
+    else:
+        merged = {key: cfg for key, (cfg, _) in swept_entries(old).items()}
+        older = [old["meta"].get("git_commit")]
     merged.update({key: cfg for key, (cfg, swept) in swept_entries(new).items() if swept or key not in merged})
-    return {"device": new["meta"].get("gpu"), "merged_from": [new["meta"].get("git_commit"), old["meta"].get("git_commit")],
+    return {"device": new["meta"].get("gpu"), "merged_from": [new["meta"].get("git_commit"), *older],
             "entries": [{"format": f, "m": m, "n": n, "k": k, "config": c} for (f, m, n, k), c in sorted(merged.items())]}
 
 
@@ -771,7 +777,8 @@ def main(argv: list[str] | None = None) -> int:
                         "only them: merge it into a complete one with --merge-tuned")
     p.add_argument("--precompile-worker", type=int, help=argparse.SUPPRESS)
     p.add_argument("--merge-tuned", nargs=2, type=Path, metavar=("NEW", "OLD"),
-                   help="no GPU: write OUT/tuned_<gpu>.json from two runs' w12_kernels.json (NEW's rows it swept, OLD's others)")
+                   help="no GPU: write OUT/tuned_<gpu>.json from a run's w12_kernels.json (NEW) and an older run's, or a "
+                        "tuned table (OLD): NEW's rows it swept, OLD's others")
     args = p.parse_args(argv)
     if args.merge_tuned:
         new, old = (json.loads(f.read_text()) for f in args.merge_tuned)

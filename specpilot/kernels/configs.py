@@ -22,11 +22,13 @@ from pathlib import Path
 from specpilot.errors import ConfigError
 from specpilot.w12.layout import K_PAD
 
-GEMV_MAX_M = 8  # the GEMV kernel keeps one [BLOCK_N, BLOCK_K] partial-product tile per row in registers
+GEMV_MAX_M = 8  # the GEMV kernel keeps one [BLOCK_N, BLOCK_K / 8] partial-sum tile per row in registers
 GEMM_MAX_M = 64  # beyond this the projection is compute-bound: decode once, then cuBLAS
-GEMV_DEFAULT_MAX_M = 0  # heuristic crossover: the tensor-core GEMM spends fewer instructions per
-# W12 weight at every M (~2.6 at M <= 16 in n64 k256 s3: decode + MMA; the GEMV 5.1 at M = 1,
-# plus an FMA per extra row)
+GEMV_DEFAULT_MAX_M = 0  # heuristic crossover: untuned shapes take the GEMM at every M. The GEMV
+# (~4 SASS instructions per W12 weight at M = 1, plus ~1.4 per extra row; the GEMM ~2.6 at M <= 16)
+# was the faster on 5 of the 10 Qwen3 projections at M = 1 in the 3f1051f sweep (qkv, 8B o, 32B
+# down and lm_head, by 0-9%), 0-5% slower on the others and 8-28% slower on all at M = 2
+# (bench/results/w12/w12_kernels_m1_2.json): a tuned-table choice, not a default
 MAX_SPLIT_K = 8
 REGISTERS_PER_SM = 65536
 MIN_PROGRAMS_PER_SM = 2  # the register cap keeps at least this many programs of a config on an SM
@@ -138,8 +140,9 @@ def m_bucket(M: int) -> int:
 # the K loop: `python -m specpilot.kernels.aot --sass gemm`) and the session-3 prototype timings.
 # GEMM: 64-256 weight rows per program (the MMA's M: one or two warpgroups), K tiles of 128-512
 # columns, 2-6 pipeline stages; larger row blocks amortize the x^T tile each program stages per K
-# step (BK x BM x 2 bytes against BN x BK x 1.5 of W12), which matters from M = 32 on. GEMV: 2-16
-# rows per program, 16-32 weights per thread per step. Candidates whose buffers would not fit an
+# step (BK x BM x 2 bytes against BN x BK x 1.5 of W12), which matters from M = 32 on. GEMV: 8-32
+# rows per program, 512-1024 columns per step, loads not pipelined (cp.async stages, TMA and a
+# register prefetch of the next step were all slower: bench/results/w12/w12_gemv_*.json). Candidates whose buffers would not fit an
 # sm_90 block at this M are left out. The benchmark also tries the best ones with other
 # `programs_per_sm` (how finely small shapes are split along K) and split_k factors.
 _GEMM_TILES = (  # (block_n, block_k, num_warps, num_stages)

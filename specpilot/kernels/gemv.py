@@ -5,7 +5,7 @@ BLOCK_N weight rows over its share of K, a *group* of 8 codes at a time (see
 `specpilot.w12.layout`): a W12 group is 8 bytes of `lo` and 4 of `hi`, decoded in registers
 right after the loads by the inline-PTX decoder (`tiles.decode_groups`: ~2.25 instructions per
 float32 weight), and code i of every group meets x at that code's column, gathered from x
-(which the repeated reads keep in L1). So the weights stay in the registers they were loaded
+(which the repeated reads keep in L1; BF16 x on the GPU a pair of columns per inline-PTX load). So the weights stay in the registers they were loaded
 into: nothing is reordered into column order, and nothing passes through shared memory. (The
 first version of this kernel assembled each tile in column order, as the tensor-core GEMM needs
 it, which Triton converted through shared memory: 5.1 instructions per W12 weight at M = 1 on
@@ -16,10 +16,17 @@ the codes of a group in code order, over the K steps in order, and over G once a
 weights run the same loop in the same order, their codes read by column (`_dense_codes`; BF16
 pairs as one 32-bit load): on escape-free weights W12 gives the plain kernel's output bit for
 bit, since the decoders' scaling by 2^(112 - e0) is undone exactly per row. With `num_stages` > 1
-Triton pipelines the loop's loads through shared memory (cp.async). Row blocks are split along K
-when there are too few of them to keep every SM streaming; splits reduce through
-`tiles.reduce_split_k` in a fixed order, so results do not depend on scheduling. Escapes are added
-by the program that finishes a row block, in float32, before the output is rounded.
+Triton pipelines the loop's loads through shared memory (cp.async); on the H200 that, a register
+prefetch of the next step and TMA loads were all slower than plain loads with several programs
+per SM (bench/results/w12/w12_gemv_*.json). Row blocks are split along K when there are too few
+of them to keep every SM streaming; splits reduce through `tiles.reduce_split_k` in a fixed
+order, so results do not depend on scheduling.
+
+W12 escapes are added as in the GEMM (`gemm.escape_plan`): from escape blocks, this program's
+slab loaded before the K loop and added in the scaled domain after it (one gather of x at the
+entries' columns), or, for weights that have none, by the CSR correction of the program that
+finishes a row block (three dependent loads after the loop: 8B o at M = 1 took 11.20 µs with it
+against 10.60 with blocks, bench/results/w12/w12_gemv_escape_blocks.md).
 
 Does not own tile decoding (`tiles.py`), config choice (`configs.py`) or the M-based dispatch
 (`dispatch.py`).

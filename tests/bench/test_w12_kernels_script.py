@@ -112,6 +112,17 @@ def test_merge_tuned_keeps_the_older_run_where_the_newer_did_not_sweep(sweep):
     assert table["merged_from"] == ["new", "old"] and {e["format"] for e in table["entries"]} == {"w12"}
 
 
+def test_merge_tuned_into_a_tuned_table_keeps_its_other_rows(sweep):
+    """OLD may be a tuned table (the shipped one): a run of some row counts replaces only the rows it swept."""
+    a, b, c = (LaunchConfig(KernelPath.GEMM, 64, k, num_stages=3) for k in (128, 256, 512))
+    shipped = sweep.merge_tuned(run("x", [(1, a, True), (32, a, True)]), run("y", [(64, c, True)]))
+    new = run("new", [(1, b, True), (2, b, False)])
+    table = sweep.merge_tuned(new, shipped)
+    got = {e["m"]: LaunchConfig.from_dict(e["config"]) for e in table["entries"]}
+    assert got == {1: b, 2: b, 32: a, 64: c}
+    assert table["merged_from"] == ["new", "x", "y"]
+
+
 def test_merge_tuned_command_writes_a_table_the_kernels_read(sweep, tmp_path, monkeypatch):
     import json
 
