@@ -83,10 +83,11 @@ def test_w12_equals_the_bf16_kernel_without_escapes(check_w12_equals_plain, M):
     check_w12_equals_plain(gemv, LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, split_k=2), 24, M)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.label())
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[1], CONFIGS[5]], ids=lambda c: c.label())
 def test_escape_blocks_match_the_reference(make_x, to_device, check, block_weight, config):
-    """Escape blocks for every test config (under split-K each split adds its own columns), the
-    epilogue correction too; with escapes "off" the output differs, so they are really added."""
+    """Escape blocks with one K split and with two (each split adds its own columns), and with the
+    portable decoder; the epilogue correction too; with escapes "off" the output differs, so they
+    are really added."""
     from specpilot.kernels.gemm import ESC_BLOCKS, escape_plan
     from specpilot.kernels.gemv import gemv
 
