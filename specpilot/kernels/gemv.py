@@ -5,8 +5,9 @@ BLOCK_N weight rows over its share of K, a *group* of 8 codes at a time (see
 `specpilot.w12.layout`): a W12 group is 8 bytes of `lo` and 4 of `hi`, decoded in registers
 right after the loads by the inline-PTX decoder (`tiles.decode_groups`: ~2.25 instructions per
 float32 weight), and code i of every group meets x at that code's column, gathered from x
-(which the repeated reads keep in L1; BF16 x on the GPU a pair of columns per inline-PTX load). So the weights stay in the registers they were loaded
-into: nothing is reordered into column order, and nothing passes through shared memory. (The
+(which the repeated reads keep in L1; BF16 x on the GPU a pair of columns per inline-PTX load).
+So the weights stay in the registers they were loaded into: nothing is reordered into column
+order, and nothing passes through shared memory. (The
 first version of this kernel assembled each tile in column order, as the tensor-core GEMM needs
 it, which Triton converted through shared memory: 5.1 instructions per W12 weight at M = 1 on
 sm_90, and slower than the GEMM on every projection of the session-10 sweep.)
@@ -286,9 +287,10 @@ def _gemv_kernel(
 
 # -- wrapper ----------------------------------------------------------------------------------
 def dense_pairs(weight: W12Weight | torch.Tensor) -> bool:
-    """Whether plain weights are read a BF16 pair per 32-bit load (BF16, even row length and stride)."""
+    """Whether plain weights are read a BF16 pair per 32-bit load: BF16, even row length and stride,
+    4-byte aligned (a view starting at an odd column takes the per-code loads)."""
     return (isinstance(weight, torch.Tensor) and weight.dtype == torch.bfloat16
-            and weight.shape[1] % 2 == 0 and weight.stride(0) % 2 == 0)
+            and weight.shape[1] % 2 == 0 and weight.stride(0) % 2 == 0 and weight.data_ptr() % 4 == 0)
 
 
 def x_pairs(x: torch.Tensor, config: LaunchConfig, even_k: bool) -> bool:

@@ -58,6 +58,21 @@ def test_tiny_and_odd_shapes(make_weight, make_x, to_device, check, shape, confi
         check(gemv(x, weight, config), x, weight)
 
 
+def test_plain_weight_views_that_break_pair_alignment(make_x, to_device, check):
+    """A BF16 view starting at an odd column (2-byte aligned) cannot be read a pair per 32-bit
+    load: `dense_pairs` says so and the per-code loads give the same output bit for bit."""
+    from specpilot.kernels.gemv import dense_pairs, gemv
+
+    full = to_device((torch.randn(8, 258, generator=torch.Generator().manual_seed(4)) * 0.02).bfloat16())
+    view, copy = full[:, 1:-1], full[:, 1:-1].contiguous()
+    assert not dense_pairs(view) and dense_pairs(copy)
+    x = make_x(2, 256)
+    config = LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128)
+    y = gemv(x, view, config)
+    check(y, x, view)
+    assert torch.equal(y.view(torch.int32), gemv(x, copy, config).view(torch.int32))
+
+
 @pytest.mark.parametrize("M", [1, 2, 3])
 def test_pipelined_loop_on_even_tiles(make_weight, make_x, to_device, check, M):
     """N and K multiples of the tile (the unmasked loads): a pipelined K loop gives the plain loop's
