@@ -12,9 +12,8 @@ W12 escapes added from escape blocks loaded before the K loop (the GEMM's scheme
 CSR correction after it (three dependent loads at the end of every program; phase B times the
 fastest config with that epilogue, and with escapes off, as a bound). Earlier runs of this script
 also tried a register prefetch of the next K step and W12 groups by TMA: both slower (results
-files). Phase A times each candidate
-below once (after the reference check of `bench/w12_kernels.time_config`), then the three fastest
-with programs_per_sm 1 and 4 (how finely K is split when row tiles are few). Phase B times cuBLAS,
+files). Phase A times each candidate below once (after the reference check of
+`bench/w12_kernels.time_config`), then the three fastest with programs_per_sm 1 and 4 (how finely K is split when row tiles are few). Phase B times cuBLAS,
 the shipped tuned config of each format and the two fastest GEMV configs side by side: fastest of
 3 rotated rounds. At the first M, the fastest of six plain read kernels over the W12 and the BF16
 bytes of each projection gives the cost of just streaming them in one launch. Writes
@@ -86,16 +85,15 @@ def gemv(n, k, w, s, p=2) -> LaunchConfig:
     return LaunchConfig(KernelPath.GEMV, block_n=n, block_k=k, num_warps=w, num_stages=s, programs_per_sm=p)
 
 
-def phase_a(x, sets, M, exact, bound, fmt) -> list[dict]:
-    tried = [time_config(x, sets, gemv(*t), exact, bound) for t in TILES[M]]
-    fastest = sorted((t for t in tried if "us" in t), key=lambda t: t["us"])[:3]
-    more = [dataclasses.replace(LaunchConfig.from_dict(t["config"]), programs_per_sm=p) for t in fastest for p in (1, 4)]
-    return tried + [time_config(x, sets, c, exact, bound) for c in more]
-
-
 def fastest(tried: list[dict], n: int) -> list[LaunchConfig]:
     timed = sorted((t for t in tried if "us" in t), key=lambda t: t["us"])
     return [LaunchConfig.from_dict(t["config"]) for t in timed[:n]]
+
+
+def phase_a(x, sets, M, exact, bound) -> list[dict]:
+    tried = [time_config(x, sets, gemv(*t), exact, bound) for t in TILES[M]]
+    more = [dataclasses.replace(c, programs_per_sm=p) for c in fastest(tried, 3) for p in (1, 4)]
+    return tried + [time_config(x, sets, c, exact, bound) for c in more]
 
 
 def main(argv=None) -> int:
@@ -122,7 +120,7 @@ def main(argv=None) -> int:
                 arms = {"cublas": [lambda d=d: F.linear(x, d) for d in dense]}
                 for fmt, ws, key in ((WeightFormat.W12, sets, "w12"), (WeightFormat.DENSE, dense, "bf16")):
                     exact, bound = error_bound(x, ws[0], x.dtype)
-                    tried = phase_a(x, ws, M, exact, bound, fmt) if fmt is WeightFormat.W12 or M == 1 else []
+                    tried = phase_a(x, ws, M, exact, bound) if fmt is WeightFormat.W12 or M == 1 else []
                     tuned = kc.choose_config(fmt, M, N, K, gpu)
                     row[key] = {"tuned": tuned.label(), "phase_a": tried}
                     arms[f"{key} tuned {tuned.label()}"] = [lambda w=w, c=tuned: run_config(x, w, c) for w in ws]

@@ -142,8 +142,8 @@ def m_bucket(M: int) -> int:
 # columns, 2-6 pipeline stages; larger row blocks amortize the x^T tile each program stages per K
 # step (BK x BM x 2 bytes against BN x BK x 1.5 of W12), which matters from M = 32 on. GEMV: 8-32
 # rows per program, 512-1024 columns per step, loads not pipelined (cp.async stages, TMA and a
-# register prefetch of the next step were all slower: bench/results/w12/w12_gemv_*.json). Candidates whose buffers would not fit an
-# sm_90 block at this M are left out. The benchmark also tries the best ones with other
+# register prefetch of the next step were all slower: bench/results/w12/w12_gemv_*.json).
+# Candidates whose buffers would not fit an sm_90 block at this M are left out. The benchmark also tries the best ones with other
 # `programs_per_sm` (how finely small shapes are split along K) and split_k factors.
 _GEMM_TILES = (  # (block_n, block_k, num_warps, num_stages)
     (64, 256, 4, 3), (64, 128, 4, 4), (64, 128, 4, 6), (64, 256, 4, 4), (64, 512, 4, 2), (64, 128, 4, 3),
@@ -151,7 +151,8 @@ _GEMM_TILES = (  # (block_n, block_k, num_warps, num_stages)
     (128, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4), (128, 256, 8, 2), (256, 128, 8, 3),
 )
 _GEMV_TILES = {  # block_m -> (block_n, block_k, num_warps, num_stages): the fastest at M = 1 and 2 in
-    # bench/results/w12/w12_gemv_fma*.json (H200); the GEMV was 1.5-2x slower than the GEMM from M = 4
+    # bench/results/w12/w12_gemv_fma*.json (H200); at M = 4 the GEMV took 1.7-2.2x the tuned GEMM's
+    # time on every projection (w12_gemv_fma_m4.md), so two tiles suffice from there
     1: ((8, 1024, 2, 1), (32, 512, 4, 1), (16, 1024, 4, 1), (8, 512, 2, 1)),
     2: ((32, 512, 4, 1), (8, 1024, 2, 1), (16, 1024, 4, 1)),
     4: ((32, 512, 4, 1), (16, 512, 4, 1)),
