@@ -55,6 +55,7 @@ from specpilot.kernels.workspace import SplitKWorkspace
 from specpilot.w12.weight import W12Weight
 
 ESCAPE_CHUNK = 16
+AB = {"one_hot": False}  # TEMPORARY (prototype A/B): force the one-hot escape sum after the loop
 
 # -- configs ----------------------------------------------------------------------------------
 configs = gemv_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
@@ -187,6 +188,46 @@ def _escape_block(x_ptr, word, bits, m, M, stride_xm, BLOCK_N: tl.constexpr):
     return tl.sum(tl.where(hit[None, :, :], (xe * v[None, :])[:, :, None], 0.0), axis=1)
 
 
+# One 32-bit word, or one BF16 value as float32, through the read-only cache: inline PTX, so that
+# the loaded [G] vector keeps the layout of its addresses (a slice of the accumulator's, as `_x_pair`).
+ASM_LD_B32: tl.constexpr = tl.constexpr("ld.global.nc.b32 $0, [$1];")
+ASM_LD_BF16: tl.constexpr = tl.constexpr("{.reg .b32 w; ld.global.nc.u16 w, [$1]; shl.b32 $0, w, 16;}")
+
+
+@triton.jit
+def _ld_word(ptr, PTX: tl.constexpr):
+    """int32 at ptr [G]."""
+    if PTX:
+        return tl.inline_asm_elementwise(ASM_LD_B32, "=r,l", [ptr.to(tl.int64, bitcast=True)],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    return tl.load(ptr)
+
+
+@triton.jit
+def _ld_bf16(ptr, PTX: tl.constexpr):
+    """The BF16 bit patterns at ptr [G] (int16 storage) as float32."""
+    if PTX:
+        return tl.inline_asm_elementwise(ASM_LD_BF16, "=r,l", [ptr.to(tl.int64, bitcast=True)],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    return (tl.load(ptr).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _entries_into_acc(acc, x_ptr, row, M, stride_xm, word, v, BLOCK_N: tl.constexpr, PTX: tl.constexpr):
+    """acc [BN, G] plus this program's escape-block entries for activation row `row`: entry j
+    (word, value v [G], lanes past the slot hold v = 0) adds v * x[row, column] at [its row, j].
+    Each product is exact (BF16 times BF16); acc's sum over G then carries it into the row."""
+    col = word & 0xFFFFFF
+    ptr = x_ptr + tl.minimum(row, M - 1) * stride_xm + col  # rows past M read row M - 1 (not stored)
+    if PTX:  # BF16 x (X_PAIRS)
+        xe = _ld_bf16(ptr, PTX)
+    else:
+        xe = tl.load(ptr).to(tl.float32)
+    prod = tl.where(v != 0.0, xe * v, 0.0)  # [G]; padding adds 0 even where x is Inf or NaN
+    hit = tl.arange(0, BLOCK_N)[:, None] == ((word >> 24) & 0xFF)[None, :]  # [BN, G]
+    return acc + tl.where(hit, prod[None, :], 0.0)
+
+
 @triton.jit
 def _put_row(out, acc, row, m):
     """out [BM, BN] with row `row` set to the sum over groups of acc [BN, G]."""
@@ -207,7 +248,7 @@ def _gemv_kernel(
     IS_W12: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     ESC_CHUNK: tl.constexpr, STAGES: tl.constexpr, PAIRS: tl.constexpr, X_PAIRS: tl.constexpr,
-    ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr,
+    ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, ESC_ONE_HOT: tl.constexpr = False,
 ):
     G: tl.constexpr = BLOCK_K // tiles.WORD
     pid_n = tl.program_id(0)
@@ -217,10 +258,20 @@ def _gemv_kernel(
     m = tl.arange(0, BLOCK_M)
     step0 = pid_k * steps_per_split
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
+    # Escape blocks whose slab fits in G lanes are added into the accumulators (`_entries_into_acc`),
+    # with no reduction or layout change of their own; wider slabs by a one-hot sum after the loop.
+    ESC_IN_ACC: tl.constexpr = ESC_SLOT <= G and not ESC_ONE_HOT
     if IS_W12 and ESC_MODE == ESC_BLOCKS:  # fixed addresses: in registers by the end of the loop
-        e = (pid_n * split_k + pid_k) * ESC_SLOT + tl.arange(0, ESC_SLOT)  # this program's slab
-        esc_word = tl.load(ebw_ptr + e)  # [SLOT] row_in_block << 24 | column
-        esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits of the scaled entry, 0 = padding
+        slab = (pid_n * split_k + pid_k) * ESC_SLOT
+        if ESC_IN_ACC:
+            lane = tl.arange(0, G)
+            e = slab + tl.minimum(lane, ESC_SLOT - 1)  # [G]: lanes past the slot re-read its last entry
+            esc_word = _ld_word(ebw_ptr + e, X_PAIRS)  # [G] row_in_block << 24 | column
+            esc_v = tl.where(lane < ESC_SLOT, _ld_bf16(ebv_ptr + e, X_PAIRS), 0.0)  # [G] scaled entry, 0 = padding
+        else:
+            e = slab + tl.arange(0, ESC_SLOT)  # this program's slab
+            esc_word = tl.load(ebw_ptr + e)  # [SLOT] row_in_block << 24 | column
+            esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits of the scaled entry, 0 = padding
     if IS_W12:  # issued before the loop: the [BN] base bytes, cold in L2, arrive under it
         scale = tiles.row_scale(base_ptr, rows, N)  # [BN]
     # One [BN, G] accumulator per activation row (unrolled: BLOCK_M <= 8); unused ones fold away.
@@ -251,6 +302,18 @@ def _gemv_kernel(
             acc5 = _fma_codes(acc5, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 5, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
             acc6 = _fma_codes(acc6, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 6, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
             acc7 = _fma_codes(acc7, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 7, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
+    if IS_W12 and ESC_MODE == ESC_BLOCKS and ESC_IN_ACC:  # scaled entries, before any sum
+        acc0 = _entries_into_acc(acc0, x_ptr, 0, M, stride_xm, esc_word, esc_v, BLOCK_N, X_PAIRS)
+        if BLOCK_M > 1:
+            acc1 = _entries_into_acc(acc1, x_ptr, 1, M, stride_xm, esc_word, esc_v, BLOCK_N, X_PAIRS)
+        if BLOCK_M > 2:
+            acc2 = _entries_into_acc(acc2, x_ptr, 2, M, stride_xm, esc_word, esc_v, BLOCK_N, X_PAIRS)
+            acc3 = _entries_into_acc(acc3, x_ptr, 3, M, stride_xm, esc_word, esc_v, BLOCK_N, X_PAIRS)
+        if BLOCK_M > 4:
+            acc4 = _entries_into_acc(acc4, x_ptr, 4, M, stride_xm, esc_word, esc_v, BLOCK_N, X_PAIRS)
+            acc5 = _entries_into_acc(acc5, x_ptr, 5, M, stride_xm, esc_word, esc_v, BLOCK_N, X_PAIRS)
+            acc6 = _entries_into_acc(acc6, x_ptr, 6, M, stride_xm, esc_word, esc_v, BLOCK_N, X_PAIRS)
+            acc7 = _entries_into_acc(acc7, x_ptr, 7, M, stride_xm, esc_word, esc_v, BLOCK_N, X_PAIRS)
     out = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # [BM, BN]
     out = _put_row(out, acc0, 0, m)
     if BLOCK_M > 1:
@@ -264,7 +327,7 @@ def _gemv_kernel(
         out = _put_row(out, acc6, 6, m)
         out = _put_row(out, acc7, 7, m)
 
-    if IS_W12 and ESC_MODE == ESC_BLOCKS:  # scaled entries, added before the split-K reduction
+    if IS_W12 and ESC_MODE == ESC_BLOCKS and not ESC_IN_ACC:  # scaled, before the split-K reduction
         out += _escape_block(x_ptr, esc_word, esc_bits, m, M, stride_xm, BLOCK_N)
 
     y_mask = (m < M)[:, None] & (rows < N)[None, :]
@@ -316,7 +379,7 @@ def gemv(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         IS_W12=run.ops.is_w12, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_M=x.shape[0] == bm, EVEN_N=run.even_n, EVEN_K=run.even_k,
         PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK, STAGES=config.num_stages,
-        PAIRS=dense_pairs(weight), X_PAIRS=x_pairs(x, config, run.even_k),
+        PAIRS=dense_pairs(weight), X_PAIRS=x_pairs(x, config, run.even_k), ESC_ONE_HOT=AB["one_hot"],
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return run.y.to(x.dtype)

@@ -116,6 +116,32 @@ def test_escape_blocks_match_the_reference(make_x, to_device, check, block_weigh
         assert not torch.equal(gemv(x, enc, config, escapes="off"), y)
 
 
+@pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[2], CONFIGS[5]], ids=lambda c: c.label())
+def test_escape_blocks_added_into_the_accumulators(make_x, to_device, check, config):
+    """A slab of at most G = block_k / 8 entries is added into the [BN, G] accumulators, one entry
+    per lane (the path the benchmark shapes take: a few escapes per row block), with and without
+    K splits; the test weight of `test_escape_blocks_match_the_reference` needs wider slabs,
+    which take the one-hot sum after the loop."""
+    from specpilot.kernels.escape_blocks import escape_blocks
+    from specpilot.kernels.gemv import gemv
+
+    w = (torch.randn(37, 300, generator=torch.Generator().manual_seed(7)) * 0.02).bfloat16()
+    w[1, 3] = 0.0  # one entry
+    w[2, 299] = -0.0  # the last column
+    w[9, 10], w[9, 200] = 1e-12, -3.0e4  # two entries each
+    w[36, 150] = 0.0  # the last, partial row block
+    enc = to_device(encode(w))
+    for M in (1, 5):
+        x = make_x(M, 300)
+        y = gemv(x, enc, config)
+        k_split = config.block_k * -(-3 // config.split_k) if config.split_k > 1 else None  # Kp = 3 steps
+        assert escape_blocks(enc, config.block_n, k_split).slot <= config.block_k // 8
+        check(y, x, enc)
+        assert not torch.equal(gemv(x, enc, config, escapes="off"), y)
+        x[:, 0] = float("inf")  # padding lanes read column 0 and must add 0, not 0 * Inf = NaN
+        check(gemv(x, enc, config), x, enc)
+
+
 def test_split_k_is_deterministic_and_resets_its_counters(weights, make_x, device):
     from specpilot.kernels.gemv import gemv
 
