@@ -42,7 +42,6 @@ from bench.w12_kernels import (L2_COVER_BYTES, MODELS, environment, graph_time_u
 from specpilot.kernels import configs as kc  # noqa: E402
 from specpilot.kernels.configs import KernelPath, LaunchConfig, WeightFormat  # noqa: E402
 from specpilot.kernels.dispatch import run_config  # noqa: E402
-from specpilot.kernels import gemv as gemv_mod  # noqa: E402
 from specpilot.kernels.gemv import gemv as gemv_fn  # noqa: E402
 from specpilot.kernels.reference import error_bound  # noqa: E402
 from specpilot.w12 import encode  # noqa: E402
@@ -84,15 +83,6 @@ def read_floor(nbytes: int) -> dict:
 
 def gemv(n, k, w, s, p=2) -> LaunchConfig:
     return LaunchConfig(KernelPath.GEMV, block_n=n, block_k=k, num_warps=w, num_stages=s, programs_per_sm=p)
-
-
-def one_hot(x, w, config):
-    """The GEMV with escape blocks summed one-hot after the loop (the previous scheme), for the A/B."""
-    gemv_mod.AB["one_hot"] = True
-    try:
-        return gemv_fn(x, w, config, escapes="blocks")
-    finally:
-        gemv_mod.AB["one_hot"] = False
 
 
 def fastest(tried: list[dict], n: int) -> list[LaunchConfig]:
@@ -141,7 +131,6 @@ def main(argv=None) -> int:
                         for esc in ("epilogue", "off"):
                             arms[f"escapes {esc} {best.label()}"] = [lambda w=w, e=esc: gemv_fn(x, w, best, escapes=e)
                                                                      for w in ws]
-                        arms[f"escapes one_hot {best.label()}"] = [lambda w=w: one_hot(x, w, best) for w in ws]
                     del exact, bound
                 u, runs = rotated_rounds(arms)
                 row.update({"us": u, "runs": runs, "bytes": {"bf16": N * K * 2, "w12": sets[0].nbytes_total}})

@@ -23,11 +23,15 @@ per SM (bench/results/w12/w12_gemv_*.json). Row blocks are split along K when th
 of them to keep every SM streaming; splits reduce through `tiles.reduce_split_k` in a fixed
 order, so results do not depend on scheduling.
 
-W12 escapes are added as in the GEMM (`gemm.escape_plan`): from escape blocks, this program's
-slab loaded before the K loop and added in the scaled domain after it (one gather of x at the
-entries' columns), or, for weights that have none, by the CSR correction of the program that
-finishes a row block (three dependent loads after the loop: 8B o at M = 1 took 11.20 µs with it
-against 10.60 with blocks, bench/results/w12/w12_gemv_escape_blocks.md).
+W12 escapes come from escape blocks (`gemm.escape_plan`): this program's slab is loaded before the
+K loop and added in the scaled domain after it. A slab of at most G entries (the benchmark's
+shapes: a few escapes per row block) is loaded one entry per lane of the accumulators' G axis and
+each product x[m, column] * value added into acc[its row, its lane] before the sum over G: no
+reduction or layout change of its own. That took the escapes' cost on 8B qkv at M = 1 from
+14.24 µs (a one-hot [BM, SLOT, BN] sum after the loop, which went through shared memory) to 13.32,
+against 13.82 with escapes off (bench/results/w12/w12_gemv_in_acc.md). Wider slabs keep the one-hot
+sum. Weights without blocks take the CSR correction of the program that finishes a row block
+(three dependent loads after the loop: 8B o took 11.37 µs with it in that run).
 
 Does not own tile decoding (`tiles.py`), config choice (`configs.py`) or the M-based dispatch
 (`dispatch.py`).
@@ -55,7 +59,6 @@ from specpilot.kernels.workspace import SplitKWorkspace
 from specpilot.w12.weight import W12Weight
 
 ESCAPE_CHUNK = 16
-AB = {"one_hot": False}  # TEMPORARY (prototype A/B): force the one-hot escape sum after the loop
 
 # -- configs ----------------------------------------------------------------------------------
 configs = gemv_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
@@ -248,7 +251,7 @@ def _gemv_kernel(
     IS_W12: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     ESC_CHUNK: tl.constexpr, STAGES: tl.constexpr, PAIRS: tl.constexpr, X_PAIRS: tl.constexpr,
-    ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, ESC_ONE_HOT: tl.constexpr = False,
+    ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr,
 ):
     G: tl.constexpr = BLOCK_K // tiles.WORD
     pid_n = tl.program_id(0)
@@ -260,7 +263,7 @@ def _gemv_kernel(
     step1 = tl.minimum(step0 + steps_per_split, tl.cdiv(Kp, BLOCK_K))
     # Escape blocks whose slab fits in G lanes are added into the accumulators (`_entries_into_acc`),
     # with no reduction or layout change of their own; wider slabs by a one-hot sum after the loop.
-    ESC_IN_ACC: tl.constexpr = ESC_SLOT <= G and not ESC_ONE_HOT
+    ESC_IN_ACC: tl.constexpr = ESC_SLOT <= G
     if IS_W12 and ESC_MODE == ESC_BLOCKS:  # fixed addresses: in registers by the end of the loop
         slab = (pid_n * split_k + pid_k) * ESC_SLOT
         if ESC_IN_ACC:
@@ -379,7 +382,7 @@ def gemv(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         IS_W12=run.ops.is_w12, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_M=x.shape[0] == bm, EVEN_N=run.even_n, EVEN_K=run.even_k,
         PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK, STAGES=config.num_stages,
-        PAIRS=dense_pairs(weight), X_PAIRS=x_pairs(x, config, run.even_k), ESC_ONE_HOT=AB["one_hot"],
+        PAIRS=dense_pairs(weight), X_PAIRS=x_pairs(x, config, run.even_k),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return run.y.to(x.dtype)
