@@ -58,9 +58,12 @@ def test_tiny_and_odd_shapes(make_weight, make_x, to_device, check, shape, confi
         check(gemv(x, weight, config), x, weight)
 
 
-def test_plain_weight_views_that_break_pair_alignment(make_x, to_device, check):
+def test_plain_weight_views_that_break_pair_alignment(make_x, to_device, check, device):
     """A BF16 view starting at an odd column (2-byte aligned) cannot be read a pair per 32-bit
-    load: `dense_pairs` says so and the per-code loads give the same output bit for bit."""
+    load: `dense_pairs` says so and the per-code loads give a correct output -- under the
+    interpreter the contiguous copy's bit for bit. (Compiled, the two loads get different register
+    layouts, so the sum over each row's lanes is ordered differently: on the H200 the outputs
+    differed in the last 1-3 bits.)"""
     from specpilot.kernels.gemv import dense_pairs, gemv
 
     full = to_device((torch.randn(8, 258, generator=torch.Generator().manual_seed(4)) * 0.02).bfloat16())
@@ -68,9 +71,11 @@ def test_plain_weight_views_that_break_pair_alignment(make_x, to_device, check):
     assert not dense_pairs(view) and dense_pairs(copy)
     x = make_x(2, 256)
     config = LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128)
-    y = gemv(x, view, config)
+    y, y_copy = gemv(x, view, config), gemv(x, copy, config)
     check(y, x, view)
-    assert torch.equal(y.view(torch.int32), gemv(x, copy, config).view(torch.int32))
+    check(y_copy, x, copy)
+    if device == "cpu":
+        assert torch.equal(y.view(torch.int32), y_copy.view(torch.int32))
 
 
 @pytest.mark.parametrize("M", [1, 2, 3])
