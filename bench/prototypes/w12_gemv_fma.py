@@ -102,7 +102,12 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=300.0)
     p.add_argument("--ms", type=int, nargs="+", default=[1, 2])
     p.add_argument("--no-floor", action="store_true", help="skip the read floors")
+    p.add_argument("--tiles", nargs="+", metavar="N,K,W,S", help="phase A's tiles at every M instead of TILES")
+    p.add_argument("--only", nargs="+", metavar="MODEL:PROJ", help="only these rows, e.g. Qwen3-8B:qkv")
     args = p.parse_args(argv)
+    if args.tiles:
+        for M in args.ms:
+            TILES[M] = tuple(tuple(int(v) for v in t.split(",")) for t in args.tiles)
     start = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
     data = {"meta": environment(), "rows": []}
@@ -110,6 +115,8 @@ def main(argv=None) -> int:
     for M in args.ms:
         for model in MODELS:
             for proj, N, K in model.projections():
+                if args.only and f"{model.name}:{proj}" not in args.only:
+                    continue
                 if time.monotonic() - start > args.budget_s:
                     print("budget spent; stopping before", model.name, proj, M, flush=True)
                     break
