@@ -151,10 +151,11 @@ _GEMM_TILES = (  # (block_n, block_k, num_warps, num_stages)
     (128, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4), (128, 256, 8, 2), (256, 128, 8, 3),
 )
 _GEMV_TILES = {  # block_m -> (block_n, block_k, num_warps, num_stages): the fastest at M = 1 and 2 in
-    # bench/results/w12/w12_gemv_fma*.json and w12_gemv_in_acc.json (H200; n16 k512 the best GEMV on
-    # 8B gate_up and lm_head there); at M = 4 the GEMV took 1.7-2.2x the tuned GEMM's
-    # time on every projection (w12_gemv_fma_m4.md), so two tiles suffice from there
-    1: ((8, 1024, 2, 1), (32, 512, 4, 1), (16, 1024, 4, 1), (8, 512, 2, 1), (16, 512, 4, 1)),
+    # bench/results/w12/w12_gemv_fma*.json, w12_gemv_in_acc.json (n16 k512 the best GEMV on 8B gate_up
+    # and lm_head there) and w12_gemv_tiles.json (n8 k2048 on 8B down: 22.49 µs, the next 23.34);
+    # at M = 4 the GEMV took 1.7-2.2x the tuned GEMM's time on every projection
+    # (w12_gemv_fma_m4.md), so two tiles suffice from there
+    1: ((8, 1024, 2, 1), (32, 512, 4, 1), (16, 1024, 4, 1), (8, 512, 2, 1), (16, 512, 4, 1), (8, 2048, 4, 1)),
     2: ((32, 512, 4, 1), (8, 1024, 2, 1), (16, 1024, 4, 1)),
     4: ((32, 512, 4, 1), (16, 512, 4, 1)),
     8: ((16, 512, 4, 1), (8, 512, 2, 1)),
