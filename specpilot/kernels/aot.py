@@ -105,10 +105,11 @@ def variants(quick: bool = False) -> list[Variant]:
                 for even in ((True,) if quick else (True, False)):
                     c = _constexprs(cfg, bm, w12, even)
                     label = f"{cfg.label()} bm{bm} {'w12' if w12 else 'bf16'} {'even' if even else 'masked'}"
-                    if cfg.path is KernelPath.GEMV:  # W12: escape blocks (ESC_MODE 1) or the epilogue (2)
-                        for mode in ((1, 2) if w12 else (0,)):
-                            name = label + {0: "", 1: " blocks", 2: " epilogue"}[mode]
-                            out.append(Variant(path, name, {**c, "ESC_MODE": mode, "ESC_SLOT": 16},
+                    if cfg.path is KernelPath.GEMV:  # W12: escape blocks (ESC_MODE 1) in the accumulators
+                        # (a slab of <= G = block_k / 8 entries) or one-hot after the loop (wider), or the epilogue (2)
+                        for mode, slot in (((1, 16), (1, 256), (2, 16)) if w12 else ((0, 16),)):
+                            name = label + {0: "", 1: " blocks" + (" wide" if slot > 16 else ""), 2: " epilogue"}[mode]
+                            out.append(Variant(path, name, {**c, "ESC_MODE": mode, "ESC_SLOT": slot},
                                                cfg.num_warps, cfg.num_stages))
                         continue
                     # W12: escape blocks (ESC_MODE 1, gathering from x or from x^T) or the epilogue's CSR correction (2)

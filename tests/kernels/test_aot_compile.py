@@ -42,7 +42,7 @@ def test_sass_profile_counts_the_k_loop():
     run = aot("--quick", "--sass", "gemv n8 k1024 w2 s1 bm1", needs="cuobjdump")
     assert run.returncode == 0, run.stderr[-3000:]
     *w12, bf16 = run.stdout.strip().splitlines()
-    assert [line.split(":")[0].split(" w12 even ")[-1] for line in w12] == ["blocks", "epilogue"]  # every escape mode
+    assert [line.split(":")[0].split(" w12 even ")[-1] for line in w12] == ["blocks", "blocks wide", "epilogue"]  # every escape mode
     per_weight = [float(line.split(" per weight")[0].split(", ")[-1]) for line in (*w12, bf16)]
     for line in (*w12, bf16):
         mix = ast.literal_eval(line.split("; ")[1])
