@@ -3,14 +3,17 @@ decoded tile), against cuBLAS and the tuned tensor-core GEMM at M = 1 and 2, and
 streaming read of the same bytes sets (GPU only).
 
     python bench/prototypes/w12_gemv_fma.py --out DIR [--budget-s 300] [--ms 1 2]
+        [--tiles N,K,W,S ...] [--only Qwen3-8B:qkv ...] [--no-floor]
 
 Why: at M = 1 the small projections (qkv, o) lose 3-6 µs per call to split-K reductions and an
 uneven last wave of 64-row GEMM tiles; FMA tiles of 8-32 rows give every SM an even share with no
 split. The old GEMV reordered each decoded tile into column order through shared memory (5.1
 instructions per W12 weight); this one keeps it in registers (~4 on sm_90, `aot --sass`), with
-W12 escapes added from escape blocks loaded before the K loop (the GEMM's scheme) instead of the
-CSR correction after it (three dependent loads at the end of every program; phase B times the
-fastest config with that epilogue, and with escapes off, as a bound). Earlier runs of this script
+W12 escapes added from escape blocks loaded before the K loop (the GEMM's scheme; since 7bcb8f8 a
+slab of at most G entries goes straight into the accumulators) instead of the CSR correction after
+it (three dependent loads at the end of every program; phase B times the fastest config with that
+epilogue, and with escapes off, as a bound; the table's "one-hot" column was filled only by the
+7bcb8f8 run, whose temporary switch timed the previous one-hot sum). Earlier runs of this script
 also tried a register prefetch of the next K step and W12 groups by TMA: both slower (results
 files). Phase A times each candidate below once (after the reference check of
 `bench/w12_kernels.time_config`), then the three fastest with programs_per_sm 1 and 4 (how finely K is split when row tiles are few). Phase B times cuBLAS,
