@@ -205,8 +205,9 @@ def main_loop_profile(kernel, v: Variant) -> dict:
                               if (m := re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9_]+)*)", line)))
     c = v.constexprs
     weights = c.get("BLOCK_N", 1) * c.get("BLOCK_K", 1) / (32 * v.num_warps)  # per thread per K step
+    shared_ops = sum(bool(re.search(r"\s(STS|LDS|BAR)\b", line)) for _, line in code)  # whole kernel
     return {"label": v.label, "loop_instructions": len(body), "weights_per_thread": weights,
-            "per_weight": len(body) / weights, "shared_bytes": kernel.metadata.shared,
+            "per_weight": len(body) / weights, "shared_bytes": kernel.metadata.shared, "kernel_shared_ops": shared_ops,
             "mix": dict(ops.most_common()), "atomics": re.findall(r"\batom\.global\.[\w.]+", kernel.asm["ptx"])}
 
 
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             prof = main_loop_profile(keep["kernel"], v)
             print(f"{prof['label']}: {prof['loop_instructions']} instructions per K step, "
                   f"{prof.get('per_weight', float('nan')):.2f} per weight; {prof.get('mix')}; "
-                  f"atomics {prof.get('atomics')}")
+                  f"atomics {prof.get('atomics')}; shared-memory ops in the kernel {prof.get('kernel_shared_ops')}")
         return 0
     failures = 0
     vs = variants(args.quick)
