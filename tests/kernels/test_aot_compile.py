@@ -94,5 +94,5 @@ def test_split_k_reset_is_relaxed():
     run = aot("--quick", "--sass", "gemm n64 k256 w4 s3 bm16", needs="cuobjdump")
     assert run.returncode == 0, run.stderr[-3000:]
     for line in run.stdout.strip().splitlines():
-        atomics = ast.literal_eval(line.split("; atomics ")[1])
+        atomics = ast.literal_eval(line.split("; atomics ")[1].split("; shared-memory ops")[0])
         assert atomics == ["atom.global.gpu.acq_rel.add.u32", "atom.global.gpu.relaxed.exch.b32"], line
