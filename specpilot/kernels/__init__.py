@@ -2,7 +2,7 @@
 
 Files: `tiles.py` (shared @triton.jit pieces), `gemv.py`, `gemm.py`, `w12_unpack.py` (kernels,
 each with launcher and reference), `reference.py` (pure-torch reference and error bound),
-`escape_blocks.py` (W12 escapes regrouped per row block for the GEMM),
+`escape_blocks.py` (W12 escapes regrouped per row block for the GEMM and the GEMV),
 `configs.py` (launch configs, heuristic, tuned tables), `launch.py` (operands, split-K plan),
 `workspace.py` (split-K scratch), `dispatch.py` (choice by M), `modules.py` (`TritonLinear`,
 `swap_projections`).

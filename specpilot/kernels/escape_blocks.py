@@ -1,4 +1,4 @@
-"""Escape blocks: a W12 weight's escapes regrouped per row block, as the GEMM adds them.
+"""Escape blocks: a W12 weight's escapes regrouped per row block, as the GEMM and the GEMV add them.
 
 The GEMM decodes every escape slot as the placeholder code, which in its scaled domain
 (w * 2^(112 - e0), see `specpilot.w12.layout`) is 2^-15. The CSR correction after the K loop
@@ -11,7 +11,8 @@ split) -- gets a fixed number `slot` of *entries* (row in block, column, value) 
 program computes from its ids: it loads them before its K loop (nothing waits on them there), and
 after the loop one gather of x at their columns and one dot -- a one-hot [block_n, slot] matrix of
 entry values times those x columns -- add them, one memory round trip in all, before the partial
-sums are reduced.
+sums are reduced. The GEMV (`gemv.py`) reads the same slabs; one of at most G = block_k / 8
+entries it adds straight into its [block_n, G] accumulators, one entry per lane, with no dot.
 
 Entries live in the scaled domain. An escape (n, c, v) is, with v' = v * 2^(112 - e0[n]):
 - one entry v' - 2^-15 when that is exactly a BF16 number (always for v = +-0, the common escape
@@ -27,7 +28,7 @@ Layout: `words` [row_blocks * splits, slot] int32 = row_in_block << 24 | column,
 shape) int16 (BF16 bits); slab = row_block * splits + split. Built with torch ops on the weight's
 device, once per (weight, block_n, split width) and cached on the weight (`W12Weight.derived`). Not part of the file format: derived data of
 6 * slot bytes per row block (0.2-0.8% of the planes on the benchmark's random weights).
-Does not own the kernels (`gemm.py`) or the format (`specpilot.w12`).
+Does not own the kernels (`gemm.py`, `gemv.py`) or the format (`specpilot.w12`).
 """
 
 from __future__ import annotations
