@@ -60,7 +60,7 @@ from specpilot.kernels.configs import (
     gemm_candidates,
 )
 from specpilot.kernels.escape_blocks import SLOT_STEP, escape_blocks
-from specpilot.kernels.launch import bf16_dots, prepare_launch, ptx_decode
+from specpilot.kernels.launch import Launch, bf16_dots, prepare_launch, ptx_decode
 from specpilot.kernels.reference import reference_linear
 from specpilot.kernels.tma import descriptors as tma_descriptors
 from specpilot.kernels.tma import x_descriptor
@@ -241,13 +241,23 @@ def escape_plan(weight: W12Weight | torch.Tensor, config: LaunchConfig, escapes:
     return (ESC_BLOCKS, found) if found is not None else (ESC_EPILOGUE, None)
 
 
+def escape_operands(run: Launch, weight: W12Weight | torch.Tensor, config: LaunchConfig, escapes: str = "auto"):
+    """(ESC_MODE, EscapeBlocks or None, the kernel's escape-block pointers, ESC_SLOT) of a GEMM or
+    GEMV launch: the escape plan for its K splits (each covers steps_per_split * block_k columns).
+    Without blocks the pointers are unused: any int32 and int16 tensors keep their types stable."""
+    k_split = run.steps_per_split * config.block_k if run.grid[1] > 1 else None
+    mode, found = escape_plan(weight, config, escapes, k_split)
+    if found is None:
+        return mode, None, (run.ops.esc_ptr, run.ops.esc_val), SLOT_STEP
+    return mode, found, (found.words, found.values), found.slot
+
+
 def plan_launch(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
                 workspace: SplitKWorkspace | None = None, escapes: str = "auto"):
     """(Launch, ESC_MODE, EscapeBlocks or None) of `gemm`: the grid, then the escape plan for its
-    K splits (each covers steps_per_split * block_k columns)."""
+    K splits."""
     run = prepare_launch(x, weight, config, KernelPath.GEMM, GEMM_MAX_M, workspace)
-    k_split = run.steps_per_split * config.block_k if run.grid[1] > 1 else None
-    return (run, *escape_plan(weight, config, escapes, k_split))
+    return (run, *escape_operands(run, weight, config, escapes)[:2])
 
 
 def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
@@ -257,11 +267,8 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
     `escapes` picks how W12 escapes are added, for tests and `bench/w12_escape_cost.py`: "auto"
     (escape blocks where the weight has them, else the epilogue), "blocks", "epilogue" -- all exact --
     or "off", which skips them: a wrong result, timed only; nothing else may pass it."""
-    run, mode, found = plan_launch(x, weight, config, workspace, escapes)
-    if found is not None:
-        block_args = (found.words, found.values)
-    else:  # unused: any int32 and int16 tensors keep the pointer types stable
-        block_args = (run.ops.esc_ptr, run.ops.esc_val)
+    run = prepare_launch(x, weight, config, KernelPath.GEMM, GEMM_MAX_M, workspace)
+    mode, _, block_args, slot = escape_operands(run, weight, config, escapes)
     gather_t = config.gather_t and mode.value == ESC_BLOCKS.value
     xt = x.t().contiguous() if gather_t else x  # [K, M]: its own kernel, ~2.5 µs on the H200
     descs = tma_descriptors(weight, run.ops, config) if config.tma else None
@@ -273,7 +280,7 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
-        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
+        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=slot,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
     )
     return run.y.to(x.dtype)

@@ -23,7 +23,7 @@ per SM (bench/results/w12/w12_gemv_*.json). Row blocks are split along K when th
 of them to keep every SM streaming; splits reduce through `tiles.reduce_split_k` in a fixed
 order, so results do not depend on scheduling.
 
-W12 escapes come from escape blocks (`gemm.escape_plan`): this program's slab is loaded before the
+W12 escapes come from escape blocks (`gemm.escape_operands`): this program's slab is loaded before the
 K loop and added in the scaled domain after it. A slab of at most G entries (the benchmark's
 shapes: a few escapes per row block) is loaded one entry per lane of the accumulators' G axis and
 each product x[m, column] * value added into acc[its row, its lane] before the sum over G: no
@@ -51,8 +51,7 @@ from specpilot.kernels.configs import (
     block_m,
     gemv_candidates,
 )
-from specpilot.kernels.escape_blocks import SLOT_STEP
-from specpilot.kernels.gemm import ESC_BLOCKS, ESC_EPILOGUE, escape_plan
+from specpilot.kernels.gemm import ESC_BLOCKS, ESC_EPILOGUE, escape_operands
 from specpilot.kernels.launch import prepare_launch, ptx_decode
 from specpilot.kernels.reference import reference_linear
 from specpilot.kernels.workspace import SplitKWorkspace
@@ -373,12 +372,10 @@ def gemv(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
     `escapes` as in `gemm.gemm`: "auto" (escape blocks where the weight has them, else the
     epilogue), "blocks", "epilogue" -- all exact -- or "off" (wrong results, for timing only)."""
     run = prepare_launch(x, weight, config, KernelPath.GEMV, GEMV_MAX_M, workspace)
-    k_split = run.steps_per_split * config.block_k if run.grid[1] > 1 else None
-    mode, found = escape_plan(weight, config, escapes, k_split)
-    block_args = (found.words, found.values) if found is not None else (run.ops.esc_ptr, run.ops.esc_val)
+    mode, _, block_args, slot = escape_operands(run, weight, config, escapes)
     bm = block_m(KernelPath.GEMV, x.shape[0])
     _gemv_kernel[run.grid](
-        *run.args, *block_args, ESC_MODE=mode.value, ESC_SLOT=found.slot if found is not None else SLOT_STEP,
+        *run.args, *block_args, ESC_MODE=mode.value, ESC_SLOT=slot,
         IS_W12=run.ops.is_w12, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_M=x.shape[0] == bm, EVEN_N=run.even_n, EVEN_K=run.even_k,
         PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK, STAGES=config.num_stages,
