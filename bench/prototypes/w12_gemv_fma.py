@@ -12,8 +12,8 @@ instructions per W12 weight); this one keeps it in registers (~4 on sm_90, `aot 
 W12 escapes added from escape blocks loaded before the K loop (the GEMM's scheme; since 7bcb8f8 a
 slab of at most G entries goes straight into the accumulators) instead of the CSR correction after
 it (three dependent loads at the end of every program; phase B times the fastest config with that
-epilogue, and with escapes off, as a bound; the table's "one-hot" column was filled only by the
-7bcb8f8 run, whose temporary switch timed the previous one-hot sum). Earlier runs of this script
+epilogue, and with escapes off, as a bound; the 7bcb8f8 run, w12_gemv_in_acc.md, also timed the
+previous one-hot sum through a temporary switch). Earlier runs of this script
 also tried a register prefetch of the next K step and W12 groups by TMA: both slower (results
 files). Phase A times each candidate below once (after the reference check of
 `bench/w12_kernels.time_config`), then the three fastest with programs_per_sm 1 and 4 (how finely K is split when row tiles are few). Phase B times cuBLAS,
@@ -168,7 +168,7 @@ def render(data: dict) -> str:
              "- read floor: the fastest of six plain streaming-read kernels over the same bytes (W12's, or "
              "BF16's for cuBLAS), graph-timed over rotating buffers: launch, ramp and tail included", "",
              "| model | proj | M | cuBLAS | W12 tuned (config) | W12 GEMV best (config) | tuned / cuBLAS | **GEMV / cuBLAS** "
-             "| GEMV TB/s | read floor W12 / BF16 bytes | floor / GEMV | floor / cuBLAS | GEMV escapes one-hot / CSR / none "
+             "| GEMV TB/s | read floor W12 / BF16 bytes | floor / GEMV | floor / cuBLAS | GEMV CSR escapes / none "
              "| BF16 tuned | BF16 GEMV |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
@@ -178,13 +178,13 @@ def render(data: dict) -> str:
         b_tuned = next(k for k in u if k.startswith("bf16 tuned"))
         b_gemv = [k for k in u if k.startswith("bf16 ") and "tuned" not in k]
         floor = r.get("read_floor")
-        esc = [next((f"{u[k]:.2f}" for k in u if k.startswith(f"escapes {e} ")), "-") for e in ("one_hot", "epilogue", "off")]
+        esc = [next((f"{u[k]:.2f}" for k in u if k.startswith(f"escapes {e} ")), "-") for e in ("epilogue", "off")]
         floors = (f"{floor['w12']['us']:.2f} / {floor['bf16']['us']:.2f} | {floor['w12']['us'] / u[gem]:.3f} "
                   f"| {floor['bf16']['us'] / u['cublas']:.3f}") if floor else "- | - | -"
         lines.append(
             f"| {r['model']} | {r['proj']} | {r['M']} | {u['cublas']:.2f} | {u[tuned]:.2f} ({tuned[10:]}) "
             f"| {u[gem]:.2f} ({gem[4:]}) | {u['cublas'] / u[tuned]:.3f} | **{u['cublas'] / u[gem]:.3f}** "
-            f"| {r['bytes']['w12'] / u[gem] / 1e6:.2f} | {floors} | {esc[0]} / {esc[1]} / {esc[2]} | {u[b_tuned]:.2f} "
+            f"| {r['bytes']['w12'] / u[gem] / 1e6:.2f} | {floors} | {esc[0]} / {esc[1]} | {u[b_tuned]:.2f} "
             f"| {(f'{u[b_gemv[0]]:.2f} ({b_gemv[0][5:]})' if b_gemv else '-')} |")
     return "\n".join(lines) + "\n"
 
