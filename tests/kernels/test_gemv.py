@@ -127,8 +127,10 @@ def test_escape_blocks_added_into_the_accumulators(make_x, to_device, check, con
     per lane (the path the benchmark shapes take: a few escapes per row block), with and without
     K splits; the test weight of `test_escape_blocks_match_the_reference` needs wider slabs,
     which take the one-hot sum after the loop."""
-    from specpilot.kernels.escape_blocks import escape_blocks
+    from specpilot.kernels.configs import GEMV_MAX_M
+    from specpilot.kernels.gemm import ESC_BLOCKS, escape_operands
     from specpilot.kernels.gemv import gemv
+    from specpilot.kernels.launch import prepare_launch
 
     w = (torch.randn(37, 300, generator=torch.Generator().manual_seed(7)) * 0.02).bfloat16()
     w[1, 3] = 0.0  # one entry
@@ -139,8 +141,9 @@ def test_escape_blocks_added_into_the_accumulators(make_x, to_device, check, con
     for M in (1, 5):
         x = make_x(M, 300)
         y = gemv(x, enc, config)
-        k_split = config.block_k * -(-3 // config.split_k) if config.split_k > 1 else None  # Kp = 3 steps
-        assert escape_blocks(enc, config.block_n, k_split).slot <= config.block_k // 8
+        run = prepare_launch(x, enc, config, KernelPath.GEMV, GEMV_MAX_M, None)
+        mode, _, _, slot = escape_operands(run, enc, config)  # what the launch above used
+        assert mode == ESC_BLOCKS and slot <= config.block_k // 8
         check(y, x, enc)
         assert not torch.equal(gemv(x, enc, config, escapes="off"), y)
         x[:, 0] = float("inf")  # padding lanes read column 0 and must add 0, not 0 * Inf = NaN
