@@ -141,7 +141,7 @@ def m_bucket(M: int) -> int:
 # GEMM: 64-256 weight rows per program (the MMA's M: one or two warpgroups), K tiles of 128-512
 # columns, 2-6 pipeline stages; larger row blocks amortize the x^T tile each program stages per K
 # step (BK x BM x 2 bytes against BN x BK x 1.5 of W12), which matters from M = 32 on. GEMV: 8-32
-# rows per program, 512-1024 columns per step, loads not pipelined (cp.async stages, TMA and a
+# rows per program, 512-2048 columns per step, loads not pipelined (cp.async stages, TMA and a
 # register prefetch of the next step were all slower: bench/results/w12/w12_gemv_*.json).
 # Candidates whose buffers would not fit an sm_90 block at this M are left out. The benchmark also tries the best ones with other
 # `programs_per_sm` (how finely small shapes are split along K) and split_k factors.
