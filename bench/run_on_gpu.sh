@@ -4,7 +4,7 @@
 #
 #   bash bench/run_on_gpu.sh COMMIT STEP:SECONDS [STEP:SECONDS ...]
 #
-# Steps: smoke, engine, engine-kernels, escape, w12, fixture, guard, speed, noise, loop, first. Each writes under
+# Steps: smoke, engine, engine-kernels, escape, w12, w12-shipped, fixture, guard, speed, noise, loop, first. Each writes under
 # /tmp/specpilot-results/<step>/ and logs to <step>.log there; a step that fails or runs out of
 # time does not stop the next one. Unpack here with: tar xzf results.tgz -C bench/results/
 set -u
@@ -31,6 +31,7 @@ for item in "$@"; do
     w12)     cmd=(python bench/w12_kernels.py --out "$out" --budget-s "${W12_BUDGET_S:-$(( secs * 2 / 3 ))}" ${W12_EXTRA:-}) ;;
              # the 518e0bd sweep took 342 s of 351; d856760's 385 s of 373. After the budget each row times only its
              # heuristic config (a few seconds), so W12_BUDGET_S may go to about the limit less 100 s.
+    w12-shipped) cmd=(python bench/w12_kernels.py --out "$out" --shipped ${W12_EXTRA:-}) ;;  # the dispatcher's configs, no sweep
     fixture) cmd=(python tools/fixture_report.py --out "$out" --compile) ;;
     guard)   cmd=(python bench/guard_report.py --deployment fixture --out "$out") ;;
     speed)   cmd=(python bench/speed_fixture.py --out "$out" --overwrite --n-prompts 10 --max-new-tokens 512) ;;

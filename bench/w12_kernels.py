@@ -1,6 +1,6 @@
 """GPU benchmark of the W12 and plain-BF16 projection kernels against cuBLAS BF16.
 
-    python bench/w12_kernels.py --out DIR [--quick] [--budget-s 330] [--ms M ...]
+    python bench/w12_kernels.py --out DIR [--quick | --shipped] [--budget-s 330] [--ms M ...]
 
 On one CUDA GPU, for every projection of Qwen3-8B and Qwen3-32B (qkv fused, o, gate_up fused,
 down, lm_head) at M = 1, 2, 4, 8, 16, 32, 64 rows it times cuBLAS (`F.linear`), our BF16 kernel and
@@ -20,6 +20,11 @@ make the dispatcher use it). Each section runs in try/except, so a failure costs
 The config sweep stops (heuristic configs only) once --budget-s has elapsed; projections are
 visited twice, first at the target rows M = 1 and 32 for every projection, then at the other M, so
 the budget goes to the targets first.
+
+With --shipped there is no sweep: every row times the config the dispatcher picks on this GPU
+(`configs.choose_config`: the shipped tuned table's entry, else the heuristic) and the heuristic,
+and reports the shipped one's time -- what the engine runs, measured in one run for every row. No
+tuned table is written then.
 """
 
 from __future__ import annotations
@@ -92,8 +97,9 @@ MODELS = [QWEN3_8B, QWEN3_32B]
 class Results:
     """Everything measured, rewritten to --out after every section."""
 
-    def __init__(self, out: Path, meta: dict):
+    def __init__(self, out: Path, meta: dict, write_tuned: bool = True):
         self.out = out
+        self.write_tuned = write_tuned  # False with --shipped: nothing was tuned
         self.data = {"meta": meta, "copy_bandwidth": None, "correctness": [], "timings": [],
                      "decode_variants": [], "errors": []}
         self.best: dict[tuple, LaunchConfig] = {}
@@ -109,6 +115,8 @@ class Results:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "w12_kernels.json").write_text(json.dumps(self.data, indent=1) + "\n")
         (self.out / "w12_kernels.md").write_text(render_markdown(self.data))
+        if not self.write_tuned:
+            return
         entries = [{"format": f, "m": m, "n": n, "k": k, "config": c.to_dict()} for (f, m, n, k), c in sorted(self.best.items())]
         slug = kc.device_slug(self.data["meta"].get("gpu", "gpu"))
         (self.out / f"tuned_{slug}.json").write_text(json.dumps({"device": self.data["meta"].get("gpu"), "entries": entries}, indent=1) + "\n")
@@ -501,8 +509,13 @@ def final_rounds(row: dict, x, cublas_runs: list, cublas: list, dense: list, w12
             row[key]["best_us"] = min(runs)
 
 
+def shipped_config(fmt: WeightFormat, M: int, N: int, K: int) -> LaunchConfig:
+    """What the dispatcher runs for this projection on this GPU: the shipped tuned entry, else the heuristic."""
+    return kc.choose_config(fmt, M, N, K, torch.cuda.get_device_name(0))
+
+
 def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: int, quick: bool,
-                     deadline: float, ms: tuple[int, ...]) -> None:
+                     deadline: float, ms: tuple[int, ...], shipped: bool = False) -> None:
     dense_sets = weight_sets(N, K, N * K * 2)
     dense = [random_weight(N, K) for _ in range(dense_sets)]
     w12 = [encode(dense[i % dense_sets]) if i < dense_sets else encode(random_weight(N, K))
@@ -523,11 +536,13 @@ def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: 
             runs.append(graph_time_us(cublas))
         except Exception as err:  # noqa: BLE001 - record it and go on with the next part
             row["cublas_error"] = f"{type(err).__name__}: {err}".splitlines()[0][:300]
-        sweep = not quick and time.monotonic() < deadline
+        sweep = not quick and not shipped and time.monotonic() < deadline
         for fmt, sets in ((WeightFormat.DENSE, dense), (WeightFormat.W12, w12)):
             exact, bound = error_bound(x, sets[0], x.dtype)
             heuristic = kc.heuristic_config(M, fmt, N, K)
-            configs = list(dict.fromkeys(sweep_configs(M, sweep) + [heuristic]))  # its xT form is no candidate
+            chosen = shipped_config(fmt, M, N, K) if shipped else None
+            configs = [chosen] if shipped else sweep_configs(M, sweep)
+            configs = list(dict.fromkeys(configs + [heuristic]))  # its xT form is no candidate
             tried = [time_config(x, sets, cfg, exact, bound) for cfg in configs]
             if sweep:
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in split_variants(tried, N, K, sm_count(x.device))]
@@ -535,8 +550,8 @@ def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: 
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in gather_t_variants(tried, M, fmt)]
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in tma_variants(tried, M)]
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in tma_x_variants(tried, M)]
-            timed = [t for t in tried if "us" in t]
-            best = min(timed, key=lambda t: t["us"]) if timed else None
+            timed = [t for t in tried if "us" in t and (not shipped or t["label"] == chosen.label())]
+            best = min(timed, key=lambda t: t["us"]) if timed else None  # shipped: the dispatcher's config, however it did
             key = "w12" if fmt is WeightFormat.W12 else "bf16_kernel"
             row[key] = {
                 "tried": tried,
@@ -544,6 +559,7 @@ def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: 
                 "best_us": best["us"] if best else None,
                 "best_config": best["label"] if best else None,
                 "swept": sweep,
+                **({"shipped_config": chosen.label()} if shipped else {}),
             }
             if best:
                 results.best[(fmt.value, kc.m_bucket(M), N, K)] = LaunchConfig.from_dict(best["config"])
@@ -601,7 +617,7 @@ def decode_variants(results: Results) -> None:
 
 
 # -- parallel precompilation ----------------------------------------------------------------
-def compile_problems(quick: bool, models, ms) -> list[tuple[int, int, int, LaunchConfig]]:
+def compile_problems(quick: bool, models, ms, shipped: bool = False) -> list[tuple[int, int, int, LaunchConfig]]:
     """(N, K, M, config) of every kernel launch the correctness checks and the sweep will make.
 
     Triton compiles one binary per config, M bucket and tile evenness (N % block_n, K % block_k),
@@ -615,6 +631,10 @@ def compile_problems(quick: bool, models, ms) -> list[tuple[int, int, int, Launc
     for model in models:
         for _, N, K in model.projections():
             for M in ms:
+                if shipped:  # the dispatcher's configs and the heuristics, nothing else
+                    configs = [c for f in WeightFormat for c in (shipped_config(f, M, N, K), kc.heuristic_config(M, f, N, K))]
+                    out += [(N, K, M, c) for c in configs]
+                    continue
                 configs = list(sweep_configs(M, not quick))
                 if not quick and M >= GATHER_T_MIN_M:  # phase 3's binaries (any of these tiles may be best)
                     configs += [dataclasses.replace(c, gather_t=True) for c in kc.gemm_candidates(M)]
@@ -642,9 +662,9 @@ def distinct_binaries(problems) -> dict:
     return reps
 
 
-def precompile_worker(index: int, jobs: int, quick: bool, models, ms) -> int:
+def precompile_worker(index: int, jobs: int, quick: bool, models, ms, shipped: bool = False) -> int:
     """Launch this worker's share of the distinct binaries once per format; failures are the timed run's to report."""
-    mine = list(distinct_binaries(compile_problems(quick, models, ms)).values())[index::jobs]
+    mine = list(distinct_binaries(compile_problems(quick, models, ms, shipped)).values())[index::jobs]
     weights: dict[tuple[int, int], dict] = {}
     for N, K, M, cfg in mine:
         if (N, K) not in weights:
@@ -662,12 +682,12 @@ def precompile_worker(index: int, jobs: int, quick: bool, models, ms) -> int:
     return 0
 
 
-def precompile(jobs: int, quick: bool, timeout_s: float, ms: tuple[int, ...] = M_ORDER) -> dict:
+def precompile(jobs: int, quick: bool, timeout_s: float, ms: tuple[int, ...] = M_ORDER, shipped: bool = False) -> dict:
     """Compile every kernel variant in `jobs` processes at once (compiling is CPU-bound and the
     sweep would otherwise spend most of its budget on it); the timed sections then load them."""
     t = time.monotonic()
     cmd = [sys.executable, str(Path(__file__).resolve()), "--out", "/dev/null", "--jobs", str(jobs)] + (
-        ["--quick"] if quick else []) + ["--ms", *map(str, ms)]
+        ["--quick"] if quick else []) + (["--shipped"] if shipped else []) + ["--ms", *map(str, ms)]
     procs = [subprocess.Popen(cmd + ["--precompile-worker", str(i)]) for i in range(jobs)]
     codes = []
     for proc in procs:
@@ -768,6 +788,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, type=Path, help="directory for w12_kernels.json/.md and the tuned table")
     p.add_argument("--quick", action="store_true", help="Qwen3-8B only, M in {1, 8, 32}, heuristic configs only")
+    p.add_argument("--shipped", action="store_true",
+                   help="no sweep: time the config the dispatcher picks (shipped tuned table, else heuristic) on every row")
     p.add_argument("--budget-s", type=float, default=330.0,
                    help="seconds (from the start) after which the config sweep stops; later rows time the heuristic only")
     p.add_argument("--jobs", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)),
@@ -788,6 +810,8 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(table, indent=1) + "\n")
         print(f"{path}: {len(table['entries'])} entries")
         return 0
+    if args.quick and args.shipped:
+        p.error("--quick and --shipped are different runs: give one")
     models = MODELS[:1] if args.quick else MODELS
     ms = (1, 32, 8) if args.quick else M_ORDER
     if args.ms:
@@ -798,27 +822,27 @@ def main(argv: list[str] | None = None) -> int:
         print("error: this benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.precompile_worker is not None:
-        return precompile_worker(args.precompile_worker, args.jobs, args.quick, models, ms)
+        return precompile_worker(args.precompile_worker, args.jobs, args.quick, models, ms, args.shipped)
     start = time.monotonic()
     torch.manual_seed(0)
-    results = Results(args.out, {})
+    results = Results(args.out, {}, write_tuned=not args.shipped)
     try:
         results.data["meta"] = environment()
     except Exception as err:  # noqa: BLE001 - record it and go on with the next part
         results.error("environment", err)
-    results.data["meta"]["mode"] = "quick" if args.quick else "full"
+    results.data["meta"]["mode"] = "quick" if args.quick else "shipped" if args.shipped else "full"
     results.data["meta"]["ms"] = list(ms)
     print(json.dumps(results.data["meta"]))
     results.data["meta"]["budget_s"] = args.budget_s
     seconds = results.data["meta"]["section_seconds"] = {}
     deadline = start + args.budget_s
     if args.jobs > 1:
-        results.data["meta"]["precompile"] = precompile(args.jobs, args.quick, 0.6 * args.budget_s, ms)
+        results.data["meta"]["precompile"] = precompile(args.jobs, args.quick, 0.6 * args.budget_s, ms, args.shipped)
     sections = [("copy bandwidth", lambda: copy_bandwidth(results)),
-                ("correctness", lambda: correctness(results, args.quick))]
+                ("correctness", lambda: correctness(results, args.quick or args.shipped))]
     passes = [tuple(M for M in ms if M in TARGET_MS), tuple(M for M in ms if M not in TARGET_MS)]
     sections += [(f"{model.name} {proj} M{','.join(map(str, group))}",
-                  lambda m=model, p=proj, n=N, k=K, g=group: sweep_projection(results, m, p, n, k, args.quick, deadline, g))
+                  lambda m=model, p=proj, n=N, k=K, g=group: sweep_projection(results, m, p, n, k, args.quick, deadline, g, args.shipped))
                  for group in passes if group for model in models for proj, N, K in model.projections()]
     if not args.quick:
         sections.append(("decode variants", lambda: decode_variants(results)))

@@ -194,3 +194,28 @@ def test_rotated_rounds_times_every_arm_once_per_round_in_rotated_order(sweep, m
     assert order == ["warm", "a", "b", "c", "b", "c", "a", "c", "a", "b"]
     assert best == {"a": 2.0, "b": 1.5, "c": 7.0}
     assert runs == {"a": [3.0, 2.0, 4.0], "b": [5.0, 6.0, 1.5], "c": [7.0, 7.0, 7.0]}
+
+
+def test_quick_and_shipped_are_refused_together(sweep, capsys):
+    with pytest.raises(SystemExit):
+        sweep.main(["--out", "/dev/null", "--quick", "--shipped"])
+    assert "--quick and --shipped are different runs" in capsys.readouterr().err
+
+
+def test_shipped_precompiles_the_dispatchers_configs_and_the_heuristics_only(sweep, monkeypatch):
+    tuned = LaunchConfig(KernelPath.GEMM, 64, 128, num_stages=3, split_k=4, tma=True)
+    monkeypatch.setattr(sweep, "shipped_config", lambda fmt, M, N, K: tuned if fmt is WeightFormat.W12 else
+                        sweep.kc.heuristic_config(M, fmt, N, K))
+    problems = sweep.compile_problems(False, sweep.MODELS[:1], (32,), shipped=True)
+    timed = {cfg for N, K, M, cfg in problems if M == 32}  # the correctness cases use other row counts
+    heuristics = {sweep.kc.heuristic_config(32, f, N, K) for f in WeightFormat for _, N, K in sweep.QWEN3_8B.projections()}
+    assert timed == heuristics | {tuned}  # no sweep candidates, no phase variants
+
+
+def test_a_shipped_run_writes_no_tuned_table(sweep, tmp_path):
+    results = sweep.Results(tmp_path, {"gpu": "NVIDIA H200"}, write_tuned=False)
+    results.best[("w12", 1, 64, 64)] = LaunchConfig(KernelPath.GEMM, 64, 128)
+    results.save()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w12_kernels.json", "w12_kernels.md"]
+    sweep.Results(tmp_path, {"gpu": "NVIDIA H200"}).save()
+    assert (tmp_path / "tuned_nvidia_h200.json").is_file()
