@@ -1,6 +1,7 @@
-"""One call each of cuBLAS and the W12 GEMM (escape blocks, and escapes off) on one shape, inside
-cudaProfilerStart/Stop, for Nsight Compute (tuned config), then one call of the W12 GEMM with each
-extra config given as BLOCK_N:BLOCK_K:WARPS:STAGES[:RESIDENT]:
+"""One call each of cuBLAS and the W12 kernel (escape blocks, and escapes off) on one shape, inside
+cudaProfilerStart/Stop, for Nsight Compute (the shipped config: the GEMM, or at M <= 8 possibly the
+GEMV), then one call of the W12 GEMM with each extra config given as
+BLOCK_N:BLOCK_K:WARPS:STAGES[:RESIDENT]:
 
     ncu --clock-control none --profile-from-start off --section WarpStateStats --section SourceCounters \\
         -o REPORT python bench/prototypes/w12_ncu.py N K M [128:256:8:2 ...]
@@ -17,8 +18,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.w12_kernels import random_weight  # noqa: E402
 from specpilot.kernels.configs import KernelPath, LaunchConfig, WeightFormat, choose_config  # noqa: E402
 from specpilot.kernels.dispatch import device_name  # noqa: E402
-from specpilot.kernels.gemm import gemm  # noqa: E402
+from specpilot.kernels.gemm import gemm as _gemm  # noqa: E402
+from specpilot.kernels.gemv import gemv  # noqa: E402
 from specpilot.w12 import decode, encode  # noqa: E402
+
+
+
+def gemm(x, w, cfg, escapes="auto"):
+    """The tuned config's own path: at M <= 8 the shipped table may pick a GEMV."""
+    return (gemv if cfg.path is KernelPath.GEMV else _gemm)(x, w, cfg, escapes=escapes)
+
 
 N, K, M = (int(a) for a in sys.argv[1:4])
 extra = []
