@@ -185,8 +185,11 @@ def main_loop_profile(kernel, v: Variant) -> dict:
         sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     code = [(int(m.group(1), 16), line) for line in sass.splitlines()
             if (m := re.match(r"\s+/\*([0-9a-f]{4})\*/", line))]
+    # ptxas places the retry paths of mbarrier waits (TMA loads) after the kernel's last plain EXIT;
+    # their branches back into the body span the K loop and the epilogue, so they are no loops.
+    end = max((at for at, line in code if re.search(r"\*/\s+EXIT\s*;", line)), default=code[-1][0] if code else 0)
     loops = [(at - int(m.group(1), 16), int(m.group(1), 16), at) for at, line in code
-             if (m := re.search(r"BRA\s.*?0x([0-9a-f]+)", line)) and int(m.group(1), 16) < at]
+             if (m := re.search(r"BRA\s.*?0x([0-9a-f]+)", line)) and int(m.group(1), 16) < at <= end]
     if not loops:
         return {"label": v.label, "loop_instructions": 0}
 

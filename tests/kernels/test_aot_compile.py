@@ -74,6 +74,23 @@ def test_w12_gemm_decodes_straight_into_the_mma_fragment():
         assert cost < 4.0  # ~1.25 to decode, the rest MMA, addressing and copies
 
 
+def test_sass_profile_finds_the_k_loop_of_tma_loads():
+    """With TMA the mbarrier waits' retry paths sit after the kernel's last EXIT and branch back
+    into the body; the profile skips those spans (one of them, K loop plus epilogue, read as 874
+    instructions per K step at n64 k128 bm32) and counts the loop itself: one K step of n64 k128
+    at 16 rows is 8 wgmmas and a TMA load per plane."""
+    run = aot("--quick", "--sass", "gemm n64 k128 w4 s3 tma bm16", needs="cuobjdump")
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()
+    assert len(lines) == 2, run.stdout
+    for line in lines:
+        mix = ast.literal_eval(line.split("; ")[1])
+        assert mix.get("HGMMA.64") == 8 and mix.get("UTMALDG.2D"), line
+        assert not any(op.startswith(("ATOMG", "STG")) for op in mix), line  # not the split-K epilogue
+    w12, bf16 = (float(line.split(" per weight")[0].split(", ")[-1]) for line in lines)
+    assert bf16 < w12 < 4.5
+
+
 def test_w12_gemm_k_loop_waits_once_per_step():
     """ptxas keeps the K loop's wgmmas asynchronous: far fewer waits (WARPGROUP.DEPBAR) than MMAs.
     Serialized (info C7515, when the accumulator starts from a plain move of zeros; see gemm.py)
