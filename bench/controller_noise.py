@@ -279,15 +279,15 @@ def main(argv=None) -> int:
         load_object(args.runner, "runner factory")
         deployment = load_deployment(args.deployment)
         source = load_prompt_source(deployment, args.prompt_source)
-    except SpecPilotError as err:
+        changes = {"noise_blocks": args.blocks, "seed": args.seed, "resamples": args.resamples}
+        if args.requests_per_block:
+            changes["requests_per_block"] = args.requests_per_block
+        if args.max_new_tokens:
+            changes["max_new_tokens"] = args.max_new_tokens
+        config = default_config(deployment, **changes)
+    except SpecPilotError as err:  # e.g. --blocks 3: "blocks and noise_blocks must be >= 5 ..."
         print(f"error: {err}", file=sys.stderr)
         return 2
-    changes = {"noise_blocks": args.blocks, "seed": args.seed, "resamples": args.resamples}
-    if args.requests_per_block:
-        changes["requests_per_block"] = args.requests_per_block
-    if args.max_new_tokens:
-        changes["max_new_tokens"] = args.max_new_tokens
-    config = default_config(deployment, **changes)
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else visible_devices()
     gpu_names = [device_name(d) for d in devices]
     stock = runner_spec(args.deployment, deployment.stock, args.runner, args.workdir)

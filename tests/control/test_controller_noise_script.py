@@ -31,3 +31,12 @@ def test_missing_runner_fails_with_one_clear_line(tmp_path, capsys, bench_script
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "runner factory 'specpilot.engine.nope:Runner' cannot be imported" in err[0]
     assert not (tmp_path / "controller_noise.json").exists()
+
+
+def test_too_few_blocks_fail_with_one_clear_line(tmp_path, capsys, bench_script):
+    script = bench_script("controller_noise")
+    args = [a if a != "5" else "3" for a in ARGS]  # --blocks 3: no bootstrap interval from so few
+    assert script.main([*args, "--out", str(tmp_path), "--devices", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "noise_blocks must be >= 5" in err[0], err
+    assert not (tmp_path / "controller_noise.json").exists()
