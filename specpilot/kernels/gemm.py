@@ -76,26 +76,7 @@ ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the pr
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
 
 
-AB = {"l2_prefetch": 0}  # TEMPORARY prototype switch (bench/prototypes/w12_l2_prefetch.py): K steps ahead, 0 = off
-
-
 # -- kernel -----------------------------------------------------------------------------------
-@triton.jit
-def _prefetch_weights(w_ptr, hi_ptr, rows, step, step1, N, stride_w, stride_hi, BLOCK_K: tl.constexpr):
-    """prefetch.global.L2 of the W12 bytes of K step min(step, step1 - 1) of `rows`: BLOCK_K bytes of
-    the lo plane and BLOCK_K / 2 of the hi plane per row, one 128-byte line per lane."""
-    s = tl.minimum(step, step1 - 1)
-    LO_LINES: tl.constexpr = BLOCK_K // 128
-    HI_LINES: tl.constexpr = max(1, BLOCK_K // 256)
-    r = tl.minimum(rows, N - 1)
-    lo = w_ptr.to(tl.pointer_type(tl.uint8)) + r[:, None] * stride_w + s * BLOCK_K + 128 * tl.arange(0, LO_LINES)[None, :]
-    hi = hi_ptr.to(tl.pointer_type(tl.uint8)) + r[:, None] * stride_hi + s * (BLOCK_K // 2) + 128 * tl.arange(0, HI_LINES)[None, :]
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [lo.to(tl.int64, bitcast=True)],
-                              dtype=tl.int32, is_pure=False, pack=1)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [hi.to(tl.int64, bitcast=True)],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
 @triton.jit
 def _dot(a, b, acc, DOT_BF16: tl.constexpr):
     if DOT_BF16:
@@ -183,7 +164,7 @@ def _gemm_kernel(
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
-    TMA: tl.constexpr, TMA_X: tl.constexpr, L2_PREFETCH: tl.constexpr = 0,
+    TMA: tl.constexpr, TMA_X: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -202,8 +183,6 @@ def _gemm_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
     # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
     for step in tl.range(step0, step1, num_stages=STAGES):
-        if IS_W12 and L2_PREFETCH > 0:
-            _prefetch_weights(w_ptr, hi_ptr, rows, step + L2_PREFETCH, step1, N, stride_w, stride_hi, BLOCK_K)
         if IS_W12 and TMA:  # boxes [BN, G] of the int64 lo / int32 hi groups; zeros past N and Kp
             g0 = step * (BLOCK_K // 8)
             w = tiles.decode_tile(lo_desc.load([row0, g0]), hi_desc.load([row0, g0]),
@@ -302,7 +281,6 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
         STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=slot,
-        L2_PREFETCH=AB["l2_prefetch"] if ptx_decode(config) else 0,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
     )
     return run.y.to(x.dtype)
