@@ -23,7 +23,6 @@ from specpilot.kernels.gemv import gemv  # noqa: E402
 from specpilot.w12 import decode, encode  # noqa: E402
 
 
-
 def gemm(x, w, cfg, escapes="auto"):
     """The tuned config's own path: at M <= 8 the shipped table may pick a GEMV."""
     return (gemv if cfg.path is KernelPath.GEMV else _gemm)(x, w, cfg, escapes=escapes)
