@@ -514,6 +514,14 @@ def shipped_config(fmt: WeightFormat, M: int, N: int, K: int) -> LaunchConfig:
     return kc.choose_config(fmt, M, N, K, torch.cuda.get_device_name(0))
 
 
+def shipped_table(gpu_name: str) -> str:
+    """Which tuned table a --shipped run times on this GPU, for the report."""
+    slug = kc.device_slug(gpu_name)
+    table = kc.tuned_table(slug)
+    return f"specpilot/kernels/tuned/{slug}.json ({len(table)} entries)" if table else \
+        f"none for {gpu_name!r}: every row runs the heuristic config"
+
+
 def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: int, quick: bool,
                      deadline: float, ms: tuple[int, ...], shipped: bool = False) -> None:
     dense_sets = weight_sets(N, K, N * K * 2)
@@ -831,6 +839,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - record it and go on with the next part
         results.error("environment", err)
     results.data["meta"]["mode"] = "quick" if args.quick else "shipped" if args.shipped else "full"
+    if args.shipped:
+        results.data["meta"]["tuned_table"] = shipped_table(torch.cuda.get_device_name(0))
     results.data["meta"]["ms"] = list(ms)
     print(json.dumps(results.data["meta"]))
     results.data["meta"]["budget_s"] = args.budget_s

@@ -219,3 +219,10 @@ def test_a_shipped_run_writes_no_tuned_table(sweep, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w12_kernels.json", "w12_kernels.md"]
     sweep.Results(tmp_path, {"gpu": "NVIDIA H200"}).save()
     assert (tmp_path / "tuned_nvidia_h200.json").is_file()
+
+
+def test_a_shipped_run_names_the_table_it_times(sweep):
+    entries = len(sweep.kc.tuned_table("nvidia_h200"))
+    assert entries > 0  # the H200 table ships with the package
+    assert sweep.shipped_table("NVIDIA H200") == f"specpilot/kernels/tuned/nvidia_h200.json ({entries} entries)"
+    assert sweep.shipped_table("Some GPU") == "none for 'Some GPU': every row runs the heuristic config"
