@@ -4,7 +4,7 @@
 #
 #   bash bench/run_on_gpu.sh COMMIT STEP:SECONDS [STEP:SECONDS ...]
 #
-# Steps: smoke, engine, engine-kernels, escape, w12, w12-shipped, fixture, guard, speed, noise, loop, first. Each writes under
+# Steps: smoke, engine, engine-kernels, escape, w12, w12-shipped, fixture, guard, speed, noise, noise-both, loop, first. Each writes under
 # /tmp/specpilot-results/<step>/ and logs to <step>.log there; a step that fails or runs out of
 # time does not stop the next one. Unpack here with: tar xzf results.tgz -C bench/results/
 set -u
@@ -37,6 +37,10 @@ for item in "$@"; do
     speed)   cmd=(python bench/speed_fixture.py --out "$out" --overwrite --n-prompts 10 --max-new-tokens 512) ;;
     noise)   cmd=(python bench/controller_noise.py --deployment fixture-x16 --out "$out" --blocks 12
                   --requests-per-block 2 --max-new-tokens 256 --variants default gc-during-requests --in-process) ;;
+    noise-both) cmd=(python bench/controller_noise.py --deployment fixture-x16 --out "$out" --placement both --blocks 12
+                  --requests-per-block 2 --max-new-tokens 256 ${NOISE_EXTRA:-}) ;;
+             # issue 9 on nvidia-h200-x2: arms alternating on one GPU and side by side on two, noise and cost of each;
+             # on one GPU, NOISE_EXTRA="--devices cuda:0,cuda:0" checks the code path (the arms then contend)
     loop)    cmd=(python bench/loop_fixture.py --deployment fixture-x16 --out "$out"
                   --budget-minutes "${LOOP_BUDGET_MINUTES:-8.5}" ${LOOP_EXTRA:-}) ;;
     first)   cmd=(python bench/first_request.py --out "$out" --tag "${FIRST_TAG:-default}") ;;
