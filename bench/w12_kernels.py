@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from specpilot.kernels import configs as kc  # noqa: E402
 from specpilot.kernels.configs import KernelPath, LaunchConfig, WeightFormat  # noqa: E402
-from specpilot.kernels.dispatch import run_config  # noqa: E402
+from specpilot.kernels.dispatch import device_name, run_config  # noqa: E402
 from specpilot.kernels.launch import sm_count  # noqa: E402
 from specpilot.kernels.reference import error_bound, reference_linear  # noqa: E402
 from specpilot.w12 import decode, encode  # noqa: E402
@@ -510,8 +510,9 @@ def final_rounds(row: dict, x, cublas_runs: list, cublas: list, dense: list, w12
 
 
 def shipped_config(fmt: WeightFormat, M: int, N: int, K: int) -> LaunchConfig:
-    """What the dispatcher runs for this projection on this GPU: the shipped tuned entry, else the heuristic."""
-    return kc.choose_config(fmt, M, N, K, torch.cuda.get_device_name(0))
+    """What the dispatcher runs for this projection on this GPU: the shipped tuned entry, else the heuristic
+    (`dispatch.linear`'s own choice, with its own device-name lookup)."""
+    return kc.choose_config(fmt, M, N, K, device_name(torch.device(DEVICE)))
 
 
 def shipped_table(gpu_name: str) -> str:
@@ -840,7 +841,7 @@ def main(argv: list[str] | None = None) -> int:
         results.error("environment", err)
     results.data["meta"]["mode"] = "quick" if args.quick else "shipped" if args.shipped else "full"
     if args.shipped:
-        results.data["meta"]["tuned_table"] = shipped_table(torch.cuda.get_device_name(0))
+        results.data["meta"]["tuned_table"] = shipped_table(device_name(torch.device(DEVICE)))
     results.data["meta"]["ms"] = list(ms)
     print(json.dumps(results.data["meta"]))
     results.data["meta"]["budget_s"] = args.budget_s
