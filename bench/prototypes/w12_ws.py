@@ -1,0 +1,285 @@
+"""Prototype: a warp-specialized W12 GEMM in Gluon -- one producer warp streams the weight and x
+tiles by TMA into a deep shared-memory ring, one consumer warpgroup decodes and issues wgmma
+(GPU only; timed against the Triton kernel and cuBLAS).
+
+    python bench/prototypes/w12_ws.py --out DIR [--ms 32 16] [--budget-s 240]
+
+Why: at M = 32 the Triton kernel's qkv rows stay at 1.02-1.05x cuBLAS (bench/results/w12/
+w12_kernels_shipped*.md). Nsight Compute on 8B qkv (bench/results/w12/ncu_stalls_8b_qkv_m32.md)
+puts 35% of the stall samples on the K loop's waits for its TMA weight tiles with DRAM 50% busy,
+while cuBLAS runs 96 CTAs, one per SM, with 213 KB of shared memory each: a deep ring kept full.
+Deep rings in the Triton kernel lost (w12_deep.md: one program per SM leaves its single
+warpgroup alone to decode). Here the loads are issued by their own warp as soon as a slot frees,
+so the ring can be deep (4-8 stages of 20 KB) while the consumer warpgroup only decodes and
+multiplies; with `maxnreg` 128 two CTAs share an SM (two consumer warpgroups), with more, one.
+
+Scope: W12 weights, escapes left out (every arm, Triton included, runs with escapes off: the
+comparison is of the streaming loop; the shipped Triton config with escapes is timed beside it),
+64-row tiles, 128-column K steps, x rows padded to 16 or 32, deterministic split-K through the
+same workspace and counters as the Triton kernel. The sums run in the Triton kernel's order, so
+each arm is checked bit-identical to the Triton kernel at the same tile and split (and within
+the error bound of the float64 reference). Writes OUT/w12_ws.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.w12_kernels import environment, random_weight, rotated_rounds, weight_sets  # noqa: E402
+from specpilot.kernels import configs as kc  # noqa: E402
+from specpilot.kernels import gemm as gemm_mod  # noqa: E402
+from specpilot.kernels.configs import KernelPath, LaunchConfig  # noqa: E402
+from specpilot.kernels.launch import prepare_launch  # noqa: E402
+from specpilot.kernels.tiles import ASM_DECODE_BF16, SCALE_EXP  # noqa: E402
+from specpilot.w12 import encode  # noqa: E402
+
+ASM = ASM_DECODE_BF16.value
+BLOCK_N, BLOCK_K = 64, 128
+G = BLOCK_K // 8
+# The groups [64, 16] in the registers whose decode is the wgmma A fragment (the Triton kernel's
+# layout at n64 k128 w4, as in w12_gluon.py): join/permute/reshape of the 8 codes is then trivial.
+REG_W = gl.DistributedLinearLayout(reg_bases=[[8, 0], [0, 4], [0, 8]],
+                                   lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+                                   warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
+SH_LO = gl.NVMMASharedLayout(128, 64, 2)  # [64, 16] int64: 128-byte rows, 128-byte swizzle
+SH_HI = gl.NVMMASharedLayout(64, 32, 2)  # [64, 16] int32: 64-byte rows
+SH_X = gl.NVMMASharedLayout(128, 16, 2)  # [BM, 128] bf16 box of x; permuted to x^T for the MMA
+
+
+def mma_layout(bm: int):
+    return gl.NVMMADistributedLayout([3, 0], [4, 1], [16, bm, 16])
+
+
+@gluon.jit
+def _decode(lo, hi, A_LAYOUT: gl.constexpr, ASM_TEXT: gl.constexpr):
+    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+        ASM_TEXT, "=h,=h,=h,=h,=h,=h,=h,=h,l,r", [lo, hi], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+    t = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)), gl.join(gl.join(o4, o5), gl.join(o6, o7)))
+    t = gl.permute(t, (0, 1, 4, 3, 2))
+    t = gl.reshape(t, [64, 4, 4, 2, 2, 2])
+    t = gl.permute(t, (0, 1, 3, 4, 2, 5))
+    t = gl.reshape(t, [64, 128])
+    return gl.convert_layout(t, A_LAYOUT, assert_trivial=True)
+
+
+@gluon.jit
+def _producer(lo_desc, hi_desc, x_desc, lo_s, hi_s, x_s, ready, empty, row0, step0, n_steps,
+              STAGES: gl.constexpr):
+    nbytes: gl.constexpr = lo_desc.block_type.nbytes + hi_desc.block_type.nbytes + x_desc.block_type.nbytes
+    for i in range(n_steps):
+        s = i % STAGES
+        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # the first pass finds every slot free
+        mbarrier.expect(ready.index(s), nbytes)
+        step = step0 + i
+        tma.async_copy_global_to_shared(lo_desc, [row0, step * 16], ready.index(s), lo_s.index(s))
+        tma.async_copy_global_to_shared(hi_desc, [row0, step * 16], ready.index(s), hi_s.index(s))
+        tma.async_copy_global_to_shared(x_desc, [0, step * 128], ready.index(s), x_s.index(s))
+
+
+@gluon.jit
+def _consumer(lo_s, hi_s, x_s, ready, empty, n_steps, STAGES: gl.constexpr, BLOCK_M: gl.constexpr,
+              REG: gl.constexpr, MMA: gl.constexpr, ASM_TEXT: gl.constexpr):
+    A_OP: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
+    acc = gl.zeros([64, BLOCK_M], gl.float32, layout=MMA)
+    w_prev = gl.zeros([64, 128], gl.bfloat16, layout=A_OP)
+    for i in range(n_steps):
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        w = _decode(lo_s.index(s).load(REG), hi_s.index(s).load(REG), A_OP, ASM_TEXT)
+        acc = warpgroup_mma(w, x_s.index(s).permute((1, 0)), acc, use_acc=i > 0, is_async=True)
+        acc, w_prev = warpgroup_mma_wait(1, deps=[acc, w_prev])  # step i-1's MMA is done
+        w_prev = w
+        fence_async_shared()
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), count=1, pred=i > 0)  # its slot is free
+    acc, w_prev = warpgroup_mma_wait(0, deps=[acc, w_prev])
+    return (acc,)  # warp_specialize flattens the default partition's results: a tuple
+
+
+@gluon.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
+def _w12_ws_kernel(lo_desc, hi_desc, x_desc, base_ptr, y_ptr, ws_ptr, count_ptr,
+                   M, N, Kp, split_k, steps_per_split, stride_ym,
+                   BLOCK_M: gl.constexpr, STAGES: gl.constexpr, REG: gl.constexpr, MMA: gl.constexpr,
+                   ASM_TEXT: gl.constexpr, SCALE_EXP: gl.constexpr):
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    row0 = pid_n * 64
+    step0 = pid_k * steps_per_split
+    n_steps = gl.minimum(step0 + steps_per_split, gl.cdiv(Kp, 128)) - step0
+
+    lo_s = gl.allocate_shared_memory(gl.int64, [STAGES, 64, 16], lo_desc.layout)
+    hi_s = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 16], hi_desc.layout)
+    x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, 128], x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    fence_async_shared()
+
+    (acc,) = gl.warp_specialize([
+        (_consumer, (lo_s, hi_s, x_s, ready, empty, n_steps, STAGES, BLOCK_M, REG, MMA, ASM_TEXT)),
+        (_producer, (lo_desc, hi_desc, x_desc, lo_s, hi_s, x_s, ready, empty, row0, step0, n_steps, STAGES)),
+    ], [1], [24])
+
+    rows_o = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, MMA))
+    m_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
+    mask = (rows_o < N)[:, None] & (m_o < M)[None, :]
+    offs = rows_o[:, None] + m_o[None, :] * N
+    total = acc
+    is_last = pid_k == 0
+    if split_k > 1:  # as `tiles.reduce_split_k`: partials summed in split order by the last to arrive
+        gl.store(ws_ptr + pid_k * (M * N) + offs, acc, mask=mask)
+        gl.thread_barrier()
+        arrived = gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        is_last = arrived == split_k - 1
+        if is_last:
+            total = gl.zeros([64, BLOCK_M], gl.float32, layout=MMA)
+            for s in range(split_k):
+                total += gl.load(ws_ptr + s * (M * N) + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            gl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")
+    if is_last:
+        e0 = gl.load(base_ptr + rows_o, mask=rows_o < N, other=1).to(gl.int32)
+        scale = ((e0 + SCALE_EXP) << 23).to(gl.float32, bitcast=True)  # 2^(e0 - 112), as `tiles.row_scale`
+        out = total * scale[:, None]
+        gl.store(y_ptr + rows_o[:, None] + m_o[None, :] * stride_ym, out.to(gl.bfloat16), mask=mask)
+
+
+_DESCS: dict = {}
+
+
+def weight_descriptors(weight):
+    key = id(weight)
+    if key not in _DESCS:
+        ops = prepare_launch(torch.zeros(1, weight.shape[1], device="cuda", dtype=torch.bfloat16), weight,
+                             LaunchConfig(KernelPath.GEMM, 64, 128, num_warps=4), KernelPath.GEMM, kc.GEMM_MAX_M,
+                             None).ops
+        lo, hi = ops.w.view(torch.int64), ops.hi.view(torch.int32)
+        _DESCS[key] = (TensorDescriptor.from_tensor(lo, [64, 16], SH_LO),
+                       TensorDescriptor.from_tensor(hi, [64, 16], SH_HI), weight)
+    return _DESCS[key][:2]
+
+
+def ws_gemm(x: torch.Tensor, weight, split_k: int, stages: int, maxnreg: int) -> torch.Tensor:
+    """y [M, N] = x @ W^T, escapes left out, 64-row tiles, `split_k` K splits (0: automatic)."""
+    M = x.shape[0]
+    bm = 16 if M <= 16 else 32
+    cfg = LaunchConfig(KernelPath.GEMM, 64, 128, split_k=split_k, num_warps=4, num_stages=stages)
+    run = prepare_launch(x, weight, cfg, KernelPath.GEMM, kc.GEMM_MAX_M, None)
+    lo_d, hi_d = weight_descriptors(weight)
+    x_d = TensorDescriptor.from_tensor(x, [bm, 128], SH_X)
+    ops = run.ops
+    _w12_ws_kernel[run.grid](
+        lo_d, hi_d, x_d, ops.base, run.y, run.args[8], run.args[9],
+        M, ops.N, ops.Kp, run.grid[1], run.steps_per_split, run.y.stride(0),
+        BLOCK_M=bm, STAGES=stages, REG=REG_W, MMA=mma_layout(bm), ASM_TEXT=ASM, SCALE_EXP=SCALE_EXP.value,
+        num_warps=4, maxnreg=maxnreg,
+    )
+    return run.y
+
+
+ROWS = (("Qwen3-8B", "qkv", 6144, 4096), ("Qwen3-8B", "o", 4096, 4096), ("Qwen3-32B", "qkv", 10240, 5120),
+        ("Qwen3-8B", "down", 4096, 12288), ("Qwen3-8B", "gate_up", 24576, 4096), ("Qwen3-32B", "o", 5120, 8192))
+
+
+def plans(N: int, K: int, sm: int):
+    """(split_k, stages, maxnreg) arms: two CTAs per SM (maxnreg 128, 4-5 stages of 20 KB) or one
+    (maxnreg 232, 6-9 stages), each with no split and with the largest split that fits one wave."""
+    tiles, steps = -(-N // 64), -(-K // 128)
+    out = []
+    for per_sm, stages_list, reg in ((2, (4, 5), 128), (1, (6, 9), 232)):
+        fit = max(1, min(steps, (sm * per_sm) // tiles))
+        for sk in sorted({1, fit}):
+            for st in stages_list:
+                out.append((sk, st, reg))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--ms", type=int, nargs="+", default=[32, 16])
+    p.add_argument("--budget-s", type=float, default=240.0)
+    args = p.parse_args(argv)
+    start = time.monotonic()
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = {"meta": environment(), "rows": []}
+    name = torch.cuda.get_device_name()
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    for model, proj, N, K in ROWS:
+        if time.monotonic() - start > args.budget_s:
+            print("budget spent; stopping before", model, proj, flush=True)
+            break
+        sets = [encode(random_weight(N, K)) for _ in range(weight_sets(N, K, N * K * 1.5))]
+        dense = [random_weight(N, K) for _ in range(weight_sets(N, K, N * K * 2))]
+        for M in args.ms:
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            shipped = kc.choose_config(kc.WeightFormat.W12, M, N, K, name)
+            arms = {"cublas": [lambda d=d: F.linear(x, d) for d in dense],
+                    "triton shipped " + shipped.label(): [lambda w=w: gemm_mod.gemm(x, w, shipped) for w in sets],
+                    "triton shipped, escapes off": [lambda w=w: gemm_mod.gemm(x, w, shipped, escapes="off")
+                                                    for w in sets]}
+            checks = {}
+            for sk, st, reg in plans(N, K, sm):
+                tag = f"ws sk{sk} s{st} r{reg}"
+                try:
+                    out = ws_gemm(x, sets[0], sk, st, reg)
+                    torch.cuda.synchronize()
+                    same_cfg = LaunchConfig(KernelPath.GEMM, 64, 128, split_k=sk, num_warps=4, num_stages=3)
+                    ref = gemm_mod.gemm(x, sets[0], same_cfg, escapes="off")
+                    # escapes off: the weight's escape entries are missing from both; compare bits with Triton
+                    checks[tag] = {"bit_identical_to_triton": bool(torch.equal(out.view(torch.int16),
+                                                                                 ref.view(torch.int16))),
+                                   "max_abs_vs_triton": float((out.float() - ref.float()).abs().max())}
+                    arms[tag] = [lambda w=w, a=(sk, st, reg): ws_gemm(x, w, *a) for w in sets]
+                except Exception as err:  # noqa: BLE001 - report and go on
+                    checks[tag] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+            u, runs = rotated_rounds(arms)
+            row = {"model": model, "proj": proj, "N": N, "K": K, "M": M, "us": u, "runs": runs, "checks": checks,
+                   "shipped": shipped.label()}
+            data["rows"].append(row)
+            ws_best = min((k for k in u if k.startswith("ws")), key=u.get, default=None)
+            print(model, proj, M, {k: round(v, 2) for k, v in u.items()}, "best ws:", ws_best,
+                  "checks not identical:", {k: v for k, v in checks.items()
+                                             if not (isinstance(v, dict) and v["bit_identical_to_triton"])},
+                  flush=True)
+        del sets, dense
+        _DESCS.clear()
+        torch.cuda.empty_cache()
+    (args.out / "w12_ws.json").write_text(json.dumps(data, indent=1) + "\n")
+    lines = ["# Warp-specialized W12 GEMM (Gluon: TMA producer warp + decoding wgmma warpgroup) vs the Triton "
+             "kernel (bench/prototypes/w12_ws.py)", "",
+             f"- {data['meta']['date']}, {data['meta']['gpu']}, commit {data['meta']['git_commit']}; µs, fastest of "
+             "3 rotated rounds over rotating weight sets; ratio = cuBLAS / arm. ws arms: escapes off, n64 k128, "
+             "skN = K splits, sN = ring stages, rN = maxnreg (128: two CTAs per SM, 232: one)", "",
+             "| model | proj | M | arm | µs | cuBLAS / arm | bit-identical to Triton at the same plan |",
+             "|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        for k, v in sorted(r["us"].items(), key=lambda kv: kv[1]):
+            c = r["checks"].get(k, "")
+            c = c["bit_identical_to_triton"] if isinstance(c, dict) else c
+            lines.append(f"| {r['model']} | {r['proj']} | {r['M']} | {k} | {v:.2f} | {r['us']['cublas'] / v:.3f} | {c} |")
+    (args.out / "w12_ws.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
