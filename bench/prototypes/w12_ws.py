@@ -218,10 +218,15 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--ms", type=int, nargs="+", default=[32, 16])
     p.add_argument("--budget-s", type=float, default=240.0)
+    p.add_argument("--diagnose", action="store_true",
+                   help="instead: 8B qkv at M = 32 and 16, stages 3-9 at both register plans, each run 8 times: "
+                        "how many distinct outputs, and whether they match the Triton kernel's bits")
     args = p.parse_args(argv)
     start = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
     data = {"meta": environment(), "rows": []}
+    if args.diagnose:
+        return diagnose(args, data)
     name = torch.cuda.get_device_name()
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     for model, proj, N, K in ROWS:
@@ -278,6 +283,35 @@ def main(argv=None) -> int:
             c = c["bit_identical_to_triton"] if isinstance(c, dict) else c
             lines.append(f"| {r['model']} | {r['proj']} | {r['M']} | {k} | {v:.2f} | {r['us']['cublas'] / v:.3f} | {c} |")
     (args.out / "w12_ws.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+def diagnose(args, data) -> int:
+    N, K = 6144, 4096
+    w = encode(random_weight(N, K))
+    for M in (32, 16):
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        ref = gemm_mod.gemm(x, w, LaunchConfig(KernelPath.GEMM, 64, 128, split_k=1, num_warps=4, num_stages=3),
+                            escapes="off").view(torch.int16).clone()
+        for reg in (128, 232):
+            for st in range(3, 10):
+                outs = []
+                try:
+                    for _ in range(8):
+                        outs.append(ws_gemm(x, w, 1, st, reg).view(torch.int16).clone())
+                        torch.cuda.synchronize()
+                except Exception as err:  # noqa: BLE001 - report and go on
+                    data["rows"].append({"M": M, "stages": st, "maxnreg": reg, "error": str(err).splitlines()[0][:300]})
+                    continue
+                distinct = len({o.cpu().numpy().tobytes() for o in outs})
+                same = [bool(torch.equal(o, ref)) for o in outs]
+                bad = (outs[0] != ref).reshape(M, N)
+                row = {"M": M, "stages": st, "maxnreg": reg, "distinct_outputs": distinct, "runs_identical": sum(same),
+                       "bad_rows_m": sorted({int(i) for i in bad.nonzero()[:, 0].tolist()})[:40],
+                       "bad_cols_count": int(bad.any(0).sum())}
+                data["rows"].append(row)
+                print(row, flush=True)
+    (args.out / "w12_ws_diagnose.json").write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
 
