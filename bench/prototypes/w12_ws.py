@@ -53,16 +53,20 @@ from specpilot.kernels.tiles import ASM_DECODE_BF16, SCALE_EXP  # noqa: E402
 from specpilot.w12 import encode  # noqa: E402
 
 ASM = ASM_DECODE_BF16.value
-BLOCK_N, BLOCK_K = 64, 128
-G = BLOCK_K // 8
-# The groups [64, 16] in the registers whose decode is the wgmma A fragment (the Triton kernel's
-# layout at n64 k128 w4, as in w12_gluon.py): join/permute/reshape of the 8 codes is then trivial.
-REG_W = gl.DistributedLinearLayout(reg_bases=[[8, 0], [0, 4], [0, 8]],
-                                   lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-                                   warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16])
-SH_LO = gl.NVMMASharedLayout(128, 64, 2)  # [64, 16] int64: 128-byte rows, 128-byte swizzle
-SH_HI = gl.NVMMASharedLayout(64, 32, 2)  # [64, 16] int32: 64-byte rows
-SH_X = gl.NVMMASharedLayout(128, 16, 2)  # [BM, 128] bf16 box of x; permuted to x^T for the MMA
+# The groups [64, BK/8] in the registers whose decode is the wgmma A fragment (the Triton kernel's
+# layouts at n64 w4, as in w12_gluon.py): join/permute/reshape of the 8 codes is then trivial.
+REG_W = {
+    128: gl.DistributedLinearLayout(reg_bases=[[8, 0], [0, 4], [0, 8]],
+                                    lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+                                    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16]),
+    256: gl.DistributedLinearLayout(reg_bases=[[8, 0], [0, 4], [0, 8], [0, 16]],
+                                    lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
+                                    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 32]),
+}
+SH_LO = gl.NVMMASharedLayout(128, 64, 2)  # [64, BK/8] int64, 128-byte swizzle (TMA boxes of 128 bytes)
+SH_HI = gl.NVMMASharedLayout(64, 32, 2)  # [64, 16] int32 (k128): 64-byte rows
+SH_HI_256 = gl.NVMMASharedLayout(128, 32, 2)  # [64, 32] int32 (k256): 128-byte rows
+SH_X = gl.NVMMASharedLayout(128, 16, 2)  # [BM, BK] bf16 box of x; permuted to x^T for the MMA
 
 
 def mma_layout(bm: int):
@@ -70,41 +74,48 @@ def mma_layout(bm: int):
 
 
 @gluon.jit
-def _decode(lo, hi, A_LAYOUT: gl.constexpr, ASM_TEXT: gl.constexpr):
+def _decode(lo, hi, BLOCK_K: gl.constexpr, A_LAYOUT: gl.constexpr, ASM_TEXT: gl.constexpr):
     o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
         ASM_TEXT, "=h,=h,=h,=h,=h,=h,=h,=h,l,r", [lo, hi], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
     t = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)), gl.join(gl.join(o4, o5), gl.join(o6, o7)))
     t = gl.permute(t, (0, 1, 4, 3, 2))
-    t = gl.reshape(t, [64, 4, 4, 2, 2, 2])
+    t = gl.reshape(t, [64, BLOCK_K // 32, 4, 2, 2, 2])
     t = gl.permute(t, (0, 1, 3, 4, 2, 5))
-    t = gl.reshape(t, [64, 128])
+    t = gl.reshape(t, [64, BLOCK_K])
     return gl.convert_layout(t, A_LAYOUT, assert_trivial=True)
 
 
 @gluon.jit
 def _producer(lo_desc, hi_desc, x_desc, lo_s, hi_s, x_s, ready, empty, row0, step0, n_steps,
-              STAGES: gl.constexpr):
+              STAGES: gl.constexpr, BLOCK_K: gl.constexpr):
     nbytes: gl.constexpr = lo_desc.block_type.nbytes + hi_desc.block_type.nbytes + x_desc.block_type.nbytes
     for i in range(n_steps):
         s = i % STAGES
         mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)  # the first pass finds every slot free
         mbarrier.expect(ready.index(s), nbytes)
         step = step0 + i
-        tma.async_copy_global_to_shared(lo_desc, [row0, step * 16], ready.index(s), lo_s.index(s))
-        tma.async_copy_global_to_shared(hi_desc, [row0, step * 16], ready.index(s), hi_s.index(s))
-        tma.async_copy_global_to_shared(x_desc, [0, step * 128], ready.index(s), x_s.index(s))
+        tma.async_copy_global_to_shared(lo_desc, [row0, step * (BLOCK_K // 8)], ready.index(s), lo_s.index(s))
+        tma.async_copy_global_to_shared(hi_desc, [row0, step * (BLOCK_K // 8)], ready.index(s), hi_s.index(s))
+        tma.async_copy_global_to_shared(x_desc, [0, step * BLOCK_K], ready.index(s), x_s.index(s))
 
 
 @gluon.jit
 def _consumer(lo_s, hi_s, x_s, ready, empty, n_steps, STAGES: gl.constexpr, BLOCK_M: gl.constexpr,
-              REG: gl.constexpr, MMA: gl.constexpr, ASM_TEXT: gl.constexpr):
+              BLOCK_K: gl.constexpr, REG: gl.constexpr, MMA: gl.constexpr, ASM_TEXT: gl.constexpr,
+              STREAM_ONLY: gl.constexpr):
     A_OP: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     acc = gl.zeros([64, BLOCK_M], gl.float32, layout=MMA)
-    w_prev = gl.zeros([64, 128], gl.bfloat16, layout=A_OP)
+    if STREAM_ONLY:  # probe: the ring alone -- wait for each stage and free it; no loads, decode or MMA
+        for i in range(n_steps):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            mbarrier.arrive(empty.index(s), count=1)
+        return (acc,)
+    w_prev = gl.zeros([64, BLOCK_K], gl.bfloat16, layout=A_OP)
     for i in range(n_steps):
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        w = _decode(lo_s.index(s).load(REG), hi_s.index(s).load(REG), A_OP, ASM_TEXT)
+        w = _decode(lo_s.index(s).load(REG), hi_s.index(s).load(REG), BLOCK_K, A_OP, ASM_TEXT)
         acc = warpgroup_mma(w, x_s.index(s).permute((1, 0)), acc, use_acc=i > 0, is_async=True)
         acc, w_prev = warpgroup_mma_wait(1, deps=[acc, w_prev])  # step i-1's MMA is done
         w_prev = w
@@ -117,17 +128,17 @@ def _consumer(lo_s, hi_s, x_s, ready, empty, n_steps, STAGES: gl.constexpr, BLOC
 @gluon.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
 def _w12_ws_kernel(lo_desc, hi_desc, x_desc, base_ptr, y_ptr, ws_ptr, count_ptr,
                    M, N, Kp, split_k, steps_per_split, stride_ym,
-                   BLOCK_M: gl.constexpr, STAGES: gl.constexpr, REG: gl.constexpr, MMA: gl.constexpr,
-                   ASM_TEXT: gl.constexpr, SCALE_EXP: gl.constexpr):
+                   BLOCK_M: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, REG: gl.constexpr,
+                   MMA: gl.constexpr, ASM_TEXT: gl.constexpr, SCALE_EXP: gl.constexpr, STREAM_ONLY: gl.constexpr):
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     row0 = pid_n * 64
     step0 = pid_k * steps_per_split
-    n_steps = gl.minimum(step0 + steps_per_split, gl.cdiv(Kp, 128)) - step0
+    n_steps = gl.minimum(step0 + steps_per_split, gl.cdiv(Kp, BLOCK_K)) - step0
 
-    lo_s = gl.allocate_shared_memory(gl.int64, [STAGES, 64, 16], lo_desc.layout)
-    hi_s = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 16], hi_desc.layout)
-    x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, 128], x_desc.layout)
+    lo_s = gl.allocate_shared_memory(gl.int64, [STAGES, 64, BLOCK_K // 8], lo_desc.layout)
+    hi_s = gl.allocate_shared_memory(gl.int32, [STAGES, 64, BLOCK_K // 8], hi_desc.layout)
+    x_s = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -136,8 +147,10 @@ def _w12_ws_kernel(lo_desc, hi_desc, x_desc, base_ptr, y_ptr, ws_ptr, count_ptr,
     fence_async_shared()
 
     (acc,) = gl.warp_specialize([
-        (_consumer, (lo_s, hi_s, x_s, ready, empty, n_steps, STAGES, BLOCK_M, REG, MMA, ASM_TEXT)),
-        (_producer, (lo_desc, hi_desc, x_desc, lo_s, hi_s, x_s, ready, empty, row0, step0, n_steps, STAGES)),
+        (_consumer, (lo_s, hi_s, x_s, ready, empty, n_steps, STAGES, BLOCK_M, BLOCK_K, REG, MMA, ASM_TEXT,
+                     STREAM_ONLY)),
+        (_producer, (lo_desc, hi_desc, x_desc, lo_s, hi_s, x_s, ready, empty, row0, step0, n_steps, STAGES,
+                     BLOCK_K)),
     ], [1], [24])
 
     rows_o = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, MMA))
@@ -166,32 +179,35 @@ def _w12_ws_kernel(lo_desc, hi_desc, x_desc, base_ptr, y_ptr, ws_ptr, count_ptr,
 _DESCS: dict = {}
 
 
-def weight_descriptors(weight):
-    key = id(weight)
+def weight_descriptors(weight, block_k: int = 128):
+    key = (id(weight), block_k)
     if key not in _DESCS:
         ops = prepare_launch(torch.zeros(1, weight.shape[1], device="cuda", dtype=torch.bfloat16), weight,
                              LaunchConfig(KernelPath.GEMM, 64, 128, num_warps=4), KernelPath.GEMM, kc.GEMM_MAX_M,
                              None).ops
         lo, hi = ops.w.view(torch.int64), ops.hi.view(torch.int32)
-        _DESCS[key] = (TensorDescriptor.from_tensor(lo, [64, 16], SH_LO),
-                       TensorDescriptor.from_tensor(hi, [64, 16], SH_HI), weight)
+        g = block_k // 8
+        _DESCS[key] = (TensorDescriptor.from_tensor(lo, [64, g], SH_LO),
+                       TensorDescriptor.from_tensor(hi, [64, g], SH_HI if block_k == 128 else SH_HI_256), weight)
     return _DESCS[key][:2]
 
 
-def ws_gemm(x: torch.Tensor, weight, split_k: int, stages: int, maxnreg: int) -> torch.Tensor:
-    """y [M, N] = x @ W^T, escapes left out, 64-row tiles, `split_k` K splits (0: automatic)."""
+def ws_gemm(x: torch.Tensor, weight, split_k: int, stages: int, maxnreg: int, block_k: int = 128,
+            stream_only: bool = False) -> torch.Tensor:
+    """y [M, N] = x @ W^T, escapes left out, 64-row tiles of `block_k` columns, `split_k` K splits
+    (0: automatic). `stream_only`: the probe that moves the bytes and computes nothing (y garbage)."""
     M = x.shape[0]
     bm = 16 if M <= 16 else 32
-    cfg = LaunchConfig(KernelPath.GEMM, 64, 128, split_k=split_k, num_warps=4, num_stages=stages)
+    cfg = LaunchConfig(KernelPath.GEMM, 64, block_k, split_k=split_k, num_warps=4, num_stages=stages)
     run = prepare_launch(x, weight, cfg, KernelPath.GEMM, kc.GEMM_MAX_M, None)
-    lo_d, hi_d = weight_descriptors(weight)
-    x_d = TensorDescriptor.from_tensor(x, [bm, 128], SH_X)
+    lo_d, hi_d = weight_descriptors(weight, block_k)
+    x_d = TensorDescriptor.from_tensor(x, [bm, block_k], SH_X)
     ops = run.ops
     _w12_ws_kernel[run.grid](
         lo_d, hi_d, x_d, ops.base, run.y, run.args[8], run.args[9],
         M, ops.N, ops.Kp, run.grid[1], run.steps_per_split, run.y.stride(0),
-        BLOCK_M=bm, STAGES=stages, REG=REG_W, MMA=mma_layout(bm), ASM_TEXT=ASM, SCALE_EXP=SCALE_EXP.value,
-        num_warps=4, maxnreg=maxnreg,
+        BLOCK_M=bm, BLOCK_K=block_k, STAGES=stages, REG=REG_W[block_k], MMA=mma_layout(bm), ASM_TEXT=ASM,
+        SCALE_EXP=SCALE_EXP.value, STREAM_ONLY=stream_only, num_warps=4, maxnreg=maxnreg,
     )
     return run.y
 
@@ -221,12 +237,17 @@ def main(argv=None) -> int:
     p.add_argument("--diagnose", action="store_true",
                    help="instead: 8B qkv at M = 32 and 16, stages 3-9 at both register plans, each run 8 times: "
                         "how many distinct outputs, and whether they match the Triton kernel's bits")
+    p.add_argument("--probe", action="store_true",
+                   help="instead: the qkv and o rows with the ring alone (stream-only: no decode, no MMA) beside "
+                        "the full kernel, 128- and 256-column K steps, one and two CTAs per SM")
     args = p.parse_args(argv)
     start = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
     data = {"meta": environment(), "rows": []}
     if args.diagnose:
         return diagnose(args, data)
+    if args.probe:
+        return probe(args, data)
     name = torch.cuda.get_device_name()
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     for model, proj, N, K in ROWS:
@@ -283,6 +304,71 @@ def main(argv=None) -> int:
             c = c["bit_identical_to_triton"] if isinstance(c, dict) else c
             lines.append(f"| {r['model']} | {r['proj']} | {r['M']} | {k} | {v:.2f} | {r['us']['cublas'] / v:.3f} | {c} |")
     (args.out / "w12_ws.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+PROBE_ROWS = (("Qwen3-8B", "qkv", 6144, 4096), ("Qwen3-8B", "o", 4096, 4096), ("Qwen3-32B", "qkv", 10240, 5120))
+
+
+def probe_plans(N: int, sm: int):
+    """(block_k, split_k, stages, maxnreg) of the probe: one CTA per SM (232 registers, deep rings) and
+    two (128), each with the largest split that keeps one wave."""
+    tiles = -(-N // 64)
+    one, two = max(1, sm // tiles), max(1, 2 * sm // tiles)
+    return [(128, one, 9, 232), (256, one, 4, 232), (256, one, 5, 232), (128, two, 5, 128), (256, two, 2, 128)]
+
+
+def probe(args, data) -> int:
+    name = torch.cuda.get_device_name()
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    for model, proj, N, K in PROBE_ROWS:
+        sets = [encode(random_weight(N, K)) for _ in range(weight_sets(N, K, N * K * 1.5))]
+        dense = [random_weight(N, K) for _ in range(weight_sets(N, K, N * K * 2))]
+        for M in args.ms:
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            shipped = kc.choose_config(kc.WeightFormat.W12, M, N, K, name)
+            arms = {"cublas": [lambda d=d: F.linear(x, d) for d in dense],
+                    "triton shipped " + shipped.label(): [lambda w=w: gemm_mod.gemm(x, w, shipped) for w in sets],
+                    "triton shipped, escapes off": [lambda w=w: gemm_mod.gemm(x, w, shipped, escapes="off")
+                                                    for w in sets]}
+            checks = {}
+            for bk, sk, st, reg in probe_plans(N, sm):
+                for stream in (False, True):
+                    tag = f"ws k{bk} sk{sk} s{st} r{reg}" + (" stream-only" if stream else "")
+                    try:
+                        out = ws_gemm(x, sets[0], sk, st, reg, bk, stream)
+                        torch.cuda.synchronize()
+                        if stream:
+                            checks[tag] = "probe: computes nothing"
+                        else:
+                            ref = gemm_mod.gemm(x, sets[0], LaunchConfig(KernelPath.GEMM, 64, bk, split_k=sk, num_warps=4,
+                                                                         num_stages=3), escapes="off")
+                            checks[tag] = {"bit_identical_to_triton": bool(torch.equal(out.view(torch.int16),
+                                                                                         ref.view(torch.int16)))}
+                        arms[tag] = [lambda w=w, a=(sk, st, reg, bk, stream): ws_gemm(x, w, *a) for w in sets]
+                    except Exception as err:  # noqa: BLE001 - report and go on
+                        checks[tag] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+            u, runs = rotated_rounds(arms)
+            data["rows"].append({"model": model, "proj": proj, "N": N, "K": K, "M": M, "us": u, "runs": runs,
+                                 "checks": checks, "shipped": shipped.label()})
+            print(model, proj, M, {k: round(v, 2) for k, v in u.items()},
+                  {k: v for k, v in checks.items() if not (isinstance(v, dict) and v["bit_identical_to_triton"])},
+                  flush=True)
+        del sets, dense
+        _DESCS.clear()
+        torch.cuda.empty_cache()
+    (args.out / "w12_ws_probe.json").write_text(json.dumps(data, indent=1) + "\n")
+    lines = ["# Warp-specialized W12 GEMM: the ring alone (stream-only) vs the full kernel (bench/prototypes/w12_ws.py "
+             "--probe)", "", f"- {data['meta']['date']}, {data['meta']['gpu']}, commit {data['meta']['git_commit']}; "
+             "µs, fastest of 3 rotated rounds; ratio = cuBLAS / arm; ws arms escapes off; stream-only arms move every "
+             "byte of the full kernel through the same ring and compute nothing", "",
+             "| model | proj | M | arm | µs | cuBLAS / arm | check |", "|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        for k, v in sorted(r["us"].items(), key=lambda kv: kv[1]):
+            c = r["checks"].get(k, "")
+            c = c["bit_identical_to_triton"] if isinstance(c, dict) else c
+            lines.append(f"| {r['model']} | {r['proj']} | {r['M']} | {k} | {v:.2f} | {r['us']['cublas'] / v:.3f} | {c} |")
+    (args.out / "w12_ws_probe.md").write_text("\n".join(lines) + "\n")
     return 0
 
 
