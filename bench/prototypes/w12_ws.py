@@ -333,6 +333,18 @@ def probe(args, data) -> int:
                                                     for w in sets]}
             checks = {}
             for bk, sk, st, reg in probe_plans(N, sm):
+                if reg == 232:  # the Triton kernel at the same one-CTA-per-SM plan (deep ring, weights by TMA)
+                    for tma_x in (False, True):
+                        cfg = LaunchConfig(KernelPath.GEMM, 64, bk, split_k=sk, num_warps=4, num_stages=st, tma=True,
+                                           tma_x=tma_x)
+                        try:
+                            gemm_mod.gemm(x, sets[0], cfg, escapes="off")
+                            torch.cuda.synchronize()
+                            arms["triton " + cfg.label() + ", escapes off"] = [
+                                lambda w=w, c=cfg: gemm_mod.gemm(x, w, c, escapes="off") for w in sets]
+                            arms["triton " + cfg.label()] = [lambda w=w, c=cfg: gemm_mod.gemm(x, w, c) for w in sets]
+                        except Exception as err:  # noqa: BLE001 - report and go on
+                            checks["triton " + cfg.label()] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
                 for stream in (False, True):
                     tag = f"ws k{bk} sk{sk} s{st} r{reg}" + (" stream-only" if stream else "")
                     try:
