@@ -49,6 +49,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--ms", type=int, nargs="+", default=[32])
+    p.add_argument("--only", nargs="+", metavar="MODEL/PROJ", help="only these rows, e.g. Qwen3-8B/o")
+    p.add_argument("--rounds", type=int, default=3, help="rotated timing rounds (fastest counts)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     data = {"meta": environment(), "rows": []}
@@ -56,6 +58,8 @@ def main(argv=None) -> int:
     for shape in MODELS:
         model = shape.name
         for proj, N, K in shape.projections():
+            if args.only and f"{model}/{proj}" not in args.only:
+                continue
             sets = [encode(random_weight(N, K)) for _ in range(weight_sets(N, K, N * K * 1.5))]
             dense = [random_weight(N, K) for _ in range(weight_sets(N, K, N * K * 2))]
             for M in args.ms:
@@ -73,7 +77,7 @@ def main(argv=None) -> int:
                         arms[tag] = [lambda w=w, c=cfg: gemm_mod.gemm(x, w, c) for w in sets]
                     except Exception as err:  # noqa: BLE001 - report and go on
                         errors[tag] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
-                u, runs = rotated_rounds(arms)
+                u, runs = rotated_rounds(arms, args.rounds)
                 data["rows"].append({"model": model, "proj": proj, "N": N, "K": K, "M": M, "us": u, "runs": runs,
                                      "error_over_bound": errors, "labels": labels})
                 best = min((k for k in u if k not in ("cublas", "shipped")), key=u.get)
@@ -85,8 +89,8 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     (args.out / "w12_p1_m32.json").write_text(json.dumps(data, indent=1) + "\n")
     lines = ["# One-program-per-SM deep-ring Triton configs vs the shipped config (bench/prototypes/w12_p1_m32.py)", "",
-             f"- {data['meta']['date']}, {data['meta']['gpu']}, commit {data['meta']['git_commit']}; µs, fastest of 3 "
-             "rotated rounds over rotating weight sets, escapes on; ratio = cuBLAS / arm; p1: K split so that about "
+             f"- {data['meta']['date']}, {data['meta']['gpu']}, commit {data['meta']['git_commit']}; µs, fastest of "
+             f"{args.rounds} rotated rounds over rotating weight sets, escapes on; ratio = cuBLAS / arm; p1: K split so that about "
              "one program per SM runs", "",
              "| model | proj | M | cuBLAS | shipped | shipped x | best candidate | µs | x | worst error / bound |",
              "|---|---|---|---|---|---|---|---|---|---|"]
