@@ -1,0 +1,106 @@
+"""Prototype: the shipped tuned configs that gather escapes from a transposed x (`gather_t`), timed
+across their whole M bucket (GPU only).
+
+    python bench/prototypes/w12_bucket_span.py --out DIR
+
+Why: the tuned table is keyed by M bucket (next power of two) and each bucket's config was swept
+at the bucket's bound only. `w12_p1_m32.py --only Qwen3-8B/lm_head` (bench/results/w12/
+w12_p1_m32_bucket.md) found the shipped M=32 config of the 8B lm_head, a gather_t one, 21% slower
+at M = 20 than at 32 (291.4 against 240.5 µs) while a config without it held 233-244 µs across
+17-32. This times every gather_t entry of the shipped table at five M values of its bucket: as
+shipped, the same with gather_t off, and (bucket 32) the one-per-SM candidate. Every arm is
+checked against the float64 reference within `error_bound`. Writes OUT/w12_bucket_span.json, .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.w12_kernels import MODELS, environment, random_weight, rotated_rounds, weight_sets  # noqa: E402
+from specpilot.kernels import configs as kc  # noqa: E402
+from specpilot.kernels import gemm as gemm_mod  # noqa: E402
+from specpilot.kernels.configs import KernelPath, LaunchConfig  # noqa: E402
+from specpilot.kernels.reference import error_bound  # noqa: E402
+from specpilot.w12 import encode  # noqa: E402
+
+CANDIDATE_32 = LaunchConfig(KernelPath.GEMM, 64, 256, num_warps=4, num_stages=3, programs_per_sm=1, fit_wave=True,
+                            tma=True, tma_x=True)
+
+
+def span(bucket: int) -> list[int]:
+    """Five row counts of the bucket (bucket/2, bucket]."""
+    lo = bucket // 2
+    return sorted({lo + 1, lo + bucket // 8, lo + bucket // 4, lo + 3 * bucket // 8, bucket})
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = {"meta": environment(), "rows": []}
+    name = torch.cuda.get_device_name()
+    table = kc.tuned_table(kc.device_slug(name))
+    names = {(N, K): (shape.name, proj) for shape in MODELS for proj, N, K in shape.projections()}
+    entries = sorted((m, n, k) for (fmt, m, n, k), c in table.items() if fmt == "w12" and c.gather_t)
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for m, n, k in entries:
+        by_shape.setdefault((n, k), []).append(m)
+    for (N, K), buckets in by_shape.items():
+        model, proj = names.get((N, K), ("?", "?"))
+        sets = [encode(random_weight(N, K)) for _ in range(weight_sets(N, K, N * K * 1.5))]
+        dense = [random_weight(N, K) for _ in range(weight_sets(N, K, N * K * 2))]
+        for bucket in buckets:
+            for M in span(bucket):
+                x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+                exact, bound = error_bound(x, sets[0], torch.bfloat16)
+                shipped = kc.choose_config(kc.WeightFormat.W12, M, N, K, name)
+                plans = {"shipped": shipped, "shipped, gather_t off": replace(shipped, gather_t=False)}
+                if bucket == 32:
+                    plans["candidate " + CANDIDATE_32.label()] = CANDIDATE_32
+                arms, errors = {"cublas": [lambda d=d: F.linear(x, d) for d in dense]}, {}
+                for tag, cfg in plans.items():
+                    try:
+                        y = gemm_mod.gemm(x, sets[0], cfg)
+                        errors[tag] = float(((y.double() - exact).abs() / bound).max())
+                        arms[tag] = [lambda w=w, c=cfg: gemm_mod.gemm(x, w, c) for w in sets]
+                    except Exception as err:  # noqa: BLE001 - report and go on
+                        errors[tag] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+                u, runs = rotated_rounds(arms)
+                data["rows"].append({"model": model, "proj": proj, "N": N, "K": K, "bucket": bucket, "M": M, "us": u,
+                                     "runs": runs, "error_over_bound": errors, "shipped": shipped.label()})
+                print(model, proj, bucket, M, {k: round(v, 2) for k, v in u.items()}, errors, flush=True)
+                del exact, bound
+        del sets, dense
+        torch.cuda.empty_cache()
+    (args.out / "w12_bucket_span.json").write_text(json.dumps(data, indent=1) + "\n")
+    lines = ["# Shipped gather_t configs across their M bucket (bench/prototypes/w12_bucket_span.py)", "",
+             f"- {data['meta']['date']}, {data['meta']['gpu']}, commit {data['meta']['git_commit']}; µs, fastest of 3 "
+             "rotated rounds over rotating weight sets, escapes on; ratio = cuBLAS / arm", "",
+             "| model | proj | bucket | M | cuBLAS | shipped | x | gather_t off | x | candidate | x | worst error / bound |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        u = r["us"]
+        cand = next((k for k in u if k.startswith("candidate")), None)
+        worst = max((v for v in r["error_over_bound"].values() if isinstance(v, float)), default=float("nan"))
+        cells = [f"{u[k]:.2f} | {u['cublas'] / u[k]:.3f}" if k in u else "- | -"
+                 for k in ("shipped", "shipped, gather_t off", cand)]
+        lines.append(f"| {r['model']} | {r['proj']} | {r['bucket']} | {r['M']} | {u['cublas']:.2f} | "
+                     + " | ".join(cells) + f" | {worst:.3f} |")
+    lines += ["", "shipped configs: " + "; ".join(sorted({f"{r['model']} {r['proj']} M<={r['bucket']}: {r['shipped']}"
+                                                          for r in data["rows"]}))]
+    (args.out / "w12_bucket_span.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
