@@ -45,6 +45,9 @@ def span(bucket: int) -> list[int]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--x-arms", action="store_true",
+                   help="instead of gather_t off and the candidate: the shipped config with x's tiles by plain loads "
+                        "(tma_x off), and with x padded with zero rows to the kernel's block of rows (sliced after)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     data = {"meta": environment(), "rows": []}
@@ -64,12 +67,27 @@ def main(argv=None) -> int:
                 x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
                 exact, bound = error_bound(x, sets[0], torch.bfloat16)
                 shipped = kc.choose_config(kc.WeightFormat.W12, M, N, K, name)
-                plans = {"shipped": shipped, "shipped, gather_t off": replace(shipped, gather_t=False)}
-                if bucket == 32:
-                    plans["candidate " + CANDIDATE_32.label()] = CANDIDATE_32
+                plans = {"shipped": shipped}
+                if args.x_arms:
+                    plans["shipped, tma_x off"] = replace(shipped, tma_x=False)
+                    plans["shipped, x padded"] = shipped
+                else:
+                    plans["shipped, gather_t off"] = replace(shipped, gather_t=False)
+                    if bucket == 32:
+                        plans["candidate " + CANDIDATE_32.label()] = CANDIDATE_32
                 arms, errors = {"cublas": [lambda d=d: F.linear(x, d) for d in dense]}, {}
+                bm = kc.block_m(KernelPath.GEMM, M)
                 for tag, cfg in plans.items():
                     try:
+                        if tag.endswith("x padded"):
+                            def call(w, c=cfg, bm=bm):  # pad x with zero rows to the kernel's block, slice y
+                                xp = torch.zeros(bm, K, device="cuda", dtype=x.dtype)
+                                xp[:M] = x
+                                return gemm_mod.gemm(xp, w, c)[:M]
+                            y = call(sets[0])
+                            errors[tag] = float(((y.double() - exact).abs() / bound).max())
+                            arms[tag] = [lambda w=w, f=call: f(w) for w in sets]
+                            continue
                         y = gemm_mod.gemm(x, sets[0], cfg)
                         errors[tag] = float(((y.double() - exact).abs() / bound).max())
                         arms[tag] = [lambda w=w, c=cfg: gemm_mod.gemm(x, w, c) for w in sets]
@@ -82,6 +100,9 @@ def main(argv=None) -> int:
                 del exact, bound
         del sets, dense
         torch.cuda.empty_cache()
+    if args.x_arms:
+        (args.out / "w12_bucket_span_x.json").write_text(json.dumps(data, indent=1) + "\n")
+        return 0
     (args.out / "w12_bucket_span.json").write_text(json.dumps(data, indent=1) + "\n")
     lines = ["# Shipped gather_t configs across their M bucket (bench/prototypes/w12_bucket_span.py)", "",
              f"- {data['meta']['date']}, {data['meta']['gpu']}, commit {data['meta']['git_commit']}; µs, fastest of 3 "
