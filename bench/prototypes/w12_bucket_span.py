@@ -48,9 +48,14 @@ def main(argv=None) -> int:
     p.add_argument("--x-arms", action="store_true",
                    help="instead of gather_t off and the candidate: the shipped config with x's tiles by plain loads "
                         "(tma_x off), and with x padded with zero rows to the kernel's block of rows (sliced after)")
+    p.add_argument("--all-tma-x", action="store_true",
+                   help="instead: every tuned entry with x by TMA (W12 and BF16), five M of its bucket, with x's box "
+                        "used only when it fits x (the code now) against always (the code before, patched in)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     data = {"meta": environment(), "rows": []}
+    if args.all_tma_x:
+        return all_tma_x(args, data)
     name = torch.cuda.get_device_name()
     table = kc.tuned_table(kc.device_slug(name))
     names = {(N, K): (shape.name, proj) for shape in MODELS for proj, N, K in shape.projections()}
@@ -120,6 +125,78 @@ def main(argv=None) -> int:
     lines += ["", "shipped configs: " + "; ".join(sorted({f"{r['model']} {r['proj']} M<={r['bucket']}: {r['shipped']}"
                                                           for r in data["rows"]}))]
     (args.out / "w12_bucket_span.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+def _box_always(x, block_m, config):
+    """`tma.x_descriptor` before it declined x with fewer rows than the box."""
+    from specpilot.kernels import tma
+
+    if not config.tma_x or x.element_size() != 2 or tma._no_tma(x):
+        return None
+    box = [block_m, config.block_k]
+    return tma._descriptor(x, box) if tma._box_ok(x, box) else None
+
+
+def all_tma_x(args, data) -> int:
+    name = torch.cuda.get_device_name()
+    table = kc.tuned_table(kc.device_slug(name))
+    names = {(N, K): (shape.name, proj) for shape in MODELS for proj, N, K in shape.projections()}
+    entries = sorted((n, k, m, fmt) for (fmt, m, n, k), c in table.items() if c.tma_x)
+    fixed = gemm_mod.x_descriptor
+    for N, K in dict.fromkeys((n, k) for n, k, _, _ in entries):
+        model, proj = names.get((N, K), ("?", "?"))
+        sets = {"w12": [encode(random_weight(N, K)) for _ in range(weight_sets(N, K, N * K * 1.5))],
+                "dense": [random_weight(N, K) for _ in range(weight_sets(N, K, N * K * 2))]}
+        for n, k, bucket, fmt in entries:
+            if (n, k) != (N, K):
+                continue
+            ws = sets[fmt]
+            for M in span(bucket)[:-1]:  # at the bucket's bound the box fits: nothing changed there
+                x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+                cfg = kc.choose_config(kc.WeightFormat(fmt), M, N, K, name)
+                exact, bound = error_bound(x, ws[0], torch.bfloat16)
+
+                def call(w, always, c=cfg, x=x):
+                    gemm_mod.x_descriptor = _box_always if always else fixed
+                    try:
+                        return gemm_mod.gemm(x, w, c)
+                    finally:
+                        gemm_mod.x_descriptor = fixed
+                errors = {}
+                for tag, always in (("box only when it fits", False), ("box always", True)):
+                    errors[tag] = float(((call(ws[0], always).double() - exact).abs() / bound).max())
+                # the patch is applied while the graphs are captured: each arm replays its own launches
+                arms = {"box only when it fits": [lambda w=w: call(w, False) for w in ws],
+                        "box always": [lambda w=w: call(w, True) for w in ws]}
+                u, runs = rotated_rounds(arms)
+                data["rows"].append({"model": model, "proj": proj, "format": fmt, "N": N, "K": K, "bucket": bucket,
+                                     "M": M, "config": cfg.label(), "us": u, "runs": runs, "error_over_bound": errors})
+                print(model, proj, fmt, bucket, M, cfg.label(), {k: round(v, 2) for k, v in u.items()}, flush=True)
+                del exact, bound
+        del sets
+        torch.cuda.empty_cache()
+    (args.out / "w12_tma_x_fit.json").write_text(json.dumps(data, indent=1) + "\n")
+    lines = ["# x's TMA box only where it fits x, against always (bench/prototypes/w12_bucket_span.py --all-tma-x)", "",
+             f"- {data['meta']['date']}, {data['meta']['gpu']}, commit {data['meta']['git_commit']}; every tuned entry "
+             "with x by TMA, at the row counts of its bucket below the bound; µs, fastest of 3 rotated rounds; "
+             "gain = always / only-when-it-fits", "",
+             "| model | proj | format | bucket | M | config | always | only when it fits | gain | worst error / bound |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    gains = []
+    for r in data["rows"]:
+        u = r["us"]
+        g = u["box always"] / u["box only when it fits"]
+        gains.append(g)
+        lines.append(f"| {r['model']} | {r['proj']} | {r['format']} | {r['bucket']} | {r['M']} | {r['config']} | "
+                     f"{u['box always']:.2f} | {u['box only when it fits']:.2f} | {g:.3f} | "
+                     f"{max(r['error_over_bound'].values()):.3f} |")
+    if gains:
+        import math
+        lines += ["", f"{len(gains)} rows: geometric-mean gain {math.exp(sum(map(math.log, gains)) / len(gains)):.3f}, "
+                  f"worst {min(gains):.3f}, best {max(gains):.3f}; faster on {sum(g > 1.01 for g in gains)}, "
+                  f"slower on {sum(g < 0.99 for g in gains)}, within 1% on the rest"]
+    (args.out / "w12_tma_x_fit.md").write_text("\n".join(lines) + "\n")
     return 0
 
 
