@@ -41,7 +41,8 @@ The SASS test holds the loop to one wait per K step.
 With `LaunchConfig.tma` the weight tiles come by TMA from tensor descriptors instead (`tma.py`):
 the same tiles, so the same output bit for bit; a weight TMA cannot describe keeps cp.async. With
 `LaunchConfig.tma_x` the x^T tiles come by TMA as well (a box of x, transposed in shared memory)
-when x fills the box's rows; with fewer rows they take the plain loads (`tma.x_descriptor`).
+when x fills at least three quarters of the box's rows; with fewer they take the plain loads
+(`tma.x_descriptor`).
 
 Does not own tile decoding (`tiles.py`), config choice (`configs.py`) or dispatch (`dispatch.py`).
 """

@@ -21,18 +21,22 @@ blocks); a plain weight's are built per call (1.9 µs of Python on a 2-core deve
 nothing on the GPU), and Triton's launcher encodes every descriptor at each eager launch.
 
 With `LaunchConfig.tma_x` the x^T tile of each K step comes by TMA too: one box [BM, BK] of x
-(`x_descriptor`; zeros past K, as the masked loads read), transposed in shared memory for
+(`x_descriptor`; zeros past M and K, as the masked loads read), transposed in shared memory for
 the MMA. A prototype at the tuned configs (bench/results/w12/w12_tma_x.md) was 0.5-4.5% faster
 at M = 32 on 8 of 10 projections and 5-18% slower at M = 1, so the sweep tries it from 16 rows.
 x's descriptor is built per call (its address changes); the same alignment rules apply, and an x
 that breaks them (an odd row stride, a sliced view, a K step of 512) or is float32 takes the plain
-loads. So does an x with fewer rows than the box: boxes that hang past x's last row were slow on
-the H200, more so the more rows they fill with zeros. The shipped M=32 config of the Qwen3-8B
-lm_head took 277.9 µs at M=17 with x by TMA and 231.2 with plain loads (243 either way at 32);
-its M=64 config 373.4 against 269.8 at M=33; 32B gate_up at M=17 130.8 against 111.7
-(bench/results/w12/w12_bucket_span_x.md). The tuner times tma_x at each bucket's full row count,
-where the box fits exactly, and that is now the only place it is used. The cost: a few rows lose
-what x by TMA gained there (32B gate_up at M = 40-56, about 4%).
+loads. So does an x that fills less than three quarters of the box's rows: boxes that hang far
+past x's last row were slow on the H200, the more so the more rows they fill with zeros. The
+shipped M=32 config of the Qwen3-8B lm_head took 277.9 µs at M=17 with x by TMA and 231.2 with
+plain loads (243 either way at 32), its M=64 config 373.4 against 269.8 at M=33
+(bench/results/w12/w12_bucket_span_x.md). Over every tuned tma_x entry at four row counts below
+its bucket's bound (bench/results/w12/w12_tma_x_fit.md, 124 rows, W12 and BF16): on the 62 rows
+where more than a quarter of the box lay past x, plain loads were faster on 28 (up to 1.32x) and
+slower on 11 (down to 0.953x); on the other 62 they were slower on 32 (down to 0.938x) and faster
+on 6. So plain loads are taken in the first case only: 1.019x in geometric mean over the 124.
+That threshold was read off that one run. The tuner times tma_x at each bucket's full row count,
+where the box fits exactly, so the tuned point itself does not change.
 
 Does not own the kernel (`gemm.py`) or config choice (`configs.py`).
 """
@@ -69,11 +73,12 @@ def _descriptor(t: torch.Tensor, box: list[int]):
 
 def x_descriptor(x: torch.Tensor, block_m: int, config: LaunchConfig):
     """The descriptor of x [M, K]'s tiles [block_m, block_k] for `config.tma_x`, or None where TMA
-    cannot load them or x has fewer rows than the box (then the kernel reads x with masked loads)."""
+    cannot load them or x fills less than three quarters of the box's rows (then the kernel reads x
+    with masked loads)."""
     if not config.tma_x or x.element_size() != 2 or _no_tma(x):
         return None  # float32 x (IEEE dots) keeps the plain loads: only 16-bit boxes are built and tested
-    if x.shape[0] != block_m:
-        return None  # a box past x's last row: slow (see the module docstring)
+    if 4 * (block_m - x.shape[0]) > block_m:
+        return None  # over a quarter of the box past x's last row: slow (see the module docstring)
     box = [block_m, config.block_k]
     return _descriptor(x, box) if _box_ok(x, box) else None
 

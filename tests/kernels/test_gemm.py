@@ -115,7 +115,7 @@ def test_gather_from_transposed_x_equals_the_row_gather(make_x, to_device, check
     assert torch.equal(epilogue.view(torch.int32), gemm(x, enc, rows, escapes="epilogue").view(torch.int32))
 
 
-@pytest.mark.parametrize("M", [16, 32, 64])
+@pytest.mark.parametrize("M", [1, 17, 33])
 @pytest.mark.parametrize("config", [
     LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, num_stages=2),
     LaunchConfig(KernelPath.GEMM, block_n=32, block_k=256, split_k=2),
@@ -166,7 +166,7 @@ def test_tma_falls_back_to_cp_async_where_a_descriptor_cannot_describe_the_weigh
         LaunchConfig(KernelPath.GEMV, block_n=4, block_k=128, tma=True)
 
 
-@pytest.mark.parametrize("M", [16, 32, 64])
+@pytest.mark.parametrize("M", [16, 27, 48])
 @pytest.mark.parametrize("config", [
     LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, num_stages=2),
     LaunchConfig(KernelPath.GEMM, block_n=32, block_k=256, split_k=2, tma=True),
@@ -174,10 +174,10 @@ def test_tma_falls_back_to_cp_async_where_a_descriptor_cannot_describe_the_weigh
 ], ids=lambda c: c.label())
 def test_tma_x_loads_give_the_plain_result(make_x, make_weight, to_device, check, block_weight, M, config):
     """`tma_x` loads each K step's x tile as a TMA box of x [BM, BK] and transposes it in shared
-    memory: the same values (TMA's zeros past K are the masks' zeros), so the output equals the
+    memory: the same values (TMA's zeros past M and K are the masks' zeros), so the output equals the
     masked loads' bit for bit -- W12 with escape blocks and with the epilogue correction, plain
-    weights, with and without the weight tiles by TMA, on 37 x 304 (no tile divides K), at the row
-    counts that fill a box (the only ones x's box is used for)."""
+    weights, with and without the weight tiles by TMA, on 37 x 304 (no tile divides K), at row
+    counts that fill a box, or three quarters of one (x's box is used for no others)."""
     from specpilot.kernels.gemm import gemm
     from specpilot.kernels.tma import x_descriptor
 
@@ -197,8 +197,9 @@ def test_tma_x_loads_give_the_plain_result(make_x, make_weight, to_device, check
 
 def test_tma_x_falls_back_to_plain_loads_where_a_descriptor_cannot_describe_x(make_x, to_device, check, block_weight):
     """x's box needs 16-byte-aligned rows and a K step of at most 256; float32 x keeps the plain
-    loads too (only 16-bit boxes are built), and so does an x with fewer rows than the box (boxes
-    past x's last row were slow on the H200). Each case runs the masked loads: same output, no error."""
+    loads too (only 16-bit boxes are built), and so does an x that fills less than three quarters
+    of the box's rows (boxes far past x's last row were slow on the H200). Each case runs the
+    masked loads: same output, no error."""
     from specpilot.kernels.gemm import gemm
     from specpilot.kernels.tma import x_descriptor
 
@@ -207,7 +208,8 @@ def test_tma_x_falls_back_to_plain_loads_where_a_descriptor_cannot_describe_x(ma
     cases = {"600-byte rows": (make_x(3, 300, dtype=torch.bfloat16), w300, tx),
              "float32": (make_x(3, 304), w304, tx),
              "512-column step": (make_x(3, 304, dtype=torch.bfloat16), w304, dataclasses.replace(tx, block_k=512)),
-             "17 rows in a 32-row box": (make_x(17, 304, dtype=torch.bfloat16), w304, tx)}
+             "17 rows in a 32-row box": (make_x(17, 304, dtype=torch.bfloat16), w304, tx),
+             "47 rows in a 64-row box": (make_x(47, 304, dtype=torch.bfloat16), w304, tx)}
     for name, (x, w, cfg) in cases.items():
         assert x_descriptor(x, block_m(KernelPath.GEMM, x.shape[0]), cfg) is None, name
         y, plain = gemm(x, w, cfg), gemm(x, w, dataclasses.replace(cfg, tma_x=False))
