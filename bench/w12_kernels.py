@@ -793,6 +793,20 @@ def merge_tuned(new: dict, old: dict) -> dict:
             "entries": [{"format": f, "m": m, "n": n, "k": k, "config": c} for (f, m, n, k), c in sorted(merged.items())]}
 
 
+def row_counts(wanted: list[int] | None, quick: bool, shipped: bool) -> tuple[int, ...]:
+    """The row counts a run times, in order: the targets' first, then --ms's others ascending. A
+    sweep takes the buckets' bounds only (the tuned table's keys); --shipped any of 1..GEMM_MAX_M,
+    since the dispatcher serves every row count with its bucket's config. ValueError otherwise."""
+    ms = (1, 32, 8) if quick else M_ORDER
+    if not wanted:
+        return ms
+    allowed = set(range(1, kc.GEMM_MAX_M + 1)) if shipped else set(M_ORDER)
+    if not set(wanted) <= allowed:
+        what = f"1-{kc.GEMM_MAX_M} with --shipped" if shipped else f"{sorted(M_ORDER)}"
+        raise ValueError(f"--ms takes row counts of {what}, got {sorted(set(wanted) - allowed)}")
+    return tuple(M for M in ms if M in wanted) + tuple(sorted(set(wanted) - set(ms)))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, type=Path, help="directory for w12_kernels.json/.md and the tuned table")
@@ -805,7 +819,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="processes that compile the kernel variants in parallel first (1: no precompilation)")
     p.add_argument("--ms", type=int, nargs="+", metavar="M",
                    help=f"only these row counts (of {', '.join(map(str, sorted(M_ORDER)))}); the tuned table then covers "
-                        "only them: merge it into a complete one with --merge-tuned")
+                        "only them: merge it into a complete one with --merge-tuned. With --shipped, any of "
+                        f"1-{kc.GEMM_MAX_M}: the dispatcher serves every row count with its bucket's config")
     p.add_argument("--precompile-worker", type=int, help=argparse.SUPPRESS)
     p.add_argument("--merge-tuned", nargs=2, type=Path, metavar=("NEW", "OLD"),
                    help="no GPU: write OUT/tuned_<gpu>.json from a run's w12_kernels.json (NEW) and an older run's, or a "
@@ -822,11 +837,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick and args.shipped:
         p.error("--quick and --shipped are different runs: give one")
     models = MODELS[:1] if args.quick else MODELS
-    ms = (1, 32, 8) if args.quick else M_ORDER
-    if args.ms:
-        if not set(args.ms) <= set(M_ORDER):
-            p.error(f"--ms takes row counts of {sorted(M_ORDER)}, got {sorted(set(args.ms) - set(M_ORDER))}")
-        ms = tuple(M for M in ms if M in args.ms)
+    try:
+        ms = row_counts(args.ms, args.quick, args.shipped)
+    except ValueError as err:
+        p.error(str(err))
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print("error: this benchmark needs a CUDA GPU", file=sys.stderr)
         return 2

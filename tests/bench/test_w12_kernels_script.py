@@ -170,6 +170,20 @@ def test_ms_takes_only_the_swept_row_counts(sweep, capsys):
     assert "--ms takes row counts of [1, 2, 4, 8, 16, 32, 64], got [3]" in capsys.readouterr().err
 
 
+def test_a_shipped_run_takes_any_row_count_the_dispatcher_serves(sweep, capsys):
+    """Between the buckets' bounds the dispatcher runs the bucket's config (tuned at the bound
+    only): --shipped times those row counts too, after the targets; a sweep keeps the bounds."""
+    assert sweep.row_counts([24, 32, 17, 1], False, True) == (1, 32, 17, 24)
+    assert sweep.row_counts(None, False, True) == sweep.M_ORDER
+    with pytest.raises(ValueError, match=r"--ms takes row counts of \[1, 2, 4, 8, 16, 32, 64\], got \[24\]"):
+        sweep.row_counts([24, 32], False, False)
+    for bad in ("65", "0"):
+        with pytest.raises(SystemExit) as err:
+            sweep.main(["--out", "/dev/null", "--shipped", "--ms", bad])
+        assert err.value.code == 2
+        assert f"--ms takes row counts of 1-64 with --shipped, got [{bad}]" in capsys.readouterr().err
+
+
 def test_one_wave_split_leaves_a_config_that_already_rounds_down(sweep):
     fw = LaunchConfig(KernelPath.GEMM, 128, 128, num_warps=8, num_stages=3, fit_wave=True)
     assert sweep.one_wave_split(fw, 5120, 25600, 132) is None
