@@ -51,8 +51,14 @@ def main(argv=None) -> int:
     p.add_argument("--all-tma-x", action="store_true",
                    help="instead: every tuned entry with x by TMA (W12 and BF16), four M of its bucket below its bound, "
                         "with x's box as `tma.x_descriptor` now decides against always (the first code, patched in)")
+    p.add_argument("--render-x", type=Path, metavar="JSON",
+                   help="no GPU: write OUT/w12_bucket_span_x.md from an --x-arms run's JSON (the run at 525a9da wrote "
+                        "the JSON only)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.render_x:
+        (args.out / "w12_bucket_span_x.md").write_text(render_x(json.loads(args.render_x.read_text())))
+        return 0
     data = {"meta": environment(), "rows": []}
     if args.all_tma_x:
         return all_tma_x(args, data)
@@ -107,6 +113,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     if args.x_arms:
         (args.out / "w12_bucket_span_x.json").write_text(json.dumps(data, indent=1) + "\n")
+        (args.out / "w12_bucket_span_x.md").write_text(render_x(data))
         return 0
     (args.out / "w12_bucket_span.json").write_text(json.dumps(data, indent=1) + "\n")
     lines = ["# Shipped gather_t configs across their M bucket (bench/prototypes/w12_bucket_span.py)", "",
@@ -126,6 +133,31 @@ def main(argv=None) -> int:
                                                           for r in data["rows"]}))]
     (args.out / "w12_bucket_span.md").write_text("\n".join(lines) + "\n")
     return 0
+
+
+def render_x(data: dict) -> str:
+    """The Markdown table of an --x-arms run: x by TMA (as shipped), by plain loads, and padded."""
+    m = data["meta"]
+    lines = ["# Shipped tma_x configs across their M bucket: x by TMA, by plain loads, and padded "
+             "(bench/prototypes/w12_bucket_span.py --x-arms)", "",
+             f"- {m['date']}, {m['gpu']}, commit {m['git_commit']}; µs, fastest of 3 rotated rounds over rotating "
+             "weight sets, escapes on; ratio = cuBLAS / arm",
+             "- shipped: the bucket's tuned config (all five load x by TMA, `tmax`); tma_x off: the same config with "
+             "x's tiles by masked loads; x padded: x copied into a zeroed [block_m, K] buffer first (two more small "
+             "kernels inside the timed graph) and y sliced",
+             "- box rows past x: block_m - M, the rows of x's TMA box that TMA fills with zeros", "",
+             "| model | proj | bucket | M | box rows past x | cuBLAS | shipped | x | tma_x off | x | x padded | x | "
+             "worst error / bound |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        u = r["us"]
+        worst = max(v for v in r["error_over_bound"].values() if isinstance(v, float))
+        cells = " | ".join(f"{u[k]:.2f} | {u['cublas'] / u[k]:.3f}" for k in ("shipped", "shipped, tma_x off",
+                                                                              "shipped, x padded"))
+        lines.append(f"| {r['model']} | {r['proj']} | {r['bucket']} | {r['M']} | "
+                     f"{kc.block_m(KernelPath.GEMM, r['M']) - r['M']} | {u['cublas']:.2f} | {cells} | {worst:.3f} |")
+    lines += ["", "shipped configs: " + "; ".join(sorted({f"{r['model']} {r['proj']} M<={r['bucket']}: {r['shipped']}"
+                                                          for r in data["rows"]}))]
+    return "\n".join(lines) + "\n"
 
 
 def _box_always(x, block_m, config):
