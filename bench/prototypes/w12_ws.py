@@ -216,6 +216,30 @@ ROWS = (("Qwen3-8B", "qkv", 6144, 4096), ("Qwen3-8B", "o", 4096, 4096), ("Qwen3-
         ("Qwen3-8B", "down", 4096, 12288), ("Qwen3-8B", "gate_up", 24576, 4096), ("Qwen3-32B", "o", 5120, 8192))
 
 
+def weights(N: int, K: int):
+    """(W12 weight sets, BF16 weight sets) of random [N, K] weights, enough of each to rotate past L2."""
+    return ([encode(random_weight(N, K)) for _ in range(weight_sets(N, K, N * K * 1.5))],
+            [random_weight(N, K) for _ in range(weight_sets(N, K, N * K * 2))])
+
+
+def baseline_arms(x, sets, dense, shipped) -> dict:
+    """cuBLAS, and the Triton kernel at the shipped config with and without escapes: what every run times."""
+    return {"cublas": [lambda d=d: F.linear(x, d) for d in dense],
+            "triton shipped " + shipped.label(): [lambda w=w: gemm_mod.gemm(x, w, shipped) for w in sets],
+            "triton shipped, escapes off": [lambda w=w: gemm_mod.gemm(x, w, shipped, escapes="off") for w in sets]}
+
+
+def arm_rows(data: dict) -> list[str]:
+    """One Markdown row per arm of each measured row, fastest first, with its check."""
+    out = []
+    for r in data["rows"]:
+        for k, v in sorted(r["us"].items(), key=lambda kv: kv[1]):
+            c = r["checks"].get(k, "")
+            c = c["bit_identical_to_triton"] if isinstance(c, dict) else c
+            out.append(f"| {r['model']} | {r['proj']} | {r['M']} | {k} | {v:.2f} | {r['us']['cublas'] / v:.3f} | {c} |")
+    return out
+
+
 def plans(N: int, K: int, sm: int):
     """(split_k, stages, maxnreg) arms: two CTAs per SM (maxnreg 128, 4-5 stages of 20 KB) or one
     (maxnreg 232, 6-9 stages), each with no split and with the largest split that fits one wave."""
@@ -254,15 +278,11 @@ def main(argv=None) -> int:
         if time.monotonic() - start > args.budget_s:
             print("budget spent; stopping before", model, proj, flush=True)
             break
-        sets = [encode(random_weight(N, K)) for _ in range(weight_sets(N, K, N * K * 1.5))]
-        dense = [random_weight(N, K) for _ in range(weight_sets(N, K, N * K * 2))]
+        sets, dense = weights(N, K)
         for M in args.ms:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             shipped = kc.choose_config(kc.WeightFormat.W12, M, N, K, name)
-            arms = {"cublas": [lambda d=d: F.linear(x, d) for d in dense],
-                    "triton shipped " + shipped.label(): [lambda w=w: gemm_mod.gemm(x, w, shipped) for w in sets],
-                    "triton shipped, escapes off": [lambda w=w: gemm_mod.gemm(x, w, shipped, escapes="off")
-                                                    for w in sets]}
+            arms = baseline_arms(x, sets, dense, shipped)
             checks = {}
             for sk, st, reg in plans(N, K, sm):
                 tag = f"ws sk{sk} s{st} r{reg}"
@@ -298,11 +318,7 @@ def main(argv=None) -> int:
              "skN = K splits, sN = ring stages, rN = maxnreg (128: two CTAs per SM, 232: one)", "",
              "| model | proj | M | arm | µs | cuBLAS / arm | bit-identical to Triton at the same plan |",
              "|---|---|---|---|---|---|---|"]
-    for r in data["rows"]:
-        for k, v in sorted(r["us"].items(), key=lambda kv: kv[1]):
-            c = r["checks"].get(k, "")
-            c = c["bit_identical_to_triton"] if isinstance(c, dict) else c
-            lines.append(f"| {r['model']} | {r['proj']} | {r['M']} | {k} | {v:.2f} | {r['us']['cublas'] / v:.3f} | {c} |")
+    lines += arm_rows(data)
     (args.out / "w12_ws.md").write_text("\n".join(lines) + "\n")
     return 0
 
@@ -322,15 +338,11 @@ def probe(args, data) -> int:
     name = torch.cuda.get_device_name()
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     for model, proj, N, K in PROBE_ROWS:
-        sets = [encode(random_weight(N, K)) for _ in range(weight_sets(N, K, N * K * 1.5))]
-        dense = [random_weight(N, K) for _ in range(weight_sets(N, K, N * K * 2))]
+        sets, dense = weights(N, K)
         for M in args.ms:
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             shipped = kc.choose_config(kc.WeightFormat.W12, M, N, K, name)
-            arms = {"cublas": [lambda d=d: F.linear(x, d) for d in dense],
-                    "triton shipped " + shipped.label(): [lambda w=w: gemm_mod.gemm(x, w, shipped) for w in sets],
-                    "triton shipped, escapes off": [lambda w=w: gemm_mod.gemm(x, w, shipped, escapes="off")
-                                                    for w in sets]}
+            arms = baseline_arms(x, sets, dense, shipped)
             checks = {}
             for bk, sk, st, reg in probe_plans(N, sm):
                 if reg == 232:  # the Triton kernel at the same one-CTA-per-SM plan (deep ring, weights by TMA)
@@ -375,11 +387,7 @@ def probe(args, data) -> int:
              "µs, fastest of 3 rotated rounds; ratio = cuBLAS / arm; ws arms escapes off; stream-only arms move every "
              "byte of the full kernel through the same ring and compute nothing", "",
              "| model | proj | M | arm | µs | cuBLAS / arm | check |", "|---|---|---|---|---|---|---|"]
-    for r in data["rows"]:
-        for k, v in sorted(r["us"].items(), key=lambda kv: kv[1]):
-            c = r["checks"].get(k, "")
-            c = c["bit_identical_to_triton"] if isinstance(c, dict) else c
-            lines.append(f"| {r['model']} | {r['proj']} | {r['M']} | {k} | {v:.2f} | {r['us']['cublas'] / v:.3f} | {c} |")
+    lines += arm_rows(data)
     (args.out / "w12_ws_probe.md").write_text("\n".join(lines) + "\n")
     return 0
 
