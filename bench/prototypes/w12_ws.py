@@ -2,7 +2,9 @@
 tiles by TMA into a deep shared-memory ring, one consumer warpgroup decodes and issues wgmma
 (GPU only; timed against the Triton kernel and cuBLAS).
 
-    python bench/prototypes/w12_ws.py --out DIR [--ms 32 16] [--budget-s 240]
+    python bench/prototypes/w12_ws.py --out DIR [--ms 32 16] [--budget-s 240]   # k128 plans sweep
+    python bench/prototypes/w12_ws.py --out DIR --probe --ms 32   # k128/k256, stream-only, Triton same plans
+    python bench/prototypes/w12_ws.py --out DIR --diagnose        # repeat every plan, count distinct outputs
 
 Why: at M = 32 the Triton kernel's qkv rows stay at 1.02-1.05x cuBLAS (bench/results/w12/
 w12_kernels_shipped*.md). Nsight Compute on 8B qkv (bench/results/w12/ncu_stalls_8b_qkv_m32.md)
@@ -10,15 +12,22 @@ puts 35% of the stall samples on the K loop's waits for its TMA weight tiles wit
 while cuBLAS runs 96 CTAs, one per SM, with 213 KB of shared memory each: a deep ring kept full.
 Deep rings in the Triton kernel lost (w12_deep.md: one program per SM leaves its single
 warpgroup alone to decode). Here the loads are issued by their own warp as soon as a slot frees,
-so the ring can be deep (4-8 stages of 20 KB) while the consumer warpgroup only decodes and
+so the ring can be deep (4-9 stages of 20 or 40 KB) while the consumer warpgroup only decodes and
 multiplies; with `maxnreg` 128 two CTAs share an SM (two consumer warpgroups), with more, one.
 
 Scope: W12 weights, escapes left out (every arm, Triton included, runs with escapes off: the
 comparison is of the streaming loop; the shipped Triton config with escapes is timed beside it),
-64-row tiles, 128-column K steps, x rows padded to 16 or 32, deterministic split-K through the
-same workspace and counters as the Triton kernel. The sums run in the Triton kernel's order, so
-each arm is checked bit-identical to the Triton kernel at the same tile and split (and within
-the error bound of the float64 reference). Writes OUT/w12_ws.json and .md.
+64-row tiles, 128- or 256-column K steps, x rows padded to 16 or 32, deterministic split-K
+through the same workspace and counters as the Triton kernel. The sums run in the Triton kernel's
+order, so each arm is checked bit-identical to the Triton kernel at the same tile and split.
+Writes OUT/w12_ws.json and .md (or w12_ws_probe.*, w12_ws_diagnose.json).
+
+Measured (session 14, bench/results/w12/w12_ws.md, w12_ws_probe.md): 8B qkv at M=32 13.67 µs
+with escapes off at k256 s5, one CTA per SM (1.181x cuBLAS; the Triton kernel at that plan 15.20),
+tied on 8B o, far off on 32B qkv (two waves of its 160 tiles). Known defect: the two-CTA k128 s5
+plan at M=32 was not bit-identical to the Triton kernel in the sweep and the probe (about one K
+step's share); `--diagnose` could not reproduce it, but its output buffers most likely held the
+reference's values already, so the cause is open. Not shipped (see bench/results/README.md).
 """
 
 from __future__ import annotations
