@@ -18,14 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.w12_kernels import random_weight  # noqa: E402
 from specpilot.kernels.configs import KernelPath, LaunchConfig, WeightFormat, choose_config  # noqa: E402
 from specpilot.kernels.dispatch import device_name  # noqa: E402
-from specpilot.kernels.gemm import gemm as _gemm  # noqa: E402
-from specpilot.kernels.gemv import gemv  # noqa: E402
+from specpilot.kernels.dispatch import run_config as gemm  # noqa: E402  (the config's own path: maybe a GEMV)
 from specpilot.w12 import decode, encode  # noqa: E402
-
-
-def gemm(x, w, cfg, escapes="auto"):
-    """The tuned config's own path: at M <= 8 the shipped table may pick a GEMV."""
-    return (gemv if cfg.path is KernelPath.GEMV else _gemm)(x, w, cfg, escapes=escapes)
 
 
 N, K, M = (int(a) for a in sys.argv[1:4])

@@ -59,15 +59,17 @@ def dense(weight: W12Weight | torch.Tensor) -> torch.Tensor:
     return weight
 
 
-def run_config(x2d: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig) -> torch.Tensor:
-    """y [M, N] for x [M, K] with exactly this launch config (the benchmark's entry point)."""
+def run_config(x2d: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
+               escapes: str = "auto") -> torch.Tensor:
+    """y [M, N] for x [M, K] with exactly this launch config (the benchmark's entry point);
+    `escapes` as in `gemm.gemm` ("off" only for timing what escapes cost)."""
     if config.path is KernelPath.GEMV:
         from specpilot.kernels.gemv import gemv
 
-        return gemv(x2d, weight, config)
+        return gemv(x2d, weight, config, escapes=escapes)
     from specpilot.kernels.gemm import gemm
 
-    return gemm(x2d, weight, config)
+    return gemm(x2d, weight, config, escapes=escapes)
 
 
 def linear(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig | None = None) -> torch.Tensor:

@@ -104,6 +104,24 @@ def test_linear_dispatches_by_rows(weight, make_x, to_device, check, rows):
     assert linear(make_x(1, 300)[:0], to_device(weight)).shape == (0, 37)
 
 
+@pytest.mark.parametrize("config", [configs.LaunchConfig(configs.KernelPath.GEMV, block_n=8, block_k=128),
+                                    configs.LaunchConfig(configs.KernelPath.GEMM, block_n=16, block_k=128)],
+                         ids=lambda c: c.label())
+def test_run_config_runs_the_configs_own_path_with_its_escape_option(weight, make_x, to_device, config):
+    """`run_config` launches a GEMV config on the GEMV and a GEMM config on the GEMM, passing
+    `escapes` through: bit for bit the path's own call, with and without the escapes."""
+    from specpilot.kernels.dispatch import run_config
+    from specpilot.kernels.gemm import gemm
+    from specpilot.kernels.gemv import gemv
+
+    own = gemv if config.path is configs.KernelPath.GEMV else gemm
+    w, x = to_device(encode(weight)), make_x(2, 300)
+    for escapes in ("auto", "off"):
+        assert torch.equal(run_config(x, w, config, escapes=escapes).view(torch.int32),
+                           own(x, w, config, escapes=escapes).view(torch.int32)), escapes
+    assert not torch.equal(run_config(x, w, config), run_config(x, w, config, escapes="off"))  # escapes count
+
+
 def test_modules_run_the_kernels(weight, make_x, device, check):
     lin = nn.Linear(300, 37, bias=False)
     with torch.no_grad():
