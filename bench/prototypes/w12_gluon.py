@@ -91,6 +91,37 @@ def _issue(lo_s, hi_s, x_s, slot, lo_ptrs, hi_ptrs, x_ptrs, x_mask, step, ok, G:
     async_copy.commit_group()
 
 
+@gluon.jit
+def _finish(acc, base_ptr, y_ptr, ws_ptr, count_ptr, pid_n, pid_k, row0, M, N, split_k, stride_ym,
+            BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, MMA: gl.constexpr, SCALE_EXP: gl.constexpr):
+    """After the K loop: the deterministic split-K reduction (as `tiles.reduce_split_k`: partials
+    summed in split order by the last program to arrive), the row scale 2^(e0 - 112) and the store
+    of y [M, N] from acc [BLOCK_N, BLOCK_M] (y^T's tile; layout MMA). Gluon cannot call the Triton
+    helpers, so this is written again here, once for the Gluon prototypes (`w12_ws.py` too)."""
+    rows_o = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
+    m_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
+    mask = (rows_o < N)[:, None] & (m_o < M)[None, :]
+    offs = rows_o[:, None] + m_o[None, :] * N
+    total = acc
+    is_last = pid_k == 0
+    if split_k > 1:
+        gl.store(ws_ptr + pid_k * (M * N) + offs, acc, mask=mask)
+        gl.thread_barrier()
+        arrived = gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        is_last = arrived == split_k - 1
+        if is_last:
+            total = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=MMA)
+            for s in range(split_k):
+                total += gl.load(ws_ptr + s * (M * N) + offs, mask=mask, other=0.0, cache_modifier=".cg")
+            gl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")
+    if is_last:
+        e0 = gl.load(base_ptr + rows_o, mask=rows_o < N, other=1).to(gl.int32)
+        scale = ((e0 + SCALE_EXP) << 23).to(gl.float32, bitcast=True)  # 2^(e0 - 112), as `tiles.row_scale`
+        out = total * scale[:, None]
+        gl.store(y_ptr + rows_o[:, None] + m_o[None, :] * stride_ym, out.to(gl.bfloat16), mask=mask)
+
+
+
 @gluon.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
 def _w12_gluon_kernel(x_ptr, lo_ptr, hi_ptr, base_ptr, y_ptr, ws_ptr, count_ptr,
                       M, N, Kp, split_k, steps_per_split, stride_xm, stride_ym, stride_lo, stride_hi,
@@ -142,28 +173,8 @@ def _w12_gluon_kernel(x_ptr, lo_ptr, hi_ptr, base_ptr, y_ptr, ws_ptr, count_ptr,
         acc, w_prev = warpgroup_mma_wait(0, deps=[acc, w_prev])
     async_copy.wait_group(0)
 
-    rows_o = row0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
-    m_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
-    mask = (rows_o < N)[:, None] & (m_o < M)[None, :]
-    offs = rows_o[:, None] + m_o[None, :] * N
-    total = acc
-    is_last = pid_k == 0
-    if split_k > 1:
-        gl.store(ws_ptr + pid_k * (M * N) + offs, acc, mask=mask)
-        gl.thread_barrier()
-        arrived = gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        is_last = arrived == split_k - 1
-        if is_last:
-            total = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=MMA)
-            for s in range(split_k):
-                total += gl.load(ws_ptr + s * (M * N) + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            gl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")
-    if is_last:
-        e0 = gl.load(base_ptr + rows_o, mask=rows_o < N, other=1).to(gl.int32)
-        scale = ((e0 + SCALE_EXP) << 23).to(gl.float32, bitcast=True)  # 2^(e0 - 112), as `tiles.row_scale`
-        out = total * scale[:, None]
-        gl.store(y_ptr + rows_o[:, None] + m_o[None, :] * stride_ym, out.to(gl.bfloat16), mask=mask)
-
+    _finish(acc, base_ptr, y_ptr, ws_ptr, count_ptr, pid_n, pid_k, row0, M, N, split_k, stride_ym,
+            BLOCK_N, BLOCK_M, MMA, SCALE_EXP)
 
 def gluon_gemm(x: torch.Tensor, weight, cfg: LaunchConfig, asynchronous: bool = True) -> torch.Tensor:
     """y [M, N] = x @ W^T, escapes left out, with the launch plan (grid, split) of the Triton kernel for `cfg`."""

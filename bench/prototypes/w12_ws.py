@@ -53,6 +53,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.prototypes.w12_gluon import LAYOUTS, _decode, _finish  # noqa: E402
 from bench.w12_kernels import environment, random_weight, rotated_rounds, weight_sets  # noqa: E402
 from specpilot.kernels import configs as kc  # noqa: E402
 from specpilot.kernels import gemm as gemm_mod  # noqa: E402
@@ -64,14 +65,7 @@ from specpilot.w12 import encode  # noqa: E402
 ASM = ASM_DECODE_BF16.value
 # The groups [64, BK/8] in the registers whose decode is the wgmma A fragment (the Triton kernel's
 # layouts at n64 w4, as in w12_gluon.py): join/permute/reshape of the 8 codes is then trivial.
-REG_W = {
-    128: gl.DistributedLinearLayout(reg_bases=[[8, 0], [0, 4], [0, 8]],
-                                    lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-                                    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 16]),
-    256: gl.DistributedLinearLayout(reg_bases=[[8, 0], [0, 4], [0, 8], [0, 16]],
-                                    lane_bases=[[0, 1], [0, 2], [1, 0], [2, 0], [4, 0]],
-                                    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[64, 32]),
-}
+REG_W = {bk: layouts[4] for bk, layouts in LAYOUTS.items()}
 SH_LO = gl.NVMMASharedLayout(128, 64, 2)  # [64, BK/8] int64, 128-byte swizzle (TMA boxes of 128 bytes)
 SH_HI = gl.NVMMASharedLayout(64, 32, 2)  # [64, 16] int32 (k128): 64-byte rows
 SH_HI_256 = gl.NVMMASharedLayout(128, 32, 2)  # [64, 32] int32 (k256): 128-byte rows
@@ -80,18 +74,6 @@ SH_X = gl.NVMMASharedLayout(128, 16, 2)  # [BM, BK] bf16 box of x; permuted to x
 
 def mma_layout(bm: int):
     return gl.NVMMADistributedLayout([3, 0], [4, 1], [16, bm, 16])
-
-
-@gluon.jit
-def _decode(lo, hi, BLOCK_K: gl.constexpr, A_LAYOUT: gl.constexpr, ASM_TEXT: gl.constexpr):
-    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-        ASM_TEXT, "=h,=h,=h,=h,=h,=h,=h,=h,l,r", [lo, hi], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
-    t = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)), gl.join(gl.join(o4, o5), gl.join(o6, o7)))
-    t = gl.permute(t, (0, 1, 4, 3, 2))
-    t = gl.reshape(t, [64, BLOCK_K // 32, 4, 2, 2, 2])
-    t = gl.permute(t, (0, 1, 3, 4, 2, 5))
-    t = gl.reshape(t, [64, BLOCK_K])
-    return gl.convert_layout(t, A_LAYOUT, assert_trivial=True)
 
 
 @gluon.jit
@@ -124,7 +106,7 @@ def _consumer(lo_s, hi_s, x_s, ready, empty, n_steps, STAGES: gl.constexpr, BLOC
     for i in range(n_steps):
         s = i % STAGES
         mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        w = _decode(lo_s.index(s).load(REG), hi_s.index(s).load(REG), BLOCK_K, A_OP, ASM_TEXT)
+        w = _decode(lo_s.index(s).load(REG), hi_s.index(s).load(REG), 64, BLOCK_K, A_OP, ASM_TEXT)
         acc = warpgroup_mma(w, x_s.index(s).permute((1, 0)), acc, use_acc=i > 0, is_async=True)
         acc, w_prev = warpgroup_mma_wait(1, deps=[acc, w_prev])  # step i-1's MMA is done
         w_prev = w
@@ -162,28 +144,8 @@ def _w12_ws_kernel(lo_desc, hi_desc, x_desc, base_ptr, y_ptr, ws_ptr, count_ptr,
                      BLOCK_K)),
     ], [1], [24])
 
-    rows_o = row0 + gl.arange(0, 64, layout=gl.SliceLayout(1, MMA))
-    m_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
-    mask = (rows_o < N)[:, None] & (m_o < M)[None, :]
-    offs = rows_o[:, None] + m_o[None, :] * N
-    total = acc
-    is_last = pid_k == 0
-    if split_k > 1:  # as `tiles.reduce_split_k`: partials summed in split order by the last to arrive
-        gl.store(ws_ptr + pid_k * (M * N) + offs, acc, mask=mask)
-        gl.thread_barrier()
-        arrived = gl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        is_last = arrived == split_k - 1
-        if is_last:
-            total = gl.zeros([64, BLOCK_M], gl.float32, layout=MMA)
-            for s in range(split_k):
-                total += gl.load(ws_ptr + s * (M * N) + offs, mask=mask, other=0.0, cache_modifier=".cg")
-            gl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed")
-    if is_last:
-        e0 = gl.load(base_ptr + rows_o, mask=rows_o < N, other=1).to(gl.int32)
-        scale = ((e0 + SCALE_EXP) << 23).to(gl.float32, bitcast=True)  # 2^(e0 - 112), as `tiles.row_scale`
-        out = total * scale[:, None]
-        gl.store(y_ptr + rows_o[:, None] + m_o[None, :] * stride_ym, out.to(gl.bfloat16), mask=mask)
-
+    _finish(acc, base_ptr, y_ptr, ws_ptr, count_ptr, pid_n, pid_k, row0, M, N, split_k, stride_ym,
+            64, BLOCK_M, MMA, SCALE_EXP)
 
 _DESCS: dict = {}
 
