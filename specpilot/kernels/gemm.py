@@ -256,10 +256,10 @@ def escape_operands(run: Launch, weight: W12Weight | torch.Tensor, config: Launc
 
 def plan_launch(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
                 workspace: SplitKWorkspace | None = None, escapes: str = "auto"):
-    """(Launch, ESC_MODE, EscapeBlocks or None) of `gemm`: the grid, then the escape plan for its
-    K splits."""
+    """(Launch, ESC_MODE, EscapeBlocks or None, escape-block pointers, ESC_SLOT) of `gemm`: the grid,
+    then the escape operands for its K splits (`escape_operands`)."""
     run = prepare_launch(x, weight, config, KernelPath.GEMM, GEMM_MAX_M, workspace)
-    return (run, *escape_operands(run, weight, config, escapes)[:2])
+    return (run, *escape_operands(run, weight, config, escapes))
 
 
 def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
@@ -269,8 +269,7 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
     `escapes` picks how W12 escapes are added, for tests and `bench/w12_escape_cost.py`: "auto"
     (escape blocks where the weight has them, else the epilogue), "blocks", "epilogue" -- all exact --
     or "off", which skips them: a wrong result, timed only; nothing else may pass it."""
-    run = prepare_launch(x, weight, config, KernelPath.GEMM, GEMM_MAX_M, workspace)
-    mode, _, block_args, slot = escape_operands(run, weight, config, escapes)
+    run, mode, _, block_args, slot = plan_launch(x, weight, config, workspace, escapes)
     gather_t = config.gather_t and mode.value == ESC_BLOCKS.value
     xt = x.t().contiguous() if gather_t else x  # [K, M]: its own kernel, ~2.5 µs on the H200
     descs = tma_descriptors(weight, run.ops, config) if config.tma else None
