@@ -73,7 +73,6 @@ ESCAPE_CHUNK: tl.constexpr = tl.constexpr(16)  # escapes per step of the epilogu
 ESC_NONE: tl.constexpr = tl.constexpr(0)  # ESC_MODE: no escapes (or "off")
 ESC_BLOCKS: tl.constexpr = tl.constexpr(1)  # escape blocks, loaded before the K loop, added after it
 ESC_EPILOGUE: tl.constexpr = tl.constexpr(2)  # the CSR escapes, added by the program finishing a row block
-AB = {"tiled": None}  # temporary (bench/prototypes/w12_tiled_tma.py): fn(weight, config) -> tiled (lo, hi) descriptors
 
 # -- configs ----------------------------------------------------------------------------------
 configs = gemm_candidates  # the tiles the benchmark sweeps for a given M (see configs.py)
@@ -167,7 +166,7 @@ def _gemm_kernel(
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
-    TMA: tl.constexpr, TMA_X: tl.constexpr, TILED: tl.constexpr = False,
+    TMA: tl.constexpr, TMA_X: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -187,14 +186,9 @@ def _gemm_kernel(
     # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
     for step in tl.range(step0, step1, num_stages=STAGES):
         if IS_W12 and TMA:  # boxes [BN, G] of the int64 lo / int32 hi groups; zeros past N and Kp
-            if TILED:  # AB["tiled"] (temporary): planes stored tile by tile, [N/BN, Kp/BK, BN, BK/8] groups
-                r0 = (pid_n * tl.cdiv(Kp, BLOCK_K) + step) * BLOCK_N
-                w = tiles.decode_tile(lo_desc.load([r0, 0]), hi_desc.load([r0, 0]),
-                                      BLOCK_N, BLOCK_K, PTX_DECODE, False)  # [BN, BK] scaled
-            else:
-                g0 = step * (BLOCK_K // 8)
-                w = tiles.decode_tile(lo_desc.load([row0, g0]), hi_desc.load([row0, g0]),
-                                      BLOCK_N, BLOCK_K, PTX_DECODE, False)  # [BN, BK] scaled
+            g0 = step * (BLOCK_K // 8)
+            w = tiles.decode_tile(lo_desc.load([row0, g0]), hi_desc.load([row0, g0]),
+                                  BLOCK_N, BLOCK_K, PTX_DECODE, False)  # [BN, BK] scaled
         elif IS_W12:
             w = tiles.load_w12_tile(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi,
                                     BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, False)  # [BN, BK] scaled
@@ -279,14 +273,11 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
     gather_t = config.gather_t and mode.value == ESC_BLOCKS.value
     xt = x.t().contiguous() if gather_t else x  # [K, M]: its own kernel, ~2.5 µs on the H200
     descs = tma_descriptors(weight, run.ops, config) if config.tma else None
-    tiled = descs is not None and run.ops.is_w12 and AB["tiled"] is not None
-    if tiled:
-        descs = AB["tiled"](weight, config)
     bm = block_m(KernelPath.GEMM, x.shape[0])
     x_desc = x_descriptor(x, bm, config)
     _gemm_kernel[run.grid](
         *run.args, *block_args, xt, *(descs or (run.ops.w, run.ops.hi)), x if x_desc is None else x_desc,
-        GATHER_T=gather_t, TMA=descs is not None, TMA_X=x_desc is not None, TILED=tiled,
+        GATHER_T=gather_t, TMA=descs is not None, TMA_X=x_desc is not None,
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
