@@ -377,6 +377,17 @@ def tma_x_variants(tried: list[dict], M: int) -> list[LaunchConfig]:
     return [dataclasses.replace(c, tma_x=True) for c in boxable[:TMA_X_BEST]]
 
 
+def tma_final_variants(tried: list[dict]) -> list[LaunchConfig]:
+    """Phase 6: the TMA_BEST fastest GEMM configs after phase 5 that still load their weights by
+    cp.async (a phase-5 winner has x by TMA from a config phase 4 did not reach), with weight TMA,
+    unless timed already. Shipped configs that had won that way ran 5-10% slower than their TMA
+    twins beside them: the Qwen3-32B lm_head at M=64 395.6 against 359.6 µs, the 8B lm_head at
+    M=32 243.9 against 231.8 (bench/results/w12/w12_tiled_tma.md)."""
+    done = {t["label"] for t in tried}
+    twins = (dataclasses.replace(c, tma=True) for c in fastest_gemm(tried, lambda c: not c.tma)[:TMA_BEST])
+    return [c for c in twins if c.label() not in done]
+
+
 def correctness_configs(M: int, every: bool) -> list[LaunchConfig]:
     """What the correctness section checks: every candidate (or the defaults), plus the defaults
     with the portable decoder."""
@@ -559,6 +570,7 @@ def sweep_projection(results: Results, model: ModelShape, proj: str, N: int, K: 
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in gather_t_variants(tried, M, fmt)]
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in tma_variants(tried, M)]
                 tried += [time_config(x, sets, cfg, exact, bound) for cfg in tma_x_variants(tried, M)]
+                tried += [time_config(x, sets, cfg, exact, bound) for cfg in tma_final_variants(tried)]
             timed = [t for t in tried if "us" in t and (not shipped or t["label"] == chosen.label())]
             best = min(timed, key=lambda t: t["us"]) if timed else None  # shipped: the dispatcher's config, however it did
             key = "w12" if fmt is WeightFormat.W12 else "bf16_kernel"

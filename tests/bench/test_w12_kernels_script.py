@@ -87,6 +87,19 @@ def test_tma_x_variants_take_the_fastest_gemm_configs_from_16_rows(sweep):
     assert sweep.tma_x_variants([timed(out[0], 1.0)], 32) == []  # tma_x configs are not varied again
 
 
+def test_tma_final_variants_give_weight_tma_to_the_fastest_configs_still_without_it(sweep):
+    won = LaunchConfig(KernelPath.GEMM, 64, 256, num_stages=3, gather_t=True, resident=3, tma_x=True)  # phase 5's
+    both = LaunchConfig(KernelPath.GEMM, 64, 128, num_stages=3, tma=True, tma_x=True)
+    plain = LaunchConfig(KernelPath.GEMM, 128, 128, num_warps=8, num_stages=3)
+    tried = [timed(LaunchConfig(KernelPath.GEMV, 4, 1024), 1.0), timed(won, 10.0), timed(both, 11.0),
+             timed(plain, 12.0), timed(LaunchConfig(KernelPath.GEMM, 64, 128, num_stages=4), 13.0)]
+    out = sweep.tma_final_variants(tried)
+    assert out == [dataclasses.replace(won, tma=True), dataclasses.replace(plain, tma=True)]
+    assert sweep.tma_final_variants(tried + [timed(out[0], 11.5)]) == [out[1]]  # a twin timed already is not again
+    problems = sweep.compile_problems(False, sweep.MODELS[:1], (32,))
+    assert (4096, 4096, 32, out[0]) in problems  # phase 5's binaries cover them
+
+
 def test_precompile_covers_the_tma_x_binaries(sweep):
     shapes = {(N, K) for _, N, K in sweep.MODELS[0].projections()}
     problems = [p for p in sweep.compile_problems(False, sweep.MODELS[:1], (1, 32)) if p[:2] in shapes]

@@ -1,0 +1,185 @@
+"""Re-time each tuned GEMM config that loads its weights without TMA against the same config with
+TMA, side by side, and write the table with the winners (GPU).
+
+    python bench/w12_tma_refine.py --out DIR [--table PATH] [--rounds 5] [--min-gain 0.02]
+    python bench/w12_tma_refine.py --out DIR2 --confirm DIR/w12_tma_refine.json   # a fresh re-timing
+
+Why: the sweep (`bench/w12_kernels.py`) gives weight TMA (`LaunchConfig.tma`) to its fastest configs
+in phase 4 and x TMA (`tma_x`) in phase 5, so a config that won in phase 5 or that phase 4 did not
+reach can ship without weight TMA. Timed beside its TMA twin, the shipped M=64 config of the
+Qwen3-32B lm_head took 395.6 µs against 359.6 (bench/results/w12/w12_tiled_tma.md).
+
+For every (format, M bucket, N, K) entry of the table whose config is a GEMM without TMA: both
+configs on weights of that shape (rotating sets, escapes on), at the bucket's row count, `--rounds`
+rounds in alternating order; the twin's output must equal the entry's bit for bit (TMA changes how
+tiles load, not what is summed). The twin is adopted when its fastest round beats the entry's by
+`--min-gain` and it won most paired rounds. `--confirm` re-times only a run's adopted entries, in a
+new process, against the same table, and keeps those that pass again: the table to ship.
+
+Writes OUT/w12_tma_refine.json, OUT/w12_tma_refine.md and OUT/tuned_<gpu>.json (the input table
+with the adopted entries replaced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.w12_kernels import (  # noqa: E402
+    MODELS,
+    environment,
+    random_weight,
+    rotated_rounds,
+    weight_sets,
+)
+from specpilot.kernels import configs as kc  # noqa: E402
+from specpilot.kernels.configs import KernelPath, LaunchConfig, WeightFormat  # noqa: E402
+from specpilot.kernels.dispatch import run_config  # noqa: E402
+from specpilot.kernels.reference import error_bound  # noqa: E402
+from specpilot.w12 import encode  # noqa: E402
+
+Key = tuple[str, int, int, int]  # (format, M bucket, N, K), as in the tuned table
+
+
+def load_table(path: Path) -> dict:
+    """A tuned table's JSON ({"device", "entries": [...]}); a clear error if it is none."""
+    try:
+        table = json.loads(path.read_text())
+        for e in table["entries"]:
+            LaunchConfig.from_dict(e["config"])
+        return table
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"error: {path}: not a tuned-config table ({type(err).__name__}: {err})") from None
+
+
+def candidates(table: dict, only: set[Key] | None = None) -> list[tuple[Key, LaunchConfig]]:
+    """The entries to re-time: GEMM configs without weight TMA (all of `only`'s, if given)."""
+    out = []
+    for e in table["entries"]:
+        key = (e["format"], e["m"], e["n"], e["k"])
+        cfg = LaunchConfig.from_dict(e["config"])
+        if cfg.path is KernelPath.GEMM and not cfg.tma and (only is None or key in only):
+            out.append((key, cfg))
+    return out
+
+
+def decide(runs: dict[str, list[float]], min_gain: float) -> bool:
+    """Adopt the TMA twin: its fastest round at least `min_gain` faster than the entry's fastest,
+    and faster in more than half of the paired rounds."""
+    tuned, tma = runs["tuned"], runs["tma"]
+    wins = sum(b < a for a, b in zip(tuned, tma))
+    return min(tma) <= (1.0 - min_gain) * min(tuned) and 2 * wins > len(tuned)
+
+
+def replaced(table: dict, adopted: dict[Key, LaunchConfig], note: str) -> dict:
+    """`table` with the adopted entries' configs replaced."""
+    entries = []
+    for e in table["entries"]:
+        key = (e["format"], e["m"], e["n"], e["k"])
+        entries.append({**e, "config": adopted[key].to_dict()} if key in adopted else e)
+    return {**table, "entries": entries, "merged_from": [note, *(table.get("merged_from") or [table.get("device")])]}
+
+
+def time_entry(key: Key, cfg: LaunchConfig, sets: list, rounds: int) -> dict:
+    fmt, M, N, K = key
+    twin = dataclasses.replace(cfg, tma=True)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    exact, bound = error_bound(x, sets[0], torch.bfloat16)
+    row = {"format": fmt, "m": M, "n": N, "k": K, "tuned": cfg.label(), "twin": twin.label()}
+    try:
+        a, b = run_config(x, sets[0], cfg), run_config(x, sets[0], twin)
+        row["bit_identical"] = torch.equal(a.view(torch.int16), b.view(torch.int16))
+        row["error_over_bound"] = float(((b.double() - exact).abs() / bound).max())
+        arms = {"tuned": [lambda w=w: run_config(x, w, cfg) for w in sets],
+                "tma": [lambda w=w: run_config(x, w, twin) for w in sets]}
+        row["us"], row["runs"] = rotated_rounds(arms, rounds)
+    except Exception as err:  # noqa: BLE001 - report and go on
+        row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--table", type=Path, help="tuned table to refine (default: the shipped one of this GPU)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--min-gain", type=float, default=0.02)
+    p.add_argument("--confirm", type=Path, metavar="JSON", help="re-time only the entries this earlier run adopted")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: this benchmark needs a CUDA GPU", file=sys.stderr)
+        return 2
+    gpu = torch.cuda.get_device_name()
+    path = args.table or kc.TUNED_DIR / f"{kc.device_slug(gpu)}.json"
+    table = load_table(path)
+    only = None
+    if args.confirm:
+        earlier = json.loads(args.confirm.read_text())
+        only = {tuple(k) for k in earlier["adopted"]}
+    todo = candidates(table, only)
+    names = {(N, K): f"{shape.name} {proj}" for shape in MODELS for proj, N, K in shape.projections()}
+    data = {"meta": {**environment(), "table": str(path), "rounds": args.rounds, "min_gain": args.min_gain,
+                     "confirm": str(args.confirm) if args.confirm else None}, "rows": [], "adopted": []}
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    adopted: dict[Key, LaunchConfig] = {}
+    for fmt, N, K in dict.fromkeys((k[0], k[2], k[3]) for k, _ in todo):
+        dense = fmt == WeightFormat.DENSE.value
+        sets = [random_weight(N, K) if dense else encode(random_weight(N, K))
+                for _ in range(weight_sets(N, K, N * K * (2 if dense else 1.5)))]
+        for key, cfg in ((k, c) for k, c in todo if (k[0], k[2], k[3]) == (fmt, N, K)):
+            row = {"name": names.get((N, K), f"{N}x{K}"), **time_entry(key, cfg, sets, args.rounds)}
+            row["adopt"] = ("runs" in row and row["bit_identical"] and row["error_over_bound"] <= 1.0
+                            and decide(row["runs"], args.min_gain))
+            if row["adopt"]:
+                adopted[key] = dataclasses.replace(cfg, tma=True)
+                data["adopted"].append(list(key))
+            data["rows"].append(row)
+            print(row["name"], key, {k: round(v, 2) for k, v in row.get("us", {}).items()}, row.get("adopt"),
+                  row.get("error", ""), flush=True)
+            write(args.out, data, table, adopted, gpu)
+        del sets
+        torch.cuda.empty_cache()
+    write(args.out, data, table, adopted, gpu)
+    return 0
+
+
+def write(out: Path, data: dict, table: dict, adopted: dict, gpu: str) -> None:
+    (out / "w12_tma_refine.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out / "w12_tma_refine.md").write_text(render(data))
+    note = f"w12_tma_refine {data['meta'].get('git_commit')}"
+    (out / f"tuned_{kc.device_slug(gpu)}.json").write_text(json.dumps(replaced(table, adopted, note), indent=1) + "\n")
+
+
+def render(data: dict) -> str:
+    m = data["meta"]
+    lines = ["# Tuned GEMM configs without weight TMA against their TMA twins (bench/w12_tma_refine.py)", "",
+             f"- {m['date']}, {m['gpu']}, commit {m['git_commit']}; table {m['table']}"
+             + (f"; confirming {m['confirm']}" if m.get("confirm") else ""),
+             f"- µs: fastest of {m['rounds']} rounds in alternating order over rotating weight sets, escapes on; "
+             f"adopt: the twin at least {m['min_gain']:.0%} faster and faster in most paired rounds, bit-identical", "",
+             "| projection | format | M | tuned config | tuned µs | with TMA µs | tuned / TMA | TMA won rounds | same | adopt |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        if "us" not in r:
+            lines.append(f"| {r['name']} | {r['format']} | {r['m']} | {r['tuned']} | - | - | - | - | - | "
+                         f"error: {r.get('error')} |")
+            continue
+        u, runs = r["us"], r["runs"]
+        wins = sum(b < a for a, b in zip(runs["tuned"], runs["tma"]))
+        lines.append(f"| {r['name']} | {r['format']} | {r['m']} | {r['tuned']} | {u['tuned']:.2f} | {u['tma']:.2f} | "
+                     f"{u['tuned'] / u['tma']:.3f} | {wins}/{len(runs['tma'])} | {r['bit_identical']} | "
+                     f"{'**yes**' if r['adopt'] else 'no'} |")
+    lines += ["", f"adopted: {len(data['adopted'])} of {len(data['rows'])}"]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
