@@ -142,7 +142,11 @@ def main(argv=None) -> int:
     table = load_table(path)
     only = None
     if args.confirm:
-        earlier = json.loads(args.confirm.read_text())
+        try:
+            earlier = json.loads(args.confirm.read_text())
+            earlier["adopted"], earlier["meta"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            p.error(f"{args.confirm}: not a w12_refine.py result ({type(err).__name__}: {err})")
         if earlier["meta"].get("twin", "tma") != args.twin:
             p.error(f"{args.confirm} timed --twin {earlier['meta'].get('twin', 'tma')}, not {args.twin}")
         only = {tuple(k) for k in earlier["adopted"]}
