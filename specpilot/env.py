@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads on first use: `specpilot --help` and `memory list` never need it
+    import torch
 
 
 def default_device() -> torch.device:
     """`SPECPILOT_DEVICE` if set, else cuda when available, else cpu."""
+    import torch
+
     name = os.environ.get("SPECPILOT_DEVICE")
     if name:
         return torch.device(name)
@@ -22,10 +26,39 @@ def default_device() -> torch.device:
 
 def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 on GPU, float32 on CPU (`SPECPILOT_DTYPE=float32|bfloat16|float16` overrides)."""
+    import torch
+
     name = os.environ.get("SPECPILOT_DTYPE")
     if name:
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
     return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def resolve_device(name: "str | torch.device | None" = None) -> "torch.device":
+    """`name` (None: `default_device()`) as a device this process can run on, else a one-line
+    `ConfigError` (a CPU-only torch build, no GPU visible, a GPU index out of range, a bad name)."""
+    import torch
+
+    from specpilot.errors import ConfigError
+
+    if name is None:
+        name = os.environ.get("SPECPILOT_DEVICE") or default_device()  # the variable is checked like a flag
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"unknown device {str(name)!r} (expected cpu, cuda or cuda:N)") from None
+    if dev.type == "cuda":
+        if not torch.backends.cuda.is_built():
+            raise ConfigError(f"device {str(name)!r}: this torch ({torch.__version__}) is a CPU-only build "
+                              "without CUDA; use cpu, or install a CUDA build of torch")
+        count = torch.cuda.device_count()
+        if count == 0:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            where = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+            raise ConfigError(f"device {str(name)!r}: no CUDA GPU is visible{where}; use cpu")
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(f"device {str(name)!r}: only {count} CUDA GPU(s) visible (cuda:0 to cuda:{count - 1})")
+    return dev
 
 
 def triton_interpret() -> bool:

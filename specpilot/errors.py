@@ -23,3 +23,8 @@ class CheckpointError(SpecPilotError):
 
 class ConfigError(SpecPilotError):
     """A deployment, system or CLI setting is impossible."""
+
+
+class Notice(UserWarning):
+    """Not an error: something the user should know (e.g. a slow path taken on this machine), issued
+    with `warnings.warn(..., Notice)`; the CLI prints it as one `note: ...` line on stderr."""

@@ -21,13 +21,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[1] / "scripts"
 
 
 @pytest.fixture(scope="session")
 def bench_script():
-    """load(name): `bench/<name>.py` imported as a module (the GPU drivers are scripts, not
-    package modules), freshly each call; the test is skipped in a checkout without bench/."""
+    """load(name): `scripts/<name>.py` imported as a module (the GPU drivers are scripts, not
+    package modules), freshly each call; the test is skipped in a checkout without scripts/."""
 
     def load(name: str):
         path = BENCH / f"{name}.py"

@@ -4,13 +4,13 @@
     prompts.py     prompt formats (chat template or plain) and `prompt_ids`, shared with the
                    controller and the loop
     runner.py      `BenchConfig`; AR and the systems timed interleaved, batch by batch
-    stats.py       ratio-of-sums speedup, geometric mean, paired/stratified bootstrap intervals
+    stats.py       per-token speedup, geometric mean, paired/stratified BCa bootstrap intervals
     results.py     per-set and across-set summaries; the results.json document
     provenance.py  git commit, device and versions recorded with every result
     report.py      output directory, results.json, results.md, the terminal table
     plots.py       speedup.png and accept_hist.png
     progress.py    the stderr progress bar
-    cli.py         `specpilot bench`
+    (the command, `specpilot bench`, is specpilot/cli/bench.py)
 
 Importing this package loads no model and needs no GPU.
 """

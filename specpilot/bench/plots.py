@@ -3,8 +3,9 @@
 Owns the two figures written next to results.json: `speedup.png` (per set and the geometric mean,
 one bar per system, error bars = the run's bootstrap interval, a line at 1x = AR) and
 `accept_hist.png` (per system, the share of verification rounds that committed 1, 2, ... tokens,
-pooled over sets, with each set's distribution as a line). Uses matplotlib's non-interactive Agg
-backend, imported lazily. Does not own the numbers (`results.py`).
+pooled over sets, with each set's distribution as a line). Speedup is per generated token
+(`stats.py`). Uses matplotlib's non-interactive Agg backend, imported lazily. Does not own the
+numbers (`results.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import math
 from pathlib import Path
 
 from specpilot.bench.results import BenchResult
+from specpilot.bench.stats import TOO_FEW
 
 SPEEDUP_PNG = "speedup.png"
 ACCEPT_PNG = "accept_hist.png"
@@ -38,8 +40,8 @@ def plot_speedup(result: BenchResult, path: Path) -> Path:
         intervals = [x.speedup for x in s.sets] + [s.geomean]
         xs = [i + (j - (n_sys - 1) / 2) * width for i in range(len(labels))]
         est = [iv.estimate for iv in intervals]
-        # an interval with an unknown or unbounded end (too few prompts) gets no bar, and a star
-        bounded = [math.isfinite(iv.high) and iv.low > 0 for iv in intervals]
+        # no interval (fewer than MIN_UNITS prompts): no error bar, and a star
+        bounded = [math.isfinite(iv.low) and math.isfinite(iv.high) for iv in intervals]
         lo = [iv.estimate - iv.low if ok else 0.0 for iv, ok in zip(intervals, bounded)]
         hi = [iv.high - iv.estimate if ok else 0.0 for iv, ok in zip(intervals, bounded)]
         ax.bar(xs, est, width, yerr=[lo, hi], capsize=3, label=s.name, alpha=0.85)
@@ -49,7 +51,7 @@ def plot_speedup(result: BenchResult, path: Path) -> Path:
         top = max(top, max(e + h for e, h in zip(est, hi)))
         unbounded |= not all(bounded)
     if unbounded:
-        fig.text(0.01, 0.01, "* no finite interval (too few prompts)", fontsize=7)
+        fig.text(0.01, 0.01, f"* no interval ({TOO_FEW} per set)", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="AR")
     ax.set_xticks(range(len(labels)), labels)
     ax.set_ylim(0, top * 1.15)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from specpilot import env
 from specpilot.bench.results import BenchResult, SystemSummary
+from specpilot.bench.stats import MIN_UNITS
 from specpilot.errors import ConfigError
 
 RESULTS_JSON = "results.json"
@@ -73,24 +74,25 @@ def _fmt(x: float, digits: int = 1) -> str:
 
 
 def _headline_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
-    """Sets as rows; per system its speedup (and gain over the baseline) with the interval."""
+    """Sets as rows; per system its tokens and speedup (and gain over the baseline) with the interval."""
     first = result.systems[0]
-    header = ["set", "prompts", "AR tok/s"]
+    header = ["set", "prompts", "AR tok/s", "AR tokens"]
     for s in result.systems:
-        header.append(f"{s.name} speedup")
+        header += [f"{s.name} tokens", f"{s.name} speedup"]
         if s.gain is not None:
             header.append(f"{s.name} / {s.baseline}")
     rows = []
     for k, set_summary in enumerate(first.sets):
-        row = [set_summary.set_name, str(set_summary.prompts), _fmt(set_summary.ar_tokens_per_second)]
+        row = [set_summary.set_name, str(set_summary.prompts), _fmt(set_summary.ar_tokens_per_second),
+               str(set_summary.ar_tokens)]
         for s in result.systems:
-            row.append(s.sets[k].speedup.format())
+            row += [str(s.sets[k].tokens), s.sets[k].speedup.format()]
             if s.gain is not None:
                 row.append(s.sets[k].gain.format())
         rows.append(row)
-    geo = ["geomean", str(first.prompts), ""]
+    geo = ["geomean", str(first.prompts), "", str(first.ar_tokens)]
     for s in result.systems:
-        geo.append(s.geomean.format())
+        geo += [str(s.tokens), s.geomean.format()]
         if s.gain is not None:
             geo.append(s.gain.format())
     rows.append(geo)
@@ -138,15 +140,19 @@ def describe(result: BenchResult) -> list[str]:
     where = env_.get("gpu") or f"CPU ({env_.get('cpu') or 'unknown'}, {env_.get('torch_threads')} threads)"
     level = f"{round(100 * c.level)}%"
     prompts = "every prompt" if c.n_prompts == 0 else f"{c.n_prompts} prompts"
+    units = "batches" if c.batch > 1 else "prompts"
+    length = (f"exactly {c.max_new_tokens} new tokens (EOS ignored)" if c.ignore_eos
+              else f"up to {c.max_new_tokens} new tokens (stopping at EOS)")
     return [
         f"deployment `{result.deployment.name}` on {where}, {env_.get('dtype')}; commit {commit}; "
         f"torch {env_['versions']['torch']}; {result.created}",
-        f"{prompts} per set (seed {c.seed}), batch {c.batch}, {c.max_new_tokens} new tokens, greedy; "
+        f"{prompts} per set (seed {c.seed}), batch {c.batch}, {length}, greedy; "
         f"prompt format: {'chat template' if result.chat_template else 'plain (see specpilot/bench/prompts.py)'}",
-        f"speedup per set = total AR time / total system time over the set's {'batches' if c.batch > 1 else 'prompts'} "
-        f"(prefill + decode, AR and systems interleaved in one process); across sets the geometric mean of "
-        f"those ratios; [{level} {c.interval.value} bootstrap interval, {c.resamples} resamples over "
-        f"{'batches' if c.batch > 1 else 'prompts'}, stratified by set]",
+        f"speedup per set = AR time per generated token / system time per generated token, from the totals over "
+        f"the set's {units} (prefill + decode, AR and systems interleaved in one process), i.e. the ratio of "
+        f"tokens per second; across sets the geometric mean of those ratios; [{level} {c.interval.value} bootstrap "
+        f"interval, {c.resamples} resamples over {units}, stratified by set; n/a for a set of fewer than "
+        f"{MIN_UNITS} {units}]",
     ]
 
 

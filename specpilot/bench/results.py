@@ -2,12 +2,19 @@
 
 Owns: `SetSummary`, `SystemSummary` and `BenchResult` (dataclasses with methods, serialised by
 `to_dict`, never parsed back from text), and `summarise`, which applies the definitions of
-`stats.py` to the measurements of `runner.py`: per-set speedup = total AR time / total system time
-over the set's timed units, across sets their geometric mean, both with paired bootstrap intervals
+`stats.py` to the measurements of `runner.py`: per-set speedup = AR time per generated token /
+system time per generated token (each from the set's totals over its timed units), reported with
+both arms' total tokens; across sets their geometric mean; both with paired bootstrap intervals
 from one shared `Resampling`. With two or more systems, each later system also gets its *gain*
-over the first (the baseline, e.g. stock): per set sum(baseline times) / sum(its times), which is
-its speedup divided by the baseline's since both share the AR times, and the geometric mean of
-those, with intervals from the same resamples.
+over the first (the baseline, e.g. stock): per set the baseline's time per token / its own, which
+is its speedup divided by the baseline's since both share the AR measurements, and the geometric
+mean of those, with intervals from the same resamples.
+
+Schema history: `specpilot.bench/1` defined the speedup as total AR time / total system time (equal
+to the per-token ratio only where the tokens are AR's) with studentized intervals; `/2` is per
+token, with BCa intervals, `no_interval` on every interval and the tokens beside each speedup.
+Both carry the same keys where they overlap, so readers of `/1` files (`loop/final.py`,
+`loop/report.py`) read `/2` unchanged.
 
 Does not own timing, rendering or files (`report.py`, `plots.py`).
 """
@@ -17,15 +24,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specpilot.bench.runner import BatchMeasurement, BenchConfig, EngineRun
-from specpilot.bench.stats import Interval, LogBootstrap, Resampling, geometric_mean_bootstrap, ratio_bootstrap
+from specpilot.bench.stats import (
+    MIN_UNITS,
+    Interval,
+    LogBootstrap,
+    Resampling,
+    geometric_mean_bootstrap,
+    per_token_bootstrap,
+)
 from specpilot.config import Deployment, System
 
-SCHEMA = "specpilot.bench/1"
+SCHEMA = "specpilot.bench/2"
 
 SPEEDUP_DEFINITION = (
-    "per set: sum of AR seconds / sum of system seconds over the set's timed units (a unit = one batch "
-    "of --batch prompts, prefill + decode); across sets: geometric mean of the per-set ratios; intervals: "
-    "paired bootstrap over units, stratified by set"
+    "per set: (sum of AR seconds / sum of AR tokens) / (sum of system seconds / sum of system tokens) over "
+    "the set's timed units (a unit = one batch of --batch prompts, prefill + decode), i.e. the ratio of "
+    "tokens per second; across sets: geometric mean of the per-set ratios; intervals: paired bootstrap "
+    f"over units, stratified by set; none for a set of fewer than {MIN_UNITS} units (nor then for the "
+    "geometric mean)"
 )
 
 
@@ -53,7 +69,7 @@ class SetSummary:
     rounds: int
     identical: int  # prompts whose tokens equal AR's
     accept_histogram: tuple[int, ...]  # [j] = rounds that committed j + 1 tokens
-    speedup: Interval
+    speedup: Interval  # AR time per token / system time per token
     gain: Interval | None = None  # over the baseline system; None for the baseline itself
 
     @property
@@ -71,9 +87,9 @@ class SetSummary:
     def to_dict(self) -> dict:
         return {
             "set": self.set_name, "prompts": self.prompts, "batches": self.batches,
-            "speedup": self.speedup.to_dict(), "gain": self.gain.to_dict() if self.gain else None,
-            "ar_seconds": self.ar_seconds, "seconds": self.seconds,
-            "ar_tokens": self.ar_tokens, "tokens": self.tokens, "rounds": self.rounds,
+            "speedup": self.speedup.to_dict(), "ar_tokens": self.ar_tokens, "tokens": self.tokens,
+            "gain": self.gain.to_dict() if self.gain else None,
+            "ar_seconds": self.ar_seconds, "seconds": self.seconds, "rounds": self.rounds,
             "ar_tokens_per_second": self.ar_tokens_per_second, "tokens_per_second": self.tokens_per_second,
             "mean_accepted_length": self.mean_accepted_length,
             "identical": self.identical, "accept_histogram": list(self.accept_histogram),
@@ -103,6 +119,14 @@ class SystemSummary:
         return sum(s.identical for s in self.sets)
 
     @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.sets)
+
+    @property
+    def ar_tokens(self) -> int:
+        return sum(s.ar_tokens for s in self.sets)
+
+    @property
     def mean_accepted_length(self) -> float:
         rounds = sum(s.rounds for s in self.sets)
         return sum(s.tokens for s in self.sets) / rounds if rounds else float("nan")
@@ -121,7 +145,7 @@ class SystemSummary:
         return {
             "name": self.name, "fingerprint": self.system.fingerprint(), "knobs": self.system.knobs(),
             "diff_vs_stock": self.system.diff(stock) if stock is not None else None,
-            "geomean_speedup": self.geomean.to_dict(),
+            "geomean_speedup": self.geomean.to_dict(), "ar_tokens": self.ar_tokens, "tokens": self.tokens,
             "baseline": self.baseline, "geomean_gain": self.gain.to_dict() if self.gain else None,
             "prompts": self.prompts, "identical": self.identical,
             "mean_accepted_length": self.mean_accepted_length,
@@ -142,9 +166,16 @@ def _set_summary(runs: list[EngineRun], ar_runs: list[EngineRun], set_name: str,
     )
 
 
+def _per_token(reference: list[EngineRun], runs: list[EngineRun], indices) -> LogBootstrap:
+    """The reference's time per token over the runs', per unit paired, bootstrapped on `indices`."""
+    return per_token_bootstrap([r.seconds for r in reference], [r.tokens for r in reference],
+                               [r.seconds for r in runs], [r.tokens for r in runs], indices)
+
+
 def summarise(measurements: tuple[BatchMeasurement, ...], systems: tuple[System, ...],
               config: BenchConfig) -> tuple[SystemSummary, ...]:
-    """Per-set and geometric-mean speedups (and gains over systems[0]) with their intervals."""
+    """Per-set and geometric-mean speedups (and gains over systems[0]) with their intervals, all
+    ratios of time per generated token."""
     sets = [s for s in config.sets if any(m.set_name == s for m in measurements)]
     by_set = {s: [m for m in measurements if m.set_name == s] for s in sets}
     resampling = Resampling.draw([len(by_set[s]) for s in sets], config.resamples, config.bootstrap_seed)
@@ -160,12 +191,11 @@ def summarise(measurements: tuple[BatchMeasurement, ...], systems: tuple[System,
             ms = by_set[s]
             runs = [m.system(system.name) for m in ms]
             ar_runs = [m.ar for m in ms]
-            speedup = ratio_bootstrap([r.seconds for r in ar_runs], [r.seconds for r in runs], resampling.indices[k])
+            speedup = _per_token(ar_runs, runs, resampling.indices[k])
             speedups.append(speedup)
             gain = None
             if system.name != baseline:
-                base_runs = [m.system(baseline) for m in ms]
-                g = ratio_bootstrap([r.seconds for r in base_runs], [r.seconds for r in runs], resampling.indices[k])
+                g = _per_token([m.system(baseline) for m in ms], runs, resampling.indices[k])
                 gains.append(g)
                 gain = interval(g)
             set_summaries.append(_set_summary(runs, ar_runs, s, interval(speedup), gain))

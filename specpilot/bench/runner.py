@@ -17,6 +17,8 @@ last. A time is `GenerationResult.seconds` of one `generate` call: prefill plus 
 whole batch, until its last row finishes, with the device synchronised at both ends; graph capture
 happens before the clock starts. The garbage collector is off during the call (as in `timeit`).
 With --batch B the unit of timing, and of the bootstrap, is the batch, never a share of it.
+Every engine stops a row at EOS unless `ignore_eos` (--ignore-eos): then every row decodes exactly
+`max_new_tokens` tokens, a fixed-length run whose AR and system outputs have equal lengths.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ class BenchConfig:
     warmup_tokens: int = 32
     resamples: int = DEFAULT_RESAMPLES
     level: float = DEFAULT_LEVEL
-    interval: IntervalMethod = IntervalMethod.STUDENTIZED
+    interval: IntervalMethod = IntervalMethod.BCA
     bootstrap_seed: int = 0
+    ignore_eos: bool = False  # decode exactly max_new_tokens per prompt, through any EOS
 
     def __post_init__(self):
         check_set_names(self.sets)
@@ -202,11 +205,11 @@ def systems_under_test(specs: list[str] | None, deployment: Deployment) -> tuple
     return tuple(systems)
 
 
-def _timed(generator, prompts: list[list[int]], max_new_tokens: int):
+def _timed(generator, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool):
     gc.collect()
     gc.disable()
     try:
-        return generator.generate(prompts, max_new_tokens)
+        return generator.generate(prompts, max_new_tokens, stop_at_eos=stop_at_eos)
     finally:
         gc.enable()
 
@@ -235,7 +238,7 @@ def run_benchmark(session, systems: tuple[System, ...], prompts: list[BenchPromp
         gen.capacity_for(longest, config.max_new_tokens)
     warm = [p.as_list() for p in batches[0][1]]
     for name, gen in engines:
-        gen.generate(warm, min(config.warmup_tokens, config.max_new_tokens))
+        gen.generate(warm, min(config.warmup_tokens, config.max_new_tokens), stop_at_eos=not config.ignore_eos)
         if progress:
             progress(f"warm-up {name}")
     measurements = []
@@ -246,7 +249,7 @@ def run_benchmark(session, systems: tuple[System, ...], prompts: list[BenchPromp
         order = engines[shift:] + engines[:shift]
         results = {}
         for name, gen in order:
-            results[name] = _timed(gen, ids, config.max_new_tokens)
+            results[name] = _timed(gen, ids, config.max_new_tokens, stop_at_eos=not config.ignore_eos)
             if progress:
                 progress(f"{set_name}: {name}")
         reference = results[AR_NAME].outputs

@@ -53,7 +53,7 @@ class Stage(enum.Enum):
     NOISE = "noise"  # stock against a second copy of stock
 
 
-STATISTIC = "log-seconds-per-token/2"  # the block statistic (`blocks.BlockResult.log_ratio`), versioned
+STATISTIC = "log-seconds-per-token/3"  # the block statistic (`blocks.BlockResult.log_ratio`), versioned
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,9 @@ class ControllerConfig:
     freeze_idle: bool = True  # SIGSTOP workers that are not being timed
     collect_garbage: bool = True  # workers run Python's GC untimed before each timed request, none during it
     pin_cpus: bool = True  # each worker on its own equal set of cores (when there are enough; cpus.py)
+    shared_workers: bool = True  # knob-only comparisons in one persistent trusted worker per device (shared.py)
+    settle_seconds: float = 15.0  # at most this long warming a shared worker until its clocks settle
+    settle_tolerance: float = 0.005  # settled: the last 3 warm-up requests' per-token times within this of their median
     # ---- statistics --------------------------------------------------------------------
     level: float = 0.95  # two-sided confidence level of the reported interval
     resamples: int = 9999  # bootstrap resamples
@@ -105,6 +108,8 @@ class ControllerConfig:
             raise ConfigError(f"controller: level must be in (0.5, 1) (got {self.level})")
         if not 0 < self.min_token_ratio <= 1:
             raise ConfigError(f"controller: min_token_ratio must be in (0, 1] (got {self.min_token_ratio})")
+        if self.settle_seconds < 0 or not 0 < self.settle_tolerance < 1:
+            raise ConfigError("controller: settle_seconds must be >= 0 and settle_tolerance in (0, 1)")
         if self.startup_timeout_s <= 0 or self.request_timeout_s <= 0:
             raise ConfigError("controller: timeouts must be > 0")
 
@@ -138,7 +143,8 @@ class ControllerConfig:
         placement) says nothing about this one, so the memory keys noise floors by this value.
         """
         keep = ("requests_per_block", "request_size", "max_new_tokens", "warmup_requests",
-                "warmup_blocks", "order", "freeze_idle", "collect_garbage", "pin_cpus", "level", "noise_blocks")
+                "warmup_blocks", "order", "freeze_idle", "collect_garbage", "pin_cpus", "level", "noise_blocks",
+                "shared_workers")
         d = {k: v for k, v in self.to_dict().items() if k in keep}
         d["placement"] = placement.value
         d["statistic"] = STATISTIC  # floors measured with another block statistic are not reused

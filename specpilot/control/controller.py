@@ -1,14 +1,24 @@
 """`Controller`: decides whether a candidate system is really faster than the incumbent.
 
 One comparison (`evaluate`):
-    1. open a pair session (isolated workers for both arms, built and warmed on their own prompts);
+    1. open a worker pair (isolated workers for both arms, built and warmed on their own prompts);
     2. gate: both arms generate the cheap subset untimed; the guard gate judges the candidate's
        tokens; a failure rejects it untimed (`Reason.GUARD_FAILED`), whatever its speed;
     3. run `warmup_blocks` paired blocks and discard them;
     4. time paired blocks look by look (`rule.run_sequential`) until promote / reject, or the
-       pre-declared extra-block budget is spent (need more data);
-    5. outputs: malformed -> reject; materially shorter than the incumbent's -> reject.
+       pre-declared extra-block budget is spent (need more data); a block whose process census is
+       void (a foreign process took CPU or GPU time during it, `census.py`) is run again, and after
+       `MAX_VOID_BLOCKS` void blocks the evaluation is void (need more data, `Reason.CONTAMINATED`);
+    5. outputs: malformed -> reject; materially shorter than the incumbent's -> reject;
+    6. unless rejected: the gate token-forces a sample of the timed outputs (`FORCED_REQUESTS`
+       requests, drawn after timing); a failure rejects (`Reason.GUARD_FAILED`).
 A failing candidate worker is a rejection; a failing incumbent is an error.
+
+The gate's prompts are drawn afresh for every evaluation, from a stream keyed by the candidate's
+fingerprint and how many times this controller has evaluated it (`Evaluation.draw`): a candidate
+cannot be lossless on one fixed set and lossy elsewhere, and a run is still reproducible. The
+sample of timed outputs is seeded by that key and the controller's measured request times, which
+the candidate cannot know in advance.
 
 A round (`evaluate_round`) screens several candidates against one incumbent (concurrently, as the
 backend allows; same prompts block for block), corrects their p-values for multiplicity (Holm by
@@ -22,11 +32,13 @@ promotes a null candidate with probability at most alpha (a two-stage select-the
 The noise floor (`measure_noise`) is stock against a second copy of stock, same procedure.
 
 Owns: the order of these steps and `Evaluation` / `RoundResult`. Does not own the statistics,
-the rule, processes or the memory (`evaluate.py` ties the controller to the memory).
+the rule, processes or the memory (`specpilot.memory.evaluate` ties the controller to it).
 """
 
 from __future__ import annotations
 
+import hashlib
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,24 +46,31 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from specpilot.control.backends.base import Backend
-from specpilot.control.blocks import Arm, BlockResult, plan_block
+from specpilot.control.blocks import Arm, BlockResult, derived_seed, plan_block
+from specpilot.control.census import BlockCensus, CensusSummary
 from specpilot.control.config import ControllerConfig, Placement, Stage
 from specpilot.control.gate import Gate, GateRequest, GateResult
 from specpilot.control.multiplicity import adjust
 from specpilot.control.outputs import EMPTY_COMPARISON, OutputComparison
 from specpilot.control.prompts import PromptSource, draw
-from specpilot.control.rule import Decision, Reason, Verdict, promotion_threshold, run_sequential
-from specpilot.control.session import ArmFailure
-from specpilot.control.spec import RunnerSpec
+from specpilot.control.rule import Decision, Reason, Outcome, promotion_threshold, run_sequential
+from specpilot.control.pair import ArmFailure
+from specpilot.control.arm import ArmSpec
 from specpilot.control.stats import GainEstimate, NoiseFloor
 from specpilot.control.worker import FailureKind
 from specpilot.errors import ConfigError, SpecPilotError
 
 STREAMS = {Stage.SINGLE: "timing", Stage.SCREEN: "timing", Stage.REMEASURE: "remeasure", Stage.NOISE: "noise"}
+MAX_VOID_BLOCKS = 3  # void blocks re-run per evaluation; one more voids the evaluation
+FORCED_REQUESTS = 2  # timed requests whose outputs the gate token-forces after timing
 
 
 class EvaluationError(SpecPilotError):
     """The comparison could not be made (the incumbent or stock failed, or the gate is broken)."""
+
+
+class _Contaminated(SpecPilotError):
+    """More void blocks than `MAX_VOID_BLOCKS` in one evaluation."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +90,8 @@ class Costs:
 
 @dataclass(frozen=True)
 class Evaluation:
-    incumbent: RunnerSpec
-    candidate: RunnerSpec
+    incumbent: ArmSpec
+    candidate: ArmSpec
     stage: Stage
     placement: Placement
     decision: Decision
@@ -85,9 +104,12 @@ class Evaluation:
     adjusted_p: float | None = None  # after the round's multiplicity correction
     screening: "Evaluation | None" = None  # a re-measured winner's screening evaluation
     timings: tuple[dict, ...] = ()  # per timed block: request seconds of each arm (`BlockResult.timings`)
+    census: CensusSummary | None = None  # who else ran during the timed blocks (None: no census taken)
+    forced: GateResult | None = None  # the gate on a sample of the timed outputs (None: not run)
+    draw: str = ""  # key of the gate's prompt draw and of the forced sample
 
     @property
-    def verdict(self) -> Verdict:
+    def verdict(self) -> Outcome:
         return self.decision.verdict
 
     def to_dict(self) -> dict:
@@ -106,6 +128,9 @@ class Evaluation:
             "adjusted_p": self.adjusted_p,
             "screening": self.screening.to_dict() if self.screening else None,
             "timings": list(self.timings),
+            "census": self.census.to_dict() if self.census else None,
+            "forced": self.forced.to_dict() if self.forced else None,
+            "draw": self.draw,
         }
 
     @classmethod
@@ -113,11 +138,12 @@ class Evaluation:
         def opt(kind, key):
             return kind.from_dict(d[key]) if d.get(key) else None
 
-        return cls(RunnerSpec.from_dict(d["incumbent"]), RunnerSpec.from_dict(d["candidate"]), Stage(d["stage"]),
+        return cls(ArmSpec.from_dict(d["incumbent"]), ArmSpec.from_dict(d["candidate"]), Stage(d["stage"]),
                    Placement(d["placement"]), Decision.from_dict(d["decision"]), opt(NoiseFloor, "noise"),
                    opt(GateResult, "gate"), opt(GainEstimate, "estimate"), opt(OutputComparison, "outputs"),
                    Costs(**d["costs"]), d.get("error", ""), d.get("adjusted_p"), opt(Evaluation, "screening"),
-                   tuple(d.get("timings", ())))
+                   tuple(d.get("timings", ())), opt(CensusSummary, "census"), opt(GateResult, "forced"),
+                   d.get("draw", ""))
 
 
 @dataclass(frozen=True)
@@ -130,7 +156,7 @@ class RoundResult:
         if self.winner is None:
             return None
         e = self.evaluations[self.winner]
-        return e if e.verdict is Verdict.PROMOTE else None
+        return e if e.verdict is Outcome.PROMOTE else None
 
 
 class Controller:
@@ -142,26 +168,28 @@ class Controller:
         self.prompt_source = prompt_source
         self.deployment = deployment
         self._gate_lock = threading.Lock()
+        self._draws: dict[str, int] = {}  # candidate fingerprint -> evaluations drawn for it so far
+        self._draws_lock = threading.Lock()
 
     @property
     def procedure(self) -> str:
         return self.config.procedure_key(self.backend.placement)
 
     # ---- public ----------------------------------------------------------------------------
-    def measure_noise(self, stock: RunnerSpec) -> NoiseFloor:
+    def measure_noise(self, stock: ArmSpec) -> NoiseFloor:
         """Stock against a second copy of stock (two fresh workers), `noise_blocks` blocks."""
         return NoiseFloor(self.stock_vs_stock(stock).estimate, self.procedure)
 
-    def stock_vs_stock(self, stock: RunnerSpec) -> Evaluation:
+    def stock_vs_stock(self, stock: ArmSpec) -> Evaluation:
         """The A/A evaluation behind `measure_noise` (with its costs and outputs, for reports)."""
         noise_config = replace(self.config, blocks=self.config.noise_blocks, extra_blocks=0)
         return self._compare(stock, stock, None, Stage.NOISE, noise_config)
 
-    def evaluate(self, incumbent: RunnerSpec, candidate: RunnerSpec, noise: NoiseFloor) -> Evaluation:
+    def evaluate(self, incumbent: ArmSpec, candidate: ArmSpec, noise: NoiseFloor) -> Evaluation:
         self._check_noise(noise)
         return self._compare(incumbent, candidate, noise, Stage.SINGLE, self.config)
 
-    def evaluate_round(self, incumbent: RunnerSpec, candidates: Sequence[RunnerSpec], noise: NoiseFloor) -> RoundResult:
+    def evaluate_round(self, incumbent: ArmSpec, candidates: Sequence[ArmSpec], noise: NoiseFloor) -> RoundResult:
         """Screen all, correct for multiplicity, re-measure the winner on fresh blocks."""
         self._check_noise(noise)
         if not candidates:
@@ -176,20 +204,20 @@ class Controller:
         adjusted = dict(zip(timed, adjust([screened[i].decision.p_value for i in timed], self.config.multiplicity)))
         final = [replace(e, adjusted_p=adjusted.get(i)) for i, e in enumerate(screened)]
         significant = [i for i in timed
-                       if adjusted[i] <= self.config.alpha and screened[i].verdict is Verdict.PROMOTE]
+                       if adjusted[i] <= self.config.alpha and screened[i].verdict is Outcome.PROMOTE]
         for i in timed:
-            if screened[i].verdict is Verdict.PROMOTE and i not in significant:
+            if screened[i].verdict is Outcome.PROMOTE and i not in significant:
                 final[i] = replace(final[i], decision=final[i].decision.with_verdict(
-                    Verdict.NEED_MORE_DATA, Reason.NOT_SIGNIFICANT))
+                    Outcome.NEED_MORE_DATA, Reason.NOT_SIGNIFICANT))
         # Select among the significant ones; failing those, among those that cleared the threshold
         # alone (confirmed on fresh blocks below either way).
-        pool = significant or [i for i in timed if screened[i].verdict is Verdict.PROMOTE]
+        pool = significant or [i for i in timed if screened[i].verdict is Outcome.PROMOTE]
         if not pool:
             return RoundResult(tuple(final), None)
         winner = max(pool, key=lambda i: screened[i].estimate.gain)
         for i in significant:
             if i != winner:
-                decision = final[i].decision.with_verdict(Verdict.REJECT, Reason.NOT_SELECTED)
+                decision = final[i].decision.with_verdict(Outcome.REJECT, Reason.NOT_SELECTED)
                 final[i] = replace(final[i], decision=decision)
         again = self._compare(incumbent, candidates[winner], noise, Stage.REMEASURE, self.config,
                               gate_result=screened[winner].gate)
@@ -198,18 +226,23 @@ class Controller:
         return RoundResult(tuple(final), winner)
 
     # ---- one comparison ------------------------------------------------------------------------
-    def _compare(self, incumbent: RunnerSpec, candidate: RunnerSpec, noise: NoiseFloor | None, stage: Stage,
+    def _compare(self, incumbent: ArmSpec, candidate: ArmSpec, noise: NoiseFloor | None, stage: Stage,
                  config: ControllerConfig, gate_result: GateResult | None = None) -> Evaluation:
         trusted = stage is Stage.NOISE  # both arms are stock: any failure is an error
         threshold = promotion_threshold(config, noise) if noise is not None else float("nan")
         start = time.monotonic()
         marks = {}
+        key = "" if trusted else self._draw_key(candidate)
+        blocks: list[BlockResult] = []  # timed blocks that count
+        voids: list[BlockCensus] = []  # censuses of the void blocks run again
 
-        def result(decision, estimate=None, outputs=None, error="", gate=None, blocks=()) -> Evaluation:
+        def result(decision, estimate=None, outputs=None, error="", gate=None, blocks=(), forced=None) -> Evaluation:
             total = time.monotonic() - start
             costs = Costs(total=total, blocks=estimate.n if estimate else 0, **marks)
+            censuses = [r.census for r in blocks if r.census is not None] + voids
             return Evaluation(incumbent, candidate, stage, self.backend.placement, decision, noise,
-                              gate, estimate, outputs, costs, error, timings=tuple(b.timings() for b in blocks))
+                              gate, estimate, outputs, costs, error, timings=tuple(b.timings() for b in blocks),
+                              census=CensusSummary.of(censuses) if censuses else None, forced=forced, draw=key)
 
         stream = STREAMS[stage]
         R = config.request_size
@@ -223,53 +256,111 @@ class Controller:
         try:
             if not trusted and gate is None:
                 t = time.monotonic()
-                gate = self._run_gate(session, incumbent, candidate, config)
+                gate = self._run_gate(session, incumbent, candidate, config, key)
                 marks["gate"] = time.monotonic() - t
             if gate is not None and not gate.passed:
-                return result(Decision.untimed(Verdict.REJECT, Reason.GUARD_FAILED, threshold), gate=gate)
+                return result(Decision.untimed(Outcome.REJECT, Reason.GUARD_FAILED, threshold), gate=gate)
             t = time.monotonic()
             for b in range(config.warmup_blocks):
                 session.run_block(self._plan(config, f"{stream}-warmup", b))
             marks["warmup_blocks"] = time.monotonic() - t
             t = time.monotonic()
-            blocks: list[BlockResult] = []
 
             def measure(first: int, count: int) -> list[float]:
                 for b in range(first, first + count):
-                    blocks.append(session.run_block(self._plan(config, stream, b)))
+                    blocks.append(self._clean_block(session, config, stream, b, voids))
                 return [r.log_ratio for r in blocks[first:]]
 
-            if trusted:
-                ratios = measure(0, config.blocks)
-                estimate = GainEstimate(tuple(ratios), config.level, config.resamples, config.seed)
-                decision = Decision(Verdict.NEED_MORE_DATA, (), threshold)  # a measurement, not a decision
-            else:
-                estimate, decision = run_sequential(measure, threshold, config)
+            try:
+                if trusted:
+                    ratios = measure(0, config.blocks)
+                    estimate = GainEstimate(tuple(ratios), config.level, config.resamples, config.seed)
+                    decision = Decision(Outcome.NEED_MORE_DATA, (), threshold)  # a measurement, not a decision
+                else:
+                    estimate, decision = run_sequential(measure, threshold, config)
+            except _Contaminated as void:
+                marks["timed_blocks"] = time.monotonic() - t
+                if trusted:
+                    raise EvaluationError(f"stock-vs-stock measurement void: {void}") from None
+                return result(Decision.untimed(Outcome.NEED_MORE_DATA, Reason.CONTAMINATED, threshold),
+                              error=str(void), gate=gate, blocks=blocks)
             marks["timed_blocks"] = time.monotonic() - t
             outputs = sum((OutputComparison.of((o for phase in r.incumbent_outputs for o in phase),
                                                (o for phase in r.candidate_outputs for o in phase))
                            for r in blocks), EMPTY_COMPARISON)
             if not trusted and outputs.token_ratio < config.min_token_ratio:
-                decision = decision.with_verdict(Verdict.REJECT, Reason.OUTPUTS_SHORTER)
-            return result(decision, estimate, outputs, gate=gate, blocks=blocks)
+                decision = decision.with_verdict(Outcome.REJECT, Reason.OUTPUTS_SHORTER)
+            forced = None
+            if not trusted and decision.verdict is not Outcome.REJECT:
+                forced = self._force_timed(incumbent, candidate, config, stream, blocks, key)
+                if forced is not None and not forced.passed:
+                    decision = decision.with_verdict(Outcome.REJECT, Reason.GUARD_FAILED)
+            return result(decision, estimate, outputs, gate=gate, blocks=blocks, forced=forced)
         except ArmFailure as failure:
             return self._failed(failure, trusted, result, threshold, gate)
         finally:
             session.close()
+
+    def _clean_block(self, session, config: ControllerConfig, stream: str, index: int,
+                     voids: list[BlockCensus]) -> BlockResult:
+        """Block `index`, run again while its census is void; `_Contaminated` once the evaluation
+        has had more than `MAX_VOID_BLOCKS` void blocks (recorded in `voids`)."""
+        while True:
+            r = session.run_block(self._plan(config, stream, index))
+            if r.census is None or not r.census.void:
+                return r
+            voids.append(r.census)
+            if len(voids) > MAX_VOID_BLOCKS:
+                raise _Contaminated(f"{len(voids)} void blocks (foreign processes ran while arms were timed: "
+                                    f"{'; '.join(r.census.foreign[:3]) or 'on the GPU'})")
 
     @staticmethod
     def _failed(failure: ArmFailure, trusted: bool, result, threshold: float, gate: GateResult | None) -> Evaluation:
         if trusted or failure.arm is Arm.INCUMBENT:
             raise EvaluationError(f"{'stock' if trusted else 'incumbent'} failed: {failure}") from None
         reason = Reason.BAD_OUTPUT if failure.kind is FailureKind.PROTOCOL else Reason.WORKER_FAILED
-        return result(Decision.untimed(Verdict.REJECT, reason, threshold), error=str(failure), gate=gate)
+        return result(Decision.untimed(Outcome.REJECT, reason, threshold), error=str(failure), gate=gate)
 
-    def _run_gate(self, session, incumbent: RunnerSpec, candidate: RunnerSpec, config: ControllerConfig) -> GateResult:
-        prompts = draw(self.prompt_source, config.gate_prompts, config.seed, "gate", 0)
+    def _draw_key(self, candidate: ArmSpec) -> str:
+        """A fresh key per evaluation of `candidate` by this controller: "<fingerprint>/<count>"."""
+        fingerprint = candidate.fingerprint()
+        with self._draws_lock:
+            n = self._draws.get(fingerprint, 0)
+            self._draws[fingerprint] = n + 1
+        return f"{fingerprint}/{n}"
+
+    def _run_gate(self, session, incumbent: ArmSpec, candidate: ArmSpec, config: ControllerConfig,
+                  key: str = "") -> GateResult:
+        prompts = draw(self.prompt_source, config.gate_prompts, config.seed, "gate", key)
         cand = session.generate(Arm.CANDIDATE, prompts, config.max_new_tokens)
         inc = session.generate(Arm.INCUMBENT, prompts, config.max_new_tokens)
-        request = GateRequest(self.deployment, incumbent, candidate, tuple(tuple(p) for p in prompts), cand, inc,
-                              config.max_new_tokens)
+        return self._judge(GateRequest(self.deployment, incumbent, candidate, tuple(tuple(p) for p in prompts),
+                                       cand, inc, config.max_new_tokens))
+
+    def _force_timed(self, incumbent: ArmSpec, candidate: ArmSpec, config: ControllerConfig, stream: str,
+                     blocks: Sequence[BlockResult], key: str) -> GateResult | None:
+        """The gate on `FORCED_REQUESTS` timed requests drawn after timing, seeded by `key` and the
+        measured request times (reproducible from the record, unknowable to the candidate)."""
+        R = config.request_size
+        units = [(i, phase, r) for i, b in enumerate(blocks) for phase in range(len(b.candidate_outputs))
+                 for r in range(config.requests_per_block)]
+        clock = hashlib.sha256(repr([(b.incumbent_seconds, b.candidate_seconds) for b in blocks]).encode())
+        rng = random.Random(derived_seed(config.seed, "forced", key, clock.hexdigest()))
+        chosen = sorted(rng.sample(units, min(FORCED_REQUESTS, len(units))))
+        prompts, cand, inc = [], [], []
+        for i, phase, r in chosen:
+            plan = self._plan(config, stream, blocks[i].index)
+            prompts.extend(plan.prompts[r * R : (r + 1) * R])
+            cand.extend(blocks[i].candidate_outputs[phase][r * R : (r + 1) * R])
+            inc.extend(blocks[i].incumbent_outputs[phase][r * R : (r + 1) * R])
+        if not chosen or len(cand) != len(prompts):  # blocks without outputs (simulations): nothing to force
+            return None
+        verdict = self._judge(GateRequest(self.deployment, incumbent, candidate, tuple(prompts), tuple(cand),
+                                          tuple(inc), config.max_new_tokens))
+        where = [[blocks[i].index, phase, r] for i, phase, r in chosen]
+        return GateResult(verdict.passed, {**verdict.summary, "forced_requests": where}, verdict.reason)
+
+    def _judge(self, request: GateRequest) -> GateResult:
         with self._gate_lock:  # the guard may hold a model; one judgement at a time
             verdict = self.gate(request)
         if not isinstance(verdict, GateResult):

@@ -3,8 +3,8 @@
 Arms are timed from outside on request-to-response time, and on one GPU a decode loop with a host
 sync every round is partly CPU-bound: a worker that shares its cores with the other arm, the
 controller or a busy neighbour runs slower *as a process*, a bias that alternating the arms' order
-does not cancel. On the H200 one stock-vs-stock run measured -2.65% [-4.82%, -0.92%]: two copies
-of the same system, one consistently faster. So each worker gets its own disjoint set of cores,
+does not cancel (unpinned on the H200, one copy of stock ran consistently faster than another,
+-2.65% [-4.82%, -0.92%]). So each worker gets its own disjoint set of cores,
 the lowest core of this process's set stays free for the controller, and all sets have the same
 size. With too few cores for that (fewer than workers + 1) nothing is pinned.
 

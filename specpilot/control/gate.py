@@ -11,7 +11,8 @@ speed. The gate never sees timing data, so gating first does not bias the timing
 `AlwaysPass` exists only for tests of the timing path; the CLI has no name for it and defaults
 to the guard.
 
-Owns: `GateRequest`, `GateResult`, `AlwaysPass`, `load_gate`. Does not own the guard's statistics.
+Owns: `GateRequest`, `GateResult`, `AlwaysPass`, `controller_gate` (the guard as a gate), `load_gate`.
+Does not own the guard's statistics.
 """
 
 from __future__ import annotations
@@ -22,17 +23,17 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specpilot.control.blocks import Outputs
-from specpilot.control.spec import RunnerSpec, load_object
+from specpilot.control.arm import ArmSpec, load_object
 from specpilot.errors import ConfigError
 
-DEFAULT_GATE = "specpilot.guard.gate:controller_gate"  # the token-forcing guard (wired by the guard's owner)
+DEFAULT_GATE = "specpilot.control.gate:controller_gate"  # the token-forcing guard
 
 
 @dataclass(frozen=True)
 class GateRequest:
     deployment: str  # deployment file or shipped name
-    incumbent: RunnerSpec
-    candidate: RunnerSpec
+    incumbent: ArmSpec
+    candidate: ArmSpec
     prompts: Outputs  # the cheap subset's prompt ids
     candidate_outputs: Outputs  # generated in the candidate's isolated worker
     incumbent_outputs: Outputs  # generated in the incumbent's worker (a reference; the guard may rescore)
@@ -84,3 +85,22 @@ def load_gate(path: str = DEFAULT_GATE) -> Gate:
     if not callable(gate):
         raise ConfigError(f"guard gate {path!r} is not callable")
     return gate
+
+
+def controller_gate(request: GateRequest, config=None) -> GateResult:
+    """The token-forcing guard as a gate: the candidate's outputs vs *stock AR* outputs for the same
+    prompts, generated and forced in this process's session for the deployment and device (so in
+    the dtype the workers use). The baseline is stock AR, not the incumbent: comparing against the
+    incumbent would let the allowed excess compound over successive promotions."""
+    from specpilot.guard.config import GuardConfig
+    from specpilot.guard.gate import cached_session, gate, rejection_reason, stock_forcing
+    from specpilot.guard.records import records_from_outputs
+
+    config = config or GuardConfig()
+    device = request.candidate.device
+    prompts = tuple(tuple(p) for p in request.prompts)
+    stock = stock_forcing(request.deployment, device, prompts, request.max_new_tokens, config.chunk)
+    candidate = records_from_outputs([list(p) for p in prompts], [list(o) for o in request.candidate_outputs])
+    verdict = gate(cached_session(request.deployment, device), candidate, stock, config)
+    return GateResult(verdict.passed, {"guard": "token-forcing", "baseline": "stock-ar", **verdict.to_dict()},
+                      rejection_reason(verdict))

@@ -6,7 +6,8 @@ The same (count, seed) must give the same prompts. The controller draws each blo
 with a seed derived from (config seed, stream, block index): candidates screened in one round see
 the same prompts block for block (common random numbers), a round's winner is re-measured on a
 fresh stream, and warm-up and gate prompts come from streams of their own, so a worker never
-meets a timed prompt before it is timed.
+meets a timed prompt before it is timed. The gate's stream is indexed by a key fresh for every
+evaluation (`Controller._draw_key`), so no fixed set of gate prompts exists to be lossless on.
 
 For the CLI the source is built from the deployment's benchmark prompt sets by a factory named
 "module:attr" (default `specpilot.bench.prompts:controller_prompt_source`, called with the
@@ -20,7 +21,7 @@ from __future__ import annotations
 from typing import Callable
 
 from specpilot.control.blocks import derived_seed
-from specpilot.control.spec import load_object
+from specpilot.control.arm import load_object
 from specpilot.errors import ConfigError
 
 PromptSource = Callable[[int, int], list[list[int]]]
@@ -28,8 +29,9 @@ PromptSource = Callable[[int, int], list[list[int]]]
 DEFAULT_PROMPT_SOURCE = "specpilot.bench.prompts:controller_prompt_source"
 
 
-def draw(source: PromptSource, count: int, seed: int, stream: str, index: int) -> list[list[int]]:
-    """`count` prompts for (stream, index); ConfigError if the source returns something else."""
+def draw(source: PromptSource, count: int, seed: int, stream: str, index: int | str) -> list[list[int]]:
+    """`count` prompts for (stream, index) (index: a block number, or a key); ConfigError if the
+    source returns something else."""
     prompts = source(count, derived_seed(seed, "prompts", stream, index))
     if not isinstance(prompts, list) or len(prompts) != count:
         raise ConfigError(f"prompt source returned {len(prompts) if isinstance(prompts, list) else prompts!r} "

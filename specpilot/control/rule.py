@@ -23,7 +23,7 @@ alpha / K per look (Bonferroni over looks) keeps the chance of a false promotion
 95% interval, as in the article.
 Stopping early to reject only lowers the false-promotion rate.
 
-Owns: `Verdict`, `Reason`, `Decision`, `promotion_threshold`, `decide` and `run_sequential`, all
+Owns: `Outcome`, `Reason`, `Decision`, `promotion_threshold`, `decide` and `run_sequential`, all
 pure (no processes), so simulation tests drive the same code the controller runs. Does not own
 the statistics (`stats.py`) or multiplicity across candidates (`multiplicity.py`).
 """
@@ -38,7 +38,7 @@ from specpilot.control.config import ControllerConfig
 from specpilot.control.stats import GainEstimate, NoiseFloor
 
 
-class Verdict(enum.Enum):
+class Outcome(enum.Enum):
     PROMOTE = "promote"
     REJECT = "reject"
     NEED_MORE_DATA = "need-more-data"
@@ -46,7 +46,7 @@ class Verdict(enum.Enum):
     @property
     def exit_code(self) -> int:
         """The CLI's exit status: 0 promote, 1 reject, 3 need more data (2 is bad input)."""
-        return {Verdict.PROMOTE: 0, Verdict.REJECT: 1, Verdict.NEED_MORE_DATA: 3}[self]
+        return {Outcome.PROMOTE: 0, Outcome.REJECT: 1, Outcome.NEED_MORE_DATA: 3}[self]
 
 
 class Reason(enum.Enum):
@@ -60,11 +60,12 @@ class Reason(enum.Enum):
     NOT_SIGNIFICANT = "not-significant-after-multiplicity"  # cleared alone, not after Holm / BH
     NOT_SELECTED = "not-selected"  # significant, but another candidate of the round won
     REMEASURED = "remeasured"  # the round's winner: numbers are from fresh blocks
+    CONTAMINATED = "contaminated"  # too many void blocks (a foreign process ran while arms were timed)
 
 
 @dataclass(frozen=True)
 class Decision:
-    verdict: Verdict
+    verdict: Outcome
     reasons: tuple[Reason, ...]
     threshold: float  # gain the lower bound had to exceed
     lower_bound: float | None = None  # the bound compared with it (error alpha_look); None if never timed
@@ -75,9 +76,9 @@ class Decision:
 
     @property
     def promoted(self) -> bool:
-        return self.verdict is Verdict.PROMOTE
+        return self.verdict is Outcome.PROMOTE
 
-    def with_verdict(self, verdict: Verdict, *reasons: Reason) -> "Decision":
+    def with_verdict(self, verdict: Outcome, *reasons: Reason) -> "Decision":
         """The same numbers under another verdict (multiplicity, selection, output checks)."""
         return Decision(verdict, tuple(dict.fromkeys(self.reasons + reasons)), self.threshold,
                         self.lower_bound, self.alpha_look, self.look, self.looks, self.p_value)
@@ -96,12 +97,12 @@ class Decision:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Decision":
-        return cls(Verdict(d["verdict"]), tuple(Reason(r) for r in d["reasons"]), d["threshold"],
+        return cls(Outcome(d["verdict"]), tuple(Reason(r) for r in d["reasons"]), d["threshold"],
                    d.get("lower_bound"), d.get("alpha_look"), d.get("look", 0), d.get("looks", 0),
                    d.get("p_value"))
 
     @classmethod
-    def untimed(cls, verdict: Verdict, reason: Reason, threshold: float) -> "Decision":
+    def untimed(cls, verdict: Outcome, reason: Reason, threshold: float) -> "Decision":
         return cls(verdict, (reason,), threshold)
 
 
@@ -121,10 +122,10 @@ def decide(estimate: GainEstimate, threshold: float, config: ControllerConfig, l
     p = min(1.0, K * estimate.p_value(threshold))
     common = dict(threshold=threshold, lower_bound=lower, alpha_look=alpha_look, look=look, looks=K, p_value=p)
     if lower > threshold:
-        return Decision(Verdict.PROMOTE, (Reason.CLEARS_THRESHOLD,), **common)
+        return Decision(Outcome.PROMOTE, (Reason.CLEARS_THRESHOLD,), **common)
     if estimate.upper < threshold:
-        return Decision(Verdict.REJECT, (Reason.BELOW_THRESHOLD,), **common)
-    return Decision(Verdict.NEED_MORE_DATA, (Reason.UNDECIDED,), **common)
+        return Decision(Outcome.REJECT, (Reason.BELOW_THRESHOLD,), **common)
+    return Decision(Outcome.NEED_MORE_DATA, (Reason.UNDECIDED,), **common)
 
 
 def run_sequential(
@@ -142,6 +143,6 @@ def run_sequential(
         ratios.extend(measure(len(ratios), want - len(ratios)))
         estimate = GainEstimate(tuple(ratios), config.level, config.resamples, config.seed)
         decision = decide(estimate, threshold, config, look)
-        if decision.verdict is not Verdict.NEED_MORE_DATA:
+        if decision.verdict is not Outcome.NEED_MORE_DATA:
             break
     return estimate, decision

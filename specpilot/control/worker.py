@@ -7,16 +7,25 @@ to a log file whose tail is quoted when it fails.
 
 Isolation guarantees: a candidate's code never runs in the controller's process (nothing it sends
 is unpickled), never shares a process with the other arm, and cannot touch the controller's
-clock; request-to-response times are taken here, around the round trip. `freeze()` SIGSTOPs the
-whole process group so an idle arm cannot steal CPU from the arm being timed.
+clock; request-to-response times are taken here, around the round trip.
 
-Not defended here (the guard and the re-measurement are the backstops): GPU work an arm queued
-before replying still drains while the other arm is timed (a signal cannot recall kernels); a
-worker that starts a process in a new session escapes the group freeze; code that rewrites
-CUDA_VISIBLE_DEVICES before CUDA initialises can see the other GPU.
+Containment: the worker is a child subreaper (`worker_main.py`), so everything its runner starts
+stays in its process tree, double fork and `setsid` included. `freeze()` SIGSTOPs the process
+group and then every process of the tree (`census.stop_tree`), so an idle arm cannot steal CPU
+from the arm being timed, through a helper process either; `thaw()` continues them; `close()`
+kills the whole tree, and every process ever seen in it, before and after the worker exits. Each
+worker carries a random marker in its environment (`census.MARKER_ENV`) for the census.
+
+Not defended here (the guard, the census and the re-measurement are the backstops): GPU work an
+arm queued before replying still drains while the other arm is timed (a signal cannot recall
+kernels); a runner that switches the worker's subreaper off and orphans a process between two
+scans gets it re-parented to init, outside the tree (the census voids blocks it runs in; it is
+killed at the end only if it kept the marker); code that rewrites CUDA_VISIBLE_DEVICES before
+CUDA initialises can see the other GPU. Without /proc (not Linux) only the process group is
+stopped and killed.
 
 Owns: starting, talking to, freezing and killing one worker; validating that replies are well
-formed. Does not own what requests are sent when (`session.py`).
+formed. Does not own what requests are sent when (`pair.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -32,7 +42,8 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from specpilot.control.spec import RunnerSpec
+from specpilot.control.arm import ArmSpec
+from specpilot.control.census import MARKER_ENV, descendants, kill_tree, process_table, signal_process, stop_tree
 from specpilot.errors import SpecPilotError
 
 WORKER_MAIN = Path(__file__).with_name("worker_main.py")
@@ -57,19 +68,22 @@ class WorkerError(SpecPilotError):
 class Worker:
     """A started worker process; build it with `Worker.start`."""
 
-    def __init__(self, spec: RunnerSpec, label: str, proc: subprocess.Popen, conn: Connection, log_path: Path,
-                 device: str | None = None):
+    def __init__(self, spec: ArmSpec, label: str, proc: subprocess.Popen, conn: Connection, log_path: Path,
+                 device: str | None = None, marker: str = ""):
         self.spec = spec  # as the worker sees it (its one GPU is cuda:0)
         self.device = device  # as the controller placed it ("cuda:1")
         self.label = label
         self.proc = proc
         self.conn = conn
         self.log_path = log_path
+        self.marker = marker  # the value of MARKER_ENV in its environment
         self.frozen = False
         self.info: dict = {}
+        self.tracked: dict[int, int] = {}  # {pid: start} of every process ever seen in its tree
+        self._stopped: dict[int, int] = {}  # descendants stopped by the last freeze
 
     @classmethod
-    def start(cls, spec: RunnerSpec, label: str, log_dir: Path, cpus: tuple[int, ...] | None = None) -> "Worker":
+    def start(cls, spec: ArmSpec, label: str, log_dir: Path, cpus: tuple[int, ...] | None = None) -> "Worker":
         """Spawn the process; `build` must follow (kept apart so several can load at once).
         `cpus`: the cores it pins itself to (`specpilot.control.cpus`), None for no pinning."""
         from specpilot import env  # imports torch: only where workers are started
@@ -81,6 +95,8 @@ class Worker:
             environment.setdefault("OMP_NUM_THREADS", str(len(cpus)))
         else:
             environment.pop(CPUS_ENV, None)
+        marker = secrets.token_hex(8)
+        environment[MARKER_ENV] = marker
         ours, theirs = socket.socketpair()
         log_path = Path(log_dir) / f"{label}.log"
         try:
@@ -95,7 +111,7 @@ class Worker:
             theirs.close()
         # the runner sees its one visible GPU as cuda:0
         local = spec.placed("cuda:0" if spec.device and spec.device.startswith("cuda") else spec.device)
-        return cls(local, label, proc, Connection(ours.detach()), log_path, spec.device)
+        return cls(local, label, proc, Connection(ours.detach()), log_path, spec.device, marker)
 
     # ---- messages ----------------------------------------------------------------------
     def send(self, msg: dict) -> None:
@@ -137,21 +153,37 @@ class Worker:
         return self.receive()
 
     # ---- process control -----------------------------------------------------------------
+    def track(self, table: dict | None = None) -> dict[int, int]:
+        """{pid: start} of the worker's live descendants now (from `table`, else a fresh scan);
+        remembered in `tracked`."""
+        tree = {pid: p.start for pid, p in descendants(process_table() if table is None else table,
+                                                       self.proc.pid).items()}
+        self.tracked.update(tree)
+        return tree
+
     def freeze(self) -> None:
+        """Stop the worker and every process of its tree (not only its process group)."""
         if not self.frozen and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGSTOP)
+            os.killpg(self.proc.pid, signal.SIGSTOP)  # first the worker: it starts nothing more
+            self._stopped = stop_tree(self.proc.pid)
+            self.tracked.update(self._stopped)
             self.frozen = True
 
     def thaw(self) -> None:
         if self.frozen:
+            for pid, start in self._stopped.items():
+                signal_process(pid, start, signal.SIGCONT)
+            self._stopped = {}
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGCONT)
             self.frozen = False
 
     def close(self, grace: float = 5.0) -> None:
-        """Ask the worker to exit; kill its process group if it does not within `grace` s."""
+        """Kill every process the worker started, ask it to exit, kill its process group if it
+        does not within `grace` s; then kill whatever was ever seen in its tree and still lives."""
         try:
             if self.proc.poll() is None:
+                kill_tree(self.proc.pid, self.tracked)  # while the worker lives its tree is whole
                 try:
                     self.request({"op": "close"}, grace)
                     self.proc.wait(grace)
@@ -164,6 +196,7 @@ class Worker:
                 except ProcessLookupError:
                     pass
                 self.proc.wait()
+            kill_tree(None, self.tracked)
             self.conn.close()
 
     def _failure(self, what: str, kind: FailureKind, detail: str = "") -> WorkerError:

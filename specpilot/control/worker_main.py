@@ -13,11 +13,17 @@ worker cannot make the controller execute anything by what it sends back):
     -> {"op": "collect"}                                 <- {"ok": true}   (gc.collect(), untimed)
     -> {"op": "generate", "prompts": [[..]], "max_new_tokens": n, "gc_off": bool}
                                                          <- {"ok": true, "outputs": [[..]], "seconds": s}
+    -> {"op": "warm", "system": {..}, "prompts": [[..]], "max_new_tokens": n}     <- {"ok": true}
+    -> {"op": "run", "system": {..}, "prompts": [[..]], "max_new_tokens": n, "stop_at_eos": bool,
+        "gc_off": bool}                                  <- {"ok": true, "outputs": [[..]], "timing": {..}}
     -> {"op": "close"}                                   <- {"ok": true}, then exit
     any failure                                          <- {"ok": false, "error": "...", "traceback": "..."}
 
 The controller times each request from its own process; the "seconds" a worker reports about its
 own generate call are kept for diagnostics only (a candidate could report anything).
+`warm` and `run` are served only by a shared worker's runner (`SessionRunner`: every system of
+a deployment in one process, `specpilot.control.shared`), which runs the controller's own code
+and no candidate's; there the runner's timing (CUDA events, prefill apart) is what is measured.
 """
 
 import gc
@@ -32,15 +38,61 @@ from multiprocessing.connection import Connection
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this worker if the controller dies (also when it is SIGSTOPped)."""
+    """SIGKILL this worker if the controller dies (also when it is SIGSTOPped), and make it a child
+    subreaper: whatever the runner starts, and orphans by a double fork or `setsid`, is re-parented
+    to this worker instead of init, so it stays in the tree the controller stops and kills
+    (`census.py`)."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     except (OSError, AttributeError):  # not Linux: the EOF on the socket still ends the worker
         pass
     if os.getppid() != parent_pid:
         os._exit(1)
+
+
+def _end_descendants() -> None:
+    """On the way out: SIGKILL every process below this worker and reap the ones it inherited
+    (best effort; the controller kills the tree too). Standard library only: /proc."""
+    me = os.getpid()
+    for _ in range(5):
+        parents = {}
+        try:
+            names = [n for n in os.listdir("/proc") if n.isdigit()]
+        except OSError:
+            return
+        for name in names:
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    raw = f.read()
+                parents[int(name)] = int(raw[raw.rfind(b")") + 2 :].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+        below, todo = set(), [me]
+        while todo:
+            parent = todo.pop()
+            for pid, ppid in parents.items():
+                if ppid == parent and pid not in below:
+                    below.add(pid)
+                    todo.append(pid)
+        if not below:
+            break
+        for pid in below:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                time.sleep(0.005)
 
 
 def _load(path: str):
@@ -57,9 +109,9 @@ def _build(spec: dict):
     if spec.get("workdir"):
         sys.path.insert(0, os.path.abspath(spec["workdir"]))
     try:
-        from specpilot.control.spec import RunnerSpec
+        from specpilot.control.arm import ArmSpec
 
-        spec_obj = RunnerSpec.from_dict(spec)
+        spec_obj = ArmSpec.from_dict(spec)
     except ImportError:  # a worktree older than the controller: same fields, plain namespace
         spec_obj = types.SimpleNamespace(**spec)
     return _load(spec["factory"])(spec_obj)
@@ -94,6 +146,21 @@ def _handle(runner, msg: dict):
                 gc.enable()
         # "seconds" is this process's own account: the controller keeps it for diagnostics only.
         return runner, {"ok": True, "outputs": outputs, "seconds": seconds}
+    if op == "warm":
+        runner.warm(msg["system"], msg["prompts"], msg["max_new_tokens"])
+        gc.collect()
+        gc.freeze()
+        return runner, {"ok": True}
+    if op == "run":
+        gc_was_on = gc.isenabled()
+        if msg.get("gc_off"):
+            gc.disable()
+        try:
+            reply = runner.run(msg["system"], msg["prompts"], msg["max_new_tokens"], bool(msg.get("stop_at_eos", True)))
+        finally:
+            if gc_was_on:
+                gc.enable()
+        return runner, {"ok": True, **reply}
     raise RuntimeError(f"unknown op {op!r}")
 
 
@@ -136,4 +203,8 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     del sys.path[0]  # this script's own folder (specpilot/control) must not shadow top-level modules
-    sys.exit(main(sys.argv))
+    try:
+        status = main(sys.argv)
+    finally:
+        _end_descendants()
+    sys.exit(status)

@@ -5,7 +5,7 @@ requests so captured CUDA graphs stay valid), graph capture, adaptive depth tier
 with its single sync point, timing, and turning device state into `GenerationResult`s.
 
 Does not own what a round computes (`steps.py`, `drafters/`) or how models are loaded
-(`specpilot.engine.build`).
+(`session.py`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,17 @@ class GenerationResult:
     seconds: float  # wall time, prefill included
     prefill_seconds: float = 0.0
     extra: dict = field(default_factory=dict)
+    # The same two spans by CUDA events on the device's stream (NaN on CPU): what the GPU did, free
+    # of the host clock's jitter; a trusted timer compares them with the wall times above.
+    gpu_seconds: float = float("nan")
+    gpu_prefill_seconds: float = float("nan")
+
+    @property
+    def decode_seconds(self) -> float:
+        """Decode time after prefill: by CUDA events where they exist, else by the wall clock."""
+        if self.gpu_seconds == self.gpu_seconds:
+            return self.gpu_seconds - self.gpu_prefill_seconds
+        return self.seconds - self.prefill_seconds
 
     @property
     def num_tokens(self) -> int:
@@ -201,7 +212,10 @@ class Generator:
 
     # ---- the loop ----------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> GenerationResult:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = True) -> GenerationResult:
+        """Greedy tokens for every prompt: up to `max_new_tokens` each, fewer where a row emits EOS,
+        unless `stop_at_eos` is False (fixed-length runs, e.g. benchmarks: every row gets exactly
+        `max_new_tokens`)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ConfigError("every prompt needs at least one token")
         if max_new_tokens < 1:
@@ -220,12 +234,18 @@ class Generator:
             ws.prefill_warm = True
         dev = self.target.device
         sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if dev.type == "cuda" else None
         sync()
         t0 = time.perf_counter()
-        ws.state.reset(prompts, self.eos_ids, max_new_tokens)
+        if events:
+            events[0].record()
+        eos_ids = self.eos_ids if stop_at_eos else ()
+        ws.state.reset(prompts, eos_ids, max_new_tokens)
         prefill(self.target, ws.cache, prompts, bucket=self.prefill_bucket)
         if self.speculative:
             self._start_drafter(tier, prompts, ws.state)
+        if events:
+            events[1].record()
         sync()
         t_prefill = time.perf_counter() - t0
         needs_host = self.speculative and self.drafters[tier].needs_host_tokens
@@ -253,9 +273,15 @@ class Generator:
                 tier = self._next_tier(tiers, tier, recent)
             if bool(ws.state.done.all()):
                 break
+        if events:
+            events[2].record()
         sync()
         seconds = time.perf_counter() - t0
-        return self._result(ws, max_new_tokens, seconds, t_prefill)
+        result = self._result(ws, max_new_tokens, seconds, t_prefill, eos_ids)
+        if events:
+            result.gpu_seconds = events[0].elapsed_time(events[2]) / 1e3
+            result.gpu_prefill_seconds = events[0].elapsed_time(events[1]) / 1e3
+        return result
 
     def _start_drafter(self, tier: int, prompts: list[list[int]], state: DecodeState) -> None:
         """Start the tier's drafter; every tier then shares its draft cache."""
@@ -283,8 +309,9 @@ class Generator:
             return tiers[i - 1]
         return tier
 
-    def _result(self, ws: Workspace, max_new: int, seconds: float, t_prefill: float) -> GenerationResult:
-        outputs = extract_outputs(ws.state, self.eos_ids, max_new)
+    def _result(self, ws: Workspace, max_new: int, seconds: float, t_prefill: float,
+                eos_ids: tuple[int, ...]) -> GenerationResult:
+        outputs = extract_outputs(ws.state, eos_ids, max_new)
         rounds = ws.state.rounds.tolist()
         log = ws.state.accept_log.tolist()
         accept = [row[:n] for row, n in zip(log, rounds)]

@@ -1,6 +1,6 @@
 """`SystemRunner`: one system of one deployment behind the controller's worker contract.
 
-The controller builds it inside an isolated worker process from a `RunnerSpec`-like object with
+The controller builds it inside an isolated worker process from an `ArmSpec`-like object with
 `deployment` (path or shipped name), `system` (knob dict incl. name) and `device`, then calls
 `warmup` and `generate`. Timing is measured by the controller from outside this process.
 """
@@ -32,3 +32,57 @@ class SystemRunner:
         for i in range(0, len(prompts), B):
             outputs += self.generator.generate(prompts[i : i + B], max_new_tokens).outputs
         return outputs
+
+
+class SessionRunner:
+    """Every system of one deployment in one process, all sharing the session's loaded weights.
+
+    The runner of a *shared* worker (`specpilot.control.shared`): it stays up across comparisons,
+    builds a generator per system on first use (keeping the `keep` most recent), and times its own
+    requests — prefill apart from decode, by CUDA events where there is a GPU and by the wall clock
+    as well. Its timings are trusted only because its code is the controller's own: a code-patch
+    candidate never runs here.
+    """
+
+    def __init__(self, spec, keep: int = 8):
+        self.deployment = load_deployment(spec.deployment)
+        self.session = Session.load(self.deployment, device=getattr(spec, "device", None))
+        self.keep = keep
+        self._recent: list[str] = []  # system fingerprints, least recently used first
+
+    def system(self, knobs: dict) -> System:
+        knobs = dict(knobs)
+        name = knobs.pop("name", "candidate")
+        base = self.deployment.stock.knobs()
+        base.update(knobs)
+        return System.from_dict(base, name=name)
+
+    def generator(self, knobs: dict):
+        system = self.system(knobs)
+        key = system.fingerprint()
+        if key in self._recent:
+            self._recent.remove(key)
+        self._recent.append(key)
+        while len(self._recent) > self.keep:
+            self.session.forget(self._recent.pop(0))
+        return self.session.generator(system)
+
+    def warm(self, knobs: dict, prompts: list[list[int]], max_new_tokens: int) -> None:
+        self.run(knobs, prompts, max_new_tokens, stop_at_eos=False)
+
+    def run(self, knobs: dict, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = True) -> dict:
+        """Outputs per prompt and the request's timing; prompts run in batches of the regime."""
+        generator = self.generator(knobs)
+        B = self.deployment.regime.batch
+        outputs: list[list[int]] = []
+        timing = {"wall_s": 0.0, "wall_prefill_s": 0.0, "gpu_s": 0.0, "gpu_prefill_s": 0.0, "decode_s": 0.0}
+        for i in range(0, len(prompts), B):
+            result = generator.generate(prompts[i : i + B], max_new_tokens, stop_at_eos=stop_at_eos)
+            outputs += result.outputs
+            timing["wall_s"] += result.seconds
+            timing["wall_prefill_s"] += result.prefill_seconds
+            timing["gpu_s"] += result.gpu_seconds
+            timing["gpu_prefill_s"] += result.gpu_prefill_seconds
+            timing["decode_s"] += result.decode_seconds
+        timing["tokens"] = sum(len(o) for o in outputs)
+        return {"outputs": outputs, "timing": {k: (v if v == v else None) for k, v in timing.items()}}

@@ -48,7 +48,7 @@ def with_kernels(model: Transformer, system: System) -> Transformer:
         return model
     if model.device.type != "cuda" and not env.triton_interpret():
         raise ConfigError(f"system {system.name!r}: kernel = 'triton' needs a CUDA device (or TRITON_INTERPRET=1)")
-    from specpilot.kernels import swap_projections
+    from specpilot.models.linear import swap_projections
 
     memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
     clone = copy.deepcopy(model, memo)
@@ -71,7 +71,7 @@ class Session:
     @classmethod
     def load(cls, deployment: Deployment, device: str | torch.device | None = None,
              dtype: torch.dtype | None = None) -> "Session":
-        device = torch.device(device) if device is not None else env.default_device()
+        device = env.resolve_device(device)  # a device this torch cannot use is one `error:` line
         dtype = dtype or env.default_dtype(device)
         target = load_role(deployment.target, "target", deployment.target_expand, device, dtype)
         tokenizer = Tokenizer.from_dir(resolve_model_dir(deployment.target, "target"), target.config.eos_token_ids)
@@ -98,6 +98,10 @@ class Session:
             gen = self._build(system)
             self._generators[key] = gen
         return gen
+
+    def forget(self, fingerprint: str) -> None:
+        """Drop the generator of the system with this fingerprint (its workspaces and graphs)."""
+        self._generators.pop(fingerprint, None)
 
     def _target_for(self, system: System) -> Transformer:
         key = (system.kernel, system.w12, system.kernel_lm_head)

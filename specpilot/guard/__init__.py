@@ -3,27 +3,39 @@
     force(target, records, chunk=512) -> ForcingResult          teacher-force outputs on the stock path
     compare(candidate, stock, config) -> Verdict                the rate rule and the large-margin rule
     gate.gate(session_or_target, candidate, stock, config) -> Verdict   force what is needed + compare
-    gate.controller_gate(request) -> GateResult                 what the controller loads by name
 
-`gate` is deliberately not re-exported here: `specpilot.guard.gate` is the module the controller
-imports ("specpilot.guard.gate:controller_gate"), and a function of the same name would shadow it.
+`gate` is deliberately not re-exported here: a function of that name would shadow the module.
 
 Files: `records.py` (the JSONL outputs format), `config.py` (GuardConfig, near-tie thresholds),
 `forcing.py`, `statistics.py` (sequence-level bootstrap), `verdict.py` (the decision), `gate.py`,
 `divergence.py` (token-for-token comparison of two systems), `simulation.py` (size and power of
-the rate rule), `cli.py` (`specpilot guard`). Fault injection lives in `specpilot.engine.faults`.
+the rate rule). The command is `specpilot.cli.guard`; fault injection lives in `specpilot.engine.faults`.
 """
 
-from specpilot.guard.config import GuardConfig, Pairing, RateTest, default_near_tie_nats
-from specpilot.guard.divergence import DivergenceReport, compare_outputs
-from specpilot.guard.forcing import ForcedSequence, ForcingResult, force
-from specpilot.guard.records import OutputRecord, read_records, records_from_outputs, write_records
-from specpilot.guard.statistics import RateDifference, SequenceCounts, rate_difference
-from specpilot.guard.verdict import Caution, ForcingSummary, Rule, Verdict, compare
+import importlib
 
-__all__ = [
-    "Caution", "DivergenceReport", "ForcedSequence", "ForcingResult", "ForcingSummary", "GuardConfig",
-    "OutputRecord", "Pairing", "RateDifference", "RateTest", "Rule", "SequenceCounts", "Verdict",
-    "compare", "compare_outputs", "default_near_tie_nats", "force", "rate_difference",
-    "read_records", "records_from_outputs", "write_records",
-]
+# public name -> the module that defines it, imported on first use (PEP 562): importing one light
+# module of this package (`records`, `divergence`) must not load torch and the model code
+_EXPORTS = {
+    "Caution": "verdict", "DivergenceReport": "divergence", "ForcedSequence": "forcing",
+    "ForcingResult": "forcing", "ForcingSummary": "verdict", "GuardConfig": "config", "OutputRecord": "records",
+    "Pairing": "config", "RateDifference": "statistics", "RateTest": "config", "Rule": "verdict",
+    "SequenceCounts": "statistics", "Verdict": "verdict", "compare": "verdict", "compare_outputs": "divergence",
+    "default_near_tie_nats": "config", "force": "forcing", "rate_difference": "statistics",
+    "read_records": "records", "records_from_outputs": "records", "write_records": "records",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -16,12 +16,15 @@ Does not own the decision (`verdict.py`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specpilot.errors import ConfigError
-from specpilot.guard.forcing import ForcingResult
 from specpilot.guard.records import match_prompts
+
+if TYPE_CHECKING:  # forcing needs torch and the engine; `first_divergence` users do not
+    from specpilot.guard.forcing import ForcingResult
 
 
 def first_divergence(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:

@@ -1,15 +1,13 @@
-"""Entry points that force outputs and then decide: `gate` (library) and `controller_gate`.
+"""Entry points that force outputs and then decide.
 
     gate(session_or_target, candidate, stock, config) -> Verdict
-    controller_gate(request: specpilot.control.gate.GateRequest) -> GateResult
+    stock_forcing(deployment, device, prompts, max_new_tokens, chunk) -> ForcingResult
 
 `gate` takes records or already-forced results on either side (force stock once, reuse it for
-every candidate). `controller_gate` is what the controller loads by name
-("specpilot.guard.gate:controller_gate"): it scores the candidate's outputs against *stock AR*
-outputs for the same prompts, which it generates itself with the deployment's stock knobs and
-the drafter off, in the process's session for that deployment and device (so in the dtype the
-workers use). The baseline is stock AR, not the incumbent: comparing against the incumbent
-would let the allowed 0.5 pp excess compound over successive promotions.
+every candidate). `stock_forcing` generates *stock AR* outputs (the deployment's stock knobs, the
+drafter off) in the process's cached session for that deployment and device, and forces them:
+the baseline every candidate is scored against. The controller's adapter
+(`specpilot.control.gate.controller_gate`) is built from these.
 
 Does not own the decision rule (`verdict.py`) or forcing (`forcing.py`).
 """
@@ -83,16 +81,3 @@ def rejection_reason(verdict: Verdict) -> str:
             parts.append(f"{verdict.candidate.large_margin} large-margin mismatches (> {verdict.near_tie_nats:g} nats) "
                          f"vs stock {verdict.stock.large_margin}")
     return "token forcing: " + "; ".join(parts) if parts else ""
-
-
-def controller_gate(request, config: GuardConfig = GuardConfig()):
-    """The controller's gate: candidate outputs vs stock AR on the request's prompts -> GateResult."""
-    from specpilot.control.gate import GateResult
-
-    device = request.candidate.device
-    prompts = tuple(tuple(p) for p in request.prompts)
-    stock = stock_forcing(request.deployment, device, prompts, request.max_new_tokens, config.chunk)
-    candidate = records_from_outputs([list(p) for p in prompts], [list(o) for o in request.candidate_outputs])
-    verdict = gate(cached_session(request.deployment, device), candidate, stock, config)
-    return GateResult(verdict.passed, {"guard": "token-forcing", "baseline": "stock-ar", **verdict.to_dict()},
-                      rejection_reason(verdict))

@@ -8,7 +8,7 @@ outputs forced through the same scorer (`forcing.py`) and a `GuardConfig`:
    sequences, paired by prompt when both sides have the same prompts (`statistics.py`).
    - `RateTest.EXCESS` (default), H0: D <= rate_margin. Reject when lower bound > rate_margin, i.e.
      when we are `confidence` sure the candidate mismatches more than `rate_margin` (0.5 pp) above
-     stock. This is the issue's wording. Simulated with 40 prompts x 2048 tokens (`simulation.py`)
+     stock. Simulated with 40 prompts x 2048 tokens (`simulation.py`)
      it rejected 0 of 2000 equal systems, 5.8% of systems exactly at the margin and 99.4% of
      systems at +1 pp (paired; 91.5% unpaired).
    - `RateTest.NON_INFERIORITY`, H0: D >= rate_margin. Reject unless upper bound < it: the

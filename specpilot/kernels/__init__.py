@@ -3,9 +3,12 @@
 Files: `tiles.py` (shared @triton.jit pieces), `gemv.py`, `gemm.py`, `w12_unpack.py` (kernels,
 each with launcher and reference), `reference.py` (pure-torch reference and error bound),
 `escape_blocks.py` (W12 escapes regrouped per row block for the GEMM and the GEMV),
-`configs.py` (launch configs, heuristic, tuned tables), `launch.py` (operands, split-K plan),
-`workspace.py` (split-K scratch), `dispatch.py` (choice by M), `modules.py` (`TritonLinear`,
-`swap_projections`).
+`configs.py` (launch configs, heuristic, tuned tables; the tables in `tuned/`), `tma.py` (tensor
+descriptors of the GEMM's TMA loads), `launch.py` (operands, split-K plan), `workspace.py`
+(split-K scratch), `dispatch.py` (choice by M), `aot.py` (compiling every variant without a GPU),
+`search.py` (the launch-config search and the tuned tables it writes), `timing.py` (CUDA-graph
+timing, and the checked timer the search runs on a GPU).
+The modules that route a model's projections to these kernels live in `specpilot.models.linear`.
 
 Importing this package imports neither Triton nor anything that needs a GPU; kernel modules are
 imported on first use.
@@ -18,15 +21,12 @@ from specpilot.kernels.configs import (
     choose_config,
 )
 from specpilot.kernels.dispatch import kernels_available, linear
-from specpilot.kernels.modules import TritonLinear, swap_projections
 
 __all__ = [
     "KernelPath",
     "LaunchConfig",
-    "TritonLinear",
     "WeightFormat",
     "choose_config",
     "kernels_available",
     "linear",
-    "swap_projections",
 ]

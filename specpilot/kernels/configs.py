@@ -1,9 +1,10 @@
 """Launch configurations of the projection kernels and how one is chosen for a problem size.
 
-Owns: `LaunchConfig` (path, tile, split-K, warps, stages), the candidate lists the benchmark
-sweeps, the default heuristic, the automatic split-K factor, and reading tuned tables written by
-`bench/w12_kernels.py`. Pure Python: importing it needs neither Triton nor a GPU. Does not own
-launching (`gemv.py`, `gemm.py`) or choosing between kernels and cuBLAS (`dispatch.py`).
+Owns: `LaunchConfig` (path, tile, split-K, warps, stages), the candidate tiles the config search
+starts from, the default heuristic, the automatic split-K factor, and reading tuned tables (written
+by `search.tuned_document`: scripts/w12_kernels.py, the loop's kernel agent). Pure Python:
+importing it needs neither Triton nor a GPU. Does not own launching (`gemv.py`, `gemm.py`), the
+search (`search.py`), or choosing between kernels and cuBLAS (`dispatch.py`).
 
 Choice order for (format, M, N, K) on a device: an entry of the tuned table for the device (keyed
 by the M bucket, N, K), else the heuristic below. Both are deterministic, so a given deployment
@@ -16,7 +17,7 @@ import enum
 import functools
 import json
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specpilot.errors import ConfigError
@@ -26,9 +27,7 @@ GEMV_MAX_M = 8  # the GEMV kernel keeps one [BLOCK_N, BLOCK_K / 8] partial-sum t
 GEMM_MAX_M = 64  # beyond this the projection is compute-bound: decode once, then cuBLAS
 GEMV_DEFAULT_MAX_M = 0  # heuristic crossover: untuned shapes take the GEMM at every M. The GEMV
 # (~4 SASS instructions per W12 weight at M = 1, plus ~1.4 per extra row; the GEMM ~2.6 at M <= 16)
-# was the faster on 5 of the 10 Qwen3 projections at M = 1 in the 3f1051f sweep (qkv, 8B o, 32B
-# down and lm_head, by 0-9%), 0-5% slower on the others and 8-28% slower on all at M = 2
-# (bench/results/w12/w12_kernels_m1_2.json): a tuned-table choice, not a default
+# wins on some projections at M = 1 and loses on all from M = 2: a tuned-table choice, not a default
 MAX_SPLIT_K = 8
 REGISTERS_PER_SM = 65536
 MIN_PROGRAMS_PER_SM = 2  # the register cap keeps at least this many programs of a config on an SM
@@ -108,12 +107,9 @@ class LaunchConfig:
     def max_registers(self) -> int:
         """Registers per thread the compiler may use (Triton's `maxnreg`): few enough that
         `resident` programs (MIN_PROGRAMS_PER_SM unless a config asks for more) fit an SM's
-        register file. Without the cap, an 8-warp W12 GEMM with escape blocks took 136 and ran one
-        program per SM, +76% on the H200 (a run of bench/w12_escape_cost.py at commit eb43a8e, not
-        kept; see that commit's successor a6d82c8); 4-warp configs stay below theirs (248). With
-        resident = 3 (168) the n64 k256 tiles at M = 32 compile to 161 registers with no spills
-        instead of 210, so three programs fit where shared memory allows (s2: 57 KB); such configs
-        were the best on 8 of 16 swept rows at M = 32-64 (bench/results/w12/w12_kernels_resident3.md)."""
+        register file. Uncapped, an 8-warp W12 GEMM with escape blocks takes enough registers for
+        one program per SM only, and the n64 k256 tiles at M = 32 enough for two; with resident = 3
+        (168) those compile without spills, so three programs fit where shared memory allows."""
         return min(255, REGISTERS_PER_SM // (32 * self.num_warps * self.resident)) // 8 * 8
 
     def shared_bytes(self, M: int, weight_bytes: float) -> float:
@@ -136,25 +132,22 @@ def m_bucket(M: int) -> int:
     return next_pow2(M)
 
 
-# Candidates the benchmark sweeps, chosen from the SASS of sm_90 builds (instructions per weight in
-# the K loop: `python -m specpilot.kernels.aot --sass gemm`) and the session-3 prototype timings.
+# The tiles the config search (`search.py`) starts from, chosen from the SASS of sm_90 builds
+# (instructions per weight in the K loop: `python -m specpilot.kernels.aot --sass gemm`) and timings.
 # GEMM: 64-256 weight rows per program (the MMA's M: one or two warpgroups), K tiles of 128-512
 # columns, 2-6 pipeline stages; larger row blocks amortize the x^T tile each program stages per K
 # step (BK x BM x 2 bytes against BN x BK x 1.5 of W12), which matters from M = 32 on. GEMV: 8-32
 # rows per program, 512-2048 columns per step, loads not pipelined (cp.async stages, TMA and a
-# register prefetch of the next step were all slower: bench/results/w12/w12_gemv_*.json).
-# Candidates whose buffers would not fit an sm_90 block at this M are left out. The benchmark also tries the best ones with other
-# `programs_per_sm` (how finely small shapes are split along K) and split_k factors.
+# register prefetch of the next step were all slower). Candidates whose buffers would not fit an
+# sm_90 block at this M are left out. The search's later phases vary the fastest of them.
 _GEMM_TILES = (  # (block_n, block_k, num_warps, num_stages)
     (64, 256, 4, 3), (64, 128, 4, 4), (64, 128, 4, 6), (64, 256, 4, 4), (64, 512, 4, 2), (64, 128, 4, 3),
     (64, 256, 4, 2),
     (128, 128, 4, 3), (128, 128, 8, 3), (128, 128, 8, 4), (128, 256, 8, 2), (256, 128, 8, 3),
 )
-_GEMV_TILES = {  # block_m -> (block_n, block_k, num_warps, num_stages): the fastest at M = 1 and 2 in
-    # bench/results/w12/w12_gemv_fma*.json, w12_gemv_in_acc.json (n16 k512 the best GEMV on 8B gate_up
-    # and lm_head there) and w12_gemv_tiles.json (n8 k2048 on 8B down: 22.49 µs, the next 23.34);
-    # at M = 4 the GEMV took 1.7-2.2x the tuned GEMM's time on every projection
-    # (w12_gemv_fma_m4.md), so two tiles suffice from there
+_GEMV_TILES = {  # block_m -> (block_n, block_k, num_warps, num_stages): the fastest GEMV tiles of
+    # the Qwen3 projections at M = 1 and 2; from M = 4 the GEMV takes about twice the tuned GEMM's
+    # time, so two tiles suffice there
     1: ((8, 1024, 2, 1), (32, 512, 4, 1), (16, 1024, 4, 1), (8, 512, 2, 1), (16, 512, 4, 1), (8, 2048, 4, 1)),
     2: ((32, 512, 4, 1), (8, 1024, 2, 1), (16, 1024, 4, 1)),
     4: ((32, 512, 4, 1), (16, 512, 4, 1)),
@@ -182,27 +175,11 @@ def candidates(M: int) -> tuple[LaunchConfig, ...]:
     return (gemv_candidates(M) if M <= GEMV_MAX_M else ()) + gemm_candidates(M)
 
 
-TMA_X_MIN_M = 16  # x's tiles by TMA are worth a try from here: 5-18% slower at M = 1 (bench/results/w12/w12_tma_x.md)
-
-
-def with_tma_forms(configs, M: int) -> tuple[LaunchConfig, ...]:
-    """`configs` and, after them, each GEMM config with its weight tiles by TMA and, from
-    TMA_X_MIN_M rows with K steps a TMA box of x can hold (<= 256), x's tiles too: what a tuner
-    tries besides the tiles themselves (TMA configs were the best on 43 of 70 W12 rows of the
-    ae3517f sweep, x by TMA on 17 of 30 at M = 16-64 in a4ee472's)."""
-    configs = tuple(configs)
-    tma = tuple(replace(c, tma=True) for c in configs if c.path is KernelPath.GEMM)
-    tma_x = tuple(replace(c, tma_x=True) for c in tma if M >= TMA_X_MIN_M and c.block_k <= 256)
-    return tuple(dict.fromkeys(configs + tma + tma_x))
+TMA_X_MIN_M = 16  # x's tiles by TMA are worth a try from here (at M = 1 they are slower than plain loads)
 
 
 # The untuned default tile per format, for M up to the bucket's bound: the candidate with the best
-# geometric mean over the 10 Qwen3 projections of each M in the H200 sweeps (bench/results/w12/
-# w12_kernels.md at 4d037e8 and w12_kernels_more_tiles.md at 83be863, the only one with n64 k128 s3):
-# W12 within 6-9% of each row's best at M <= 16 (n64 k256 s3), 6% at 32 (k128 s3), 12-14% at 64
-# (n128 w8), where n64 k256 s3 everywhere was 13% (M = 32) and 23-25% (M = 64) off; BF16 within
-# 2-4% at M <= 32 and 17% at 64 with n64 k128 s3, against 13-28% for n64 k256 s3. (Each row's
-# best is its fastest of four timings, a config's figure one timing, so all are a little high.)
+# geometric mean of its time over the 10 Qwen3 projections at each M on the H200.
 _HEURISTIC_TILES = {  # format -> ((largest M, (block_n, block_k, num_warps, num_stages)), ...)
     WeightFormat.W12: ((16, (64, 256, 4, 3)), (32, (64, 128, 4, 3)), (GEMM_MAX_M, (128, 128, 8, 3))),
     WeightFormat.DENSE: ((GEMM_MAX_M, (64, 128, 4, 3)),),
@@ -210,17 +187,14 @@ _HEURISTIC_TILES = {  # format -> ((largest M, (block_n, block_k, num_warps, num
 
 
 # The heuristic tiles load their weights by TMA (`tma.py`; cp.async wherever TMA cannot, e.g. before
-# sm_90). Against the same tile with cp.async, one timing each in the same H200 sweep, TMA was faster
-# on 21 of 27 W12 rows (geometric mean 1.027x, worst 0.961x) and 38 of 49 BF16 rows (1.012x, worst
-# 0.993x) in the ae3517f sweep, and on 12 of 15 / 19 of 25 rows (1.053x / 1.017x) at M = 16-64 in
-# a4ee472's (bench/results/w12/w12_kernels.json, w12_kernels_m16_64.json: the rows where the sweep
-# timed both forms). Where the tuned table has a row it decides; this is the default for the rest.
+# sm_90): against the same tile with cp.async, TMA is faster on most rows in both formats (a few
+# percent in geometric mean) and rarely more than a few percent slower. Where the tuned table has a
+# row it decides; this is the default for the rest.
 HEURISTIC_TMA = True
 
 # The escape gather reads a transposed copy of x (`gather_t`) by default from this many rows on weights
-# of at least this many entries: in the f748401 sweep (bench/results/w12/w12_kernels.md) it won at
-# M = 32-64 on the lm_heads (6-8e8 weights) and 32B gate_up (2.6e8), and lost on every projection
-# of 1.3e8 weights or fewer but one (8B gate_up at M = 64, by 1.5%).
+# of at least this many entries: there the gather's traffic outweighs the copy's cost (it wins on
+# the Qwen3 lm_heads and 32B gate_up at M = 32-64, and loses on nearly all smaller weights).
 GATHER_T_MIN_M = 32
 GATHER_T_MIN_WEIGHTS = 200_000_000
 
@@ -244,10 +218,8 @@ def auto_split_k(n_tiles: int, k_steps: int, sm_count: int, programs_per_sm: int
     >= 2 K steps: rounded up, or with `fit_wave` down, so that they fit one wave of that many per
     SM. Rounding up overshoots the wave by up to a tile's splits, which is free where more programs
     than that fit an SM and costs a second wave where the register cap allows exactly that many
-    (the 8-warp tiles at two per SM): W12 n128 k128 w8 s3 at M = 64, 40 row tiles of Qwen3-32B
-    down, 7 splits (280 programs for 264 slots) 103.5 µs, 6 splits 79.5; rounded down it was
-    faster on 5 of the 8 decoder projections and within 1% on the others
-    (bench/results/w12/w12_n128_waves.md)."""
+    (the 8-warp tiles at two per SM): e.g. 40 row tiles split 7 ways are 280 programs for the 264
+    slots of 132 SMs, a second wave of 16; split 6 ways they fit one."""
     programs = programs_per_sm * sm_count
     if n_tiles >= programs:
         return 1
@@ -272,7 +244,7 @@ def tuned_table(slug: str) -> dict[tuple[str, int, int, int], LaunchConfig]:
         return {(e["format"], e["m"], e["n"], e["k"]): LaunchConfig.from_dict(e["config"]) for e in entries}
     except (ValueError, KeyError, TypeError) as err:
         raise ConfigError(f"{path}: not a tuned-config table of these kernels ({err}); "
-                          f"re-run bench/w12_kernels.py or delete it") from None
+                          f"re-run scripts/w12_kernels.py or delete it") from None
 
 
 def choose_config(fmt: WeightFormat, M: int, N: int, K: int, device_name: str = "") -> LaunchConfig:

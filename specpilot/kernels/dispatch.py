@@ -5,8 +5,8 @@ the M-based dispatch (GEMV / tensor-core GEMM up to 64 rows via `configs.choose_
 that, decode once and call cuBLAS), and importing the kernel modules lazily, so importing
 `specpilot.kernels` never imports Triton.
 
-Does not own the kernels, their configs, or the modules that call this (`modules.py`,
-`specpilot.w12.linear`).
+Does not own the kernels, their configs, or the modules that call this (`specpilot.models.linear`,
+`specpilot.models.w12_linear`).
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ The GEMM decodes every escape slot as the placeholder code, which in its scaled 
 (w * 2^(112 - e0), see `specpilot.w12.layout`) is 2^-15. The CSR correction after the K loop
 (`gemm.py`, ESC_EPILOGUE) costs a chain of dependent loads per row block -- CSR range, then
 escapes, then the x columns they name, for every 16 escapes -- at the end of every program:
-+7% to +64% of the kernel (`bench/results/w12/w12_escape_cost.md`, commit 738bdfb). Adding them
-inside the K loop, per (row block, K tile), cost as much (commit 42c2f92): the x gather then
-stalls every step. Here each row block of `block_n` rows -- under split-K, each (row block, K
++2% to +61% of the kernel on the H200, against +1% to +21% for escape blocks
+(`results/w12/w12_escape_cost.md`). Adding them inside the K loop, per (row block, K tile), costs
+as much as the epilogue: the x gather then stalls every step. Here each row block of `block_n` rows -- under split-K, each (row block, K
 split) -- gets a fixed number `slot` of *entries* (row in block, column, value) at an address the
 program computes from its ids: it loads them before its K loop (nothing waits on them there), and
 after the loop one gather of x at their columns and one dot -- a one-hot [block_n, slot] matrix of
@@ -26,8 +26,8 @@ both keep the epilogue correction. Padding entries have value 0 and read x as 0.
 
 Layout: `words` [row_blocks * splits, slot] int32 = row_in_block << 24 | column, `values` (same
 shape) int16 (BF16 bits); slab = row_block * splits + split. Built with torch ops on the weight's
-device, once per (weight, block_n, split width) and cached on the weight (`W12Weight.derived`). Not part of the file format: derived data of
-6 * slot bytes per row block (0.2-0.8% of the planes on the benchmark's random weights).
+device, once per (weight, block_n, split width) and cached on the weight (`W12Weight.derived`).
+Not part of the file format: derived data of 6 * slot bytes per row block (0.2-0.8% of the planes on the benchmark's random weights).
 Does not own the kernels (`gemm.py`, `gemv.py`) or the format (`specpilot.w12`).
 """
 

@@ -18,25 +18,23 @@ as the placeholder 2^-15. The escapes are added in that scaled domain, one of tw
   and one one-hot dot add them, each split-K program its own columns -- one memory round trip.
   The gather reads row-major x, one 32-byte sector per (entry, row), so its traffic grows with M;
   with `LaunchConfig.gather_t` the call first copies x^T [K, M] (a kernel of ~2.5 µs) and the
-  gather reads each column's M values side by side: the lm_heads at M = 64 went from 0.93x to
-  1.02x cuBLAS, small projections lose the copy's time (bench/results/w12/gather_t.md);
+  gather reads each column's M values side by side: it pays on the lm_heads at M = 64 (0.93x ->
+  1.02x cuBLAS on the H200), while small projections lose the copy's time, so configs opt in;
 - the epilogue correction, for weights escape blocks cannot express (Inf/NaN, values whose scaled
   form is no normal BF16, rows full of escapes): the program finishing a row block reads its CSR
   escapes, 16 at a time, and adds two one-hot dots per chunk (values, minus placeholders), the
   non-finite ones row by row; each chunk costs two dependent loads.
 The program that finishes a row block multiplies by 2^(e0 - 112) -- exact; every program loads
-that scale before its K loop (after it, the cold bytes cost one more DRAM round trip at the end:
-up to 3% slower on 13 of 14 rows in `bench/results/w12/scale_early.md`). Row blocks are split
-along K when there are too few of them to fill the GPU; the reduction is deterministic
-(`tiles.reduce_split_k`). Registers are capped so two programs fit an SM, or three where a
+that scale before its K loop (loaded after it, the cold bytes cost one more DRAM round trip at
+the end, up to 3%). Row blocks are split along K when there are too few of them to fill the GPU;
+the reduction is deterministic (`tiles.reduce_split_k`). Registers are capped so two programs fit an SM, or three where a
 config asks for it (`LaunchConfig.resident`, `max_registers`).
 
 The first K step's MMA reads `where(step == step0, 0, acc)`, which Triton lowers to wgmma's
 use-accumulator flag. Starting from the zeros instead, the path that skips the loop hands the
 accumulator registers a plain move, and ptxas then serializes every wgmma of the kernel (info
-C7515): the K loop waited after each HGMMA, 1-8% slower at M = 1 and up to 19% at M = 32 on the
-H200 (`bench/results/w12/first_reset.md`; one config there, n128 k128 w4 s3, was faster serialized).
-The SASS test holds the loop to one wait per K step.
+C7515): the K loop then waits after each HGMMA, 1-8% slower at M = 1 and up to 19% at M = 32 on
+the H200. The SASS test holds the loop to one wait per K step.
 
 With `LaunchConfig.tma` the weight tiles come by TMA from tensor descriptors instead (`tma.py`):
 the same tiles, so the same output bit for bit; a weight TMA cannot describe keeps cp.async. With
@@ -266,7 +264,7 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
          workspace: SplitKWorkspace | None = None, escapes: str = "auto") -> torch.Tensor:
     """y [M, N] in x's dtype for x [M, K] (1 <= M <= 64) and a W12 or plain weight [N, K].
 
-    `escapes` picks how W12 escapes are added, for tests and `bench/w12_escape_cost.py`: "auto"
+    `escapes` picks how W12 escapes are added, for tests and `scripts/w12_escape_cost.py`: "auto"
     (escape blocks where the weight has them, else the epilogue), "blocks", "epilogue" -- all exact --
     or "off", which skips them: a wrong result, timed only; nothing else may pass it."""
     run, mode, _, block_args, slot = plan_launch(x, weight, config, workspace, escapes)

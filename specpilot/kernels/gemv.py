@@ -7,10 +7,9 @@ right after the loads by the inline-PTX decoder (`tiles.decode_groups`: ~2.25 in
 float32 weight), and code i of every group meets x at that code's column, gathered from x
 (which the repeated reads keep in L1; BF16 x on the GPU a pair of columns per inline-PTX load).
 So the weights stay in the registers they were loaded into: nothing is reordered into column
-order, and nothing passes through shared memory. (The
-first version of this kernel assembled each tile in column order, as the tensor-core GEMM needs
-it, which Triton converted through shared memory: 5.1 instructions per W12 weight at M = 1 on
-sm_90, and slower than the GEMM on every projection of the session-10 sweep.)
+order, and nothing passes through shared memory (assembling tiles in column order, as the
+tensor-core GEMM needs them, makes Triton convert them through shared memory: 5.1 instructions
+per W12 weight at M = 1 on sm_90, slower than the GEMM).
 
 Each activation row m keeps one [BLOCK_N, G] float32 accumulator (G = BLOCK_K / 8), summed over
 the codes of a group in code order, over the K steps in order, and over G once at the end. Plain
@@ -19,19 +18,18 @@ pairs as one 32-bit load): on escape-free weights W12 gives the plain kernel's o
 bit, since the decoders' scaling by 2^(112 - e0) is undone exactly per row. With `num_stages` > 1
 Triton pipelines the loop's loads through shared memory (cp.async); on the H200 that, a register
 prefetch of the next step and TMA loads were all slower than plain loads with several programs
-per SM (bench/results/w12/w12_gemv_*.json). Row blocks are split along K when there are too few
-of them to keep every SM streaming; splits reduce through `tiles.reduce_split_k` in a fixed
-order, so results do not depend on scheduling.
+per SM. Row blocks are split along K when there are too few of them to keep every SM streaming;
+splits reduce through `tiles.reduce_split_k` in a fixed order, so results do not depend on
+scheduling.
 
-W12 escapes come from escape blocks (`gemm.escape_operands`): this program's slab is loaded before the
-K loop and added in the scaled domain after it. A slab of at most G entries (the benchmark's
+W12 escapes come from escape blocks (`gemm.escape_operands`): this program's slab is loaded before
+the K loop and added in the scaled domain after it. A slab of at most G entries (the benchmark's
 shapes: a few escapes per row block) is loaded one entry per lane of the accumulators' G axis and
 each product x[m, column] * value added into acc[its row, its lane] before the sum over G: no
-reduction or layout change of its own. That took the escapes' cost on 8B qkv at M = 1 from
-14.24 µs (a one-hot [BM, SLOT, BN] sum after the loop, which went through shared memory) to 13.32,
-against 13.82 with escapes off (bench/results/w12/w12_gemv_in_acc.md). Wider slabs keep the one-hot
-sum. Weights without blocks take the CSR correction of the program that finishes a row block
-(three dependent loads after the loop: 8B o took 11.37 µs with it in that run).
+reduction or layout change of its own, where a one-hot [BM, SLOT, BN] sum after the loop goes
+through shared memory (on 8B qkv at M = 1: 13.32 µs against 14.24, 13.82 with escapes off).
+Wider slabs keep the one-hot sum. Weights without blocks take the CSR correction of the program
+that finishes a row block (three dependent loads after the loop).
 
 Does not own tile decoding (`tiles.py`), config choice (`configs.py`) or the M-based dispatch
 (`dispatch.py`).

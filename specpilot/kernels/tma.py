@@ -7,40 +7,23 @@ through shared memory with mbarriers. The tile's values and the sums are the sam
 bit-identical to the cp.async path. TMA reads zeros outside the tensor, as the cp.async path's
 masks do (rows past N, groups past Kp, columns past K).
 
-Measured first with a prototype kernel at the cp.async path's tuned configs, escapes off, on the
-H200 (bench/results/w12/w12_tma.md): 0.6-5.5% faster at M = 32 on 9 of 10 projections (32B qkv
-29.07 -> 27.47 µs), within ±1% at M = 1 except 32B qkv (3.3% faster) and 32B gate_up (2.3% slower); so it is a
-config option the benchmark sweep tries, not a default. In the sweep that followed (d856760,
-bench/results/w12/w12_kernels.md) TMA configs were the best on 36 of 70 W12 rows.
-
 A TMA box needs a 16-byte-aligned base and row stride, at most 256 elements per dimension and at
 least 16 bytes in its inner one; a weight or config that cannot meet that takes the cp.async path
 (`descriptors` returns None), as does any GPU before sm_90: the option is a speed choice, never a
 reason to fail. W12 descriptors are cached on the weight (`W12Weight.derived`, like the escape
-blocks); a plain weight's are built per call (1.9 µs of Python on a 2-core development machine;
-nothing on the GPU), and Triton's launcher encodes every descriptor at each eager launch.
+blocks); a plain weight's are built per call (Python only, nothing on the GPU).
 
-With `LaunchConfig.tma_x` the x^T tile of each K step comes by TMA too: one box [BM, BK] of x
-(`x_descriptor`; zeros past M and K, as the masked loads read), transposed in shared memory for
-the MMA. A prototype at the tuned configs (bench/results/w12/w12_tma_x.md) was 0.5-4.5% faster
-at M = 32 on 8 of 10 projections and 5-18% slower at M = 1, so the sweep tries it from 16 rows.
-x's descriptor is built per call (its address changes); the same alignment rules apply, and an x
-that breaks them (an odd row stride, a sliced view, a K step of 512) or is float32 takes the plain
-loads. So does an x that fills less than three quarters of the box's rows: boxes that hang far
-past x's last row were slow on the H200, the more so the more rows they fill with zeros. The
-shipped M=32 config of the Qwen3-8B lm_head took 277.9 µs at M=17 with x by TMA and 231.2 with
-plain loads (243 either way at 32), its M=64 config 373.4 against 269.8 at M=33
-(bench/results/w12/w12_bucket_span_x.md). Over every tuned tma_x entry at four row counts below
-its bucket's bound (bench/results/w12/w12_tma_x_fit.md, 124 rows, W12 and BF16): on the 62 rows
-where more than a quarter of the box lay past x, plain loads were faster on 28 (up to 1.32x) and
-slower on 11 (down to 0.953x); on the other 62 they were slower on 32 (down to 0.938x) and faster
-on 6. So plain loads are taken in the first case only: 1.019x in geometric mean over the 124.
-That threshold was read off that one run; re-timed in a fresh run with it in place
-(bench/results/w12/w12_tma_x_rule.md), the 62 rows it switches ran 1.043x in geometric mean, 29
-faster and 7 slower (worst 0.942x). The tuner times tma_x at each bucket's full row count,
-where the box fits exactly, so the tuned point itself does not change.
+With `tma_x` the x^T tile of each K step comes by TMA too: one box [BM, BK] of x (`x_descriptor`;
+zeros past M and K, as the masked loads read), transposed in shared memory for the MMA. x's
+descriptor is built per call (its address changes); the same alignment rules apply, and an x that
+breaks them (an odd row stride, a sliced view, a K step of 512) or is float32 takes the plain
+loads. So does an x that fills less than three quarters of the box's rows: a box hanging far past
+x's last row is slower than the plain loads, the more so the more rows it fills with zeros. The
+search times tma_x at each bucket's full row count, where the box fits exactly; the dispatcher's
+configs at row counts between the bounds, with this rule, are in results/w12/w12_kernels_shipped_4.md.
 
-Does not own the kernel (`gemm.py`) or config choice (`configs.py`).
+Which configs use TMA is the search's and the tuned table's choice (`search.py`, `configs.py`).
+Does not own the kernel (`gemm.py`).
 """
 
 from __future__ import annotations

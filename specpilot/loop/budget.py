@@ -25,6 +25,7 @@ from specpilot.control.config import ControllerConfig
 
 GUESS_EVALUATION_S = {"cpu": 20.0, "cuda": 90.0}
 WARMUP_S = {"cpu": 10.0, "cuda": 60.0}
+SHARED_OPEN_S = 6.0  # warming a new system in a running shared worker (graph capture), settling included
 
 
 class Budget:
@@ -47,7 +48,9 @@ def evaluation_seconds(noise_costs, ccfg: ControllerConfig, memory, digest: str,
         per_block = noise_costs.timed_blocks / noise_costs.blocks
         gate = ccfg.gate_prompts / ccfg.block_prompts * per_block  # both arms generate the gate's prompts
         blocks = ccfg.blocks + ccfg.extra_blocks / 2  # extra blocks are spent on undecided candidates only
-        return noise_costs.open + noise_costs.warmup_blocks + gate + blocks * per_block
+        # a shared worker is started once, in the noise measurement: later knob comparisons only warm
+        open_s = min(noise_costs.open, SHARED_OPEN_S) if ccfg.shared_workers else noise_costs.open
+        return open_s + noise_costs.warmup_blocks + gate + blocks * per_block
     totals = sorted(e.detail["evaluation"]["costs"]["total"] for e in memory.entries(deployment=digest, limit=20)
                     if e.detail.get("evaluation", {}).get("estimate"))
     if totals:

@@ -9,15 +9,13 @@ Timing presets (how candidates are timed; the noise floor is measured once per d
 procedure and reused from the memory, so a preset's numbers are fixed, not adapted per run):
 
     quick      CPU default. 8 paired blocks of 1 request x 32 new tokens (8 more when undecided),
-               10 noise blocks: a candidate costs ~20 s on the fixture on two cores, most of it starting
-               its two workers and generating the guard's outputs. The noise floor of a shared CPU is
-               large (3-16% measured on the 2-core dev machine), so only large gains clear the bar
-               (1% + 2 x noise).
-    scaled     GPU default. 10 blocks of 2 requests x 256 new tokens (capped by the deployment's),
-               12 noise blocks, up to 10 extra blocks in looks of 5. Estimated, not yet measured: about
-               a minute per candidate on an H200 for fixture-x16, most of it worker start-up (load,
-               x16 expansion, compilation, graph capture).
-    standard   the controller's own defaults (`control.evaluate.default_config`): 20 blocks x 4
+               10 noise blocks. The noise floor of a shared CPU is large, so only large gains clear
+               the bar (1% + 2 x noise).
+    scaled     GPU default. 10 blocks of 2 requests x 128 new tokens (capped by the deployment's),
+               12 noise blocks, up to 10 extra blocks in looks of 5.
+Knob-only candidates are timed in the backend's persistent shared worker (no start-up per
+candidate; `specpilot.control.shared`), code patches in fresh isolated workers.
+    standard   the controller's own defaults (`control.defaults.default_config`): 20 blocks x 4
                requests x the deployment's max_new_tokens, 30 noise blocks — for long runs.
 
 Owns: `LoopConfig`, `Timing`, `StopReason`, `controller_config`, `for_device`. Does not own
@@ -95,27 +93,27 @@ class LoopConfig:
 def for_device(device: str, **changes) -> LoopConfig:
     """Defaults sized for the device kind ("cpu" / "cuda"), then `changes` (None values ignored)."""
     if device == "cuda":
-        base = LoopConfig(rounds=3, timing=Timing.SCALED, profile_tokens=256, final_prompts=4, final_tokens=512)
+        base = LoopConfig(rounds=3, timing=Timing.SCALED, profile_tokens=256, final_prompts=5, final_tokens=512)
     else:
-        base = LoopConfig(rounds=2, budget_minutes=4.0, timing=Timing.QUICK, profile_tokens=48, final_prompts=3,
-                          final_tokens=48)
+        # no fixed budget: the run is sized by its rounds, and says up front what they should take
+        base = LoopConfig(rounds=2, timing=Timing.QUICK, profile_tokens=48, final_prompts=3, final_tokens=48)
     return replace(base, **{k: v for k, v in changes.items() if v is not None})
 
 
 PRESETS = {
     Timing.STANDARD: {},
-    Timing.SCALED: {"blocks": 10, "requests_per_block": 2, "max_new_tokens": 256, "noise_blocks": 12,
+    Timing.SCALED: {"blocks": 10, "requests_per_block": 2, "max_new_tokens": 128, "noise_blocks": 12,
                     "extra_blocks": 10, "extra_step": 5},
     Timing.QUICK: {"blocks": 8, "requests_per_block": 1, "max_new_tokens": 32, "warmup_requests": 1,
                    "warmup_blocks": 1, "noise_blocks": 10, "extra_blocks": 8, "extra_step": 8, "gate_prompts": 4,
-                   "resamples": 1999},
+                   "resamples": 1999, "settle_seconds": 2.0},
 }
 
 
 def controller_config(config: LoopConfig, deployment: Deployment) -> ControllerConfig:
     """The controller's settings: the timing preset (see the module docstring) for the deployment,
     its token budget capped by the deployment's, then `config.controller`."""
-    from specpilot.control.evaluate import default_config
+    from specpilot.control.defaults import default_config
 
     fields = dict(PRESETS[config.timing], seed=config.seed)
     if "max_new_tokens" in fields:

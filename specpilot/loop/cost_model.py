@@ -76,10 +76,9 @@ class Gap:
 def forward_floor_ms(params: int, weight_bytes: int, kv_bytes: float, tokens: int, p: StepProfile) -> float:
     """Lower bound on one forward over `tokens` tokens of the whole batch."""
     # The copy bandwidth counts read + write bytes: it is the rate at which the device moves bytes,
-    # which a forward streaming its weights (reads) reaches as well. Halving it (as this did) put the
-    # floor above what was measured: on the H200, fixture-x16's verify forward took 2.41 ms against
-    # a "floor" of 3.47 ms, and AR 2.30 ms/token against 3.47 (run3-8d19c61) — 6.61 GB of weights
-    # at the measured 3.81 TB/s is 1.74 ms.
+    # which a forward streaming its weights (reads) reaches as well. Halved, it puts the floor above
+    # measured forwards: on the H200 fixture-x16's verify forward takes ~2.4 ms, its 6.61 GB of
+    # weights 1.74 ms at the measured 3.81 TB/s, 3.47 ms at half of it.
     bw = p.bandwidth_gbps * 1e9
     memory = (weight_bytes + kv_bytes) / bw
     compute = 2 * params * tokens / (p.matmul_tflops * 1e12)

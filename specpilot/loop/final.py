@@ -3,7 +3,7 @@
 The controller measured each promotion as a gain over its incumbent; users care about speedup over
 AR. At the end of a run the benchmark procedure of `specpilot.bench` (AR and the systems
 interleaved batch by batch in one process, paired stratified bootstrap intervals; see
-`bench/runner.py` and `bench/stats.py`) times AR, stock and the final system on the deployment's
+`specpilot.bench.runner` and `specpilot.bench.stats`) times AR, stock and the final system on the deployment's
 benchmark sets, so both speedups — and the final system's gain over stock — come from the same
 run, with intervals.
 
@@ -117,9 +117,9 @@ def _bench_in_worktree(workdir: str, deployment_file: str, final_system, config:
     argv = ["--deployment", deployment_file, "--system", "stock", "--system", str(system_file),
             "--sets", *config.sets, "--n-prompts", str(config.n_prompts),
             "--max-new-tokens", str(config.max_new_tokens), "--seed", str(config.seed), "--out", str(out),
-            "--no-progress"]
+            "--interval", config.interval.value, "--no-progress", *(["--ignore-eos"] if config.ignore_eos else [])]
     code = (f"import sys; sys.path.insert(0, {str(Path(workdir).resolve())!r}); "
-            f"from specpilot.bench.cli import main; sys.exit(main({argv!r}))")
+            f"from specpilot.cli.bench import main; sys.exit(main({argv!r}))")
     env = dict(os.environ)
     if not torch_cuda_available():
         env["OMP_NUM_THREADS"] = "1"  # single-threaded on CPU, like the loop's workers (runner.py)

@@ -1,7 +1,7 @@
 """Live progress of the controller's work, without touching the controller.
 
 The controller runs a round as one call (`Controller.evaluate_round`) and reports nothing until it
-returns. `ObservedBackend` wraps the evaluation backend: every pair session it opens is wrapped
+returns. `ObservedBackend` wraps the evaluation backend: every worker pair it opens is wrapped
 in turn, so the loop sees workers come up, the guard's outputs being generated and timed blocks
 go by, and prints a short line for each (`Journal.say`, not a record: the numbers that decide
 arrive as `EVALUATION` records). Every call is passed through unchanged; the wrapper adds no work

@@ -6,8 +6,11 @@ snapshot of the memory (`Recall`) instead of letting every agent query the datab
 - `evaluations`: every evaluation of this deployment (fingerprint), newest first;
 - `similar`: promoted entries of other deployments, most similar deployment first (what to try
   first here, `Memory.similar_validated`);
-- `verdict(hash)`: the latest evaluation of a system — the loop reuses it instead of timing the
-  same system again;
+- `verdict(hash)`: the latest evaluation of a system when it is final — the loop reuses it
+  instead of timing the same system again. Not final (`unsettled`): a need-more-data verdict, or
+  one timed under contention (another timing run, `control.timing_lock`) unless the candidate was
+  disqualified (guard, outputs, a failing worker: no timing involved). Such a system is timed
+  again, up to `MAX_RETIMES` more times; after that its latest verdict stands;
 - `promotable_changes(...)`: changes measured as gains on some incumbent (promoted, significant
   but not selected, or positive but below the bar), the integration agent's material.
 
@@ -18,13 +21,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specpilot.control.rule import Reason, Verdict
+from specpilot.control.rule import Reason, Outcome
 from specpilot.memory.fingerprint import DeploymentFingerprint
 from specpilot.memory.records import MemoryRecord
 from specpilot.memory.store import Memory
 
 # reasons that say the candidate is broken, not merely slow: never stacked
 DISQUALIFYING = {Reason.GUARD_FAILED, Reason.OUTPUTS_SHORTER, Reason.BAD_OUTPUT, Reason.WORKER_FAILED}
+MAX_RETIMES = 2  # a system whose verdicts stay unsettled is timed at most 1 + this many times
+
+
+def unsettled(record: MemoryRecord) -> str | None:
+    """Why an evaluation is not a final verdict on its system, or None when it is."""
+    if DISQUALIFYING & set(record.reasons):
+        return None
+    if record.verdict is Outcome.NEED_MORE_DATA:
+        return "need more data"
+    if record.contended:
+        return "timed under contention"
+    return None
 
 
 @dataclass(frozen=True)
@@ -39,15 +54,20 @@ class Recall:
         return cls(fp.digest, own, tuple(memory.similar_validated(fp, limit=similar_limit)))
 
     def verdict(self, system_hash: str) -> MemoryRecord | None:
-        """The latest evaluation of this system on this deployment, if any."""
-        return next((r for r in self.evaluations if r.candidate.hash == system_hash), None)
+        """The latest evaluation of this system on this deployment when it is final; None (time it
+        again) when there is none, or the latest is unsettled and the system has been timed no more
+        than `MAX_RETIMES` times so far."""
+        mine = [r for r in self.evaluations if r.candidate.hash == system_hash]
+        if not mine or (unsettled(mine[0]) and len(mine) <= MAX_RETIMES):
+            return None
+        return mine[0]
 
     @property
     def known(self) -> frozenset[str]:
         return frozenset(r.candidate.hash for r in self.evaluations)
 
     def promoted(self) -> tuple[MemoryRecord, ...]:
-        return tuple(r for r in self.evaluations if r.verdict is Verdict.PROMOTE)
+        return tuple(r for r in self.evaluations if r.verdict is Outcome.PROMOTE)
 
     def promotable_changes(self, min_gain: float = 0.0) -> list[MemoryRecord]:
         """Evaluations whose candidate beat its incumbent by more than `min_gain` (point estimate)

@@ -86,7 +86,7 @@ def promotions(chain, journal_events) -> list[dict]:
 
 def build_report(paths, journal, deployment, fp, config, ccfg, noise, start, incumbent, after, final, stop,
                  memory) -> dict:
-    from specpilot.control.evaluate import source_commit
+    from specpilot.control.defaults import source_commit
     from specpilot.control.rule import promotion_threshold
     from specpilot.loop.state import promotion_chain
 
@@ -169,6 +169,8 @@ def format_gain(est, lo, hi, fmt="{:+.1%}") -> str:
 def format_speedup(interval: dict | None) -> str:
     if not interval or interval.get("estimate") is None:
         return "n/a"
+    if interval.get("no_interval"):  # e.g. too few prompts per set (specpilot.bench/2)
+        return f"{interval['estimate']:.2f}x [n/a ({interval['no_interval']})]"
     return format_gain(interval["estimate"], interval.get("low"), interval.get("high"), "{:.2f}x")
 
 
@@ -191,9 +193,12 @@ def render_markdown(r: dict) -> str:
         bench = final["bench"]["config"]
         lines += _table(["system", "speedup over AR (95% CI)", "over stock (95% CI)"], rows)
         note = f" Note: {final['note']}." if final["note"] else ""
+        old = final["bench"].get("schema", "").startswith("specpilot.bench/1")  # before per-token speedups
+        per_set = ("total AR time / total system time" if old
+                   else "AR time per generated token / system time per generated token")
         lines += ["", f"Measured in one run: AR and the systems interleaved batch by batch on {len(bench['sets'])} "
                       f"sets x {bench['n_prompts']} prompts x {bench['max_new_tokens']} new tokens (batch "
-                      f"{bench['batch']}); per set total AR time / total system time, geometric mean over sets, "
+                      f"{bench['batch']}); per set {per_set}, geometric mean over sets, "
                       f"{bench['interval']} bootstrap intervals.{note}", ""]
     else:
         lines += ["No final benchmark in this run (interrupted, or disabled).", ""]

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from specpilot.control.config import ControllerConfig
 from specpilot.control.controller import Controller, Evaluation
-from specpilot.control.evaluate import source_commit
-from specpilot.control.rule import Verdict
+from specpilot.control.defaults import source_commit
+from specpilot.control.rule import Outcome
 from specpilot.control.stats import NoiseFloor
 from specpilot.loop.agents.base import LoopSetup, Proposal, Proposer, ProposerContext
 from specpilot.loop.cost_model import CostTable
@@ -135,7 +135,7 @@ def run_round(r: RoundInputs, journal: Journal) -> RoundOutcome:
         evaluated.append(Evaluated(p, e, entry))
         journal.emit(EventKind.EVALUATION, evaluation_line(p, e, entry), r.index,
                      **evaluation_record(p, e, entry, inc.candidate))
-    promoted = next((x for x in evaluated if x.evaluation.verdict is Verdict.PROMOTE
+    promoted = next((x for x in evaluated if x.evaluation.verdict is Outcome.PROMOTE
                      and result.promoted is x.evaluation), None)
     new_inc = inc
     if promoted is not None:
@@ -232,7 +232,7 @@ def _pct(x) -> str:
 
 def evaluation_line(p: Proposal, e: Evaluation, entry: int) -> str:
     d, est = e.decision, e.estimate
-    mark = {Verdict.PROMOTE: "+", Verdict.REJECT: "x", Verdict.NEED_MORE_DATA: "?"}[d.verdict]
+    mark = {Outcome.PROMOTE: "+", Outcome.REJECT: "x", Outcome.NEED_MORE_DATA: "?"}[d.verdict]
     head = f"  [{mark}] {d.verdict.value.upper()} {p.candidate.name} ({', '.join(x.value for x in d.reasons)})"
     parts = []
     if est is not None:

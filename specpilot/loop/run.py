@@ -4,12 +4,19 @@
                the token-forcing gate, the benchmark prompt source), ask each agent once whether it
                is on, load the models in this process (profiles, the guard's scorer, the final
                benchmark: one copy, shared with the guard)
+    lock       the timing lock of the devices and the memory (`control.timing_lock`), held from
+               loading the models to the end: a second run waits for it (`wait_s`), or with
+               `--no-wait` / on timeout runs without it, and what it times is marked contended
+               (taken when it comes free, between rounds)
     noise      the stock-vs-stock noise floor for this deployment and timing procedure: from the
-               memory when it was measured before, else measured now and stored
+               memory when one was measured under a comparable load (`memory.evaluate.reusable_noise`),
+               else measured now and stored with its load; checked again before every round against
+               the load the last round ran under, and re-chosen when that changed
     resume     the incumbent is the memory's best validated system (`state.py`)
     rounds     `rounds.run_round` until the run has `rounds` completed rounds, the budget would be
                overrun by the next one (the final measurement's time is reserved, `budget.py`), or
-               `patience` rounds in a row had nothing new to time
+               `patience` rounds in a row had nothing new to time; each round's evaluations are
+               tagged in the memory with the load the round ran under
     final      the last incumbent's cost table (the "after" of the gap breakdown), and stock and the
                final system against AR in one benchmark run (`final.py`)
     report     report.json, report.md, the plots (`report.py`, `plots.py`)
@@ -30,8 +37,10 @@ from typing import TextIO
 
 from specpilot.config import load_deployment
 from specpilot.control.gate import DEFAULT_GATE, load_gate
+from specpilot.control.load import LoadProbe, not_comparable
 from specpilot.control.prompts import DEFAULT_PROMPT_SOURCE, derived_seed, load_prompt_source
 from specpilot.control.rule import promotion_threshold
+from specpilot.control.timing_lock import DEFAULT_WAIT_S, TimingLock
 from specpilot.errors import SpecPilotError
 from specpilot.loop.agents.base import AgentOptions, LoopSetup, make_proposers
 from specpilot.loop.budget import Budget, evaluation_seconds, final_seconds, round_seconds
@@ -59,6 +68,7 @@ class RunOptions:
     runner: str = LOOP_RUNNER
     remeasure_noise: bool = False  # measure the noise floor again even if the memory has one
     quiet: bool = False
+    wait_s: float = DEFAULT_WAIT_S  # how long to wait for another timing run's lock (0: --no-wait)
 
 
 @dataclass(frozen=True)
@@ -71,11 +81,13 @@ class LoopResult:
     files: tuple
 
 
-def run_loop(config: LoopConfig, options: RunOptions = RunOptions(), stream: TextIO | None = None) -> LoopResult:
-    """Run the loop; returns where it wrote its report and what it found."""
+def run_loop(config: LoopConfig, options: RunOptions = RunOptions(), stream: TextIO | None = None,
+             probe: LoadProbe | None = None) -> LoopResult:
+    """Run the loop; returns where it wrote its report and what it found. `probe` reads the
+    machine's load (default: /proc)."""
     import torch
 
-    run = _Run(config, options, stream)
+    run = _Run(config, options, stream, probe)
     threads = torch.get_num_threads()
     if run.device == "cpu":
         torch.set_num_threads(CPU_THREADS)
@@ -87,7 +99,7 @@ def run_loop(config: LoopConfig, options: RunOptions = RunOptions(), stream: Tex
 
 
 class _Run:
-    def __init__(self, config: LoopConfig, options: RunOptions, stream: TextIO | None):
+    def __init__(self, config: LoopConfig, options: RunOptions, stream: TextIO | None, probe: LoadProbe | None):
         from specpilot.control.backends.local import LocalBackend, visible_devices
         from specpilot.memory.store import Memory
 
@@ -100,15 +112,23 @@ class _Run:
         self.ccfg = controller_config(config, self.deployment)
         self.agents = make_proposers(config.agents, AgentOptions(config.coding_command, config.coding_timeout_s,
                                                                  config.kernel_budget_s))
-        self.paths = prepare_run(options.out, self.deployment.name, options.resume)
-        self.journal = Journal(self.paths.journal, stream, quiet=options.quiet)
-        self.backend = LocalBackend(devices=list(self.devices), placement=self.ccfg.placement)
-        self.memory = Memory(options.memory)
+        self.memory = Memory(options.memory)  # before any directory: a refused memory leaves none behind
+        try:
+            self.paths = prepare_run(options.out, self.deployment.name, options.resume)
+            self.journal = Journal(self.paths.journal, stream, quiet=options.quiet)
+            self.backend = LocalBackend(devices=list(self.devices), placement=self.ccfg.placement)
+        except BaseException:
+            self.memory.close()
+            raise
         root = package_checkout()
         self.checkout = Checkout.capture(root) if root else None
         self.stock = Candidate(self.deployment.stock)
+        self.lock = TimingLock(self.devices, self.memory.path, wait_s=options.wait_s, say=self.journal.say,
+                               probe=probe)
+        self.last_load = None  # the load the last round ran under (None before the first)
 
     def close(self) -> None:
+        self.lock.release()
         self.memory.close()
         self.backend.close()
         if self.checkout is not None:
@@ -133,9 +153,10 @@ class _Run:
         self._announce()
         self.setup = LoopSetup(dep, self.device, self.backend.device_name(), self.checkout, self.paths.scratch)
         self.enabled = tuple(a for a in self.agents if self._agent_on(a))
+        self.lock.acquire()
         self.session = shared_session(self.deployment_file, dep, self.devices[0])
         j.say(f"loaded {dep.name} in this process (profiles, the guard's scorer, the final benchmark)")
-        self._noise()
+        self._noise(force=self.options.remeasure_noise)
         self.batches = profile_batches(self.source, dep, self.config)
         incumbent, outcomes, stop, cost = self._rounds()
         final, after = None, cost
@@ -176,26 +197,50 @@ class _Run:
                           enabled=status.enabled, reason=status.reason)
         return status.enabled
 
-    def _noise(self) -> None:
-        """The noise floor from the memory, or measured now (stock against a copy of stock) and stored."""
+    def _noise(self, now=None, index: int = 0, force: bool = False) -> None:
+        """The noise floor: from the memory when one was measured under a load comparable to `now`
+        (default: read now), else measured now (stock against a copy of stock) and stored with its load."""
         from specpilot.control.stats import NoiseFloor
+        from specpilot.memory.evaluate import reusable_noise
 
-        stored = None if self.options.remeasure_noise else self.memory.noise_floor(self.fp.digest,
-                                                                                   self.controller.procedure)
-        costs = None
+        stored, costs, note = None, None, "measured now; asked to measure it again (--remeasure-noise)"
+        if not force:
+            stored, note = reusable_noise(self.memory, self.fp, self.controller.procedure,
+                                          now or self.lock.current())
         if stored is not None:
-            self.noise_id, self.noise = stored
+            self.noise_id, self.noise, self.noise_load = stored.id, stored.noise, stored.load
         else:
-            aa = self.controller.stock_vs_stock(self.stock.runner_spec(self.deployment_file, self.options.runner))
-            self.noise, costs = NoiseFloor(aa.estimate, self.controller.procedure), aa.costs
-            self.noise_id = self.memory.record_noise(self.fp, self.noise)
+            with self.lock.window() as w:
+                aa = self.controller.stock_vs_stock(self.stock.runner_spec(self.deployment_file, self.options.runner))
+            self.noise, costs, self.noise_load = NoiseFloor(aa.estimate, self.controller.procedure), aa.costs, w.load
+            self.noise_id = self.memory.record_noise(self.fp, self.noise, w.load)
+            note += f" ({w.load.describe()})"
         self.per_evaluation = evaluation_seconds(costs, self.ccfg, self.memory, self.fp.digest, self.device)
         est, threshold = self.noise.estimate, promotion_threshold(self.ccfg, self.noise)
         self.journal.emit(
             EventKind.NOISE, f"noise floor {self.noise.value:.2%} ({'measured now' if costs else 'from the memory'}, "
             f"stock vs stock {est.gain:+.2%} [{est.lower:+.2%}, {est.upper:+.2%}] over {est.n} blocks); promotion "
-            f"threshold {threshold:.2%} = {self.ccfg.min_gain:.0%} + {self.ccfg.noise_multiplier:g} x noise", 0,
-            noise=self.noise.to_dict(), noise_id=self.noise_id, measured=costs is not None, threshold=threshold)
+            f"threshold {threshold:.2%} = {self.ccfg.min_gain:.0%} + {self.ccfg.noise_multiplier:g} x noise\n"
+            f"  {note}", index, noise=self.noise.to_dict(), noise_id=self.noise_id, measured=costs is not None,
+            threshold=threshold, load=self.noise_load.to_dict(), why=note)
+
+    def _check_load(self, index: int) -> None:
+        """Before a round: take the timing lock if it came free, and choose the noise floor again when
+        the load now (the last round's) is not comparable to the one it was measured under."""
+        was_held = self.lock.held
+        now = self.lock.current() if self.lock.try_acquire() and not was_held else self.last_load
+        if now is None or (now.contended and self.noise_load.contended):
+            return  # nothing timed yet, or still contended as the floor was
+        why = not_comparable(self.noise_load, now)
+        if why is None:
+            return
+        if not self.budget.fits(self.per_evaluation):
+            self.journal.say(f"round {index}: the load changed since the noise floor was measured ({why}); "
+                             "no time left to choose it again: keeping it")
+            return
+        self.journal.say(f"round {index}: the load changed since the noise floor was measured ({why}): "
+                         "choosing it again")
+        self._noise(now, index)
 
     def measure(self, c: Candidate):
         """The cost table of `c`: in this process, or from its worktree when it carries a patch."""
@@ -213,10 +258,15 @@ class _Run:
         bench = bench_config(self.deployment, c.final_prompts, c.final_tokens, c.seed)
         try:
             while done < c.rounds:
+                self._check_load(index)
                 cost = cost or self.measure(incumbent.candidate)
                 estimate = round_seconds([o.seconds for o in outcomes if not o.nothing_new], self.per_evaluation,
                                          c.max_candidates, self.backend.parallelism)
                 reserve = final_seconds(cost, bench, self.deployment.regime.batch, self.device) if c.final else 0.0
+                if not outcomes and self.budget.seconds is None:
+                    j.say(f"no time budget: {c.rounds - done} round(s) of ~{estimate:.0f} s and the final measurement "
+                          f"(~{reserve:.0f} s), about {((c.rounds - done) * estimate + reserve) / 60:.1f} min "
+                          "(estimated from the noise measurement)")
                 if not self.budget.fits(estimate + reserve):
                     stop = StopReason.BUDGET
                     j.emit(EventKind.STOP, f"stopping: round {index} (~{estimate:.0f} s) and the final measurement "
@@ -224,10 +274,17 @@ class _Run:
                            reason=stop.value, round_estimate_s=estimate, final_estimate_s=reserve,
                            left_s=self.budget.left())
                     break
-                outcome = run_round(RoundInputs(
-                    index, round_label(self.paths.run_id, index), self.setup, incumbent, self.stock, self.enabled,
-                    self.controller, self.ccfg, self.noise, self.noise_id, self.memory, self.fp, self.deployment_file,
-                    self.options.runner, c.max_candidates, self.measure, self.session, cost, tuple(history)), j)
+                with self.lock.window() as window:
+                    outcome = run_round(RoundInputs(
+                        index, round_label(self.paths.run_id, index), self.setup, incumbent, self.stock, self.enabled,
+                        self.controller, self.ccfg, self.noise, self.noise_id, self.memory, self.fp,
+                        self.deployment_file, self.options.runner, c.max_candidates, self.measure, self.session, cost,
+                        tuple(history)), j)
+                self.last_load = window.load
+                self.memory.tag_load([x.entry_id for x in outcome.evaluated], window.load)
+                if window.load.contended and outcome.evaluated:
+                    j.say(f"round {index} was timed under contention ({window.load.describe()}): its verdicts are "
+                          "stored as contended, and later rounds and runs do not take them as final")
                 history.append((outcome.incumbent_before.candidate.system, outcome.cost))
                 outcomes.append(outcome)
                 done, index = done + 1, index + 1

@@ -14,10 +14,9 @@ contract) with two differences:
   shapes) per (batch, capacity), the capacity rounded up from prompt + new tokens + the tree's
   slack; the first request whose prompt lands in a new capacity builds one — graph capture and a
   pass over every padded prefill shape — inside its timed span, as the controller times from
-  outside. On the H200 (fixture-x16) that was 1.5-3.5 s inside a 0.3 s request, every evaluation,
-  in the block whose prompt is the stream's longest (436 tokens), and more for the candidate,
-  whose deeper tree needs more slack (larger buckets): one block at log ratio -0.30 among blocks
-  at +0.15, enough to keep a +18% tree below the threshold (`bench/results/loop/fixture-x16/run3-*`).
+  outside. On the H200 (fixture-x16) that costs 1.5-3.5 s inside a 0.3 s request, more for a
+  candidate whose deeper tree needs more slack: one such block outweighs a real gain (a +18% tree
+  stayed below the threshold), so no timed request may build a workspace.
 
 Imported inside worker processes (a patch candidate's worktree first on sys.path), so it imports
 the engine's runner from wherever the worker's `specpilot` comes from.
@@ -52,6 +51,45 @@ def LoopRunner(spec):
         torch.set_num_threads(CPU_THREADS)
         return SystemRunner(spec)
     return WarmedRunner(SystemRunner(spec))
+
+
+def SharedLoopRunner(spec):
+    """Build `SessionRunner(spec)` for a shared worker (every system of the deployment in one
+    process), single-threaded on CPU; each system's first warm-up also builds its workspaces."""
+    import torch
+
+    from specpilot.engine.runner import SessionRunner
+
+    cpu = _on_cpu(spec)
+    if cpu:
+        torch.set_num_threads(CPU_THREADS)
+    return WarmedSessionRunner(SessionRunner(spec), workspaces=not cpu)
+
+
+class WarmedSessionRunner:
+    """A `SessionRunner` whose first warm-up of each system also runs `warm_workspaces` for it."""
+
+    def __init__(self, runner, workspaces: bool = True):
+        self.runner = runner
+        self.workspaces = workspaces  # on CPU there are no graphs to capture: plain warm-up only
+        self.warmed: dict[str, list[int]] = {}  # system fingerprint -> prompt lengths warmed
+
+    def warm(self, knobs: dict, prompts: list[list[int]], max_new_tokens: int) -> None:
+        self.runner.warm(knobs, prompts, max_new_tokens)
+        key = self.runner.system(knobs).fingerprint()
+        if self.workspaces and key not in self.warmed:
+            self.warmed[key] = warm_workspaces(_OneSystem(self.runner, knobs), prompts, max_new_tokens)
+
+    def run(self, knobs: dict, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = True) -> dict:
+        return self.runner.run(knobs, prompts, max_new_tokens, stop_at_eos)
+
+
+class _OneSystem:
+    """One system of a `SessionRunner`, seen as a single-system runner by `warm_workspaces`."""
+
+    def __init__(self, runner, knobs: dict):
+        self.generator = runner.generator(knobs)
+        self.session = runner.session
 
 
 class WarmedRunner:

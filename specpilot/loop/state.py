@@ -26,7 +26,7 @@ from pathlib import Path
 
 from specpilot import env
 from specpilot.config import System
-from specpilot.control.rule import Verdict
+from specpilot.control.rule import Outcome
 from specpilot.errors import ConfigError
 from specpilot.loop.journal import JOURNAL_FILE, Event, EventKind, Journal
 from specpilot.loop.systems import Candidate, Incumbent
@@ -126,7 +126,7 @@ def resume_point(paths: RunPaths, memory: Memory, digest: str, stock: System, ch
 def promotion_chain(memory: Memory, digest: str, incumbent: Incumbent) -> list[MemoryRecord]:
     """The promotions that lead from stock to `incumbent`, oldest first (empty for stock)."""
     promoted = {}
-    for r in sorted(memory.entries(deployment=digest, verdict=Verdict.PROMOTE), key=lambda r: r.id):
+    for r in sorted(memory.entries(deployment=digest, verdict=Outcome.PROMOTE), key=lambda r: r.id):
         if r.deployment == digest:
             promoted[r.candidate.hash] = r  # a system promoted twice counts by its latest measurement
     chain, seen = [], set()

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specpilot.config import System
-from specpilot.control.spec import RunnerSpec
+from specpilot.control.arm import ArmSpec
 from specpilot.memory.records import knob_diff, system_hash
 
 # knobs that interact, by group: a tree's shape, its drafter and window form one; kernels another
@@ -59,8 +59,8 @@ class Candidate:
     def hash(self) -> str:
         return system_hash(self.knobs, self.patch)
 
-    def runner_spec(self, deployment: str, factory: str) -> RunnerSpec:
-        return RunnerSpec(deployment, self.knobs, workdir=self.workdir, factory=factory)
+    def runner_spec(self, deployment: str, factory: str) -> ArmSpec:
+        return ArmSpec(deployment, self.knobs, workdir=self.workdir, factory=factory)
 
     def changes_from(self, parent: Candidate) -> dict:
         """{knob: [parent's, ours]} plus {"patch": [had one, has one]} when the patches differ."""

@@ -2,7 +2,7 @@
 
 A patch candidate (from the coding agent, the kernel agent, or a promoted patch the next rounds
 build on) is code, so it is timed from its own copy of the package: a `git worktree` of this
-checkout that the controller's workers import first (`RunnerSpec.workdir`).
+checkout that the controller's workers import first (`ArmSpec.workdir`).
 
 The *baseline* is the checkout as the loop found it, uncommitted work included: a worktree is
 `git worktree add --detach` at HEAD, then the checkout's uncommitted changes (`git diff HEAD`,

@@ -4,7 +4,8 @@ A system's identity is its content: `system_hash(knobs, patch)` hashes the knob 
 excluded) and the patch's sha256, so the same change proposed twice is one system, and two
 systems that differ only in name are one as well.
 
-Owns: `SystemRecord`, `MemoryRecord`, `Validated`, `system_hash`, `knob_diff`. Does not own SQL.
+Owns: `SystemRecord`, `MemoryRecord`, `StoredNoise`, `Validated`, `system_hash`, `knob_diff`. Does
+not own SQL.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from dataclasses import dataclass
 
 from specpilot.control.config import Stage
 from specpilot.control.controller import Evaluation
-from specpilot.control.rule import Reason, Verdict
+from specpilot.control.load import Load
+from specpilot.control.rule import Reason, Outcome
+from specpilot.control.stats import NoiseFloor
 
 
 def patch_sha256(patch: str | None) -> str | None:
@@ -57,7 +60,7 @@ class MemoryRecord:
     incumbent: str  # system hash
     round: str
     stage: Stage
-    verdict: Verdict
+    verdict: Outcome
     reasons: tuple[Reason, ...]
     gain: float | None
     gain_lower: float | None
@@ -70,10 +73,16 @@ class MemoryRecord:
     guard: dict
     detail: dict  # {"evaluation": Evaluation.to_dict(), "config": ..., "commit": ..., "host": ...}
     created_at: str
+    load: Load | None = None  # the machine load it was timed under; None: stored before loads were
 
     @property
     def validated(self) -> bool:
-        return self.verdict is Verdict.PROMOTE
+        return self.verdict is Outcome.PROMOTE
+
+    @property
+    def contended(self) -> bool:
+        """Timed without the timing lock or alongside another timing run."""
+        return self.load is not None and self.load.contended
 
     def evaluation(self) -> Evaluation:
         return Evaluation.from_dict(self.detail["evaluation"])
@@ -81,8 +90,18 @@ class MemoryRecord:
     def to_dict(self) -> dict:
         d = dict(self.__dict__)
         d.update(candidate=self.candidate.to_dict(), stage=self.stage.value, verdict=self.verdict.value,
-                 reasons=[r.value for r in self.reasons])
+                 reasons=[r.value for r in self.reasons], load=self.load.to_dict() if self.load else None)
         return d
+
+
+@dataclass(frozen=True)
+class StoredNoise:
+    """A noise floor as stored, with the load it was measured under (None: stored before loads were)."""
+
+    id: int
+    noise: NoiseFloor
+    load: Load | None
+    created_at: str
 
 
 @dataclass(frozen=True)

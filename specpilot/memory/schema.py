@@ -15,6 +15,10 @@ Tables (JSON columns hold plain dicts written by the dataclasses' `to_dict`):
                   reasons, gain + interval, threshold, noise, p-value, blocks, guard numbers, detail
     file_hashes   sha256 cache of model files keyed by (path, size, mtime_ns)  [v2]
 
+`noise_floors.load` and `evaluations.load` [v3]: the machine load the numbers were measured under
+(`control.load.Load.to_dict`: others' CPU share, load average, other timing runs, contended); NULL
+for rows stored before v3, whose load is unknown.
+
 Owns: DDL and `migrate`. Does not own queries (`store.py`).
 """
 
@@ -101,6 +105,10 @@ MIGRATIONS = (
             mtime_ns INTEGER NOT NULL,
             sha256 TEXT NOT NULL,
             PRIMARY KEY (path, size, mtime_ns))""",
+    )),
+    Migration(3, "the machine load of each noise floor and evaluation", (
+        "ALTER TABLE noise_floors ADD COLUMN load TEXT",
+        "ALTER TABLE evaluations ADD COLUMN load TEXT",
     )),
 )
 

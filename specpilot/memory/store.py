@@ -8,9 +8,11 @@ discards the uncommitted WAL frames on the next open. One connection per `Memory
 across threads behind a lock.
 
 Queries: `entries` (filtered list), `get`, `noise_floor` (latest for a deployment + procedure),
-`best_validated` (largest estimated gain over stock along the chain of promotions),
-`similar_validated` (promoted entries of other deployments, most similar first — what to try
-first on a new deployment), `export` (everything as plain JSON data).
+`noise_floors` (the recent ones, with the load each was measured under), `best_validated`
+(largest estimated gain over stock along the chain of promotions), `similar_validated` (promoted
+entries of other deployments, most similar first — what to try first on a new deployment),
+`export` (everything as plain JSON data). Promotions timed under contention (another timing run,
+see `control.timing_lock`) count for neither `best_validated` nor `similar_validated`.
 
 Owns: connections, transactions and SQL. Does not own the schema's text (`schema.py`) or what a
 fingerprint contains (`fingerprint.py`).
@@ -27,12 +29,14 @@ from pathlib import Path
 
 from specpilot.control.config import ControllerConfig, Stage
 from specpilot.control.controller import Evaluation
-from specpilot.control.rule import Reason, Verdict
+from specpilot.control.load import Load
+from specpilot.control.rule import Reason, Outcome
 from specpilot.control.stats import NoiseFloor
 from specpilot.errors import SpecPilotError
 from specpilot.memory import schema
 from specpilot.memory.fingerprint import DeploymentFingerprint
-from specpilot.memory.records import MemoryRecord, SystemRecord, Validated, knob_diff, patch_sha256, system_hash
+from specpilot.memory.records import (MemoryRecord, StoredNoise, SystemRecord, Validated, knob_diff, patch_sha256,
+                                      system_hash)
 from specpilot.memory.schema import MemoryStoreError, now
 
 
@@ -120,21 +124,23 @@ class Memory:
                    patch_sha256(patch), parent_hash, json.dumps(diff, sort_keys=True), now()))
         return h
 
-    def record_noise(self, fp: DeploymentFingerprint, noise: NoiseFloor) -> int:
+    def record_noise(self, fp: DeploymentFingerprint, noise: NoiseFloor, load: Load | None = None) -> int:
+        """Store a noise floor with the machine load it was measured under; returns its id."""
         e = noise.estimate
         with self.transaction() as c:
             self._deployment(c, fp)
             cur = c.execute(
                 "INSERT INTO noise_floors (deployment, procedure, noise, gain, gain_lower, gain_upper, blocks, detail, "
-                "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "created_at, load) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (fp.digest, noise.procedure, noise.value, e.gain, e.lower, e.upper, e.n,
-                 json.dumps(noise.to_dict()), now()))
+                 json.dumps(noise.to_dict()), now(), _load_json(load)))
             return cur.lastrowid
 
     def record_evaluation(self, fp: DeploymentFingerprint, evaluation: Evaluation, config: ControllerConfig, *,
                           round: str = "", patch: str | None = None, incumbent_patch: str | None = None,
-                          noise_id: int | None = None, commit: str = "") -> int:
-        """Store one evaluation (with its deployment and both systems) atomically; returns its id."""
+                          noise_id: int | None = None, commit: str = "", load: Load | None = None) -> int:
+        """Store one evaluation (with its deployment, both systems and the load it was timed under)
+        atomically; returns its id."""
         e, d = evaluation, evaluation.decision
         est = e.estimate
         detail = {"evaluation": e.to_dict(), "config": config.to_dict(), "commit": commit, "host": socket.gethostname()}
@@ -145,13 +151,20 @@ class Memory:
             cur = c.execute(
                 "INSERT INTO evaluations (deployment, candidate, incumbent, round, stage, verdict, reasons, gain, "
                 "gain_lower, gain_upper, threshold, noise, noise_id, p_value, blocks, guard_passed, guard, detail, "
-                "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "created_at, load) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (fp.digest, cand, inc, round, e.stage.value, d.verdict.value, json.dumps([r.value for r in d.reasons]),
                  est.gain if est else None, est.lower if est else None, est.upper if est else None,
                  d.threshold, e.noise.value if e.noise else None, noise_id, d.p_value, est.n if est else 0,
                  None if e.gate is None else int(e.gate.passed), json.dumps(e.gate.to_dict() if e.gate else {}),
-                 json.dumps(detail), now()))
+                 json.dumps(detail), now(), _load_json(load)))
             return cur.lastrowid
+
+    def tag_load(self, entry_ids: list[int], load: Load) -> None:
+        """Give evaluations stored without a load (a loop round's, stored as they were decided) the
+        load of the window they were timed in; entries that have one keep it."""
+        with self.transaction() as c:
+            c.executemany("UPDATE evaluations SET load = ? WHERE id = ? AND load IS NULL",
+                          [(_load_json(load), i) for i in entry_ids])
 
     # ---- reads ---------------------------------------------------------------------------------
     _SELECT = ("SELECT e.*, d.name AS deployment_name, s.name AS s_name, s.knobs AS s_knobs, s.patch AS s_patch, "
@@ -164,12 +177,13 @@ class Memory:
                               row["s_parent"], json.loads(row["s_diff"]), row["s_created_at"])
         return MemoryRecord(
             id=row["id"], deployment=row["deployment"], deployment_name=row["deployment_name"], candidate=system,
-            incumbent=row["incumbent"], round=row["round"], stage=Stage(row["stage"]), verdict=Verdict(row["verdict"]),
+            incumbent=row["incumbent"], round=row["round"], stage=Stage(row["stage"]), verdict=Outcome(row["verdict"]),
             reasons=tuple(Reason(r) for r in json.loads(row["reasons"])), gain=row["gain"],
             gain_lower=row["gain_lower"], gain_upper=row["gain_upper"], threshold=row["threshold"],
             noise=row["noise"], p_value=row["p_value"], blocks=row["blocks"],
             guard_passed=None if row["guard_passed"] is None else bool(row["guard_passed"]),
-            guard=json.loads(row["guard"]), detail=json.loads(row["detail"]), created_at=row["created_at"])
+            guard=json.loads(row["guard"]), detail=json.loads(row["detail"]), created_at=row["created_at"],
+            load=Load.from_dict(json.loads(row["load"]) if row["load"] else None))
 
     def get(self, entry_id: int) -> MemoryRecord:
         rows = self._rows(self._SELECT + " WHERE e.id = ?", (entry_id,))
@@ -177,7 +191,7 @@ class Memory:
             raise SpecPilotError(f"no memory entry {entry_id} in {self.path}")
         return self._record(rows[0])
 
-    def entries(self, deployment: str | None = None, verdict: Verdict | None = None,
+    def entries(self, deployment: str | None = None, verdict: Outcome | None = None,
                 limit: int | None = None) -> list[MemoryRecord]:
         """Newest first; `deployment` matches a fingerprint prefix or a deployment name."""
         where, args = [], []
@@ -197,10 +211,19 @@ class Memory:
                           "ORDER BY id DESC LIMIT 1", (deployment, procedure))
         return (rows[0]["id"], NoiseFloor.from_dict(json.loads(rows[0]["detail"]))) if rows else None
 
+    def noise_floors(self, deployment: str, procedure: str, limit: int = 20) -> list[StoredNoise]:
+        """The latest `limit` noise floors of a deployment and procedure, newest first, with their loads."""
+        rows = self._rows("SELECT id, detail, load, created_at FROM noise_floors WHERE deployment = ? AND "
+                          "procedure = ? ORDER BY id DESC LIMIT ?", (deployment, procedure, int(limit)))
+        return [StoredNoise(r["id"], NoiseFloor.from_dict(json.loads(r["detail"])),
+                            Load.from_dict(json.loads(r["load"]) if r["load"] else None), r["created_at"])
+                for r in rows]
+
     def best_validated(self, deployment: str) -> Validated | None:
-        """The promoted system with the largest estimated gain over stock for `deployment` (digest)."""
-        entries = self.entries(deployment=deployment, verdict=Verdict.PROMOTE)
-        chain = self._chains([r for r in entries if r.deployment == deployment])
+        """The promoted system with the largest estimated gain over stock for `deployment` (digest);
+        promotions timed under contention do not count."""
+        entries = self.entries(deployment=deployment, verdict=Outcome.PROMOTE)
+        chain = self._chains([r for r in entries if r.deployment == deployment and not r.contended])
         return max(chain, key=lambda v: (v.cumulative_gain, v.record.id)) if chain else None
 
     def similar_validated(self, fp: DeploymentFingerprint, limit: int = 10,
@@ -210,8 +233,8 @@ class Memory:
         for row in self._rows("SELECT fingerprint, components FROM deployments WHERE fingerprint != ?", (fp.digest,)):
             sim = fp.similarity(DeploymentFingerprint.from_dict(json.loads(row["components"])))
             if sim >= min_similarity:
-                out += [(sim, r) for r in self.entries(deployment=row["fingerprint"], verdict=Verdict.PROMOTE)
-                        if r.deployment == row["fingerprint"]]
+                out += [(sim, r) for r in self.entries(deployment=row["fingerprint"], verdict=Outcome.PROMOTE)
+                        if r.deployment == row["fingerprint"] and not r.contended]
         out.sort(key=lambda x: (-x[0], -(x[1].gain or 0.0), -x[1].id))
         return out[:limit]
 
@@ -244,6 +267,10 @@ class Memory:
             "exported_at": now(),
             "deployments": table("deployments", ("components",)),
             "systems": table("systems", ("knobs", "diff")),
-            "noise_floors": table("noise_floors", ("detail",)),
-            "evaluations": table("evaluations", ("reasons", "guard", "detail")),
+            "noise_floors": table("noise_floors", ("detail", "load")),
+            "evaluations": table("evaluations", ("reasons", "guard", "detail", "load")),
         }
+
+
+def _load_json(load: Load | None) -> str | None:
+    return json.dumps(load.to_dict()) if load is not None else None

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from specpilot.errors import CheckpointError
 from specpilot.models.config import ModelConfig
 from specpilot.models.transformer import Transformer, rope_tables
+from specpilot.models.w12_linear import W12Linear
 
 HF_PREFIX = "model."
 
@@ -175,7 +176,7 @@ def build_model(
         module_name = name.rsplit(".", 1)[0]
         parent_name, attr = module_name.rsplit(".", 1) if "." in module_name else ("", module_name)
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, value.to_module(device=device, dtype=dtype))
+        setattr(parent, attr, W12Linear(value if device is None else value.to(device)))
     cos, sin = rope_tables(config, max_positions or config.max_position_embeddings)
     model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
     return model.eval().requires_grad_(False)
@@ -197,8 +198,26 @@ def load_model(
 
     if is_w12_checkpoint(path):
         tensors.update(read_w12_tensors(path))
+        warn_if_reference_decode(path, device)
     check_tensors(config, tensors, str(path))
     return build_model(config, to_fused_state(config, tensors), device, dtype, max_positions)
+
+
+def warn_if_reference_decode(path: Path, device: torch.device | str) -> None:
+    """A `Notice` when no Triton kernel will run this W12 checkpoint's projections on `device`."""
+    import warnings
+
+    from specpilot import env
+    from specpilot.errors import Notice
+    from specpilot.kernels.dispatch import triton_installed
+
+    device = torch.device("cpu" if device is None else device)
+    if triton_installed() and (device.type == "cuda" or env.triton_interpret()):
+        return
+    why = "without Triton" if device.type == "cuda" else "on CPU"
+    warnings.warn(f"{path} is a W12 checkpoint: {why} every projection decodes its W12 weights to BF16 through "
+                  "the reference codec on each forward, so it runs slower than the BF16 original (same tokens); "
+                  "the W12 speedup needs the Triton kernels on a CUDA GPU", Notice, stacklevel=3)
 
 
 def save_model(model: Transformer, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:

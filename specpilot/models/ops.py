@@ -61,8 +61,8 @@ def fusion_enabled(device: torch.device) -> bool:
 @functools.cache
 def _compiled(name: str):
     # dynamic=True: one compilation serves every batch size and token count (decode step, tree
-    # verification, draft expansions, prefill); with static shapes each new (B, T) recompiled and
-    # the recompile limit was hit on the first real workload.
+    # verification, draft expansions, prefill); with static shapes each new (B, T) recompiles, and
+    # a real workload soon hits torch.compile's recompile limit.
     fn = globals()[name]
     return torch.compile(fn, dynamic=True, fullgraph=True)
 

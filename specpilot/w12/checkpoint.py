@@ -19,7 +19,7 @@ a hint to convert the BF16 checkpoint again, since its bytes would decode to wro
 
 Owns `is_w12_checkpoint` and `read_w12_tensors` (what `specpilot.models.loading` calls), the
 streaming shard writer and reader. Does not own which tensors get converted or verification
-against a source (`convert.py`).
+against a source (`specpilot.models.convert`).
 """
 
 from __future__ import annotations

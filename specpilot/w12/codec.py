@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from specpilot.errors import ConfigError
 from specpilot.w12.layout import (
     MAX_BASE,
     MIN_BASE,
@@ -125,3 +126,15 @@ def decode(weight: W12Weight) -> torch.Tensor:
         flat = escape_rows(weight) * K + escape_columns(weight)
         bits.view(-1)[flat] = weight.esc_val.to(torch.int32) & 0xFFFF
     return bits_to_bf16(bits)
+
+
+def exact_bf16(weight: torch.Tensor, name: str) -> torch.Tensor:
+    """`weight` as BF16, or a ConfigError if that would change any bit (NaN payloads included)."""
+    weight = weight.detach()
+    if weight.dtype == torch.bfloat16:
+        return weight
+    w16 = weight.to(torch.bfloat16)
+    as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[weight.element_size()]
+    if not torch.equal(w16.to(weight.dtype).view(as_int), weight.contiguous().view(as_int)):
+        raise ConfigError(f"w12 needs BF16 weights: {name} holds {weight.dtype} values that BF16 cannot hold exactly")
+    return w16

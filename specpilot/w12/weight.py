@@ -145,10 +145,3 @@ class W12Weight:
         nibble = (self.hi[rows, byte].to(torch.int32) >> shift) & 0xF
         if bool((low != 0).any()) or bool((nibble != 0).any()):
             raise CheckpointError(f"{where}: an escape slot does not hold the placeholder code")
-
-    def to_module(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None):
-        """A `W12Linear` computing x @ W.T from this weight on `device` (the output follows x's dtype)."""
-        from specpilot.w12.linear import W12Linear
-
-        weight = self if device is None else self.to(device)
-        return W12Linear(weight)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specpilot.bench import cli
+from specpilot.cli import bench as cli
 from specpilot.bench.report import OUTPUT_FILES
 
 SET_KEYS = {"set", "prompts", "batches", "speedup", "gain", "ar_seconds", "seconds", "ar_tokens", "tokens", "rounds",
@@ -14,8 +14,8 @@ SYSTEM_KEYS = {"name", "fingerprint", "knobs", "diff_vs_stock", "geomean_speedup
 ENV_KEYS = {"git_commit", "git_dirty", "device", "dtype", "gpu", "gpu_count", "cuda", "driver", "cpu",
             "torch_threads", "versions", "platform", "hostname"}
 CONFIG_KEYS = {"sets", "n_prompts", "max_new_tokens", "batch", "seed", "warmup_tokens", "resamples", "level",
-               "interval", "bootstrap_seed", "chat_template", "dropped_prompts", "speedup_definition"}
-INTERVAL_KEYS = {"estimate", "low", "high", "level", "method"}
+               "interval", "bootstrap_seed", "ignore_eos", "chat_template", "dropped_prompts", "speedup_definition"}
+INTERVAL_KEYS = {"estimate", "low", "high", "level", "method", "no_interval"}
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +26,7 @@ def bench_run(tiny_deployment_toml, tmp_path_factory):
     return argv, out
 
 
+@pytest.mark.slow
 def test_one_command_writes_table_json_and_plots(bench_run, capsys):
     argv, out = bench_run
     assert cli.main(argv) == 0
@@ -37,7 +38,7 @@ def test_one_command_writes_table_json_and_plots(bench_run, capsys):
     assert "| geomean |" in (out / "results.md").read_text()
 
     doc = json.loads((out / "results.json").read_text())
-    assert doc["schema"] == "specpilot.bench/1" and doc["command"][:2] == ["specpilot", "bench"]
+    assert doc["schema"] == "specpilot.bench/2" and doc["command"][:2] == ["specpilot", "bench"]
     assert ENV_KEYS <= set(doc["environment"]) and doc["environment"]["versions"]["torch"]
     assert doc["environment"]["dtype"] == "float32" and doc["environment"]["device"] == "cpu"
     assert doc["deployment"]["name"] == "tiny" and doc["deployment"]["stock"]["depth"] == 3
@@ -55,6 +56,7 @@ def test_one_command_writes_table_json_and_plots(bench_run, capsys):
     assert b["ar"]["seconds"] > 0 and b["systems"][0]["seconds"] > 0
 
 
+@pytest.mark.slow
 def test_an_existing_results_directory_is_never_overwritten_silently(bench_run, capsys):
     argv, out = bench_run
     assert (out / "results.json").is_file()

@@ -1,4 +1,4 @@
-"""bench/engine_ar.py (the GPU driver): its report, without a GPU."""
+"""scripts/engine_ar.py (the GPU driver): its report, without a GPU."""
 
 import json
 from pathlib import Path
@@ -29,7 +29,7 @@ def test_kernel_table_shows_the_w12_lm_head_variant(driver):
 
 
 def test_kernel_table_reads_runs_made_before_the_lm_head_variant(driver):
-    committed = REPO / "bench" / "results" / "engine" / "engine_ar_kernels.json"
+    committed = REPO / "results" / "engine" / "engine_ar_kernels.json"
     meta = {"model": "m", "date": "d", "gpu": "g", "torch": "t", "commit": "c", "errors": {}}
     res = json.loads(committed.read_text()) if committed.is_file() else {**meta, "kernels": kernel_rows(False)}
     text = driver.render(res)

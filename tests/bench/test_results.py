@@ -12,8 +12,8 @@ from specpilot.config import System
 STOCK, TREE = System(name="stock"), System(name="tree", depth=6, topk=8, tree_budget=40)
 
 
-def run(name, seconds, tokens=100, rounds=100, hist=(100,)):
-    return EngineRun(name, seconds, 0.01, (Output(tokens, rounds, hist, True, None),))
+def run(name, seconds, tokens=100, rounds=100, hist=(100,), identical=True):
+    return EngineRun(name, seconds, 0.01, (Output(tokens, rounds, hist, identical, None if identical else tokens),))
 
 
 def batch(set_name, k, ar, stock, tree):
@@ -28,7 +28,7 @@ MEASUREMENTS = (batch("gsm8k", 0, 10.0, 5.0, 4.0), batch("gsm8k", 1, 30.0, 5.0, 
 CONFIG = BenchConfig(sets=("gsm8k", "mbpp"), n_prompts=2, max_new_tokens=100, resamples=500)
 
 
-def test_set_speedup_is_total_ar_time_over_total_system_time():
+def test_set_speedup_with_equal_tokens_is_total_ar_time_over_total_system_time():
     stock, tree = summarise(MEASUREMENTS, (STOCK, TREE), CONFIG)
     assert stock.set("gsm8k").speedup.estimate == pytest.approx(40.0 / 10.0)
     assert stock.set("mbpp").speedup.estimate == pytest.approx(1.0)
@@ -66,4 +66,45 @@ def test_to_dict_is_plain_data():
     d = tree.to_dict(STOCK)
     assert d["diff_vs_stock"] == {"depth": [5, 6], "topk": [4, 8], "tree_budget": [7, 40]}
     assert d["geomean_gain"]["estimate"] == pytest.approx(tree.gain.estimate)
-    assert d["sets"][0]["speedup"]["method"] == "studentized"
+    assert d["sets"][0]["speedup"]["method"] == "bca"
+    assert d["ar_tokens"] == 400 and d["tokens"] == 400 and d["sets"][0]["tokens"] == 200
+
+
+def test_two_prompts_per_set_have_no_interval():
+    stock, _ = summarise(MEASUREMENTS, (STOCK, TREE), CONFIG)
+    for iv in (stock.set("gsm8k").speedup, stock.geomean):
+        d = iv.to_dict()
+        assert d["low"] is None and d["high"] is None and d["no_interval"] == "n < 5" and d["estimate"] > 0
+
+
+def early_set(n=6):
+    """AR: 100 tokens per prompt in 1.0-1.5 s; "tree" ends its outputs early (40-65 tokens) in 0.2-0.3 s;
+    "stock" decodes AR's 100 tokens in 0.5-0.75 s."""
+    out = []
+    for k in range(n):
+        scale = 1.0 + 0.1 * k
+        out.append(BatchMeasurement("mbpp", k, (PromptInfo(k, f"mbpp/{k}", 10),), ("ar", "stock", "tree"),
+                                    run("ar", scale), (run("stock", 0.5 * scale, rounds=40, hist=(10, 20, 10)),
+                                                       run("tree", 0.2 * scale, tokens=40 + 5 * k, rounds=20,
+                                                           hist=(0, 20), identical=False))))
+    return tuple(out)
+
+
+def test_a_system_that_ends_early_gets_the_per_token_ratio():
+    ms = early_set()
+    config = BenchConfig(sets=("mbpp",), n_prompts=6, max_new_tokens=100, resamples=500)
+    stock, tree = summarise(ms, (STOCK, TREE), config)
+    ar_seconds, ar_tokens = sum(m.ar.seconds for m in ms), sum(m.ar.tokens for m in ms)
+    t = tree.set("mbpp")
+    assert (t.ar_tokens, t.tokens) == (600, 315)
+    per_token = (ar_seconds / ar_tokens) / (t.seconds / t.tokens)
+    assert t.speedup.estimate == pytest.approx(per_token) == pytest.approx(t.tokens_per_second / t.ar_tokens_per_second)
+    assert t.speedup.estimate == pytest.approx(5.0 * 315 / 600)  # not the time ratio, 5.0x
+    assert tree.geomean.estimate == pytest.approx(per_token)  # one set
+    # gain over stock: stock's time per token over tree's (stock decodes AR's tokens at 2x)
+    assert t.gain.estimate == pytest.approx(per_token / 2.0)
+    assert stock.set("mbpp").speedup.estimate == pytest.approx(2.0)
+    # six prompts: a real interval, around the estimate
+    assert t.speedup.no_interval is None and t.speedup.low <= t.speedup.estimate <= t.speedup.high
+    d = tree.to_dict(STOCK)["sets"][0]
+    assert (d["ar_tokens"], d["tokens"]) == (600, 315) and d["speedup"]["estimate"] == pytest.approx(per_token)

@@ -1,4 +1,4 @@
-"""bench/speed_fixture.py (the GPU driver): its plan and checks, without a GPU."""
+"""scripts/speed_fixture.py (the GPU driver): its plan and checks, without a GPU."""
 
 from pathlib import Path
 
@@ -22,7 +22,7 @@ def test_default_plan_fits_the_fixture_deployments(driver, name):
     ((dep, systems, config),) = driver.plan(driver.parse_args(["--deployments", str(path)]))
     assert [s.name for s in systems] == ["stock", "tree-d6k8n48"]
     assert (config.n_prompts, config.max_new_tokens, len(config.sets)) == (10, driver.DEFAULT_MAX_NEW_TOKENS[name], 5)
-    tree = load_system(str(REPO / "bench" / "systems" / "tree.toml"), load_deployment(str(path)))
+    tree = load_system(str(REPO / "scripts" / "systems" / "tree.toml"), load_deployment(str(path)))
     assert tree.diff(dep.stock) == {"depth": [5, 6], "topk": [4, 8], "tree_budget": [7, 48]}
 
 

@@ -1,4 +1,4 @@
-"""bench/w12_refine.py (GPU re-timing of tuned configs against twins): what it re-times, when it adopts, what it writes."""
+"""scripts/w12_refine.py (GPU re-timing of tuned configs against twins): what it re-times, when it adopts, what it writes."""
 
 import dataclasses
 import json

@@ -7,7 +7,7 @@ from knobs in `spec.system`:
     jitter    relative sd of a per-request lognormal jitter; `spike` adds a rare x(1+spike) outlier
     seed      seeds the jitter (deterministic per runner)
 
-WORKDIR is the folder to give `RunnerSpec.workdir` so a worker can import this module.
+WORKDIR is the folder to give `ArmSpec.workdir` so a worker can import this module.
 """
 
 from __future__ import annotations
@@ -238,3 +238,81 @@ class AffinityRunner(SpeedRunner):
     def generate(self, prompts, max_new_tokens):
         cores = sorted(os.sched_getaffinity(0))[:max_new_tokens]
         return [list(cores) for _ in prompts]
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "?"
+
+
+def _detach(target) -> None:
+    """Run `target()` in a grandchild in a session of its own (double fork, setsid): it outlives
+    its parent and a signal to the parent's process group does not reach it."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                try:
+                    os.closerange(3, 4096)  # not the worker's socket: its EOF must still reach the controller
+                    target()
+                finally:
+                    os._exit(0)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _burn_while_stopped(worker: int, pid_file: str, lifetime: float) -> None:
+    """Append this pid to `pid_file`; then, for `lifetime` s, burn CPU whenever `worker` is stopped
+    (its arm is idle: the other arm is being timed) and idle otherwise, even after it is gone."""
+    with open(pid_file, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    end = time.monotonic() + lifetime
+    while time.monotonic() < end:
+        if _proc_state(worker) == "T":
+            spin = time.perf_counter() + 0.005
+            while time.perf_counter() < spin:
+                pass
+        else:
+            time.sleep(0.001)
+
+
+class DetachedBurnerRunner(SpeedRunner):
+    """Stock speed and tokens, but starts `burners` detached processes (double fork, setsid) that
+    burn CPU only while this worker is stopped, i.e. while the incumbent is timed. With `escape`, it
+    first switches off its worker's child-subreaper flag, so the burners are orphaned to init.
+    Knobs: pid_file (burners append their pids), burners, escape, lifetime (s; a safety cap)."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        knobs = spec.system
+        worker = os.getpid()
+        if knobs.get("escape"):
+            import ctypes
+
+            ctypes.CDLL(None).prctl(36, 0)  # PR_SET_CHILD_SUBREAPER off
+        for _ in range(int(knobs.get("burners", 1))):
+            _detach(lambda: _burn_while_stopped(worker, knobs["pid_file"], float(knobs.get("lifetime", 60))))
+
+
+class HonestFirstRunner(SpeedRunner):
+    """Lossless on its first `honest` generate calls (the gate's), lossy on every later one."""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.honest = int(spec.system.get("honest", 1))
+        self.calls = 0
+
+    def warmup(self, prompts, max_new_tokens):  # not counted: warm-up is not a generate request
+        SpeedRunner.generate(self, prompts, max_new_tokens)
+
+    def generate(self, prompts, max_new_tokens):
+        self.calls += 1
+        out = super().generate(prompts, max_new_tokens)
+        if self.calls <= self.honest:
+            return out
+        return [[(t + 1) % 997 for t in o] for o in out]

@@ -9,8 +9,8 @@ from sim_backend import SimBackend
 from specpilot.control.config import ControllerConfig, Multiplicity, Stage
 from specpilot.control.controller import Controller, Costs, Evaluation
 from specpilot.control.gate import ALWAYS_PASS, GateResult
-from specpilot.control.rule import Decision, Reason, Verdict
-from specpilot.control.spec import RunnerSpec
+from specpilot.control.rule import Decision, Reason, Outcome
+from specpilot.control.arm import ArmSpec
 from specpilot.control.stats import GainEstimate
 from specpilot.errors import ConfigError
 
@@ -18,7 +18,7 @@ CONFIG = ControllerConfig(resamples=1999, requests_per_block=4, max_new_tokens=8
 
 
 def spec(name, **knobs):
-    return RunnerSpec("sim", {"name": name, **knobs}, factory="sim:none")
+    return ArmSpec("sim", {"name": name, **knobs}, factory="sim:none")
 
 
 STOCK = spec("stock")
@@ -49,7 +49,7 @@ def test_noise_floor_is_stock_against_stock(noise):
 def test_a_candidate_failing_the_guard_is_never_promoted_and_never_timed(noise, gain):
     backend = SimBackend()
     e = controller(backend).evaluate(STOCK, spec("lossy", gain=gain, wrong=True), noise)
-    assert e.verdict is Verdict.REJECT and e.decision.reasons == (Reason.GUARD_FAILED,)
+    assert e.verdict is Outcome.REJECT and e.decision.reasons == (Reason.GUARD_FAILED,)
     assert e.estimate is None and not e.gate.passed
     assert backend.blocks() == [] and backend.closed == 1  # gated before any timing
 
@@ -57,7 +57,7 @@ def test_a_candidate_failing_the_guard_is_never_promoted_and_never_timed(noise, 
 def test_fast_lossless_candidate_is_promoted(noise):
     backend = SimBackend()
     e = controller(backend).evaluate(STOCK, spec("fast", gain=0.1), noise)
-    assert e.verdict is Verdict.PROMOTE and e.decision.reasons == (Reason.CLEARS_THRESHOLD,)
+    assert e.verdict is Outcome.PROMOTE and e.decision.reasons == (Reason.CLEARS_THRESHOLD,)
     assert e.estimate.gain == pytest.approx(0.1, abs=0.01)
     assert e.decision.lower_bound > e.decision.threshold == pytest.approx(0.01 + 2 * noise.value)
     assert e.gate.passed and e.outputs.divergence_rate == 0 and e.outputs.token_ratio == 1
@@ -70,20 +70,20 @@ def test_fast_lossless_candidate_is_promoted(noise):
 
 def test_slower_candidate_is_rejected_at_the_first_look(noise):
     e = controller().evaluate(STOCK, spec("slow", gain=-0.05), noise)
-    assert e.verdict is Verdict.REJECT and e.decision.reasons == (Reason.BELOW_THRESHOLD,)
+    assert e.verdict is Outcome.REJECT and e.decision.reasons == (Reason.BELOW_THRESHOLD,)
     assert e.decision.look == 1 and e.estimate.n == CONFIG.blocks
 
 
 def test_undecided_candidate_gets_the_declared_extra_blocks_then_need_more_data(noise):
     e = controller(SimBackend(noise=0.05)).evaluate(STOCK, spec("marginal", gain=0.02), noise)
-    assert e.verdict is Verdict.NEED_MORE_DATA and e.decision.reasons == (Reason.UNDECIDED,)
+    assert e.verdict is Outcome.NEED_MORE_DATA and e.decision.reasons == (Reason.UNDECIDED,)
     assert e.estimate.n == CONFIG.max_blocks and e.decision.look == CONFIG.looks
     assert e.verdict.exit_code == 3
 
 
 def test_candidate_returning_fewer_tokens_is_rejected_however_fast(noise):
     e = controller(gate=ALWAYS_PASS).evaluate(STOCK, spec("short", gain=0.5, short=True), noise)
-    assert e.verdict is Verdict.REJECT and Reason.OUTPUTS_SHORTER in e.decision.reasons
+    assert e.verdict is Outcome.REJECT and Reason.OUTPUTS_SHORTER in e.decision.reasons
     assert e.outputs.token_ratio < CONFIG.min_token_ratio
 
 
@@ -94,12 +94,12 @@ def test_round_corrects_gates_and_remeasures_the_winner(noise):
     result = controller(backend).evaluate_round(STOCK, candidates, noise)
     none, small, big, lossy = result.evaluations
     assert lossy.decision.reasons == (Reason.GUARD_FAILED,) and lossy.estimate is None
-    assert none.verdict is Verdict.REJECT
+    assert none.verdict is Outcome.REJECT
     assert result.winner == 2 and result.promoted is big
     assert big.stage is Stage.REMEASURE and Reason.REMEASURED in big.decision.reasons
     assert big.screening.stage is Stage.SCREEN and big.screening.estimate != big.estimate
     assert big.adjusted_p is not None and big.adjusted_p <= CONFIG.alpha
-    assert small.verdict is Verdict.REJECT and small.decision.reasons[-1] is Reason.NOT_SELECTED
+    assert small.verdict is Outcome.REJECT and small.decision.reasons[-1] is Reason.NOT_SELECTED
     # the re-measure ran on fresh prompts
     screened = {p for _, _, prompts in backend.blocks()[: -(CONFIG.warmup_blocks + big.estimate.n)] for p in prompts}
     fresh = {p for _, _, prompts in backend.blocks()[-big.estimate.n:] for p in prompts}
@@ -107,7 +107,7 @@ def test_round_corrects_gates_and_remeasures_the_winner(noise):
 
 
 def _fake_eval(name, p):
-    verdict = Verdict.PROMOTE if p <= CONFIG.alpha else Verdict.REJECT
+    verdict = Outcome.PROMOTE if p <= CONFIG.alpha else Outcome.REJECT
     est = GainEstimate((0.05, 0.06, 0.04, 0.05, 0.055), resamples=200)
     return Evaluation(STOCK, spec(name), Stage.SCREEN, SimBackend.placement,
                       Decision(verdict, (Reason.CLEARS_THRESHOLD,), 0.01, 0.03, 0.0083, 1, 3, p),
@@ -128,11 +128,11 @@ def test_round_multiplicity(monkeypatch, noise, method, significant):
     result = c.evaluate_round(STOCK, [spec("a"), spec("b"), spec("c")], noise)
     a, b, cc = result.evaluations
     assert result.winner == 0 and a.stage is Stage.REMEASURE
-    assert cc.verdict is Verdict.REJECT
+    assert cc.verdict is Outcome.REJECT
     if 1 in significant:
         assert b.decision.reasons[-1] is Reason.NOT_SELECTED
     else:
-        assert b.verdict is Verdict.NEED_MORE_DATA and b.decision.reasons[-1] is Reason.NOT_SIGNIFICANT
+        assert b.verdict is Outcome.NEED_MORE_DATA and b.decision.reasons[-1] is Reason.NOT_SIGNIFICANT
 
 
 def test_noise_from_another_procedure_is_refused(noise):
@@ -166,6 +166,6 @@ def test_round_confirms_the_best_threshold_clearer_when_none_survives_the_correc
     a, b, cc = result.evaluations
     assert result.winner == 1 and ("b", Stage.REMEASURE) in stages and ("a", Stage.REMEASURE) not in stages
     assert b.stage is Stage.REMEASURE and b.decision.reasons[-1] is Reason.REMEASURED
-    assert a.verdict is Verdict.NEED_MORE_DATA and a.decision.reasons[-1] is Reason.NOT_SIGNIFICANT
-    assert cc.verdict is Verdict.REJECT
+    assert a.verdict is Outcome.NEED_MORE_DATA and a.decision.reasons[-1] is Reason.NOT_SIGNIFICANT
+    assert cc.verdict is Outcome.REJECT
 

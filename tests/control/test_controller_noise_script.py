@@ -1,6 +1,8 @@
-"""bench/controller_noise.py on CPU with fake runners: both placements, files written by code."""
+"""scripts/controller_noise.py on CPU with fake runners: both placements, files written by code."""
 
 import json
+
+import pytest
 
 from fake_runners import WORKDIR
 
@@ -9,6 +11,7 @@ ARGS = ["--deployment", "fixture", "--blocks", "5", "--requests-per-block", "2",
         "fake_runners:prompt_source_factory", "--resamples", "500"]
 
 
+@pytest.mark.slow
 def test_both_placements_write_json_and_markdown(tmp_path, bench_script):
     script = bench_script("controller_noise")
     assert script.main([*ARGS, "--out", str(tmp_path), "--devices", "cpu,cpu", "--placement", "both"]) == 0

@@ -6,7 +6,7 @@ import pytest
 
 from fake_runners import WORKDIR
 from specpilot.control.cpus import MAX_CPUS_PER_WORKER, plan_cpus
-from specpilot.control.spec import RunnerSpec
+from specpilot.control.arm import ArmSpec
 from specpilot.control.worker import Worker
 
 
@@ -25,7 +25,7 @@ def test_plan_gives_disjoint_equal_sets_and_spares_the_first_core():
                     reason="needs Linux and two cores")
 def test_worker_runs_on_the_cores_it_was_given(tmp_path):
     core = max(os.sched_getaffinity(0))
-    spec = RunnerSpec("fixture", {"name": "a", "seconds": 0.0}, workdir=WORKDIR, factory="fake_runners:AffinityRunner")
+    spec = ArmSpec("fixture", {"name": "a", "seconds": 0.0}, workdir=WORKDIR, factory="fake_runners:AffinityRunner")
     w = Worker.start(spec, "a0", tmp_path, cpus=(core,))
     try:
         w.request({"op": "build", "spec": w.spec.to_dict()}, 60)

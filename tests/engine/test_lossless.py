@@ -67,6 +67,7 @@ def test_chain_draft_model(models, prompts, ar_outputs, depth):
 
 
 @pytest.mark.parametrize("budget", range(1, 65))
+@pytest.mark.slow
 def test_tree_draft_model_every_budget(models, prompts, ar_outputs, budget):
     target, draft = models
     gen = Generator(target, {5: DraftModelDrafter(draft, depth=5, topk=4, tree_budget=budget)})
@@ -74,7 +75,9 @@ def test_tree_draft_model_every_budget(models, prompts, ar_outputs, budget):
     assert_identical(target, prompts, ar_outputs, result)
 
 
-@pytest.mark.parametrize("depth,topk,budget", [(1, 1, 1), (4, 1, 4), (6, 1, 6), (3, 2, 5), (4, 4, 16), (8, 8, 64)])
+@pytest.mark.parametrize("depth,topk,budget", [(1, 1, 1), (4, 1, 4), (6, 1, 6), (3, 2, 5),
+                                               pytest.param(4, 4, 16, marks=pytest.mark.slow),
+                                               pytest.param(8, 8, 64, marks=pytest.mark.slow)])
 def test_ngram(models, prompts, ar_outputs, depth, topk, budget):
     target, _ = models
     gen = Generator(target, {depth: NgramDrafter(depth, topk, budget)})

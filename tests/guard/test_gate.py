@@ -38,13 +38,13 @@ def deployment_file(tmp_path_factory, checkpoints):
 
 def test_controller_gate_against_stock_ar(deployment_file, records, prompts):
     control = pytest.importorskip("specpilot.control.gate")
-    from specpilot.control.spec import RunnerSpec
+    from specpilot.control.arm import ArmSpec
 
     assert control.load_gate().__name__ == "controller_gate"  # the controller's default name resolves
 
     def request(name):
         outputs = tuple(r.output_ids for r in records(name))
-        spec = RunnerSpec(deployment_file, {"name": name}, device="cpu")
+        spec = ArmSpec(deployment_file, {"name": name}, device="cpu")
         return control.GateRequest(deployment_file, spec, spec, tuple(map(tuple, prompts)), outputs, outputs, MAX_NEW)
 
     ok = control.load_gate()(request("tree"))

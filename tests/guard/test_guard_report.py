@@ -1,4 +1,4 @@
-"""bench/guard_report.py end to end on CPU with random checkpoints (the GPU run uses the fixture)."""
+"""scripts/guard_report.py end to end on CPU with random checkpoints (the GPU run uses the fixture)."""
 
 from __future__ import annotations
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # AOT compilation: minutes on two cores
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -106,8 +108,8 @@ def test_w12_gemm_k_loop_waits_once_per_step():
 
 def test_split_k_reset_is_relaxed():
     """The split-K ticket is acq_rel (it orders the partials); the counter's reset is relaxed: an
-    acq_rel one put another fence on the last split's path (0.3-0.45 µs per call at M = 1 on the
-    H200, bench/results/w12/split_reduce.md)."""
+    acq_rel one puts another fence on the last split's path (0.3-0.45 µs per call at M = 1 on the
+    H200)."""
     run = aot("--quick", "--sass", "gemm n64 k256 w4 s3 bm16", needs="cuobjdump")
     assert run.returncode == 0, run.stderr[-3000:]
     for line in run.stdout.strip().splitlines():

@@ -8,7 +8,8 @@ import torch
 import torch.nn as nn
 
 from specpilot.errors import ConfigError
-from specpilot.kernels import TritonLinear, configs, linear, swap_projections
+from specpilot.kernels import configs, linear
+from specpilot.models.linear import TritonLinear, swap_projections
 from specpilot.kernels.configs import (
     KernelPath,
     LaunchConfig,
@@ -17,7 +18,8 @@ from specpilot.kernels.configs import (
     choose_config,
 )
 from specpilot.models.random_checkpoint import random_model, tiny_config
-from specpilot.w12 import W12Linear, encode
+from specpilot.models.w12_linear import W12Linear
+from specpilot.w12 import encode
 
 # numpy (the interpreter) warns when 0 * Inf makes a NaN, which these tests do on purpose
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -107,6 +109,7 @@ def test_linear_dispatches_by_rows(weight, make_x, to_device, check, rows):
 @pytest.mark.parametrize("config", [configs.LaunchConfig(configs.KernelPath.GEMV, block_n=8, block_k=128),
                                     configs.LaunchConfig(configs.KernelPath.GEMM, block_n=16, block_k=128)],
                          ids=lambda c: c.label())
+@pytest.mark.slow
 def test_run_config_runs_the_configs_own_path_with_its_escape_option(weight, make_x, to_device, config):
     """`run_config` launches a GEMV config on the GEMV and a GEMM config on the GEMM, passing
     `escapes` through: bit for bit the path's own call, with and without the escapes."""
@@ -142,6 +145,7 @@ def bf16_exact_model():
 
 
 @pytest.mark.parametrize("w12", [False, True])
+@pytest.mark.slow
 def test_swap_projections(device, w12):
     model = bf16_exact_model()
     tokens = torch.randint(0, 4096, (1, 5), generator=torch.Generator().manual_seed(0))
@@ -188,20 +192,3 @@ def test_heuristic_gathers_from_transposed_x_on_large_w12_weights_at_many_rows()
     assert not heuristic_config(32, WeightFormat.W12, 4096, 12288).gather_t  # a small weight
     assert not heuristic_config(32, WeightFormat.DENSE, *lm_head).gather_t  # plain weights have no escapes
     assert not heuristic_config(32).gather_t  # size unknown
-
-
-def test_tma_forms_follow_the_tiles_and_add_x_by_tma_from_16_rows():
-    """What a tuner tries besides the tiles: each GEMM tile with TMA weight loads, and from
-    TMA_X_MIN_M rows with x's tiles by TMA too -- never a GEMV (no TMA there) nor a K step of 512
-    (no box of x holds it), the plain tiles first, no repeats."""
-    from specpilot.kernels.configs import TMA_X_MIN_M, candidates, with_tma_forms
-
-    for M in (1, 8, TMA_X_MIN_M, 32, 64):
-        tiles = candidates(M)
-        forms = with_tma_forms(tiles, M)
-        assert forms[:len(tiles)] == tiles and len(set(forms)) == len(forms)
-        gemm = [c for c in tiles if c.path is KernelPath.GEMM]
-        assert {c for c in forms if c.tma and not c.tma_x} == {dataclasses.replace(c, tma=True) for c in gemm}
-        wanted = {dataclasses.replace(c, tma=True, tma_x=True) for c in gemm if c.block_k <= 256} if M >= TMA_X_MIN_M else set()
-        assert {c for c in forms if c.tma_x} == wanted
-    assert any(c.block_k == 512 for c in candidates(32))  # the exclusion above is not vacuous

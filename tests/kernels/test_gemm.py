@@ -48,6 +48,7 @@ def test_bf16_activations(weights, make_x, check, M):
 @pytest.mark.parametrize("M", [1, 17])
 @pytest.mark.parametrize("fmt", ["w12", "dense"])
 @pytest.mark.parametrize("config", CONFIGS[2:], ids=lambda c: c.label())
+@pytest.mark.slow
 def test_variants_match_reference(weights, make_x, check, M, fmt, config):
     """A pipelined loop, a 64-row block, the portable decoder by name (split-K: 2 splits of 1-2 K steps)."""
     from specpilot.kernels.gemm import gemm
@@ -57,6 +58,7 @@ def test_variants_match_reference(weights, make_x, check, M, fmt, config):
 
 
 @pytest.mark.parametrize("shape", [(16, 256), (37, 300)])
+@pytest.mark.slow
 def test_pipelined_loop_matches_the_plain_loop(make_weight, make_x, to_device, check, shape):
     """Even tiles (unmasked loads) and odd ones: a pipelined K loop gives the plain loop's result
     bit for bit (same arithmetic in the same order)."""
@@ -81,6 +83,7 @@ def test_w12_equals_the_bf16_kernel_without_escapes(check_w12_equals_plain, M):
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.label())
+@pytest.mark.slow
 def test_escape_blocks_match_the_reference(make_x, to_device, check, block_weight, config):
     """Escape blocks for every test config: split-K (each split adds its own columns), a 64-row
     block, a pipelined loop, the portable decoder; the epilogue correction too."""
@@ -97,6 +100,7 @@ def test_escape_blocks_match_the_reference(make_x, to_device, check, block_weigh
 
 @pytest.mark.parametrize("M", [1, 17, 33])
 @pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.slow
 def test_gather_from_transposed_x_equals_the_row_gather(make_x, to_device, check, block_weight, M, split_k):
     """`gather_t` reads the escape blocks' x values from a transposed copy: the same values, so
     the same output bit for bit; without escape blocks (the epilogue path, plain weights) it
@@ -121,6 +125,7 @@ def test_gather_from_transposed_x_equals_the_row_gather(make_x, to_device, check
     LaunchConfig(KernelPath.GEMM, block_n=32, block_k=256, split_k=2),
     LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, split_k=3, gather_t=True),
 ], ids=lambda c: c.label())
+@pytest.mark.slow
 def test_tma_loads_give_the_cp_async_result(make_x, make_weight, to_device, check, block_weight, M, config):
     """`tma` loads the weight tiles from tensor descriptors: the same tiles (TMA's zeros past N,
     Kp and K are the masks' zeros), so the output equals the cp.async path's bit for bit -- W12
@@ -172,6 +177,7 @@ def test_tma_falls_back_to_cp_async_where_a_descriptor_cannot_describe_the_weigh
     LaunchConfig(KernelPath.GEMM, block_n=32, block_k=256, split_k=2, tma=True),
     LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, split_k=3, gather_t=True, tma=True),
 ], ids=lambda c: c.label())
+@pytest.mark.slow
 def test_tma_x_loads_give_the_plain_result(make_x, make_weight, to_device, check, block_weight, M, config):
     """`tma_x` loads each K step's x tile as a TMA box of x [BM, BK] and transposes it in shared
     memory: the same values (TMA's zeros past M and K are the masks' zeros), so the output equals the
@@ -195,6 +201,7 @@ def test_tma_x_loads_give_the_plain_result(make_x, make_weight, to_device, check
     assert torch.equal(y.view(torch.int16), gemm(x, blocks, config, escapes="epilogue").view(torch.int16))
 
 
+@pytest.mark.slow
 def test_tma_x_falls_back_to_plain_loads_where_a_descriptor_cannot_describe_x(make_x, to_device, check, block_weight):
     """x's box needs 16-byte-aligned rows and a K step of at most 256; float32 x keeps the plain
     loads too (only 16-bit boxes are built), and so does an x that fills less than three quarters
@@ -260,6 +267,7 @@ def test_tiny_and_odd_shapes(make_weight, make_x, to_device, check, shape):
         check(gemm(x, weight, CONFIGS[0]), x, weight)
 
 
+@pytest.mark.slow
 def test_split_k_is_deterministic_and_resets_its_counters(weights, make_x, check, device):
     from specpilot.kernels.gemm import gemm
 

@@ -31,6 +31,7 @@ def weights(make_weight, to_device):
 @pytest.mark.parametrize("M", [1, 3, 8])
 @pytest.mark.parametrize("fmt", ["w12", "dense"])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.label())
+@pytest.mark.slow
 def test_matches_reference(weights, make_x, check, M, fmt, config):
     from specpilot.kernels.gemv import gemv
 
@@ -79,6 +80,7 @@ def test_plain_weight_views_that_break_pair_alignment(make_x, to_device, check, 
 
 
 @pytest.mark.parametrize("M", [1, 2, 3])
+@pytest.mark.slow
 def test_pipelined_loop_on_even_tiles(make_weight, make_x, to_device, check, M):
     """N and K multiples of the tile (the unmasked loads): a pipelined K loop gives the plain loop's
     result bit for bit (same arithmetic in the same order)."""
@@ -104,6 +106,7 @@ def test_w12_equals_the_bf16_kernel_without_escapes(check_w12_equals_plain, M):
 
 
 @pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[1], CONFIGS[5]], ids=lambda c: c.label())
+@pytest.mark.slow
 def test_escape_blocks_match_the_reference(make_x, to_device, check, block_weight, config):
     """Escape blocks with one K split and with two (each split adds its own columns), and with the
     portable decoder; the epilogue correction too; with escapes "off" the output differs, so they
@@ -122,6 +125,7 @@ def test_escape_blocks_match_the_reference(make_x, to_device, check, block_weigh
 
 
 @pytest.mark.parametrize("config", [CONFIGS[0], CONFIGS[2], CONFIGS[5]], ids=lambda c: c.label())
+@pytest.mark.slow
 def test_escape_blocks_added_into_the_accumulators(make_x, to_device, check, config):
     """A slab of at most G = block_k / 8 entries is added into the [BN, G] accumulators, one entry
     per lane (the path the benchmark shapes take: a few escapes per row block), with and without
@@ -150,6 +154,7 @@ def test_escape_blocks_added_into_the_accumulators(make_x, to_device, check, con
         check(gemv(x, enc, config), x, enc)
 
 
+@pytest.mark.slow
 def test_split_k_is_deterministic_and_resets_its_counters(weights, make_x, device):
     from specpilot.kernels.gemv import gemv
 
@@ -162,6 +167,7 @@ def test_split_k_is_deterministic_and_resets_its_counters(weights, make_x, devic
 
 
 @pytest.mark.parametrize("K, col_dtype", [(40_000, torch.int16), (65_536 + 128, torch.int32)])
+@pytest.mark.slow
 def test_wide_rows_escape_columns(make_x, to_device, check, K, col_dtype):
     """Columns >= 32768 are negative in int16 storage (uint16 values); beyond 65536 they are int32."""
     from specpilot.kernels.gemm import gemm

@@ -10,8 +10,8 @@ from specpilot.config import Deployment, System
 from specpilot.control.config import ControllerConfig, Placement, Stage
 from specpilot.control.controller import Costs, Evaluation
 from specpilot.control.gate import GateResult
-from specpilot.control.rule import Decision, Reason, Verdict
-from specpilot.control.spec import RunnerSpec
+from specpilot.control.rule import Decision, Reason, Outcome
+from specpilot.control.arm import ArmSpec
 from specpilot.control.stats import GainEstimate, NoiseFloor
 from specpilot.engine.profile import StepProfile
 from specpilot.loop.acceptance import TreeShape
@@ -48,22 +48,22 @@ def fingerprint(name: str = "fx", gpu: str = "NVIDIA H200", batch: int = 1) -> D
                                  2048, ("gsm8k",), versions)
 
 
-def spec(system: System) -> RunnerSpec:
-    return RunnerSpec("fx", {"name": system.name, **system.knobs()})
+def spec(system: System) -> ArmSpec:
+    return ArmSpec("fx", {"name": system.name, **system.knobs()})
 
 
 def evaluation(candidate: System, incumbent: System = STOCK, gain: float | None = 0.05,
-               verdict: Verdict = Verdict.PROMOTE, reasons: tuple[Reason, ...] | None = None) -> Evaluation:
+               verdict: Outcome = Outcome.PROMOTE, reasons: tuple[Reason, ...] | None = None) -> Evaluation:
     """A stored-looking evaluation: timed with `gain` (None: rejected by the guard, untimed)."""
     if gain is None:
         return Evaluation(spec(incumbent), spec(candidate), Stage.SINGLE, Placement.ALTERNATE,
-                          Decision(Verdict.REJECT, (Reason.GUARD_FAILED,), 0.02), None,
+                          Decision(Outcome.REJECT, (Reason.GUARD_FAILED,), 0.02), None,
                           GateResult(False, {}, "token forcing: mismatches"), None, None, Costs(total=1.0))
     x = tuple(math.log1p(gain) + d for d in (0.001, -0.001, 0.002, -0.002, 0.0, 0.0005))
     est = GainEstimate(x, resamples=500)
     noise = NoiseFloor(GainEstimate((0.001, -0.001, 0.0005, 0.0, -0.0005), resamples=500), "p")
-    default = {Verdict.PROMOTE: (Reason.CLEARS_THRESHOLD,), Verdict.REJECT: (Reason.BELOW_THRESHOLD,),
-               Verdict.NEED_MORE_DATA: (Reason.UNDECIDED,)}[verdict]
+    default = {Outcome.PROMOTE: (Reason.CLEARS_THRESHOLD,), Outcome.REJECT: (Reason.BELOW_THRESHOLD,),
+               Outcome.NEED_MORE_DATA: (Reason.UNDECIDED,)}[verdict]
     decision = Decision(verdict, reasons or default, 0.02, est.lower_bound(0.025), 0.025, 1, 1, 0.01)
     return Evaluation(spec(incumbent), spec(candidate), Stage.SINGLE, Placement.ALTERNATE, decision, noise,
                       GateResult(True, {}), est, None, Costs(total=3.0, blocks=est.n))

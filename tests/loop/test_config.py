@@ -6,18 +6,18 @@ import pytest
 from loop_fixtures import DEPLOYMENT
 
 from specpilot.errors import ConfigError
-from specpilot.loop import cli
+from specpilot.cli import run as cli
 from specpilot.loop.config import LoopConfig, Timing, controller_config, for_device
 
 
 def test_device_defaults_and_presets():
     cpu, gpu = for_device("cpu"), for_device("cuda", rounds=5)
     assert (cpu.timing, cpu.budget_minutes, gpu.timing, gpu.rounds, gpu.budget_minutes) == (
-        Timing.QUICK, 4.0, Timing.SCALED, 5, None)
+        Timing.QUICK, None, Timing.SCALED, 5, None)  # CPU: sized by its 2 rounds, said up front
     quick = controller_config(cpu, DEPLOYMENT)
     assert (quick.blocks, quick.requests_per_block, quick.max_new_tokens, quick.looks) == (8, 1, 32, 2)
     scaled = controller_config(gpu, DEPLOYMENT)
-    assert (scaled.blocks, scaled.max_new_tokens, scaled.looks) == (10, 256, 3)
+    assert (scaled.blocks, scaled.max_new_tokens, scaled.looks) == (10, 128, 3)
     standard = controller_config(for_device("cuda", timing=Timing.STANDARD), DEPLOYMENT)
     assert standard.max_new_tokens == DEPLOYMENT.max_new_tokens and standard.blocks == 20
     tuned = controller_config(for_device("cpu", controller={"blocks": 9}, seed=3), DEPLOYMENT)

@@ -1,13 +1,16 @@
-"""The cost model: floors, gaps, the ceiling and predictions, on a synthetic GPU profile."""
+"""The cost model: floors, gaps, the ceiling and predictions, on synthetic GPU profiles and one measured on the H200."""
 
 import json
+from pathlib import Path
 
 import pytest
 from loop_fixtures import STOCK, cost_table, gpu_profile
 
 from specpilot.config import DrafterKind
 from specpilot.loop.acceptance import TreeShape
-from specpilot.loop.cost_model import CostTable, GapKind, analyze, forward_floor_ms, interpolate
+from specpilot.loop.cost_model import CostTable, GapKind, analyze, forward_floor_ms, interpolate, profile_from_dict
+
+H200_LOOP_REPORT = Path(__file__).resolve().parents[2] / "results" / "loop" / "fixture-x16" / "report.json"
 
 
 def test_floors_are_bytes_over_bandwidth_unless_compute_bound():
@@ -20,18 +23,15 @@ def test_floors_are_bytes_over_bandwidth_unless_compute_bound():
 
 
 def test_floors_stay_below_what_the_h200_measured():
-    """fixture-x16's stock profile on the H200 (bench/results/loop/fixture-x16/run3-8d19c61/report.json):
+    """fixture-x16's stock profile as the loop measured it on the H200 (results/loop/fixture-x16/report.json):
     a floor is a lower bound, so neither the verify forward nor AR decoding may be measured below it."""
-    p = gpu_profile(batch=1, tokens_per_round=3.945, round_ms=4.1746, draft_ms=1.28599, verify_ms=2.40591,
-                    verify_curve_ms={1: 2.24172, 8: 2.37299, 16: 2.41391, 64: 2.56236}, tree_nodes=8,
-                    target_bytes=6_610_455_808, drafter_bytes=79_704_576, kv_bytes_per_token=106_496,
-                    bandwidth_gbps=3809.51, matmul_tflops=501.18, target_params=3_305_223_808,
-                    drafter_params=39_851_264, draft_forwards=5, context=66.5,
-                    accept_at_depth=(0.934, 0.841, 0.572, 0.354, 0.319))
-    t = analyze(p, TreeShape(5, 4, 7), "stock", 4096, ar_ms_per_token=2.298)
-    assert t.verify_floor_ms(1) < 2.298 and t.verify_floor < p.verify_ms
+    before = json.loads(H200_LOOP_REPORT.read_text())["gaps"]["before"]
+    p, ar_ms = profile_from_dict(before["profile"]), before["ar_ms_per_token"]
+    assert before["system"] == "stock" and p.device.startswith("cuda") and p.target_params > 3e9  # the x16 target
+    t = analyze(p, TreeShape(**before["shape"]), "stock", before["draft_kv_bytes_per_token"], ar_ms_per_token=ar_ms)
+    assert t.verify_floor_ms(1) < ar_ms and t.verify_floor < p.verify_ms
     assert t.gap(GapKind.VERIFY_KERNELS).saving_ms_per_token > 0  # the gap W12 and kernels work on is seen
-    assert t.verify_floor == pytest.approx(6_610_455_808 / 3809.51e9 * 1e3, rel=0.01)
+    assert t.verify_floor == pytest.approx(p.target_bytes / (p.bandwidth_gbps * 1e9) * 1e3, rel=0.01)
 
 
 def test_gaps_add_up_to_measured_minus_ceiling_and_are_ranked():

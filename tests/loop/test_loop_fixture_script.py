@@ -1,10 +1,10 @@
-"""bench/loop_fixture.py (the GPU driver) checks its inputs and prints its plan without loading a model."""
+"""scripts/loop_fixture.py (the GPU driver) checks its inputs and prints its plan without loading a model."""
 
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "loop_fixture.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "loop_fixture.py"
 
 
 def run(*args, home):

@@ -8,6 +8,8 @@ from specpilot.loop.measure import measure_in_worktree
 from specpilot.loop.systems import Candidate
 from specpilot.loop.worktree import Checkout, package_checkout
 
+pytestmark = pytest.mark.slow  # the loop's profile and final benchmark, run from a worktree
+
 # appended by the "patch": observable marks in what the worktree's code returns
 COST_MARK = '''
 _unpatched_analyze = analyze
@@ -32,7 +34,7 @@ def patched(tmp_path_factory, target_dir, drafter_dir):
     dep_file.write_text(f'name = "tiny"\ntarget = "{target_dir}"\ndrafter = "{drafter_dir}"\nmax_new_tokens = 8\n'
                         "[stock]\ndepth = 2\ntopk = 2\ntree_budget = 3\n")
     wt = Checkout.capture(root).create(tmp / "wt")
-    for rel, text in (("specpilot/loop/cost_model.py", COST_MARK), ("specpilot/bench/results.py", BENCH_MARK)):
+    for rel, text in (("specpilot/loop/cost_model.py", COST_MARK), ("specpilot/results.py", BENCH_MARK)):
         path = wt.path / rel
         path.write_text(path.read_text() + text)
     yield Deployment.from_toml(dep_file), str(dep_file), wt, tmp

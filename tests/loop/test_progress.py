@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from specpilot.control.blocks import Arm
 from specpilot.control.config import ControllerConfig, Placement
-from specpilot.control.spec import RunnerSpec
+from specpilot.control.arm import ArmSpec
 from specpilot.loop.journal import Journal
 from specpilot.loop.progress import ObservedBackend
 
@@ -35,7 +35,7 @@ def test_calls_pass_through_and_lines_are_printed():
     assert (backend.name, backend.placement, backend.parallelism, backend.device_name()) == (
         "local", Placement.ALTERNATE, 2, "cpu")
     config = ControllerConfig(blocks=5, warmup_blocks=1)
-    s = backend.open(RunnerSpec("d", {"name": "stock"}), RunnerSpec("d", {"name": "knob:depth=3"}), config, ())
+    s = backend.open(ArmSpec("d", {"name": "stock"}), ArmSpec("d", {"name": "knob:depth=3"}), config, ())
     assert s.generate(Arm.CANDIDATE, [[1]], 4) == (("out",),) and s.generate(Arm.INCUMBENT, [[1]], 4)
     assert [s.run_block(i) for i in range(6)] == [f"result {i}" for i in range(6)]
     s.close()
@@ -43,5 +43,5 @@ def test_calls_pass_through_and_lines_are_printed():
     text = stream.getvalue()
     assert "[1] knob:depth=3: workers up" in text and "guard outputs generated (1 prompts)" in text
     assert text.count("paired blocks timed") == 3  # every ceil(6 / 3) blocks
-    noise = backend.open(RunnerSpec("d", {"name": "stock"}), RunnerSpec("d", {"name": "stock"}), config, ())
+    noise = backend.open(ArmSpec("d", {"name": "stock"}), ArmSpec("d", {"name": "stock"}), config, ())
     assert noise is not None and "[2] stock (noise: stock vs stock)" in stream.getvalue()

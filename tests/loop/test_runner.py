@@ -4,7 +4,7 @@ request pays for a new workspace (graph capture, prefill shapes) inside its timi
 import pytest
 
 import specpilot.loop.runner as loop_runner
-from specpilot.control.spec import RunnerSpec
+from specpilot.control.arm import ArmSpec
 from specpilot.loop.runner import LoopRunner, WarmedRunner, warm_workspaces, workspace_lengths
 
 NEW = 16  # new tokens per request, warm-up and timed alike (as the controller sends them)
@@ -15,10 +15,11 @@ def gpu_like_runner():
     """The fixture's stock system on CPU, built as LoopRunner builds it for a GPU worker."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(loop_runner, "_on_cpu", lambda spec: False)
-        runner = LoopRunner(RunnerSpec("fixture", {"name": "stock"}, device="cpu"))
+        runner = LoopRunner(ArmSpec("fixture", {"name": "stock"}, device="cpu"))
     return runner
 
 
+@pytest.mark.slow
 def test_after_warm_up_the_longest_timed_prompt_builds_no_workspace(gpu_like_runner):
     runner = gpu_like_runner
     warm = [[5, 6, 7, 8, 9, 10, 11, 12]]
@@ -74,5 +75,5 @@ def test_warm_up_runs_largest_first_on_the_warm_up_tokens_only():
 
 
 def test_cpu_workers_are_the_plain_system_runner():
-    runner = LoopRunner(RunnerSpec("fixture", {"name": "stock"}, device="cpu"))
+    runner = LoopRunner(ArmSpec("fixture", {"name": "stock"}, device="cpu"))
     assert not isinstance(runner, WarmedRunner)

@@ -9,8 +9,8 @@ from specpilot.control.config import ControllerConfig, Placement, Stage
 from specpilot.control.controller import Costs, Evaluation
 from specpilot.control.gate import GateResult
 from specpilot.control.outputs import OutputComparison
-from specpilot.control.rule import Decision, Reason, Verdict
-from specpilot.control.spec import RunnerSpec
+from specpilot.control.rule import Decision, Reason, Outcome
+from specpilot.control.arm import ArmSpec
 from specpilot.control.stats import GainEstimate, NoiseFloor
 from specpilot.memory.fingerprint import DeploymentFingerprint
 
@@ -28,24 +28,24 @@ def noise_floor(offset=0.0) -> NoiseFloor:
     return NoiseFloor(e, CONFIG.procedure_key(Placement.ALTERNATE))
 
 
-def spec(name: str, **knobs) -> RunnerSpec:
-    return RunnerSpec("fx", {"name": name, "depth": 5, **knobs})
+def spec(name: str, **knobs) -> ArmSpec:
+    return ArmSpec("fx", {"name": name, "depth": 5, **knobs})
 
 
-def evaluation(candidate: RunnerSpec, incumbent: RunnerSpec | None = None, gain: float = 0.05,
-               verdict: Verdict = Verdict.PROMOTE, passed: bool = True) -> Evaluation:
+def evaluation(candidate: ArmSpec, incumbent: ArmSpec | None = None, gain: float = 0.05,
+               verdict: Outcome = Outcome.PROMOTE, passed: bool = True) -> Evaluation:
     incumbent = incumbent or spec("stock")
     if not passed:  # untimed, and cheap: no bootstrap (and no SciPy import) in the processes that use it
         return Evaluation(incumbent, candidate, Stage.SINGLE, Placement.ALTERNATE,
-                          Decision(Verdict.REJECT, (Reason.GUARD_FAILED,), 0.015), None,
+                          Decision(Outcome.REJECT, (Reason.GUARD_FAILED,), 0.015), None,
                           GateResult(False, {"mismatch_rate": 0.02}, "mismatches"), None, None, Costs(total=1.0))
     import math
 
     noise = noise_floor()
     x = tuple(math.log1p(gain) + d for d in (0.001, -0.001, 0.002, -0.002, 0.0, 0.0005))
     est = GainEstimate(x, resamples=500)
-    reason = {Verdict.PROMOTE: Reason.CLEARS_THRESHOLD, Verdict.REJECT: Reason.BELOW_THRESHOLD,
-              Verdict.NEED_MORE_DATA: Reason.UNDECIDED}[verdict]
+    reason = {Outcome.PROMOTE: Reason.CLEARS_THRESHOLD, Outcome.REJECT: Reason.BELOW_THRESHOLD,
+              Outcome.NEED_MORE_DATA: Reason.UNDECIDED}[verdict]
     decision = Decision(verdict, (reason,), 0.015, est.lower_bound(0.008), 0.008, 1, 3, 0.001)
     outputs = OutputComparison(24, 24, 240, 240, ())
     return Evaluation(incumbent, candidate, Stage.SINGLE, Placement.ALTERNATE, decision, noise,

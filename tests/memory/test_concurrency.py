@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from memory_fixtures import CONFIG, evaluation, fingerprint, spec
+from specpilot.memory import schema
 from specpilot.memory.store import Memory
 
 HERE = Path(__file__).resolve().parent
@@ -141,6 +142,6 @@ def test_migration_killed_half_way_is_redone(tmp_path):
     assert conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table'").fetchone()[0] == 0
     conn.close()
     with Memory(path) as m:
-        assert m.schema_version == 2
+        assert m.schema_version == schema.SCHEMA_VERSION
         m.record_evaluation(fingerprint(), evaluation(spec("s", depth=6)), CONFIG)
     assert integrity(path) == "ok"

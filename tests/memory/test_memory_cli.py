@@ -5,7 +5,7 @@ import json
 import pytest
 
 from memory_fixtures import CONFIG, evaluation, fingerprint, spec
-from specpilot.control.rule import Verdict
+from specpilot.control.rule import Outcome
 from specpilot.cli import main as specpilot_main
 from specpilot.memory.store import Memory
 
@@ -21,7 +21,7 @@ def db(tmp_path):
     with Memory(path) as m:
         m.record_evaluation(fingerprint("alpha"), evaluation(spec("deep", depth=8), gain=0.12), CONFIG, round="r1")
         m.record_evaluation(fingerprint("alpha"), evaluation(spec("slow", depth=2), gain=-0.03,
-                                                             verdict=Verdict.REJECT), CONFIG, round="r1")
+                                                             verdict=Outcome.REJECT), CONFIG, round="r1")
         m.record_evaluation(fingerprint("beta", gpu="NVIDIA H100"), evaluation(spec("lossy", fault="x"), passed=False),
                             CONFIG, round="r2")
     return str(path)

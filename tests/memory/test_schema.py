@@ -26,7 +26,7 @@ def test_version_1_database_is_migrated_with_its_data(tmp_path):
     conn.execute("INSERT INTO deployments VALUES ('f', 'old', '{}', 'then')")
     conn.close()
     with Memory(path) as m:
-        assert m.schema_version == 2
+        assert m.schema_version == schema.SCHEMA_VERSION
         assert m.export()["deployments"][0]["name"] == "old"
         m.store_hash("/x", 1, 2, "h")  # the v2 table exists
         assert m.cached_hash("/x", 1, 2) == "h" and m.cached_hash("/x", 1, 3) is None

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from memory_fixtures import CONFIG, evaluation, fingerprint, noise_floor, spec
-from specpilot.control.rule import Reason, Verdict
+from specpilot.control.rule import Reason, Outcome
 from specpilot.errors import SpecPilotError
 from specpilot.memory.records import knob_diff, system_hash
 from specpilot.memory.store import Memory
@@ -25,7 +25,7 @@ def test_record_and_read_back_everything(memory):
                                      commit="abc123")
     r = memory.get(entry)
     assert (r.deployment, r.deployment_name, r.round, r.verdict, r.reasons) == (
-        fp.digest, "fx", "r1", Verdict.PROMOTE, (Reason.CLEARS_THRESHOLD,))
+        fp.digest, "fx", "r1", Outcome.PROMOTE, (Reason.CLEARS_THRESHOLD,))
     assert r.gain == pytest.approx(e.estimate.gain) and (r.gain_lower, r.gain_upper) == e.estimate.interval
     assert r.noise == pytest.approx(noise_floor().value) and r.threshold == 0.015 and r.blocks == 6
     assert r.guard_passed is True and r.guard["summary"] == {"mismatch_rate": 0.007}
@@ -44,7 +44,7 @@ def test_record_and_read_back_everything(memory):
 def test_guard_failures_are_remembered_untimed(memory):
     entry = memory.record_evaluation(fingerprint(), evaluation(spec("lossy", fault="x"), passed=False), CONFIG)
     r = memory.get(entry)
-    assert r.verdict is Verdict.REJECT and r.guard_passed is False and r.gain is None and r.blocks == 0
+    assert r.verdict is Outcome.REJECT and r.guard_passed is False and r.gain is None and r.blocks == 0
 
 
 def test_system_identity_ignores_names_and_includes_patches():
@@ -56,12 +56,12 @@ def test_system_identity_ignores_names_and_includes_patches():
 def test_entries_filters(memory):
     a, b = fingerprint("alpha"), fingerprint("beta", gpu="NVIDIA H100")
     memory.record_evaluation(a, evaluation(spec("s1", depth=6)), CONFIG)
-    memory.record_evaluation(a, evaluation(spec("s2", depth=7), gain=-0.02, verdict=Verdict.REJECT), CONFIG)
+    memory.record_evaluation(a, evaluation(spec("s2", depth=7), gain=-0.02, verdict=Outcome.REJECT), CONFIG)
     memory.record_evaluation(b, evaluation(spec("s3", depth=8)), CONFIG)
     assert [r.candidate.name for r in memory.entries()] == ["s3", "s2", "s1"]
     assert [r.candidate.name for r in memory.entries("alpha")] == ["s2", "s1"]
     assert [r.candidate.name for r in memory.entries(b.digest[:6])] == ["s3"]
-    assert [r.candidate.name for r in memory.entries(verdict=Verdict.REJECT)] == ["s2"]
+    assert [r.candidate.name for r in memory.entries(verdict=Outcome.REJECT)] == ["s2"]
     assert len(memory.entries(limit=1)) == 1
 
 
@@ -76,7 +76,7 @@ def test_best_validated_follows_the_chain_of_promotions(memory):
     best = memory.best_validated(fp.digest)
     assert best.record.candidate.name == "s2"
     assert best.cumulative_gain == pytest.approx((1 + best.record.gain) * (1 + memory.entries(
-        verdict=Verdict.PROMOTE)[-1].gain) - 1)
+        verdict=Outcome.PROMOTE)[-1].gain) - 1)
     assert memory.best_validated("0" * 16) is None
 
 
@@ -89,7 +89,7 @@ def test_similar_deployments_first(memory):
     assert here.similarity(other_models) == pytest.approx(0.55)
     memory.record_evaluation(same_models_other_gpu, evaluation(spec("a", depth=6), gain=0.02), CONFIG)
     memory.record_evaluation(other_models, evaluation(spec("b", depth=7), gain=0.30), CONFIG)
-    memory.record_evaluation(other_models, evaluation(spec("c", depth=8), gain=-0.1, verdict=Verdict.REJECT), CONFIG)
+    memory.record_evaluation(other_models, evaluation(spec("c", depth=8), gain=-0.1, verdict=Outcome.REJECT), CONFIG)
     memory.record_evaluation(here, evaluation(spec("d", depth=9), gain=0.1), CONFIG)  # the same deployment: excluded
     found = memory.similar_validated(here)
     assert [(round(s, 2), r.candidate.name) for s, r in found] == [(0.75, "a"), (0.55, "b")]

@@ -10,7 +10,7 @@ from specpilot.errors import CheckpointError
 from specpilot.models.loading import load_model
 from specpilot.models.random_checkpoint import tiny_config, write_random_checkpoint
 from specpilot.w12.checkpoint import MANIFEST, read_manifest, read_w12_tensors
-from specpilot.w12.convert import convert_checkpoint, verify_checkpoint
+from specpilot.models.convert import convert_checkpoint, verify_checkpoint
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The evaluation-backend interface and its registry by name.
 
-A *backend* opens *pair sessions*: both arms of one comparison, started, built and warmed,
+A *backend* opens *worker pairs*: both arms of one comparison, started, built and warmed,
 somewhere with the devices they need. The controller only ever talks to these two small
 interfaces, so the same rule and statistics run on this machine or across a Ray cluster.
 
@@ -23,7 +23,7 @@ from typing import Protocol, Sequence
 
 from specpilot.control.blocks import Arm, BlockPlan, BlockResult, Outputs
 from specpilot.control.config import ControllerConfig, Placement
-from specpilot.control.spec import RunnerSpec
+from specpilot.control.arm import ArmSpec
 from specpilot.errors import ConfigError
 
 
@@ -40,7 +40,7 @@ class Backend(Protocol):
     placement: Placement  # resolved: never AUTO
     parallelism: int  # sessions that may be open at once
 
-    def open(self, incumbent: RunnerSpec, candidate: RunnerSpec, config: ControllerConfig,
+    def open(self, incumbent: ArmSpec, candidate: ArmSpec, config: ControllerConfig,
              warmup: Sequence[Sequence[Sequence[int]]]) -> PairSession: ...
 
     def device_name(self) -> str: ...

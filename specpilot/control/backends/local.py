@@ -1,11 +1,15 @@
-"""`LocalBackend`: pair sessions as worker processes on this machine (the default backend).
+"""`LocalBackend`: worker pairs as worker processes on this machine (the default backend).
 
 The machine's devices are split into groups — one device per session when arms alternate, two
 when they run side by side — and a session holds its group until it is closed, so with four GPUs
 two side-by-side comparisons (or four alternating ones) can run at once.
 
-Owns: device discovery, the device pool, the device name for fingerprints. Does not own the
-sessions themselves (`session.py`).
+A comparison of two knob-only systems (`shared.shareable`) runs in the backend's persistent
+shared worker for its device (`shared.py`) when arms alternate; any other comparison gets a fresh
+`WorkerPair` of isolated workers (`pair.py`).
+
+Owns: device discovery, the device pool, the shared workers' lifetime, the device name for
+fingerprints. Does not own the sessions themselves (`pair.py`, `shared.py`).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from typing import Sequence
 
 from specpilot.control.backends.base import devices_per_session, resolve_placement
 from specpilot.control.config import ControllerConfig, Placement
-from specpilot.control.session import LocalPairSession
-from specpilot.control.spec import RunnerSpec
+from specpilot.control.pair import WorkerPair
+from specpilot.control.shared import SharedPair, SharedWorkers, shareable
+from specpilot.control.arm import ArmSpec
 from specpilot.errors import ConfigError
 
 
@@ -41,7 +46,7 @@ def device_name(device: str) -> str:
 class _Lease:
     """A session that gives its devices back to the pool when closed."""
 
-    def __init__(self, session: LocalPairSession, release):
+    def __init__(self, session: WorkerPair, release):
         self._session = session
         self._release = release
         self.generate = session.generate
@@ -70,11 +75,15 @@ class LocalBackend:
         for g in groups:
             self._free.put(g)
         self.parallelism = len(groups)
+        self.shared = SharedWorkers()  # knob-only comparisons: persistent workers, one per device group
 
-    def open(self, incumbent: RunnerSpec, candidate: RunnerSpec, config: ControllerConfig, warmup=()) -> _Lease:
+    def open(self, incumbent: ArmSpec, candidate: ArmSpec, config: ControllerConfig, warmup=()) -> _Lease:
         group = self._free.get()  # blocks while every group is in use
         try:
-            session = LocalPairSession(incumbent, candidate, group, config, self.placement, warmup)
+            if config.shared_workers and self.placement is Placement.ALTERNATE and shareable(incumbent, candidate):
+                session = SharedPair(self.shared, incumbent, candidate, group[0], config, warmup)
+            else:
+                session = WorkerPair(incumbent, candidate, group, config, self.placement, warmup)
         except BaseException:
             self._free.put(group)
             raise
@@ -84,4 +93,4 @@ class LocalBackend:
         return device_name(self.devices[0])
 
     def close(self) -> None:
-        pass
+        self.shared.close()

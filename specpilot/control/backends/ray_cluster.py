@@ -1,7 +1,7 @@
-"""`RayBackend`: pair sessions as GPU-pinned Ray actors, so many candidates are timed at once.
+"""`RayBackend`: worker pairs as GPU-pinned Ray actors, so many candidates are timed at once.
 
 Each session is one actor holding one GPU (arms alternate) or two (side by side); Ray sets the
-actor's `CUDA_VISIBLE_DEVICES`, and inside the actor an ordinary `LocalPairSession` starts the
+actor's `CUDA_VISIBLE_DEVICES`, and inside the actor an ordinary `WorkerPair` starts the
 two arms' worker processes and times whole paired blocks — the actor is the timer, so the
 candidate's code still never shares a process with it, and timing never crosses the network.
 The controller only sends plans and receives `BlockResult`s. Placement `auto` means alternate
@@ -24,8 +24,8 @@ from typing import Sequence
 from specpilot.control.backends.base import devices_per_session, resolve_placement
 from specpilot.control.blocks import Arm
 from specpilot.control.config import ControllerConfig, Placement
-from specpilot.control.session import ArmFailure, LocalPairSession
-from specpilot.control.spec import RunnerSpec
+from specpilot.control.pair import ArmFailure, WorkerPair
+from specpilot.control.arm import ArmSpec
 from specpilot.control.worker import FailureKind, WorkerError
 from specpilot.errors import ConfigError
 
@@ -46,7 +46,7 @@ class PairActor:
         self.session = None
 
     def start(self, incumbent, candidate, config, placement, warmup):
-        return self._call(lambda: setattr(self, "session", LocalPairSession(
+        return self._call(lambda: setattr(self, "session", WorkerPair(
             incumbent, candidate, self.devices, config, placement, warmup)))
 
     def generate(self, arm, prompts, max_new_tokens):
@@ -120,7 +120,7 @@ class RayBackend:
         cls = self._ray.remote(PairActor).options(num_gpus=n if self.use_gpus else 0, num_cpus=1)
         return cls.remote(devices)
 
-    def open(self, incumbent: RunnerSpec, candidate: RunnerSpec, config: ControllerConfig,
+    def open(self, incumbent: ArmSpec, candidate: ArmSpec, config: ControllerConfig,
              warmup: Sequence = ()) -> RaySession:
         actor = self._actor()
         try:

@@ -146,7 +146,7 @@ def make_proposers(names: tuple[str, ...] | list[str], options: AgentOptions = A
     """Build the named proposers, in the order given. A name "module:Class" imports a proposer class
     from elsewhere (a plug-in) and registers it under its `name`."""
     import specpilot.loop.agents  # noqa: F401 - registers the shipped agents
-    from specpilot.control.spec import load_object
+    from specpilot.control.arm import load_object
 
     resolved = []
     for n in names:

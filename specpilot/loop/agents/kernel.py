@@ -4,26 +4,26 @@ GPU only. Each round, for the target's projections at the incumbent's verify sha
 tree nodes rows; qkv, o, gate_up, down per block, and lm_head when it runs through the kernels) it
 
 1. times the configuration the dispatcher picks today (`kernels.configs.choose_config`: the
-   device's tuned table, else the heuristic; timed again after the sweep, the faster counting)
-   and computes the byte floor (weights + activations in and out / the measured bandwidth), so
-   each shape's excess = (time - floor) x calls per forward;
-2. in order of excess, largest first, times every candidate configuration (`configs.candidates`,
-   then each GEMM tile's TMA forms, `configs.with_tma_forms`) on the target's own weights
-   (W12-encoded when the incumbent runs W12), each first checked against the reference within
-   `kernels.reference.error_bound` (a config that fails is never timed), until `kernel_budget_s`
-   is spent;
+   device's tuned table, else the heuristic) and computes the byte floor (weights + activations in
+   and out / the measured bandwidth), so each shape's excess = (time - floor) x calls per forward;
+2. in order of excess, largest first, runs the package's config search on each shape
+   (`kernels.search.tune`: the candidate configs and the phases that vary the fastest; each config
+   checked against the reference within `kernels.reference.error_bound` before it is timed) on
+   the target's own weights (W12-encoded when the incumbent runs W12), while `kernel_budget_s`
+   lasts; today's config ranks with the candidates and is timed again after the search, its
+   faster timing counting, so that a slow first timing never passes for a gain;
 3. keeps the configurations at least `MIN_SPEEDUP` faster than today's choice, merges them into
    the device's tuned table, and proposes that table as a patch: a worktree whose
    `specpilot/kernels/tuned/<device>.json` holds it (the dispatcher reads tables from the package,
    so the candidate's workers see it), with `kernel = "triton"`.
-Timings are CUDA-graph replays (`engine.profile.time_ms`), as the engine runs the kernels.
+Timings are `kernels.timing.GraphTimer`'s: CUDA-graph replays, as the engine runs the kernels.
 
-On CPU (or without Triton, or outside a git checkout) it is off, and says so once. The timing is
-behind a small interface (`KernelBench`), so the ranking, selection and table are tested on CPU
-with a simulated bench.
+On CPU (or without Triton, or outside a git checkout) it is off, and says so once. Today's config,
+the floor and the timer sit behind a small interface (`KernelBench`), so the ranking, selection
+and table are tested on CPU with a simulated bench.
 
-Owns: choosing shapes, configs and the table. Does not own the kernels or their configs' meaning
-(`specpilot.kernels`), or judging the candidate (guard, controller).
+Owns: choosing shapes and keeping improvements. Does not own the search, the kernels or their
+configs' meaning (`specpilot.kernels`), or judging the candidate (guard, controller).
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from specpilot.config import Kernel
+from specpilot.kernels.configs import LaunchConfig, WeightFormat, m_bucket
+from specpilot.kernels.search import OutOfBudget, Problem, SearchSettings, Trial, tuned_document
+from specpilot.kernels.search import tune as search
 from specpilot.loop.agents.base import AgentStatus, LoopSetup, Proposal, Proposer, ProposerContext, register
 from specpilot.loop.cost_model import GapKind
 from specpilot.loop.systems import Candidate
@@ -59,9 +62,9 @@ class ShapeTiming:
     floor_us: float
     current: dict  # LaunchConfig.to_dict() of today's choice
     current_us: float
-    best: dict  # the fastest correct candidate
+    best: dict  # the fastest correct config (today's where none beat it)
     best_us: float
-    tried: int  # candidate configs timed
+    tried: int  # configs the search timed besides today's
 
     @property
     def excess_us(self) -> float:
@@ -82,15 +85,17 @@ class ShapeTiming:
 
 
 class KernelBench(Protocol):
-    """Times one projection shape under one launch config (None: the config fails the reference check)."""
+    """Today's config and the byte floor of a projection shape, and a `kernels.search.Timer`."""
 
-    def current(self, shape: ProjectionShape): ...  # the LaunchConfig the dispatcher picks today
+    device_name: str
+    weight_format: WeightFormat  # of the weights it times
+    sm_count: int
 
-    def candidates(self, shape: ProjectionShape) -> list: ...  # LaunchConfigs to try
-
-    def time_us(self, shape: ProjectionShape, config) -> float | None: ...
+    def current(self, shape: ProjectionShape) -> LaunchConfig: ...  # what the dispatcher picks today
 
     def floor_us(self, shape: ProjectionShape) -> float: ...
+
+    def time(self, problem: Problem, config: LaunchConfig) -> Trial: ...  # checked, then timed
 
 
 def projection_shapes(config, rows: int, lm_head: bool) -> list[ProjectionShape]:
@@ -106,35 +111,36 @@ def projection_shapes(config, rows: int, lm_head: bool) -> list[ProjectionShape]
 
 def tune(shapes: list[ProjectionShape], bench: KernelBench, budget_s: float,
          log=lambda line: None) -> list[ShapeTiming]:
-    """Rank shapes by excess over their floor, then sweep candidates in that order within the budget."""
+    """Rank shapes by excess over their floor, then search their configs in that order within the
+    budget (`kernels.search.tune`; a shape reached after the budget keeps today's config)."""
     start = time.monotonic()
-    baseline = []
+    problem = {s: Problem(bench.weight_format, s.n, s.k, s.m) for s in shapes}
+    baseline = []  # (shape, today's config, its first timing, floor µs)
     for s in shapes:
         cur = bench.current(s)
-        baseline.append((s, cur, bench.time_us(s, cur), bench.floor_us(s)))
-    baseline = [b for b in baseline if b[2] is not None]
-    baseline.sort(key=lambda b: -(b[2] - b[3]) * b[0].count)
+        first = bench.time(problem[s], cur)
+        if first.us is not None:
+            baseline.append((s, cur, first, bench.floor_us(s)))
+    baseline.sort(key=lambda b: -(b[2].us - b[3]) * b[0].count)
+    known: dict[Problem, list[Trial]] = {}
+    for s, _, first, _ in baseline:
+        known.setdefault(problem[s], [first])  # two shapes of one size are searched once
+    settings = SearchSettings(budget_s=budget_s, sm_count=bench.sm_count, out_of_budget=OutOfBudget.SKIP)
+    found = {r.problem: r for r in search(list(known), bench.time, settings, known=known, started=start)}
     out = []
-    for s, cur, cur_us, floor in baseline:
-        best, best_us, tried = cur, cur_us, 0
-        for cfg in bench.candidates(s):
-            if time.monotonic() - start > budget_s:
-                break
-            if cfg == cur:
-                continue
-            t = bench.time_us(s, cfg)
-            tried += 1
-            if t is not None and t < best_us:
-                best, best_us = cfg, t
-        # today's config once more, after the sweep: its first timing can be a transient (on the H200,
-        # round 2 of run3-8d19c61 timed today's configs at 358-470 us against 18-81 us a moment later)
-        # and must not pass for a gain of the tuned table
-        again = bench.time_us(s, cur)
+    for s, cur, first, floor in baseline:
+        result = found[problem[s]]
+        best = result.best or first
+        best_cfg, best_us, cur_us = best.config, best.us, first.us
+        # today's config once more: its first timing can be a transient (on a GPU that has just
+        # been idle, several times the next one) and must not pass for a gain of the tuned table
+        again = bench.time(problem[s], cur).us
         if again is not None and again < cur_us:
             cur_us = again
             if again <= best_us:
-                best, best_us = cur, again
-        out.append(ShapeTiming(s, floor, cur.to_dict(), cur_us, best.to_dict(), best_us, tried))
+                best_cfg, best_us = cur, again
+        tried = len(result.tried) - len(known[problem[s]])
+        out.append(ShapeTiming(s, floor, cur.to_dict(), cur_us, best_cfg.to_dict(), best_us, tried))
         log(f"kernel: {s.name} M={s.m} N={s.n} K={s.k}: {cur_us:.1f} us today (floor {floor:.1f}), "
             f"best {best_us:.1f} us over {tried} configs")
     return out
@@ -142,78 +148,64 @@ def tune(shapes: list[ProjectionShape], bench: KernelBench, budget_s: float,
 
 def table_document(device_name: str, fmt: str, existing: dict, timings: list[ShapeTiming]) -> dict:
     """The device's tuned table: `existing` ({(format, m, n, k): LaunchConfig}) plus the improvements."""
-    from specpilot.kernels.configs import m_bucket
-
-    entries = {key: cfg.to_dict() for key, cfg in existing.items()}
+    entries: dict = dict(existing)
     for t in timings:
         if t.improved:
             entries[(fmt, m_bucket(t.shape.m), t.shape.n, t.shape.k)] = t.best
-    rows = [{"format": f, "m": m, "n": n, "k": k, "config": c} for (f, m, n, k), c in sorted(entries.items())]
-    return {"device": device_name, "written_by": "specpilot.loop.agents.kernel", "entries": rows}
+    return tuned_document(device_name, entries, written_by="specpilot.loop.agents.kernel")
 
 
 class GpuKernelBench:
     """Real timings on the loop's GPU, on the target's own weights (W12-encoded if `w12`)."""
 
     def __init__(self, target, w12: bool, bandwidth_gbps: float):
-        import torch
-
         from specpilot.kernels.dispatch import device_name
+        from specpilot.kernels.launch import sm_count
+        from specpilot.kernels.timing import GraphTimer
 
-        self.torch = torch
         self.target = target
-        self.w12 = w12
+        self.weight_format = WeightFormat.W12 if w12 else WeightFormat.DENSE
         self.bandwidth = bandwidth_gbps * 1e9  # bytes moved per second, as the cost model counts it
         self.device_name = device_name(target.device)
-        self._weights: dict[str, object] = {}
+        self.sm_count = sm_count(target.device)
+        self._weights: dict[tuple[int, int], object] = {}
+        self._timer = GraphTimer(lambda p: [self._weight(p.n, p.k)], self._input)
 
-    def _weight(self, name: str):
-        if name not in self._weights:
+    def _weight(self, n: int, k: int):
+        """The target's [n, k] projection weight of the first block (or the lm_head)."""
+        import torch
+
+        if (n, k) not in self._weights:
             block = self.target.layers[0]
-            module = {"qkv": block.self_attn.qkv_proj, "o": block.self_attn.o_proj, "gate_up": block.mlp.gate_up_proj,
-                      "down": block.mlp.down_proj, "lm_head": self.target.lm_head}[name]
-            w = module.weight.detach().to(self.torch.bfloat16)
-            if self.w12:
+            modules = (block.self_attn.qkv_proj, block.self_attn.o_proj, block.mlp.gate_up_proj,
+                       block.mlp.down_proj, self.target.lm_head)
+            module = next(m for m in modules if tuple(m.weight.shape) == (n, k))
+            w = module.weight.detach().to(torch.bfloat16)
+            if self.weight_format is WeightFormat.W12:
                 from specpilot.w12 import encode
 
                 w = encode(w)
-            self._weights[name] = w
-        return self._weights[name]
+            self._weights[n, k] = w
+        return self._weights[n, k]
 
-    def current(self, shape):
-        from specpilot.kernels.configs import WeightFormat, choose_config
+    def _input(self, p: Problem):
+        import torch
 
-        fmt = WeightFormat.W12 if self.w12 else WeightFormat.DENSE
-        return choose_config(fmt, shape.m, shape.n, shape.k, self.device_name)
+        g = torch.Generator(device="cpu").manual_seed(p.m * 7919 + p.k)
+        return torch.randn(p.m, p.k, generator=g).to(self.target.device, torch.bfloat16)  # [M, K]
 
-    def candidates(self, shape):
-        from specpilot.kernels.configs import candidates, with_tma_forms
+    def current(self, shape: ProjectionShape) -> LaunchConfig:
+        from specpilot.kernels.configs import choose_config
 
-        return list(with_tma_forms(candidates(shape.m), shape.m))
+        return choose_config(self.weight_format, shape.m, shape.n, shape.k, self.device_name)
 
-    def floor_us(self, shape) -> float:
-        weight_bytes = shape.n * shape.k * (1.5 if self.w12 else 2.0)
+    def floor_us(self, shape: ProjectionShape) -> float:
+        weight_bytes = shape.n * shape.k * (1.5 if self.weight_format is WeightFormat.W12 else 2.0)
         act_bytes = 2 * shape.m * (shape.k + shape.n)
         return (weight_bytes + act_bytes) / self.bandwidth * 1e6
 
-    def time_us(self, shape, config) -> float | None:
-        from specpilot.engine.profile import time_ms
-        from specpilot.kernels.dispatch import run_config
-        from specpilot.kernels.reference import error_bound
-
-        torch = self.torch
-        weight = self._weight(shape.name)
-        g = torch.Generator(device="cpu").manual_seed(shape.m * 7919 + shape.k)
-        x = torch.randn(shape.m, shape.k, generator=g).to(self.target.device, torch.bfloat16)
-        try:
-            y = run_config(x, weight, config)
-            exact, bound = error_bound(x, weight, x.dtype)
-            finite = torch.isfinite(exact)
-            if not bool(((y.double() - exact).abs() <= bound)[finite].all()):
-                return None
-            return time_ms(lambda: run_config(x, weight, config), self.target.device, reps=20, warmup=3) * 1e3
-        except Exception:
-            return None
+    def time(self, problem: Problem, config: LaunchConfig) -> Trial:
+        return self._timer(problem, config)
 
 
 @register("kernel")
@@ -249,9 +241,8 @@ class KernelAgent(Proposer):
         if not better or saved_us * 1e-3 < 0.005 * ctx.cost.verify_ms:
             ctx.log(f"kernel: no launch config beats today's choice by {MIN_SPEEDUP - 1:.0%} where it matters")
             return []
-        fmt = "w12" if inc.system.w12 else "dense"
         slug = device_slug(bench.device_name)
-        document = table_document(bench.device_name, fmt, tuned_table(slug), timings)
+        document = table_document(bench.device_name, bench.weight_format.value, tuned_table(slug), timings)
         path = ctx.setup.scratch / f"kernel-{ctx.round_label.replace('/', '-')}"
         try:
             wt = ctx.setup.checkout.create(path)

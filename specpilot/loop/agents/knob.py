@@ -63,8 +63,8 @@ class KnobAgent(Proposer):
         explore = self._exploratory(ctx)
         ordered = seeds + interleave(predicted, explore, EXPLORE_EVERY)
         # The cap counts only proposals the memory has not judged: the loop drops judged ones (and
-        # says so), so capping before that kept the same first few forever and the search never
-        # reached what lies beyond them (the W12 move sat at place 17 of 18).
+        # says so); a cap applied before that would keep proposing the same first few moves and
+        # never reach those further down the list.
         out, seen, fresh, cap = [], {inc.hash}, 0, max(6 * ctx.limit, 12)
         for p in ordered:
             if p.hash in seen:

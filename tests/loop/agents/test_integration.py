@@ -3,7 +3,7 @@
 import pytest
 from loop_fixtures import CONFIG, STOCK, context, evaluation, fingerprint
 
-from specpilot.control.rule import Reason, Verdict
+from specpilot.control.rule import Reason, Outcome
 from specpilot.loop.agents.integration import IntegrationAgent
 from specpilot.loop.recall import Recall
 from specpilot.loop.systems import Candidate, Incumbent
@@ -23,10 +23,10 @@ def test_stacks_the_best_change_of_each_group_and_proposes_the_best_alone(tmp_pa
     wider_more = STOCK.with_changes(name="wider-more", tree_budget=16)  # same group, smaller gain: left out
     syncs = STOCK.with_changes(name="syncs", sync_every=2)
     recall = recall_of(tmp_path, [
-        evaluation(wider, gain=0.04, verdict=Verdict.NEED_MORE_DATA),  # below the bar: a small gain
-        evaluation(wider_more, gain=0.03, verdict=Verdict.NEED_MORE_DATA),
-        evaluation(syncs, gain=0.02, verdict=Verdict.REJECT, reasons=(Reason.CLEARS_THRESHOLD, Reason.NOT_SELECTED)),
-        evaluation(STOCK.with_changes(name="slower", depth=3), gain=-0.05, verdict=Verdict.REJECT),
+        evaluation(wider, gain=0.04, verdict=Outcome.NEED_MORE_DATA),  # below the bar: a small gain
+        evaluation(wider_more, gain=0.03, verdict=Outcome.NEED_MORE_DATA),
+        evaluation(syncs, gain=0.02, verdict=Outcome.REJECT, reasons=(Reason.CLEARS_THRESHOLD, Reason.NOT_SELECTED)),
+        evaluation(STOCK.with_changes(name="slower", depth=3), gain=-0.05, verdict=Outcome.REJECT),
         evaluation(STOCK.with_changes(name="lossy", fault="accept-unverified"), gain=None),
     ])
     stack, single = IntegrationAgent().propose(context(recall=recall))
@@ -42,8 +42,8 @@ def test_stacks_the_best_change_of_each_group_and_proposes_the_best_alone(tmp_pa
 def test_a_change_measured_on_another_tree_does_not_transfer(tmp_path):
     wider = STOCK.with_changes(name="wider", tree_budget=12)
     syncs = STOCK.with_changes(name="syncs", sync_every=2)
-    recall = recall_of(tmp_path, [evaluation(wider, gain=0.04, verdict=Verdict.NEED_MORE_DATA),
-                                  evaluation(syncs, gain=0.02, verdict=Verdict.NEED_MORE_DATA)])
+    recall = recall_of(tmp_path, [evaluation(wider, gain=0.04, verdict=Outcome.NEED_MORE_DATA),
+                                  evaluation(syncs, gain=0.02, verdict=Outcome.NEED_MORE_DATA)])
     deeper = Incumbent(Candidate(STOCK.with_changes(name="deeper", depth=7)), 9, 0.1)  # the tree group moved since
     out = IntegrationAgent().propose(context(incumbent=deeper, recall=recall))
     assert len(out) == 1 and out[0].candidate.system.sync_every == 2 and out[0].candidate.system.depth == 7

@@ -6,20 +6,25 @@ from types import SimpleNamespace
 
 from loop_fixtures import context, git_repo
 
-from specpilot.kernels.configs import KernelPath, LaunchConfig
+from specpilot.kernels import configs as kc
+from specpilot.kernels.configs import KernelPath, LaunchConfig, WeightFormat
+from specpilot.kernels.search import Trial
 from specpilot.loop.agents.base import AgentOptions, LoopSetup
 from specpilot.loop.agents.kernel import KernelAgent, projection_shapes, table_document, tune
 from specpilot.models.random_checkpoint import tiny_config
 
-SLOW = LaunchConfig(KernelPath.GEMV, block_n=4, block_k=512)
-FAST = LaunchConfig(KernelPath.GEMV, block_n=8, block_k=256)
-BROKEN = LaunchConfig(KernelPath.GEMV, block_n=2, block_k=512, num_warps=2)
+SLOW = LaunchConfig(KernelPath.GEMV, block_n=4, block_k=512)  # today's choice: no candidate of the search
+FAST = kc.candidates(8)[1]  # a candidate of every shape at M = 8
+BROKEN = kc.candidates(8)[0]
 
 
 class SimulatedBench:
-    """Today's config is SLOW everywhere; FAST is 2x faster on 'down' only; BROKEN fails the check."""
+    """Today's config is SLOW everywhere; FAST is 2x faster on 'down' only; BROKEN fails the check;
+    every other config the search tries is as fast as SLOW."""
 
     device_name = "NVIDIA H200"
+    weight_format = WeightFormat.DENSE
+    sm_count = 132
 
     def __init__(self):
         self.timed = []
@@ -27,18 +32,15 @@ class SimulatedBench:
     def current(self, shape):
         return SLOW
 
-    def candidates(self, shape):
-        return [SLOW, BROKEN, FAST]
-
     def floor_us(self, shape):
         return shape.n * shape.k * 2 / 4e6  # 4 TB/s
 
-    def time_us(self, shape, config):
-        self.timed.append((shape.name, config))
+    def time(self, problem, config):
+        self.timed.append(((problem.n, problem.k), config))
         if config == BROKEN:
-            return None
-        base = 3 * self.floor_us(shape) + 200.0  # launch-bound: far above the floor
-        return base / 2 if (config == FAST and shape.name == "down") else base
+            return Trial(config, worst_error_over_bound=3.0, error="exceeds the error bound")
+        base = 3 * problem.n * problem.k * 2 / 4e6 + 200.0  # launch-bound: far above the floor
+        return Trial(config, us=base / 2 if (config == FAST and (problem.n, problem.k) == (256, 1024)) else base)
 
 
 def test_off_on_cpu_and_says_why(tmp_path):
@@ -56,7 +58,10 @@ def test_shapes_are_tuned_in_order_of_their_excess_and_only_improvements_enter_t
     excess = [t.excess_us for t in timings]
     assert excess == sorted(excess, reverse=True)
     assert [t.shape.name for t in timings if t.improved] == ["down"]
-    assert all(t.tried == 2 for t in timings)  # today's config is not timed twice
+    for t in timings:  # the search's configs, each once; today's before and after the search only
+        mine = [c for nk, c in bench.timed if nk == (t.shape.n, t.shape.k)]
+        assert t.tried == len(mine) - 2 > 2 and mine.count(SLOW) == 2 and len(set(mine)) == len(mine) - 1
+        assert mine[0] == mine[-1] == SLOW and BROKEN in mine and FAST in mine
     existing = {("dense", 1, 4096, 4096): SLOW}
     doc = table_document("NVIDIA H200", "dense", existing, timings)
     keys = [(e["format"], e["m"], e["n"], e["k"]) for e in doc["entries"]]
@@ -67,10 +72,10 @@ def test_shapes_are_tuned_in_order_of_their_excess_and_only_improvements_enter_t
 class TransientBench(SimulatedBench):
     """Every candidate is as fast as today's config, but today's first timing of each shape is 10x slow."""
 
-    def time_us(self, shape, config):
-        first = all(name != shape.name for name, _ in self.timed)
-        self.timed.append((shape.name, config))
-        return (3 * self.floor_us(shape) + 200.0) * (10 if first else 1)
+    def time(self, problem, config):
+        first = all(nk != (problem.n, problem.k) for nk, _ in self.timed)
+        self.timed.append(((problem.n, problem.k), config))
+        return Trial(config, us=(3 * problem.n * problem.k * 2 / 4e6 + 200.0) * (10 if first else 1))
 
 
 def test_a_slow_first_timing_of_todays_config_is_not_a_gain(tmp_path):

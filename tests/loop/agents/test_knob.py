@@ -3,7 +3,7 @@
 from loop_fixtures import CONFIG, STOCK, context, cost_table, evaluation, fingerprint
 
 from specpilot.config import DrafterKind
-from specpilot.control.rule import Verdict
+from specpilot.control.rule import Outcome
 from specpilot.loop.agents.knob import GPU_ONLY, KnobAgent, interleave
 from specpilot.loop.recall import Recall
 from specpilot.loop.systems import Candidate, Incumbent
@@ -43,7 +43,7 @@ def test_memory_seeds_from_similar_deployments_come_first(tmp_path):
         wide = STOCK.with_changes(name="wide", tree_budget=24, topk=8)
         memory.record_evaluation(elsewhere, evaluation(wide, gain=0.3), CONFIG)
         slower = STOCK.with_changes(name="rejected", depth=2)
-        memory.record_evaluation(elsewhere, evaluation(slower, gain=-0.1, verdict=Verdict.REJECT), CONFIG)
+        memory.record_evaluation(elsewhere, evaluation(slower, gain=-0.1, verdict=Outcome.REJECT), CONFIG)
         here = fingerprint("fx")
         recall = Recall.snapshot(memory, here)
     out = KnobAgent().propose(context(recall=recall))
@@ -79,7 +79,8 @@ def test_moves_the_memory_judged_do_not_use_up_the_list():
 
     first = KnobAgent().propose(context(limit=1))
     assert len(first) == 12
-    judged = tuple(SimpleNamespace(candidate=SimpleNamespace(hash=p.hash)) for p in first)
+    judged = tuple(SimpleNamespace(candidate=SimpleNamespace(hash=p.hash), verdict=Outcome.REJECT, reasons=(),
+                                   contended=False) for p in first)  # settled verdicts
     later = KnobAgent().propose(context(limit=1, recall=Recall("fx", judged, ())))
     new = [p for p in later if p.hash not in {q.hash for q in first}]
     assert len(new) == 12 and later[:12] == first  # the judged ones are still listed, first

@@ -1,0 +1,280 @@
+"""Index the committed benchmark results: write results/README.md and README.md's results table from the files."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+RUN_FILES = ("results.json", "report.json")  # a folder holding one of these is one run: one row
+
+# (pattern on the row's path under results/, what it measures, the script that writes it: in scripts/
+# unless a folder is named); first match wins
+SOURCES = (
+    ("controller/controller_noise_one_gpu_both.*", "noise of isolated workers, both placements", "controller_noise.py"),
+    ("controller/timing_probe.*", "timing probe; noise floor and candidate cost", "timing_probe.py"),
+    ("controller/first_request_*", "first request vs its repeat", "first_request.py"),
+    ("engine/engine_ar_kernels.*", "AR decode: cuBLAS, Triton BF16, W12", "engine_ar.py --skip hf curve"),
+    ("engine/engine_ar.*", "AR decode vs byte floor, verify cost", "engine_ar.py"),
+    ("fixture/training_log.*", "fixture training log", "tools/train_fixture.py"),
+    ("fixture/*", "fixture: loss, acceptance, decode", "tools/fixture_report.py"),
+    ("guard/*", "token-forcing guard", "guard_report.py"),
+    ("loop/*", "the optimization loop", "loop_fixture.py"),
+    ("speed/summary-*", "speed headline table", "speed_fixture.py"),
+    ("speed/*", "speedup over AR", "speed_fixture.py"),
+    ("w12/w12_kernels_shipped*", "W12 GEMM vs cuBLAS, shipped configs", "w12_kernels.py --shipped"),
+    ("w12/w12_escape_cost.*", "cost of W12 escapes", "w12_escape_cost.py"),
+    ("w12/w12_refine*", "tuned table vs n128 twins", "w12_refine.py --confirm"),
+    ("gpu_smoke.*", "GPU smoke test, first run", "gpu_smoke.py"),
+)
+
+# provenance a file records wrongly, from the run logs: (path, commit it records, note); shown
+# under the index while the file still records that commit, so a re-run drops its note
+ERRATA = (
+    ("controller/first_request_*.json", "-", "ran at 4505547 (compile, no-compile) and 2db4fec (padded)"),
+    ("w12/w12_escape_cost.{json,md}", "b0c0d4e", "ran at 70e2a89 (b0c0d4e was a typo of the run command)"),
+)
+
+W12_TARGETS = ((1, 1.25), (32, 1.15))  # issue 3: W12 over cuBLAS at M=1 and M=32 (scripts/w12_kernels.py)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row of the index: a result (a JSON and its renderings) or a run folder, under results/."""
+
+    path: str  # e.g. "w12/w12_kernels_shipped_4.{json,md}" or "speed/fixture/"
+    data: Path | None  # the JSON file its provenance is read from
+
+
+def entries(results: Path) -> list[Entry]:
+    """Every result under `results`, files grouped by name stem, run folders as one row."""
+    out: list[Entry] = []
+
+    def walk(folder: Path) -> None:
+        run = next((folder / n for n in RUN_FILES if (folder / n).is_file()), None)
+        if run is not None and folder != results:
+            out.append(Entry(f"{folder.relative_to(results).as_posix()}/", run))
+            return
+        stems: dict[str, list[Path]] = {}
+        for p in sorted(folder.iterdir()):
+            if p.is_dir():
+                walk(p)
+            elif p != results / "README.md":
+                stems.setdefault(p.name.split(".")[0], []).append(p)
+        for stem, files in sorted(stems.items()):
+            base = (folder / stem).relative_to(results).as_posix()
+            exts = [f.name[len(stem) + 1:] for f in files]
+            path = f"{base}.{exts[0]}" if len(exts) == 1 else f"{base}.{{{','.join(exts)}}}"
+            out.append(Entry(path, next((f for f in files if f.suffix == ".json"), None)))
+
+    walk(results)
+    return sorted(out, key=lambda e: e.path.rstrip("/"))
+
+
+def source(path: str) -> tuple[str, str]:
+    for pattern, what, script in SOURCES:
+        if fnmatch.fnmatch(path, pattern):
+            return what, script
+    return "-", "-"
+
+
+def provenance(data: dict) -> tuple[str, str, str]:
+    """(date, commit, GPU) as the file records them, looking at its top level, then its
+    provenance/environment/meta/deployment blocks; '-' where it records none."""
+    nested = ("provenance", "environment", "meta", "deployment")
+    blocks = [data] + [data[k] for k in nested if isinstance(data.get(k), dict)]
+
+    def first(*keys):
+        for block in blocks:
+            for key in keys:
+                value = block.get(key)
+                if value and not (key == "device" and str(value).startswith(("cuda", "cpu"))):
+                    return value
+        return None
+
+    date = first("date", "created", "created_at")
+    commit = first("commit", "git_commit")
+    gpu = first("gpus", "gpu", "device_name", "device")
+    if commit:
+        commit = str(commit).split("+")[0][:7] + ("+dirty" if "dirty" in str(commit) else "")
+    if isinstance(gpu, list):
+        gpu = gpu[0] if len(gpu) == 1 else f"{len(gpu)}x {gpu[0]}" if len(set(gpu)) == 1 else ", ".join(gpu)
+    return (str(date)[:10] if date else "-"), commit or "-", gpu or "-"
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def render_index(results: Path) -> str:
+    lines = [
+        "# Results",
+        "",
+        "Generated by `python scripts/results_index.py` from the files below; do not edit by hand.",
+        "Date, commit and GPU are read from inside each JSON file (`-`: the file records none).",
+        "Scripts are in `scripts/` unless a folder is named.",
+        "Only the current result of each benchmark is kept; earlier runs are in git history",
+        "(under `bench/results/` before the move to `results/`).",
+        "",
+        "| path | benchmark | script | date | commit | GPU |",
+        "|---|---|---|---|---|---|",
+    ]
+    errata = []
+    for e in entries(results):
+        what, script = source(e.path)
+        date, commit, gpu = provenance(load(e.data)) if e.data else ("-", "-", "-")
+        lines.append(f"| `{e.path}` | {what} | `{script}` | {date} | {commit} | {gpu} |")
+        errata += [(pattern, note) for pattern, recorded, note in ERRATA
+                   if fnmatch.fnmatch(e.path, pattern) and commit == recorded and (pattern, note) not in errata]
+    if errata:
+        lines += ["", "Provenance recorded wrongly (from the run logs):", ""]
+        lines += [f"- `{pattern}` {note}" for pattern, note in errata]
+    return "\n".join(lines) + "\n"
+
+
+# --- the headline table: each function reads one file and returns its rows (label, value)
+
+def ci(d: dict) -> str:
+    return f"{d['estimate']:.2f}x [{d['low']:.2f}, {d['high']:.2f}]"
+
+
+def speed_rows(data: dict) -> list[tuple[str, str]]:
+    c = data["config"]
+    label = f"`{data['deployment']['name']}` speedup over AR (geomean, {c['level']:.0%} CI)"
+    return [(label, ", ".join(f"{s['name']} {ci(s['geomean_speedup'])}" for s in data["systems"]))]
+
+
+def engine_rows(data: dict) -> list[tuple[str, str]]:
+    ar, floor = data["ar"]["ms_per_step"], data["floor_ms"]["streamed_per_token"]
+    curve = data["verify_curve"]
+    return [
+        ("AR decode, Qwen3-8B shapes, batch 1 (ms/token; byte floor)",
+         f"{ar:.2f} ms; floor {floor:.2f} ms: {floor / ar:.0%} of floor speed"),
+        (f"verifying 32 tree nodes, in AR steps (context {curve['context']})", f"{curve['relative_to_ar_step']['32']:.2f}"),
+    ]
+
+
+def engine_kernel_rows(data: dict) -> list[tuple[str, str]]:
+    k = data["kernels"]
+    ratios = " / ".join(f"{k[b]['cublas']['ms_per_step'] / k[b]['w12_lm_head']['ms_per_step']:.2f}x" for b in k)
+    return [(f"AR decode, W12 + lm_head over cuBLAS, batch {' / '.join(k)}", ratios)]
+
+
+def controller_rows(data: dict) -> list[tuple[str, str]]:
+    modes = data["modes"]
+    keys = [k for k in ("variant", "placement") if len({m[k] for m in modes}) > 1] or ["placement"]
+    value = ", ".join(f"{' '.join(m[k] for k in keys)} {m['noise']['value']:.2%}" for m in modes)
+    gpus = len({d for m in modes for d in m["devices"]})
+    return [(f"controller noise, isolated workers (code patches), {gpus} GPU{'s' if gpus > 1 else ''}", value)]
+
+
+def probe_rows(data: dict) -> list[tuple[str, str]]:
+    c = data["controller"]
+    n = c["noise"]
+    return [(f"controller noise, stock vs stock, default procedure (`{data['deployment']}`, shared worker)",
+             f"{n['value']:.3%} over {n['blocks']} blocks (per-block spread {n['block_std']:.3%})"),
+            ("knob candidate cost, guard included (median)",
+             f"{c['candidate_wall_s_median']:.1f} s over {len(c['candidates'])} candidates")]
+
+
+def guard_rows(data: dict) -> list[tuple[str, str]]:
+    def rate(s):
+        verdict = "" if s["verdict"] is None else " pass" if s["verdict"]["passed"] else " REJECT"
+        return f"{s['name']} {s['forcing']['rate']:.3%}{verdict}"
+
+    clean = [s for s in data["systems"] if not s["fault"]]
+    faults = [s for s in data["systems"] if s["fault"]]
+    return [("guard: token mismatch rate", ", ".join(map(rate, clean))),
+            ("guard: injected faults, mismatch rate", ", ".join(map(rate, faults)))]
+
+
+def w12_target_rows(data: dict) -> list[tuple[str, str]]:
+    parts = []
+    for m, target in W12_TARGETS:
+        rows = [r for r in data["timings"] if r["M"] == m and "w12" in r.get("speedup_vs_cublas", {})]
+        met = sum(r["speedup_vs_cublas"]["w12"] >= target for r in rows)
+        parts.append(f"M={m} >= {target}x: {met} of {len(rows)}")
+    return [("W12 GEMM over cuBLAS, projections meeting the target", "; ".join(parts))]
+
+
+def w12_large_m_rows(data: dict) -> list[tuple[str, str]]:
+    ms = sorted({r["M"] for r in data["timings"]}, reverse=True)
+    parts = []
+    for m in ms:
+        rows = [r for r in data["timings"] if r["M"] == m and "w12" in r.get("speedup_vs_cublas", {})]
+        parts.append(f"M={m}: {sum(r['speedup_vs_cublas']['w12'] < 1 for r in rows)} of {len(rows)}")
+    return [("W12 GEMM slower than cuBLAS, projections", "; ".join(parts))]
+
+
+def loop_rows(data: dict) -> list[tuple[str, str]]:
+    f = data["final"]
+    return [(f"loop on `{data['deployment']['name']}`: final system over stock",
+             f"{ci(f['final_gain'])} (over AR: final {f['final_speedup']['estimate']:.2f}x,"
+             f" stock {f['stock_speedup']['estimate']:.2f}x)")]
+
+
+HEADLINES = (  # (file under results/, rows from it); a missing file is skipped
+    ("speed/fixture/results.json", speed_rows),
+    ("speed/fixture-x16/results.json", speed_rows),
+    ("loop/fixture-x16/report.json", loop_rows),
+    ("engine/engine_ar.json", engine_rows),
+    ("engine/engine_ar_kernels.json", engine_kernel_rows),
+    ("w12/w12_kernels_shipped_4.json", w12_target_rows),
+    ("w12/w12_kernels_shipped_m48_64.json", w12_large_m_rows),
+    ("controller/timing_probe.json", probe_rows),
+    ("controller/controller_noise_one_gpu_both.json", controller_rows),
+    ("guard/guard_report.json", guard_rows),
+)
+
+
+def render_headlines(results: Path) -> str:
+    lines = ["| result | measured | file |", "|---|---|---|"]
+    for name, rows in HEADLINES:
+        path = results / name
+        if path.is_file():
+            where = f"{results.name}/{name}"
+            lines += [f"| {label} | {value} | `{where}` |" for label, value in rows(load(path))]
+    return "\n".join(lines) + "\n"
+
+
+def replace_block(text: str, block: str) -> str | None:
+    """`text` with everything between the results markers replaced by `block`; None if the markers are absent."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        return None
+    return text[: start + len(BEGIN)] + "\n" + block + text[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if either file is stale")
+    p.add_argument("--results", type=Path, default=REPO / "results", help="the results folder to index")
+    p.add_argument("--readme", type=Path, default=REPO / "README.md", help="the README holding the results markers")
+    a = p.parse_args(argv)
+    index_path = a.results / "README.md"
+    index = render_index(a.results)
+    readme = a.readme.read_text()
+    new_readme = replace_block(readme, render_headlines(a.results))
+    if new_readme is None:
+        print(f"{a.readme}: no {BEGIN} ... {END} markers; its results table is left untouched", file=sys.stderr)
+    stale = [path for path, new, old in ((index_path, index, index_path.read_text() if index_path.is_file() else None),
+                                         (a.readme, new_readme, readme)) if new is not None and new != old]
+    if a.check:
+        for path in stale:
+            print(f"{path} is stale: run python scripts/results_index.py", file=sys.stderr)
+        return 1 if stale or new_readme is None else 0
+    index_path.write_text(index)
+    if new_readme is not None and new_readme != readme:
+        a.readme.write_text(new_readme)
+    for path in stale:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

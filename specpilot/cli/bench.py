@@ -1,0 +1,154 @@
+"""`specpilot bench`: speedup over AR on the benchmark sets, with intervals, in one command.
+
+Owns the flags (each maps onto a `BenchConfig` field, or picks the deployment, the systems, the
+device and the output directory) and `benchmark`, which composes the pieces: load the session,
+build the prompts, time AR and the systems interleaved, summarise, and `write_outputs`
+(results.json, results.md, speedup.png, accept_hist.png). The terminal table goes to stdout, the
+progress bar and file paths to stderr. A run that fails or is interrupted (exit 130) before
+writing removes the output directory it created.
+
+Does not own any of the pieces; `register(subparsers)` is wired in by `specpilot.cli`, and
+`python -m specpilot.cli.bench ...` runs the same command on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specpilot.bench.runner import BenchConfig
+    from specpilot.config import Deployment, System
+
+HELP = "speedup over AR on the benchmark sets, with bootstrap intervals"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench", help=HELP,
+        description="Times AR and one or more systems on the deployment's benchmark prompts, interleaved in one "
+                    "process, and writes results.json, results.md, speedup.png and accept_hist.png. Speedup per "
+                    "set = AR time per generated token / system time per generated token; across sets their "
+                    "geometric mean.")
+    add_arguments(p)
+    p.set_defaults(func=run_bench)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from specpilot.bench.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, IntervalMethod
+
+    p.add_argument("--deployment", help="deployment file or shipped name (default: fixture)")
+    p.add_argument("--system", action="append",
+                   help="system file (TOML knob overrides on top of the deployment's stock), 'stock' or 'ar'; "
+                        "repeat to time several systems against the same AR runs (the first is the baseline "
+                        "for gains; default: stock)")
+    p.add_argument("--sets", nargs="+", help="benchmark sets, space or comma separated (default: the deployment's)")
+    p.add_argument("--n-prompts", type=int,
+                   help="prompts per set, a seeded subset; 0 = every prompt (default: the deployment's)")
+    p.add_argument("--max-new-tokens", type=int, help="new tokens per prompt (default: the deployment's)")
+    p.add_argument("--batch", type=int,
+                   help="prompts decoded together; time is measured per batch (default: the deployment's regime)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt subsets (default 0)")
+    p.add_argument("--warmup-tokens", type=int, default=32, help="untimed warm-up tokens per engine (default 32)")
+    p.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES,
+                   help=f"bootstrap resamples (default {DEFAULT_RESAMPLES})")
+    p.add_argument("--level", type=float, default=DEFAULT_LEVEL, help="confidence level (default 0.95)")
+    p.add_argument("--interval", choices=[m.value for m in IntervalMethod], default=IntervalMethod.BCA.value,
+                   help="bootstrap interval method (default bca; see specpilot/bench/stats.py)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="decode exactly --max-new-tokens per prompt, through any EOS (fixed-length runs)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--out", help="results directory (default: $SPECPILOT_HOME/runs/bench/<UTC time>-<deployment>)")
+    p.add_argument("--overwrite", action="store_true", help="allow --out to be a directory that already holds files")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def config_from_args(args, deployment: Deployment) -> BenchConfig:
+    from specpilot.bench.runner import BenchConfig
+    from specpilot.bench.stats import IntervalMethod
+
+    sets = None
+    if args.sets:
+        sets = tuple(s for item in args.sets for s in item.split(",") if s)
+    return BenchConfig.for_deployment(
+        deployment, sets=sets, n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, batch=args.batch,
+        seed=args.seed, warmup_tokens=args.warmup_tokens, resamples=args.resamples, level=args.level,
+        interval=IntervalMethod(args.interval), ignore_eos=args.ignore_eos,
+    )
+
+
+def benchmark(deployment: Deployment, systems: tuple[System, ...], config: BenchConfig, device=None,
+              show_progress: bool = True, command: tuple[str, ...] = ()):
+    """Load the deployment, time AR and `systems` on its prompts, and return the `BenchResult`."""
+    from specpilot.bench import provenance
+    from specpilot.bench.progress import Progress
+    from specpilot.bench.prompts import prompt_ids
+    from specpilot.bench.results import BenchResult, summarise
+    from specpilot.bench.runner import count_decodes, make_batches, run_benchmark
+    from specpilot.engine.session import Session
+
+    start = time.perf_counter()
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    session = Session.load(deployment, device=device)
+    environment = provenance.capture(session.device, session.target.dtype)  # the code and machine that run
+    prompts = prompt_ids(deployment, session.tokenizer, config.sets, config.n_prompts, config.seed)
+    used = sum(len(items) for _, items in make_batches(prompts, config.batch))
+    total = count_decodes(prompts, config, len(systems))
+    with Progress(total, f"bench {deployment.name}", enabled=show_progress) as bar:
+        measurements = run_benchmark(session, systems, prompts, config, progress=bar.step)
+    return BenchResult(
+        deployment=deployment, config=config, systems=summarise(measurements, systems, config),
+        measurements=measurements, environment=environment, created=created,
+        command=tuple(command), chat_template=any(p.chat for p in prompts),
+        dropped_prompts=len(prompts) - used, wall_seconds=time.perf_counter() - start,
+    )
+
+
+def write_outputs(result, out_dir: Path) -> list[Path]:
+    """results.json, results.md, speedup.png, accept_hist.png in `out_dir`."""
+    from specpilot.bench.plots import write_plots
+    from specpilot.bench.report import write_json, write_markdown
+
+    return [write_json(result, out_dir), write_markdown(result, out_dir), *write_plots(result, out_dir)]
+
+
+def run_bench(args) -> int:
+    from specpilot.bench.report import default_out_dir, prepare_out_dir, render_terminal
+    from specpilot.bench.runner import systems_under_test
+    from specpilot.cli.outdirs import removed_if_left_empty
+    from specpilot.config import load_deployment
+
+    deployment = load_deployment(args.deployment)
+    systems = systems_under_test(args.system, deployment)
+    config = config_from_args(args, deployment)
+    out = Path(args.out) if args.out else default_out_dir(deployment.name)
+    command = tuple(getattr(args, "argv", None) or sys.argv)
+    with removed_if_left_empty(out):  # interrupted or failed before writing: no empty directory left behind
+        out_dir = prepare_out_dir(out, deployment.name, args.overwrite)  # before any device time is spent
+        result = benchmark(deployment, systems, config, device=args.device, show_progress=not args.no_progress,
+                           command=command)
+        paths = write_outputs(result, out_dir)
+    print(render_terminal(result))
+    if result.dropped_prompts:
+        print(f"note: {result.dropped_prompts} prompt(s) left out so every set is a whole number of batches",
+              file=sys.stderr)
+    print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`specpilot bench` without the top-level CLI (errors, Ctrl-C and notes shown like it)."""
+    from specpilot.cli import execute
+
+    parser = argparse.ArgumentParser(prog="specpilot bench", description="Speedup over AR with intervals.")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    args.argv = ["specpilot", "bench", *(sys.argv[1:] if argv is None else argv)]
+    return execute(run_bench, args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,180 @@
+"""`specpilot generate`: run one system on one or more prompts and print text and statistics.
+
+The system is the deployment's stock (or `--system`) with the flags laid over it, and is named
+after what runs: `ar` when nothing drafts, `ngram` when prompt lookup replaces the draft model,
+then one `+change` per knob flag (`stock+depth=3`, `stock+fault:accept-unverified`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from specpilot.config import Deployment, System
+
+HELP = "generate text with AR or speculative decoding and print stats"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from specpilot.config import Kernel
+
+    p = sub.add_parser("generate", help=HELP,
+                       description="Greedy generation with a target model and an optional drafter.")
+    p.add_argument("--deployment", help="deployment file or shipped name (default: fixture)")
+    p.add_argument("--target", help="target model directory, or 'fixture' (overrides the deployment's)")
+    p.add_argument("--drafter", help="draft model directory, 'fixture', 'ngram' or 'none' (AR)")
+    p.add_argument("--system", help="system file, 'stock' (default) or 'ar'")
+    p.add_argument("--depth", type=int, help="draft depth K (draft steps per round)")
+    p.add_argument("--topk", type=int, help="children per expanded node / frontier width (1 = chain)")
+    p.add_argument("--tree-budget", type=int, help="draft tokens verified per round (root excluded)")
+    p.add_argument("--prompt", action="append", required=True, help="prompt text (repeat for a batch)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
+    p.add_argument("--compare-ar", action="store_true", help="also run AR in the same process and report the speedup")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--kernel", choices=[k.value for k in Kernel], help="projection kernel")
+    p.add_argument("--w12", action="store_true", help="run projections from W12 weights (implies --kernel triton)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run eagerly instead of replaying CUDA graphs")
+    p.add_argument("--fault", help="inject a fault: 'logit-bias:VALUE:every=K:after=T' or 'accept-unverified'")
+    p.add_argument("--save-jsonl", help="write {prompt_ids, output_ids} per prompt to this JSONL file (for `specpilot guard`)")
+    p.add_argument("--overwrite", action="store_true", help="allow --save-jsonl to replace an existing file")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(func=run_generate)
+
+
+def deployment_from_args(args) -> Deployment:
+    from specpilot.config import Deployment, load_deployment
+
+    if args.target and not args.deployment:
+        # an ad-hoc deployment; an arbitrary target has no known draft model, so prompt lookup
+        return Deployment(name="cli", target=args.target, drafter=args.drafter or "ngram")
+    dep = load_deployment(args.deployment)
+    changes = {}
+    if args.target:
+        changes["target"], changes["target_expand"] = args.target, 1
+    if args.drafter:
+        changes["drafter"] = args.drafter
+        changes["drafter_expand"] = 1
+    return replace(dep, **changes) if changes else dep
+
+
+def system_from_args(args, dep: Deployment) -> System:
+    """The system to run, named after what it runs (see the module docstring)."""
+    from specpilot.config import DrafterKind, Kernel, load_system
+
+    system = load_system(args.system, dep)
+    changes = {}
+    if dep.drafter == "ngram" and system.drafter is not DrafterKind.NONE:
+        changes["drafter"] = DrafterKind.NGRAM
+    elif dep.drafter == "none":
+        changes["drafter"] = DrafterKind.NONE
+    for flag, knob in (("depth", "depth"), ("topk", "topk"), ("tree_budget", "tree_budget")):
+        if getattr(args, flag) is not None:
+            changes[knob] = getattr(args, flag)
+    if args.kernel:
+        changes["kernel"] = Kernel(args.kernel)
+    if args.w12:
+        changes["w12"], changes["kernel"] = True, Kernel.TRITON
+    if args.no_cuda_graphs:
+        changes["cuda_graphs"] = False
+    if args.fault:
+        changes["fault"] = args.fault
+    if "depth" in changes and "tree_budget" not in changes and changes.get("topk", system.topk) == 1:
+        changes["tree_budget"] = changes["depth"]
+    if not changes:
+        return system
+    run = system.with_changes(**changes)
+    return run.with_changes(name=system_name(system, run))
+
+
+def system_name(base: System, run: System) -> str:
+    """`base`'s name for `run` (base with flags laid over it): 'ar' or 'ngram' when the drafter
+    changed, then '+knob=value' per other knob that differs ('+fault:SPEC' for a fault)."""
+    from specpilot.config import DrafterKind
+
+    name = base.name
+    if run.drafter is not base.drafter:
+        name = "ar" if run.drafter is DrafterKind.NONE else run.drafter.value
+    diff = run.diff(base)
+    diff.pop("drafter", None)
+    if not run.speculative:  # AR drafts nothing: the tree's shape does not matter
+        for knob in ("depth", "topk", "tree_budget"):
+            diff.pop(knob, None)
+    parts = [name]
+    for knob, (_, value) in diff.items():
+        if knob == "fault" and value:
+            parts.append(f"fault:{value}")
+        else:
+            parts.append(f"{knob}={json.dumps(value)}" if isinstance(value, bool) else f"{knob}={value}")
+    return "+".join(parts)
+
+
+def run_generate(args) -> int:
+    from specpilot.config import DrafterKind
+    from specpilot.engine.faults import parse_fault
+    from specpilot.engine.session import Session
+    from specpilot.errors import ConfigError
+    from specpilot.guard.divergence import first_divergence
+
+    if args.max_new_tokens < 1:
+        raise ConfigError("--max-new-tokens must be >= 1")
+    dep = deployment_from_args(args)
+    system = system_from_args(args, dep)
+    parse_fault(system.fault)  # fail fast on a bad spec
+    session = Session.load(dep, device=args.device)
+    prompts = [session.encode_prompt(p) for p in args.prompt]
+    gen = session.generator(system)
+    warm = min(args.max_new_tokens, 16)
+    gen.generate(prompts, warm)  # warm-up: graph capture, allocator, kernel selection
+    result = gen.generate(prompts, args.max_new_tokens)
+    report = {
+        "system": system.name,
+        "knobs": system.knobs(),
+        "device": str(session.device),
+        "tokens": result.num_tokens,
+        "rounds": sum(result.rounds),
+        "mean_accepted_length": result.mean_accepted_length,
+        "seconds": result.seconds,
+        "tokens_per_second": result.tokens_per_second,
+    }
+    if args.compare_ar:
+        ar = session.generator(system.with_changes(name="ar", drafter=DrafterKind.NONE, fault=""))
+        ar.generate(prompts, warm)
+        ar_result = ar.generate(prompts, args.max_new_tokens)
+        report["ar_seconds"] = ar_result.seconds
+        report["ar_tokens_per_second"] = ar_result.tokens_per_second
+        report["speedup_vs_ar"] = ar_result.seconds / result.seconds
+        report["identical_to_ar"] = ar_result.outputs == result.outputs
+        report["first_divergence"] = [first_divergence(a, b) for a, b in zip(result.outputs, ar_result.outputs)]
+    if args.save_jsonl:
+        from specpilot.guard.records import OutputRecord, write_records
+
+        write_records(args.save_jsonl, [OutputRecord(tuple(p), tuple(o)) for p, o in zip(prompts, result.outputs)],
+                      overwrite=args.overwrite)
+        report["saved"] = args.save_jsonl
+    texts = [session.tokenizer.decode(o) for o in result.outputs]
+    if args.json:
+        print(json.dumps({**report, "texts": texts}, indent=2))
+        return 0
+    for prompt, text in zip(args.prompt, texts):
+        print(prompt + text)
+        print("-" * 60)
+    print(format_stats(report), file=sys.stderr)
+    return 0
+
+
+def format_stats(r: dict) -> str:
+    lines = [
+        f"system {r['system']} on {r['device']}: {r['tokens']} tokens in {r['seconds']:.3f} s "
+        f"({r['tokens_per_second']:.1f} tok/s), {r['rounds']} target forwards, "
+        f"mean accepted length {r['mean_accepted_length']:.2f}",
+    ]
+    if "speedup_vs_ar" in r:
+        same = "identical to AR" if r["identical_to_ar"] else f"DIFFERS from AR (first divergence {r['first_divergence']})"
+        lines.append(f"AR: {r['ar_tokens_per_second']:.1f} tok/s; speedup vs AR {r['speedup_vs_ar']:.2f}x; output {same}")
+    if "saved" in r:
+        lines.append(f"outputs written to {r['saved']}")
+    return "\n".join(lines)

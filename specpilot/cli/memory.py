@@ -1,0 +1,114 @@
+"""`specpilot memory list|show|export`: read the memory database.
+
+Owns: flags and output formats. Does not own queries (`store.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from specpilot.errors import ConfigError
+
+HELP = "list, show or export the memory of evaluated candidates"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from specpilot.control.rule import Outcome
+
+    p = sub.add_parser("memory", help=HELP,
+                       description="Read the SQLite memory of every evaluated candidate.")
+    msub = p.add_subparsers(dest="memory_command", metavar="ACTION", required=True)
+
+    def common(q):
+        q.add_argument("--memory", help="memory database (default: $SPECPILOT_MEMORY or $SPECPILOT_HOME/memory.sqlite)")
+
+    q = msub.add_parser("list", help="evaluations, newest first")
+    common(q)
+    q.add_argument("--deployment", help="deployment fingerprint (prefix) or name")
+    q.add_argument("--verdict", choices=[v.value for v in Outcome], help="only this verdict")
+    q.add_argument("--limit", type=int, default=50, help="at most this many entries (default 50; 0 = all)")
+    q.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    q.set_defaults(func=run_list)
+
+    q = msub.add_parser("show", help="one evaluation with all its numbers")
+    common(q)
+    q.add_argument("id", type=int, help="entry id (see `memory list`)")
+    q.add_argument("--json", action="store_true", help="print the entry as JSON")
+    q.set_defaults(func=run_show)
+
+    q = msub.add_parser("export", help="every table as one JSON document")
+    common(q)
+    q.add_argument("--out", help="write to this file instead of stdout")
+    q.set_defaults(func=run_export)
+
+
+def _open(args):
+    from specpilot import env
+    from specpilot.memory.store import Memory
+
+    path = Path(args.memory) if args.memory else env.memory_path()
+    if not path.is_file():
+        raise ConfigError(f"no memory database at {path}")
+    return Memory(path)
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{x * 100:+.2f}%"
+
+
+def run_list(args) -> int:
+    from specpilot.control.rule import Outcome
+
+    if args.limit < 0:
+        raise ConfigError("--limit must be >= 0")
+    with _open(args) as memory:
+        records = memory.entries(args.deployment, Outcome(args.verdict) if args.verdict else None, args.limit or None)
+    if args.json:
+        print(json.dumps([_summary(r) for r in records], indent=2))
+        return 0
+    header = f"{'id':>5}  {'created (UTC)':19}  {'deployment':16}  {'candidate':20}  {'verdict':14}  " \
+             f"{'gain':>8}  {'95% interval':>19}  {'round':8}"
+    print(header)
+    for r in records:
+        interval = f"[{_pct(r.gain_lower)}, {_pct(r.gain_upper)}]" if r.gain is not None else ""
+        print(f"{r.id:>5}  {r.created_at[:19]:19}  {r.deployment_name[:16]:16}  {r.candidate.name[:20]:20}  "
+              f"{r.verdict.value:14}  {_pct(r.gain):>8}  {interval:>19}  {r.round[:8]:8}")
+    return 0
+
+
+def _summary(r) -> dict:
+    return {"id": r.id, "created_at": r.created_at, "deployment": r.deployment, "deployment_name": r.deployment_name,
+            "candidate": r.candidate.name, "candidate_hash": r.candidate.hash, "incumbent_hash": r.incumbent,
+            "round": r.round, "stage": r.stage.value, "verdict": r.verdict.value,
+            "reasons": [x.value for x in r.reasons], "gain": r.gain, "gain_lower": r.gain_lower,
+            "gain_upper": r.gain_upper, "threshold": r.threshold, "noise": r.noise, "blocks": r.blocks,
+            "guard_passed": r.guard_passed}
+
+
+def run_show(args) -> int:
+    with _open(args) as memory:
+        r = memory.get(args.id)
+    if args.json:
+        print(json.dumps(r.to_dict(), indent=2))
+        return 0
+    from specpilot.cli.evaluate import format_evaluation
+
+    print(f"entry {r.id}  ({r.created_at}, round {r.round or '-'}, commit {r.detail.get('commit') or '?'})")
+    print(f"  deployment  {r.deployment_name} [{r.deployment}]")
+    print(f"  candidate   {r.candidate.name} [{r.candidate.hash}] parent {r.candidate.parent or '-'}")
+    print(f"  diff        {json.dumps(r.candidate.diff)}" + ("  (+ patch)" if r.candidate.patch else ""))
+    print(format_evaluation(r.evaluation(), r.deployment_name))
+    return 0
+
+
+def run_export(args) -> int:
+    with _open(args) as memory:
+        data = memory.export()
+    text = json.dumps(data, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    else:
+        print(text)
+    return 0

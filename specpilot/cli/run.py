@@ -1,0 +1,196 @@
+"""`specpilot run`: the SpecPilot loop from the command line.
+
+    specpilot run                                   # a short loop on the default deployment, this device
+    specpilot run --deployment deployments/fixture-x16.toml --rounds 4 --budget-minutes 30
+    specpilot run --out runs/x16 --resume           # continue a run that was interrupted
+
+Live progress goes to stderr (one line per step, every decision with its numbers); the result
+table to stdout; the report (report.md, report.json, trajectory.png, gaps.png, decisions.jsonl)
+to `--out`, by default `$SPECPILOT_HOME/runs/loop/<UTC time>-<deployment>`. Defaults depend on
+the device: on CPU 2 rounds within 4 minutes with the `quick` timing preset, on GPU 3 rounds
+with `scaled` timing and no budget (see `specpilot/loop/config.py`). Flags map 1:1 onto
+`LoopConfig` and `RunOptions` fields.
+
+Exit status: 0 when the run ends on its own, 130 when Ctrl-C cut it short (the report of what was
+done is still written), 2 for bad input.
+
+Owns: flags, printing the result. Does not own the loop (`specpilot/loop/run.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "the SpecPilot loop: find, validate and keep lossless speedups for a deployment"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run", help=HELP,
+        description="Each round: measure the current best system, compute its ceiling and largest gap, let the "
+                    "proposer agents produce candidates, gate them with token forcing, time them against the "
+                    "incumbent in paired isolated runs, promote, stack small gains, and remember everything in the "
+                    "memory. Ends with stock and the final system timed against AR, and a report.")
+    add_arguments(p)
+    p.set_defaults(func=run_command)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from specpilot.control.gate import DEFAULT_GATE
+    from specpilot.control.prompts import DEFAULT_PROMPT_SOURCE
+    from specpilot.loop.config import Timing
+    from specpilot.loop.runner import LOOP_RUNNER
+
+    p.add_argument("--deployment", help="deployment file or shipped name (default: fixture)")
+    p.add_argument("--rounds", type=int, help="rounds in the run, counting rounds done before a --resume "
+                                              "(default: 2 on CPU, 3 on GPU)")
+    p.add_argument("--agents", nargs="+", help="proposer agents, in order (default: integration knob kernel coding; "
+                                               "agents that cannot run here say why and stay off)")
+    p.add_argument("--budget-minutes", type=float,
+                   help="wall-clock budget of the whole run, final measurement included; the loop stops before a "
+                        "round that would not fit (default: 4 on CPU, none on GPU)")
+    p.add_argument("--out", help="report directory (default: $SPECPILOT_HOME/runs/loop/<UTC time>-<deployment>); "
+                                 "one that holds files is refused unless --resume")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out (its journal, its round numbers)")
+    p.add_argument("--max-candidates", type=int, help="candidates timed per round (default 3)")
+    p.add_argument("--timing", choices=[t.value for t in Timing],
+                   help="how candidates are timed: quick (CPU default), scaled (GPU default), standard (the "
+                        "controller's defaults)")
+    p.add_argument("--coding-agent", dest="coding_command",
+                   help="command template of the external coding agent, e.g. 'claude -p \"$(cat {task_file})\"' "
+                        "(default: $SPECPILOT_CODING_AGENT; none = the coding agent is off)")
+    p.add_argument("--coding-timeout", dest="coding_timeout_s", type=float, help="seconds per coding-agent run (1800)")
+    p.add_argument("--kernel-budget", dest="kernel_budget_s", type=float,
+                   help="seconds the kernel agent may spend timing kernels per round (60)")
+    p.add_argument("--profile-tokens", type=int, help="new tokens per prompt when profiling the incumbent")
+    p.add_argument("--final-prompts", type=int, help="prompts per set in the final measurement against AR")
+    p.add_argument("--final-tokens", type=int, help="new tokens per prompt in the final measurement")
+    p.add_argument("--no-final", action="store_true", help="skip the final measurement against AR")
+    p.add_argument("--patience", type=int, help="stop after this many rounds in a row with nothing new (2)")
+    p.add_argument("--seed", type=int, help="seed of prompt draws, arm order and bootstraps (0)")
+    p.add_argument("--controller", action="append", metavar="FIELD=VALUE",
+                   help="a ControllerConfig field laid over the timing preset, e.g. blocks=8 (repeatable; see "
+                        "`specpilot evaluate --help` for the fields)")
+    p.add_argument("--remeasure-noise", action="store_true",
+                   help="measure the stock-vs-stock noise floor again instead of reusing the memory's (e.g. after "
+                        "the machine got quieter)")
+    p.add_argument("--memory", help="memory database (default: $SPECPILOT_MEMORY or $SPECPILOT_HOME/memory.sqlite)")
+    p.add_argument("--devices", help="comma-separated devices for the workers (default: every visible GPU, else cpu)")
+    add_wait_flags(p)
+    p.add_argument("--gate", default=DEFAULT_GATE, help=f"guard gate as module:attr (default: {DEFAULT_GATE})")
+    p.add_argument("--prompt-source", default=DEFAULT_PROMPT_SOURCE,
+                   help=f"prompt-source factory as module:attr (default: {DEFAULT_PROMPT_SOURCE})")
+    p.add_argument("--runner", default=LOOP_RUNNER, help=f"runner factory of the workers (default: {LOOP_RUNNER})")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def add_wait_flags(p: argparse.ArgumentParser) -> None:
+    """--wait-minutes / --no-wait: what to do when another timing run holds the devices or the memory."""
+    from specpilot.control.timing_lock import DEFAULT_WAIT_S
+
+    p.add_argument("--wait-minutes", type=float, default=DEFAULT_WAIT_S / 60,
+                   help="how long to wait for another timing run on the same devices or memory to finish; after "
+                        "that this one times anyway and marks what it times as measured under contention "
+                        f"(default: {DEFAULT_WAIT_S / 60:g})")
+    p.add_argument("--no-wait", action="store_true",
+                   help="do not wait for another timing run: time at once, marked as measured under contention")
+
+
+def wait_seconds(args) -> float:
+    return 0.0 if args.no_wait else max(0.0, args.wait_minutes * 60)
+
+
+def config_from_args(args, device: str):
+    from specpilot.loop.config import Timing, for_device
+
+    return for_device(
+        device, rounds=args.rounds, budget_minutes=args.budget_minutes,
+        agents=tuple(a for item in args.agents for a in item.split(",") if a) if args.agents else None,
+        max_candidates=args.max_candidates, timing=Timing(args.timing) if args.timing else None,
+        coding_command=args.coding_command, coding_timeout_s=args.coding_timeout_s,
+        kernel_budget_s=args.kernel_budget_s,
+        profile_tokens=args.profile_tokens, final_prompts=args.final_prompts, final_tokens=args.final_tokens,
+        final=False if args.no_final else None, patience=args.patience, seed=args.seed,
+        controller=controller_fields(args.controller or []) or None,
+    )
+
+
+def controller_fields(items: list[str]) -> dict:
+    """{"blocks": 8, "order": "random"} from ["blocks=8", "order=random"] (values read as JSON when they parse)."""
+    import json
+
+    from specpilot.errors import ConfigError
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--controller {item!r}: expected FIELD=VALUE")
+        try:
+            out[key.strip().replace("-", "_")] = json.loads(value)
+        except ValueError:
+            out[key.strip().replace("-", "_")] = value
+    return out
+
+
+def worker_devices(flag: str | None) -> tuple[str, ...]:
+    """The --devices list, each checked to be usable here (one `error:` line if not); default: every GPU, else cpu."""
+    from specpilot import env
+    from specpilot.control.backends.local import visible_devices
+
+    listed = [d.strip() for d in flag.split(",") if d.strip()] if flag else visible_devices()
+    for device in listed:
+        env.resolve_device(device)
+    return tuple(listed)
+
+
+def run_command(args) -> int:
+    from specpilot.cli import INTERRUPTED
+    from specpilot.cli.outdirs import removed_if_left_empty
+    from specpilot.config import load_deployment
+    from specpilot.loop.config import StopReason
+    from specpilot.loop.run import RunOptions, run_loop
+    from specpilot.loop.state import default_out
+
+    devices = worker_devices(args.devices)
+    config = config_from_args(args, "cuda" if devices[0].startswith("cuda") else "cpu")
+    out = args.out or str(default_out(load_deployment(args.deployment).name))
+    options = RunOptions(deployment=args.deployment, out=out, resume=args.resume, memory=args.memory,
+                         devices=devices, gate=args.gate, prompt_source=args.prompt_source, runner=args.runner,
+                         remeasure_noise=args.remeasure_noise, quiet=args.quiet, wait_s=wait_seconds(args))
+    with removed_if_left_empty(out):  # a run refused during setup leaves no empty report directory
+        result = run_loop(config, options)
+    print(summary(result.report))
+    return INTERRUPTED if result.stop is StopReason.INTERRUPTED else 0
+
+
+def summary(report: dict) -> str:
+    """The result for stdout: speedups over AR, the promoted changes, where the report is."""
+    from specpilot.loop.report import format_gain, format_speedup
+    from specpilot.loop.systems import describe
+
+    final, fs = report.get("final"), report["final_system"]
+    lines = [f"SpecPilot loop on {report['deployment']['name']} ({report['deployment']['device']}): "
+             f"{len(report['rounds'])} round(s), stopped: {report['run']['stop']}"]
+    if final:
+        over = f", final / stock {format_speedup(final['final_gain'])}" if final["final_gain"] else ""
+        lines.append(f"  speedup over AR (one run, 95% CI): stock {format_speedup(final['stock_speedup'])}, "
+                     f"final {format_speedup(final['final_speedup'])}{over}")
+    lines.append(f"  final system {fs['name']!r}: {describe(fs['changes_from_stock'])}")
+    for p in report["promotions"]:
+        lines.append(f"  promoted in {p['round'] or '-'}: {p['name']} ({describe(p['changes'])}) "
+                     f"{format_gain(p['gain'], p['gain_lower'], p['gain_upper'])}")
+    lines.append(f"  report: {report['run']['out']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`specpilot run` without typing `specpilot` (same parsing and error handling)."""
+    from specpilot.cli import main as specpilot_main
+
+    return specpilot_main(["run", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

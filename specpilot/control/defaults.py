@@ -1,0 +1,34 @@
+"""Defaults that wire a deployment's systems to the controller.
+
+    runner_spec(deployment, system) -> ArmSpec      a system as the spec an isolated worker loads
+    default_config(deployment, **changes) -> ControllerConfig
+    source_commit() -> str                               the running code's commit, for the record
+
+Evaluating a candidate and recording it in the memory is `specpilot.memory.evaluate`.
+"""
+
+from __future__ import annotations
+
+from specpilot.config import Deployment, System
+from specpilot.control.config import ControllerConfig
+from specpilot.control.arm import DEFAULT_RUNNER, ArmSpec
+
+
+def source_commit() -> str:
+    """git commit of the running code ('+dirty' when tracked files differ from it), or ''."""
+    from specpilot.bench.provenance import git_state  # the project's one reader of git state
+
+    state = git_state()
+    return (state["git_commit"] or "") + ("+dirty" if state["git_dirty"] else "")
+
+
+def runner_spec(deployment: str, system: System, runner: str = DEFAULT_RUNNER,
+                workdir: str | None = None) -> ArmSpec:
+    return ArmSpec(deployment, {"name": system.name, **system.knobs()}, workdir=workdir, factory=runner)
+
+
+def default_config(deployment: Deployment, **changes) -> ControllerConfig:
+    """The defaults with the deployment's regime batch and token budget, then `changes` (field -> value)."""
+    base = {"request_size": deployment.regime.batch, "max_new_tokens": deployment.max_new_tokens}
+    base.update(changes)
+    return ControllerConfig.from_dict(base)

@@ -1,0 +1,62 @@
+"""The kernels as modules: `TritonLinear`, and `swap_projections`, what the engine calls for
+`kernel = "triton"`.
+
+`TritonLinear` runs plain (BF16) weights through the same GEMV/GEMM kernels as `W12Linear` reads
+W12 with, so a benchmark can separate kernel quality from the format's byte savings; its weight is
+the original `nn.Linear`'s parameter (shared, not copied). It falls back to `F.linear` where the
+kernels cannot run (CPU without TRITON_INTERPRET=1, no Triton). `swap_projections` turns every
+block projection (qkv, o, gate_up, down) and optionally lm_head into a `TritonLinear` or a
+`W12Linear` (weights encoded on the fly, refused unless they are exactly BF16: W12 is lossless by
+contract). Does not own the kernels (`specpilot.kernels.dispatch`), which modules count as projections
+(`specpilot.models.transformer.replace_linears`) or `W12Linear` (`specpilot.models.w12_linear`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from specpilot.errors import ConfigError
+from specpilot.kernels import dispatch
+from specpilot.models.transformer import Transformer, replace_linears
+
+
+class TritonLinear(nn.Module):
+    """y = x @ weight.T with our Triton kernels (no bias: decoder projections have none)."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        if weight.dim() != 2:
+            raise ValueError(f"TritonLinear needs a 2-D weight [N, K], got shape {list(weight.shape)}")
+        self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+        self.out_features, self.in_features = weight.shape
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> TritonLinear:
+        if linear.bias is not None:
+            raise ValueError("TritonLinear does not support a bias (decoder projections have none)")
+        return cls(linear.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
+        if dispatch.kernels_available(x):
+            return dispatch.linear(x, self.weight)
+        return F.linear(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.weight.dtype}"
+
+
+def swap_projections(model: Transformer, w12: bool, lm_head: bool = False) -> int:
+    """Replace projections by `W12Linear` (w12) or `TritonLinear` modules; returns how many."""
+    from specpilot.models.w12_linear import W12Linear
+    from specpilot.w12.codec import encode, exact_bf16
+
+    def make(name: str, linear: nn.Linear) -> nn.Module:
+        if linear.bias is not None:
+            raise ConfigError(f"{name}: projections with a bias are not supported by the Triton kernels")
+        if not w12:
+            return TritonLinear.from_linear(linear)
+        return W12Linear(encode(exact_bf16(linear.weight, name)))
+
+    return replace_linears(model, make, lm_head=lm_head)

@@ -1,0 +1,93 @@
+"""Shared workers: which comparisons share one, settling, and a real comparison on CPU."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from specpilot.config import load_deployment, load_system
+from specpilot.control.arm import ArmSpec
+from specpilot.control.backends.local import LocalBackend
+from specpilot.control.blocks import BlockResult
+from specpilot.control.config import ControllerConfig
+from specpilot.control.controller import Controller
+from specpilot.control.defaults import runner_spec
+from specpilot.control.gate import ALWAYS_PASS
+from specpilot.control.shared import SharedPair, settle, shareable
+from specpilot.engine.runner import SessionRunner
+
+RUNNER = "specpilot.engine.runner:SystemRunner"
+
+
+def test_only_own_code_on_one_deployment_is_shared():
+    a = ArmSpec("d.toml", {"name": "stock"}, factory=RUNNER)
+    assert shareable(a, ArmSpec("d.toml", {"name": "tree", "depth": 7}, factory=RUNNER))
+    assert not shareable(a, ArmSpec("d.toml", {"name": "patch"}, workdir="/tmp/wt", factory=RUNNER))  # a patch
+    assert not shareable(a, ArmSpec("d.toml", {"name": "x"}, factory="fake_runners:FakeRunner"))  # unknown code
+    assert not shareable(a, ArmSpec("e.toml", {"name": "x"}, factory=RUNNER))
+
+
+def reply(per_token: float) -> dict:
+    return {"timing": {"decode_s": per_token * 100, "tokens": 100}}
+
+
+def test_settle_stops_once_three_requests_agree():
+    times = iter([2.0, 1.5, 1.2, 1.001, 1.0, 1.002, 5.0])
+    out = settle(lambda: reply(next(times)), tolerance=0.005, window=3, max_seconds=60)
+    assert out.settled and out.trace == pytest.approx([2.0, 1.5, 1.2, 1.001, 1.0, 1.002])
+
+
+def test_settle_gives_up_after_its_time():
+    times = itertools.cycle([1.0, 1.1])
+    out = settle(lambda: reply(next(times)), tolerance=0.005, window=3, max_seconds=0.0)
+    assert not out.settled and len(out.trace) == 1
+
+
+def test_block_statistic_is_the_median_of_request_pairs():
+    # four request pairs: candidate 10% faster per token in three, one disturbed request (x3)
+    block = BlockResult(0, ((1.0, 1.0, 3.0, 1.0),), ((1 / 1.1,) * 4,), ((),), ((),))
+    assert block.log_ratio == pytest.approx(__import__("math").log(1.1))
+
+
+def test_session_runner_times_fixed_length_requests(target_dir, drafter_dir, tmp_path):
+    dep = tmp_path / "d.toml"
+    dep.write_text(f'name = "t"\ntarget = "{target_dir}"\ndrafter = "{drafter_dir}"\n')
+    runner = SessionRunner(ArmSpec(str(dep), {"name": "stock"}, device="cpu"))
+    prompts = [[5, 6, 7], [9, 10]]
+    stock = runner.run({"name": "stock"}, prompts, 12, stop_at_eos=False)
+    ar = runner.run({"name": "ar", "drafter": "none"}, prompts, 12, stop_at_eos=False)
+    assert stock["outputs"] == ar["outputs"] and all(len(o) == 12 for o in ar["outputs"])  # lossless, EOS ignored
+    assert ar["timing"]["tokens"] == 24 and ar["timing"]["decode_s"] > 0 and ar["timing"]["gpu_s"] is None
+    assert runner.session.target is runner.generator({"name": "stock"}).target  # one copy of the weights
+
+
+@pytest.mark.slow
+def test_a_knob_comparison_runs_in_one_persistent_worker(target_dir, drafter_dir, tmp_path):
+    dep_path = tmp_path / "d.toml"
+    dep_path.write_text(f'name = "t"\ntarget = "{target_dir}"\ndrafter = "{drafter_dir}"\nmax_new_tokens = 8\n')
+    dep = load_deployment(str(dep_path))
+    config = ControllerConfig(blocks=5, noise_blocks=5, requests_per_block=1, max_new_tokens=8, extra_blocks=0,
+                              warmup_requests=1, resamples=199, settle_seconds=0.5, gate_prompts=1, pin_cpus=False)
+    backend = LocalBackend(devices=["cpu"])
+    source = lambda n, seed: [[1 + (seed + i) % 50, 2, 3] for i in range(n)]  # noqa: E731
+    controller = Controller(config, backend, ALWAYS_PASS, source, str(dep_path))
+    stock = runner_spec(str(dep_path), dep.stock, RUNNER)
+    ar = runner_spec(str(dep_path), load_system("ar", dep), RUNNER)
+    try:
+        session = backend.open(stock, ar, config, [[[4, 5, 6]]])
+        assert isinstance(session._session, SharedPair)
+        pid = session._session.worker.proc.pid
+        session.close()
+        first = controller.evaluate(stock, ar, _noise(controller, stock))
+        second = controller.evaluate(stock, ar, _noise(controller, stock))
+        assert first.estimate.n == second.estimate.n == 5
+        (worker,) = backend.shared._workers.values()
+        assert worker.proc.pid == pid and worker.proc.poll() is None  # the same worker served every comparison
+    finally:
+        backend.close()
+    assert worker.proc.poll() is not None  # closing the backend stops it
+
+
+def _noise(controller, stock):
+    return controller.measure_noise(stock)
