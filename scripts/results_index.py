@@ -16,7 +16,7 @@ RUN_FILES = ("results.json", "report.json")  # a folder holding one of these is 
 # (pattern on the row's path under results/, what it measures, the script that writes it: in scripts/
 # unless a folder is named); first match wins
 SOURCES = (
-    ("controller/controller_noise_one_gpu_both.*", "noise of isolated workers, both placements", "controller_noise.py"),
+    ("controller/controller_noise_one_gpu_both.*", "noise, isolated workers", "controller_noise.py"),
     ("controller/timing_probe.*", "timing probe; noise floor and candidate cost", "timing_probe.py"),
     ("controller/first_request_*", "first request vs its repeat", "first_request.py"),
     ("engine/engine_ar_kernels.*", "AR decode: cuBLAS, Triton BF16, W12", "engine_ar.py --skip hf curve"),

@@ -45,6 +45,15 @@ def bench_script():
     return load
 
 
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A SpecPilot home (memory, runs, scratch, locks) of the test's own, with no coding agent."""
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SPECPILOT_MEMORY", raising=False)
+    monkeypatch.delenv("SPECPILOT_CODING_AGENT", raising=False)
+    return tmp_path / "home"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_thread():
     """CI and dev machines have two cores; intra-op threads on these tiny models only contend."""

@@ -12,7 +12,7 @@ for one user message (with the generation prompt appended) and the user message 
 text verbatim: the GSM8K question, the MATH500 problem, the HumanEval code prompt, the MBPP task
 description, the MT-Bench first turn. Otherwise a plain format: the templates tools/corpus.py
 renders the fixture's training data in (GSM8K and MBPP train splits; code for HumanEval), so the
-fixture has seen each one. tests/scripts/test_prompts.py checks both stay identical:
+fixture has seen each one. tests/bench/test_prompts.py checks both stay identical:
 
     gsm8k      "Question: {question}\nAnswer:"
     math500    "Problem: {problem}\nSolution:"

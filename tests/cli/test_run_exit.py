@@ -3,19 +3,10 @@ leaves no run directory behind (exit 2, one line)."""
 
 from __future__ import annotations
 
-import pytest
-
 from specpilot.cli import INTERRUPTED, main
 from specpilot.control.stats import GainEstimate, NoiseFloor
 from specpilot.loop import run as loop_run
 
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("SPECPILOT_MEMORY", raising=False)
-    monkeypatch.delenv("SPECPILOT_CODING_AGENT", raising=False)
-    return tmp_path / "home"
 
 
 def quiet_setup(monkeypatch):

@@ -34,7 +34,7 @@ def patched(tmp_path_factory, target_dir, drafter_dir):
     dep_file.write_text(f'name = "tiny"\ntarget = "{target_dir}"\ndrafter = "{drafter_dir}"\nmax_new_tokens = 8\n'
                         "[stock]\ndepth = 2\ntopk = 2\ntree_budget = 3\n")
     wt = Checkout.capture(root).create(tmp / "wt")
-    for rel, text in (("specpilot/loop/cost_model.py", COST_MARK), ("specpilot/results.py", BENCH_MARK)):
+    for rel, text in (("specpilot/loop/cost_model.py", COST_MARK), ("specpilot/bench/results.py", BENCH_MARK)):
         path = wt.path / rel
         path.write_text(path.read_text() + text)
     yield Deployment.from_toml(dep_file), str(dep_file), wt, tmp

@@ -34,11 +34,16 @@ def tree(tmp_path):
         "timings": [{"M": 1, "speedup_vs_cublas": {"w12": 1.3}}, {"M": 1, "speedup_vs_cublas": {"w12": 1.2}},
                     {"M": 32, "speedup_vs_cublas": {"w12": 1.2}}, {"M": 32, "speedup_vs_cublas": {}}]})
     (res / "w12" / "w12_kernels_shipped_4.md").write_text("table\n")
-    write_json(res / "controller" / "controller_noise.json", {
+    write_json(res / "controller" / "controller_noise_one_gpu_both.json", {
         "date": "2026-11-29T14:48:51+00:00", "commit": "e5c9d4cf545d2d640e8cb85a3673aaabf0761d14+dirty",
         "gpus": ["NVIDIA H200"],
         "modes": [{"variant": "default", "placement": "alternate", "devices": ["cuda:0"], "noise": {"value": 0.03886}},
                   {"variant": "gc", "placement": "alternate", "devices": ["cuda:0"], "noise": {"value": 0.1075}}]})
+    write_json(res / "controller" / "timing_probe.json", {
+        "date": "2026-12-02T16:28:01+00:00", "commit": "a5d9411", "device": "NVIDIA H200", "deployment": "fixture-x16",
+        "controller": {"noise": {"value": 0.00258, "blocks": 12, "block_std": 0.00331},
+                       "candidates": [{"wall_s": 19.3}, {"wall_s": 21.6}, {"wall_s": 15.8}],
+                       "candidate_wall_s_median": 19.3}})
     (res / "notes.txt").write_text("not a benchmark\n")
     readme = tmp_path / "README.md"
     readme.write_text("# Project\n\nabove\n\n<!-- results:begin -->\nold table\n<!-- results:end -->\n\nbelow\n")
@@ -50,15 +55,16 @@ def test_rows_name_each_result_its_script_and_the_provenance_inside_it(index, tr
     assert index.main(["--results", str(res), "--readme", str(readme)]) == 0
     rows = [line for line in (res / "README.md").read_text().splitlines() if line.startswith("| `")]
     assert rows == [
-        "| `controller/controller_noise.json` | controller noise: stock vs stock | `controller_noise.py` "
-        "| 2026-11-29 | e5c9d4c+dirty | NVIDIA H200 |",
+        "| `controller/controller_noise_one_gpu_both.json` | noise, isolated workers "
+        "| `controller_noise.py` | 2026-11-29 | e5c9d4c+dirty | NVIDIA H200 |",
+        "| `controller/timing_probe.json` | timing probe; noise floor and candidate cost | `timing_probe.py` "
+        "| 2026-12-02 | a5d9411 | NVIDIA H200 |",
         "| `notes.txt` | - | `-` | - | - | - |",
         "| `speed/fixture/` | speedup over AR | `speed_fixture.py` | 2026-11-29 | 1a0a580 | NVIDIA H200 |",
         "| `w12/w12_kernels_shipped_4.{json,md}` | W12 GEMM vs cuBLAS, shipped configs | `w12_kernels.py --shipped` "
         "| 2026-12-02 | bd33466 | NVIDIA H200 |",
     ]
     text = (res / "README.md").read_text()
-    assert "`controller/controller_noise.{json,md}` ran at e943d7d" not in text  # only the .json is here
     assert all(len(line) < 160 for line in text.splitlines())
 
 
@@ -76,7 +82,11 @@ def test_the_readme_block_is_replaced_with_numbers_read_from_the_files(index, tr
         "| `results/speed/fixture/results.json` |",
         "| W12 GEMM over cuBLAS, projections meeting the target | M=1 >= 1.25x: 1 of 2; M=32 >= 1.15x: 1 of 1 "
         "| `results/w12/w12_kernels_shipped_4.json` |",
-        "| controller noise, stock vs stock, 1 GPU | default 3.89%, gc 10.75% | `results/controller/controller_noise.json` |",
+        "| controller noise, stock vs stock, default procedure (`fixture-x16`, shared worker) "
+        "| 0.258% over 12 blocks (per-block spread 0.331%) | `results/controller/timing_probe.json` |",
+        "| knob candidate cost, guard included (median) | 19.3 s over 3 candidates | `results/controller/timing_probe.json` |",
+        "| controller noise, isolated workers (code patches), 1 GPU | default 3.89%, gc 10.75% "
+        "| `results/controller/controller_noise_one_gpu_both.json` |",
     ]
 
 
