@@ -54,6 +54,7 @@ from specpilot.kernels import configs as kc  # noqa: E402
 from specpilot.kernels.configs import LaunchConfig, WeightFormat  # noqa: E402
 from specpilot.kernels.dispatch import device_name, run_config  # noqa: E402
 from specpilot.kernels.launch import sm_count  # noqa: E402
+from specpilot.kernels import user_cache  # noqa: E402
 from specpilot.kernels.search import (  # noqa: E402
     RUN_KEYS,
     Problem,
@@ -304,9 +305,12 @@ def shipped_config(fmt: WeightFormat, M: int, N: int, K: int) -> LaunchConfig:
 def shipped_table(gpu_name: str) -> str:
     """Which tuned table a --shipped run times on this GPU, for the report."""
     slug = kc.device_slug(gpu_name)
-    table = kc.tuned_table(slug)
-    return f"specpilot/kernels/tuned/{slug}.json ({len(table)} entries)" if table else \
-        f"none for {gpu_name!r}: every row runs the heuristic config"
+    shipped, cached = kc.shipped_table(slug), user_cache.read_document(user_cache.cache_path(slug))
+    over = (f", under {len(cached['entries'])} entries of the user cache {user_cache.cache_path(slug)}"
+            if cached else "")
+    if not shipped and not cached:
+        return f"none for {gpu_name!r}: every row runs the heuristic config"
+    return f"specpilot/kernels/tuned/{slug}.json ({len(shipped)} entries){over}"
 
 
 def search_row(N: int, K: int, M: int, timer: GraphTimer, quick: bool, started: float, budget_s: float,

@@ -24,7 +24,16 @@ from specpilot.errors import ConfigError
 class DrafterKind(enum.Enum):
     MODEL = "model"  # the deployment's draft model
     NGRAM = "ngram"  # training-free prompt lookup
+    DFLASH = "dflash"  # the deployment's DFlash block drafter (target-feature conditioned)
     NONE = "none"  # plain AR decoding
+
+
+class TreeConstruction(enum.Enum):
+    """How a block drafter (DFlash) turns its per-position distributions into a draft tree."""
+
+    CHAIN = "chain"  # the argmax at each position: a chain of min(tree_budget, block_size - 1)
+    BEST_FIRST = "best_first"  # DDTree: the tree_budget most probable prefixes
+    SPINE_FIRST = "spine_first"  # the argmax chain first, then the most probable side branches
 
 
 class Kernel(enum.Enum):
@@ -52,7 +61,12 @@ class System:
     w12: bool = False  # run projections from W12 weights (needs kernel = triton)
     kernel: Kernel = Kernel.CUBLAS
     kernel_lm_head: bool = False  # also route lm_head through `kernel`
+    kernel_table: str = ""  # a tuned kernel table over the GPU's (a file, or a candidate id of the user cache)
     fault: str = ""  # deliberate fault for guard testing (see specpilot.engine.faults)
+    # DFlash drafts block_size - 1 tokens per round in one forward; depth, topk, draft_window and
+    # adaptive_depth do not apply to it, tree_budget does (nodes of a best/spine-first tree).
+    block_size: int = 16  # DFlash: positions per drafted block (the root + block_size - 1 drafts)
+    tree_construction: TreeConstruction = TreeConstruction.BEST_FIRST  # DFlash: chain or tree shape
 
     def __post_init__(self):
         if self.drafter is not DrafterKind.NONE:
@@ -73,11 +87,15 @@ class System:
             raise ConfigError(f"system {self.name!r}: sync_every must be >= 1")
         if self.w12 and self.kernel is not Kernel.TRITON:
             raise ConfigError(f"system {self.name!r}: w12 = true needs kernel = 'triton'")
+        if self.kernel_table and self.kernel is not Kernel.TRITON:
+            raise ConfigError(f"system {self.name!r}: kernel_table needs kernel = 'triton'")
         if not (1 <= self.ngram_min <= self.ngram_max):
             raise ConfigError(f"system {self.name!r}: need 1 <= ngram_min <= ngram_max")
         for d in self.adaptive_depth:
             if d < 1:
                 raise ConfigError(f"system {self.name!r}: adaptive depth tiers must be >= 1")
+        if not (2 <= self.block_size <= 64):
+            raise ConfigError(f"system {self.name!r}: block_size must be in 2..64 (got {self.block_size})")
 
     @property
     def window(self) -> int:
@@ -107,7 +125,13 @@ class System:
         return {k: [a[k], b[k]] for k in b if a[k] != b[k]}
 
     def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(self.knobs(), sort_keys=True).encode()).hexdigest()[:12]
+        # Knobs added later are hashed only when set away from their default, so systems recorded
+        # before they existed keep their fingerprints.
+        knobs = self.knobs()
+        for name, default in _LATER_KNOBS.items():
+            if knobs[name] == default:
+                del knobs[name]
+        return hashlib.sha256(json.dumps(knobs, sort_keys=True).encode()).hexdigest()[:12]
 
     @classmethod
     def from_dict(cls, d: dict, name: str | None = None) -> "System":
@@ -118,7 +142,7 @@ class System:
         kw = dict(d)
         if name is not None:
             kw.setdefault("name", name)
-        for knob, kind in (("drafter", DrafterKind), ("kernel", Kernel)):
+        for knob, kind in (("drafter", DrafterKind), ("kernel", Kernel), ("tree_construction", TreeConstruction)):
             if knob in kw and not isinstance(kw[knob], kind):
                 try:
                     kw[knob] = kind(kw[knob])
@@ -136,6 +160,9 @@ class System:
         lines = [f"name = {json.dumps(self.name)}"]
         lines += [f"{k} = {json.dumps(v)}" for k, v in self.knobs().items()]
         return "\n".join(lines) + "\n"
+
+
+_LATER_KNOBS = {"block_size": 16, "tree_construction": TreeConstruction.BEST_FIRST.value, "kernel_table": ""}
 
 
 @dataclass(frozen=True)

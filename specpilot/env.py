@@ -67,7 +67,7 @@ def triton_interpret() -> bool:
 
 
 def home() -> Path:
-    """Where SpecPilot keeps its memory database and run outputs (`SPECPILOT_HOME`)."""
+    """Where SpecPilot keeps its memory database, run outputs and tuned kernel tables (`SPECPILOT_HOME`)."""
     return Path(os.environ.get("SPECPILOT_HOME", Path.home() / ".specpilot"))
 
 

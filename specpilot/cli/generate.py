@@ -20,17 +20,21 @@ HELP = "generate text with AR or speculative decoding and print stats"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from specpilot.config import Kernel
+    from specpilot.config import Kernel, TreeConstruction
 
     p = sub.add_parser("generate", help=HELP,
                        description="Greedy generation with a target model and an optional drafter.")
     p.add_argument("--deployment", help="deployment file or shipped name (default: fixture)")
     p.add_argument("--target", help="target model directory, or 'fixture' (overrides the deployment's)")
-    p.add_argument("--drafter", help="draft model directory, 'fixture', 'ngram' or 'none' (AR)")
+    p.add_argument("--drafter", help="draft model directory, DFlash drafter directory (z-lab/SpecForge layout), "
+                   "'fixture', 'ngram' or 'none' (AR)")
     p.add_argument("--system", help="system file, 'stock' (default) or 'ar'")
     p.add_argument("--depth", type=int, help="draft depth K (draft steps per round)")
     p.add_argument("--topk", type=int, help="children per expanded node / frontier width (1 = chain)")
     p.add_argument("--tree-budget", type=int, help="draft tokens verified per round (root excluded)")
+    p.add_argument("--block-size", type=int, help="DFlash: positions per drafted block (root included)")
+    p.add_argument("--tree-construction", choices=[c.value for c in TreeConstruction],
+                   help="DFlash: chain, best_first (DDTree) or spine_first tree")
     p.add_argument("--prompt", action="append", required=True, help="prompt text (repeat for a batch)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
     p.add_argument("--compare-ar", action="store_true", help="also run AR in the same process and report the speedup")
@@ -61,9 +65,20 @@ def deployment_from_args(args) -> Deployment:
     return replace(dep, **changes) if changes else dep
 
 
+def _dflash_block_size(drafter: str) -> int:
+    """The trained block size when `drafter` names a DFlash drafter directory, else 0."""
+    from pathlib import Path
+
+    from specpilot.models.dflash_checkpoint import is_dflash_dir, read_dflash_config
+
+    if drafter in ("fixture", "ngram", "none") or not is_dflash_dir(Path(drafter)):
+        return 0
+    return read_dflash_config(drafter)[1].block_size
+
+
 def system_from_args(args, dep: Deployment) -> System:
     """The system to run, named after what it runs (see the module docstring)."""
-    from specpilot.config import DrafterKind, Kernel, load_system
+    from specpilot.config import DrafterKind, Kernel, TreeConstruction, load_system
 
     system = load_system(args.system, dep)
     changes = {}
@@ -71,9 +86,19 @@ def system_from_args(args, dep: Deployment) -> System:
         changes["drafter"] = DrafterKind.NGRAM
     elif dep.drafter == "none":
         changes["drafter"] = DrafterKind.NONE
-    for flag, knob in (("depth", "depth"), ("topk", "topk"), ("tree_budget", "tree_budget")):
-        if getattr(args, flag) is not None:
+    elif system.drafter is DrafterKind.MODEL and _dflash_block_size(dep.drafter):
+        # a DFlash directory drafts with its trained block, as SGLang's DFLASH default: one chain of
+        # block_size - 1 drafts (flags below may turn it into a tree)
+        changes["drafter"] = DrafterKind.DFLASH
+        changes["block_size"] = _dflash_block_size(dep.drafter)
+        changes["tree_budget"] = changes["block_size"] - 1
+        changes["tree_construction"] = TreeConstruction.CHAIN
+    for flag, knob in (("depth", "depth"), ("topk", "topk"), ("tree_budget", "tree_budget"),
+                       ("block_size", "block_size")):
+        if getattr(args, flag, None) is not None:
             changes[knob] = getattr(args, flag)
+    if getattr(args, "tree_construction", None):
+        changes["tree_construction"] = TreeConstruction(args.tree_construction)
     if args.kernel:
         changes["kernel"] = Kernel(args.kernel)
     if args.w12:

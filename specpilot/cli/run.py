@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from specpilot.control.gate import DEFAULT_GATE
     from specpilot.control.prompts import DEFAULT_PROMPT_SOURCE
-    from specpilot.loop.config import Timing
+    from specpilot.loop.config import SlotPolicy, Timing
     from specpilot.loop.runner import LOOP_RUNNER
 
     p.add_argument("--deployment", help="deployment file or shipped name (default: fixture)")
@@ -54,6 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                  "one that holds files is refused unless --resume")
     p.add_argument("--resume", action="store_true", help="continue the run in --out (its journal, its round numbers)")
     p.add_argument("--max-candidates", type=int, help="candidates timed per round (default 3)")
+    p.add_argument("--slots", choices=[s.value for s in SlotPolicy],
+                   help="how a round's candidates are shared among the agents: gaps (default; in proportion to "
+                        "what the gaps each agent can close would save, agents without a share not asked) or "
+                        "round-robin (every agent every round)")
     p.add_argument("--timing", choices=[t.value for t in Timing],
                    help="how candidates are timed: quick (CPU default), scaled (GPU default), standard (the "
                         "controller's defaults)")
@@ -102,12 +106,13 @@ def wait_seconds(args) -> float:
 
 
 def config_from_args(args, device: str):
-    from specpilot.loop.config import Timing, for_device
+    from specpilot.loop.config import SlotPolicy, Timing, for_device
 
     return for_device(
         device, rounds=args.rounds, budget_minutes=args.budget_minutes,
         agents=tuple(a for item in args.agents for a in item.split(",") if a) if args.agents else None,
         max_candidates=args.max_candidates, timing=Timing(args.timing) if args.timing else None,
+        slots=SlotPolicy(args.slots) if args.slots else None,
         coding_command=args.coding_command, coding_timeout_s=args.coding_timeout_s,
         kernel_budget_s=args.kernel_budget_s,
         profile_tokens=args.profile_tokens, final_prompts=args.final_prompts, final_tokens=args.final_tokens,

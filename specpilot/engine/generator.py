@@ -110,6 +110,8 @@ class Generator:
                 d.prefill_bucket = self.prefill_bucket
         host = any(d.needs_host_tokens for d in self.drafters.values())
         self.sync_every = 1 if host else sync_every
+        # target layers whose outputs the drafter reads (DFlash); every tier drafts the same way
+        self.feature_layers = tuple(next(iter(self.drafters.values())).feature_layers) if self.drafters else ()
         self.workspaces: dict[tuple[int, int], Workspace] = {}  # (batch, capacity) -> workspace, oldest first
         self.max_workspaces = 4
         self.max_positions = target.rope_cos.shape[0]
@@ -122,7 +124,8 @@ class Generator:
     def _slack(self) -> int:
         slack = 2
         for d in self.drafters.values():
-            slack = max(slack, d.num_nodes + 1, getattr(d, "num_candidates", 0) + getattr(d, "window", 0) + 1)
+            slack = max(slack, d.num_nodes + 1, getattr(d, "num_candidates", 0) + getattr(d, "window", 0) + 1,
+                        getattr(d, "block_size", 0) + 1)
         return slack
 
     def capacity_for(self, prompt_len: int, max_new: int) -> int:
@@ -166,7 +169,12 @@ class Generator:
         drafter = self.drafters[tier]
         if tree is None:
             tree = drafter.propose(ws.state)
-        return verify_step(self.target, ws.cache, ws.state, tree, self.fault)
+        if not self.feature_layers:
+            return verify_step(self.target, ws.cache, ws.state, tree, self.fault)
+        prefix = ws.state.cache_prefix().clone()  # the root's slot, before commit moves it
+        acc = verify_step(self.target, ws.cache, ws.state, tree, self.fault, capture=self.feature_layers)
+        drafter.observe(acc, prefix)  # the accepted path's features, still inside the round
+        return acc
 
     def _graphed_round(self, ws: Workspace, tier: int, host_tree: tuple | None):
         g = ws.graphs.get(tier)
@@ -206,9 +214,9 @@ class Generator:
         drafter = self.drafters.get(tier)
         for T in range(self.prefill_bucket, limit + 1, self.prefill_bucket):
             prompt = [[0] * (T + 1)]  # body of T tokens: one row, as prefill runs row by row
-            prefill(self.target, ws.cache, prompt, bucket=self.prefill_bucket)
+            features = self._prefill(ws, prompt)
             if drafter is not None:
-                self._start_drafter(tier, prompt, ws.state)
+                self._start_drafter(tier, prompt, ws.state, features)
 
     # ---- the loop ----------------------------------------------------------------------
     @torch.inference_mode()
@@ -241,9 +249,9 @@ class Generator:
             events[0].record()
         eos_ids = self.eos_ids if stop_at_eos else ()
         ws.state.reset(prompts, eos_ids, max_new_tokens)
-        prefill(self.target, ws.cache, prompts, bucket=self.prefill_bucket)
+        features = self._prefill(ws, prompts)
         if self.speculative:
-            self._start_drafter(tier, prompts, ws.state)
+            self._start_drafter(tier, prompts, ws.state, features)
         if events:
             events[1].record()
         sync()
@@ -283,10 +291,21 @@ class Generator:
             result.gpu_prefill_seconds = events[0].elapsed_time(events[1]) / 1e3
         return result
 
-    def _start_drafter(self, tier: int, prompts: list[list[int]], state: DecodeState) -> None:
-        """Start the tier's drafter; every tier then shares its draft cache."""
+    def _prefill(self, ws: Workspace, prompts: list[list[int]]):
+        """The target's prefill; the drafter's feature layers' outputs per row when it reads them."""
+        if self.feature_layers:
+            return prefill(self.target, ws.cache, prompts, bucket=self.prefill_bucket, capture=self.feature_layers)
+        prefill(self.target, ws.cache, prompts, bucket=self.prefill_bucket)
+        return None
+
+    def _start_drafter(self, tier: int, prompts: list[list[int]], state: DecodeState, features=None) -> None:
+        """Start the tier's drafter (with the prefill's target features if it reads them); every
+        tier then shares its draft cache."""
         drafter = self.drafters[tier]
-        drafter.start(prompts, state)
+        if self.feature_layers:
+            drafter.start(prompts, state, features)
+        else:
+            drafter.start(prompts, state)
         for other in self.drafters.values():
             if other is not drafter and hasattr(other, "caches"):
                 other.caches, other.cache = drafter.caches, drafter.cache

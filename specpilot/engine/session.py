@@ -18,10 +18,13 @@ import torch
 
 from specpilot import env
 from specpilot.config import Deployment, DrafterKind, Kernel, System
+from specpilot.engine.drafters.dflash import DFlashDrafter
 from specpilot.engine.drafters.draft_model import DraftModelDrafter
 from specpilot.engine.drafters.ngram import NgramDrafter
 from specpilot.engine.generator import Generator
 from specpilot.errors import CheckpointError, ConfigError
+from specpilot.models.dflash import DFlashModel
+from specpilot.models.dflash_checkpoint import is_dflash_dir, load_dflash
 from specpilot.models.fixture import resolve_checkpoint
 from specpilot.models.loading import load_model
 from specpilot.models.tokenizer import Tokenizer, check_same_vocabulary
@@ -52,7 +55,10 @@ def with_kernels(model: Transformer, system: System) -> Transformer:
 
     memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
     clone = copy.deepcopy(model, memo)
-    swap_projections(clone, w12=system.w12, lm_head=system.kernel_lm_head)
+    swap_projections(clone, w12=system.w12, lm_head=system.kernel_lm_head, table=system.kernel_table)
+    for module in clone.modules():  # W12Linear modules of a W12 checkpoint were there before the swap
+        if hasattr(module, "table"):
+            module.table = system.kernel_table
     return clone
 
 
@@ -65,6 +71,7 @@ class Session:
     drafter_model: Transformer | None
     tokenizer: Tokenizer
     eos_ids: tuple[int, ...]
+    dflash_model: DFlashModel | None = None  # when the deployment's drafter is a DFlash directory
     _generators: dict = field(default_factory=dict)
     _targets: dict = field(default_factory=dict)
 
@@ -75,8 +82,11 @@ class Session:
         dtype = dtype or env.default_dtype(device)
         target = load_role(deployment.target, "target", deployment.target_expand, device, dtype)
         tokenizer = Tokenizer.from_dir(resolve_model_dir(deployment.target, "target"), target.config.eos_token_ids)
-        drafter = None
-        if deployment.drafter not in ("ngram", "none"):
+        drafter = dflash = None
+        if deployment.drafter not in ("ngram", "none") and is_dflash_dir(resolve_model_dir(deployment.drafter, "drafter")):
+            dflash = load_dflash(resolve_model_dir(deployment.drafter, "drafter"), target, device, dtype,
+                                 factor=deployment.drafter_expand)
+        elif deployment.drafter not in ("ngram", "none"):
             drafter = load_role(deployment.drafter, "drafter", deployment.drafter_expand, device, dtype)
             d_tok = Tokenizer.from_dir(resolve_model_dir(deployment.drafter, "drafter"))
             check_same_vocabulary(tokenizer, d_tok)
@@ -85,7 +95,7 @@ class Session:
                     f"drafter vocab_size {drafter.config.vocab_size} != target vocab_size {target.config.vocab_size}"
                 )
         eos = tuple(sorted(set(target.config.eos_token_ids) | set(tokenizer.eos_ids)))
-        return cls(deployment, target, drafter, tokenizer, eos)
+        return cls(deployment, target, drafter, tokenizer, eos, dflash)
 
     @property
     def device(self) -> torch.device:
@@ -104,7 +114,7 @@ class Session:
         self._generators.pop(fingerprint, None)
 
     def _target_for(self, system: System) -> Transformer:
-        key = (system.kernel, system.w12, system.kernel_lm_head)
+        key = (system.kernel, system.w12, system.kernel_lm_head, system.kernel_table)
         if key not in self._targets:
             self._targets[key] = with_kernels(self.target, system)
         return self._targets[key]
@@ -121,6 +131,15 @@ class Session:
                 )
             for d in tiers:
                 drafters[d] = DraftModelDrafter(self.drafter_model, d, system.topk, system.tree_budget, system.window)
+        elif system.drafter is DrafterKind.DFLASH:
+            if self.dflash_model is None:
+                raise ConfigError(
+                    f"system {system.name!r} drafts with DFlash but deployment {self.deployment.name!r} "
+                    f"has drafter = {self.deployment.drafter!r}, not a DFlash drafter directory"
+                )
+            drafters[system.block_size - 1] = DFlashDrafter(
+                self.dflash_model, target, system.block_size, system.tree_budget, system.tree_construction
+            )
         elif system.drafter is DrafterKind.NGRAM:
             for d in tiers:
                 drafters[d] = NgramDrafter(d, system.topk, system.tree_budget, system.ngram_min, system.ngram_max)

@@ -31,11 +31,13 @@ def chunk_forward(
     tokens: torch.Tensor,  # [B,T]
     start: torch.Tensor,  # [B] slot/position of tokens[:,0]
     logits_for: torch.Tensor | None = None,  # [B,T'] or None for all
-) -> torch.Tensor:
-    """Causal forward of a contiguous chunk written at slots start..start+T-1; logits [B,T',V]."""
+    capture: tuple[int, ...] = (),
+):
+    """Causal forward of a contiguous chunk written at slots start..start+T-1; logits [B,T',V]
+    (with `capture`: also the features [B,T,nC] of those layers, see `Transformer.forward`)."""
     B, T = tokens.shape
     pos = start[:, None] + torch.arange(T, device=tokens.device)[None, :]
-    return model(tokens, pos, cache, pos, causal_mask(start, T, cache.capacity), logits_for)
+    return model(tokens, pos, cache, pos, causal_mask(start, T, cache.capacity), logits_for, capture)
 
 
 def padded_length(T: int, start: int, capacity: int, bucket: int) -> int:
@@ -47,8 +49,11 @@ def padded_length(T: int, start: int, capacity: int, bucket: int) -> int:
 
 
 def prefill(model: Transformer, cache: KVCache, prompts: list[list[int]], chunk: int = 2048,
-            bucket: int = 0) -> None:
+            bucket: int = 0, capture: tuple[int, ...] = ()) -> list[torch.Tensor] | None:
     """Put every prompt token except the last (the first root) into the cache, row by row.
+
+    With `capture` (target layer ids), returns each row's features of those tokens [T,nC]
+    (padding cut off) for a feature-conditioned drafter; otherwise None.
 
     bucket > 0 pads each chunk with token 0 to a multiple of `bucket` tokens, so prompts of many
     lengths run a few shapes: on the H200 the first prefill of each new length in a process costs
@@ -60,25 +65,34 @@ def prefill(model: Transformer, cache: KVCache, prompts: list[list[int]], chunk:
     their cache slots lie past the prompt, where the first decode round writes before it reads.
     """
     dev = model.device
+    features = []
     for b, p in enumerate(prompts):
         body = p[:-1]
         row = cache.row(b)
+        parts = [torch.zeros(0, len(capture) * model.config.hidden_size, device=dev, dtype=model.dtype)]
         for s in range(0, len(body), chunk):
             part = body[s : s + chunk]
+            n = len(part)
             part = part + [0] * (padded_length(len(part), s, cache.capacity, bucket) - len(part))
             tokens = torch.tensor(part, dtype=torch.int64, device=dev)[None]
             empty = torch.zeros(1, 0, dtype=torch.int64, device=dev)
-            chunk_forward(model, row, tokens, torch.tensor([s], device=dev), logits_for=empty)
+            out = chunk_forward(model, row, tokens, torch.tensor([s], device=dev), logits_for=empty, capture=capture)
+            if capture:
+                parts.append(out[1][0, :n])
+        features.append(torch.cat(parts))
+    return features if capture else None
 
 
-def tree_forward(model: Transformer, cache: KVCache, tree: DraftTree, prefix: torch.Tensor) -> torch.Tensor:
-    """One target forward over all tree nodes; logits [B,N,V]."""
+def tree_forward(model: Transformer, cache: KVCache, tree: DraftTree, prefix: torch.Tensor,
+                 capture: tuple[int, ...] = ()):
+    """One target forward over all tree nodes; logits [B,N,V] (and features [B,N,nC] with `capture`)."""
     return model(
         tree.tokens,
         tree_ops.positions(tree, prefix),
         cache,
         tree_ops.slots(tree, prefix),
         tree_ops.attention_mask(tree, prefix, cache.capacity),
+        capture=capture,
     )
 
 
@@ -96,15 +110,27 @@ def ar_step(model: Transformer, cache: KVCache, state: DecodeState, fault: Fault
 
 
 def verify_step(
-    model: Transformer, cache: KVCache, state: DecodeState, tree: DraftTree, fault: Fault | None = None
+    model: Transformer, cache: KVCache, state: DecodeState, tree: DraftTree, fault: Fault | None = None,
+    capture: tuple[int, ...] = (),
 ) -> Acceptance:
-    """Verify a draft tree in one target forward, commit the accepted path and the bonus token."""
+    """Verify a draft tree in one target forward, commit the accepted path and the bonus token.
+
+    With `capture`, `acc.features [B,K+1,nC]` holds the target features of the nodes along the
+    accepted path (root first; entries past accept_len are junk), gathered on the device.
+    """
     prefix = state.cache_prefix()
-    logits = tree_forward(model, cache, tree, prefix)  # [B,N,V]
+    features = None
+    if capture:
+        logits, features = tree_forward(model, cache, tree, prefix, capture)  # [B,N,V], [B,N,nC]
+    else:
+        logits = tree_forward(model, cache, tree, prefix)  # [B,N,V]
     generated_index = prefix[:, None] + tree.depths() + 1 - state.prompt_lens[:, None]
     logits = apply_logit_bias(fault, logits, generated_index)
     unverified = fault is not None and fault.kind is FaultKind.ACCEPT_UNVERIFIED
     acc = greedy_accept(tree, logits.argmax(-1), accept_unverified=unverified)
+    if features is not None:
+        idx = acc.path.clamp(min=0)[..., None].expand(-1, -1, features.shape[-1])
+        acc.features = features.gather(1, idx)
     commit(cache, prefix, acc)
     commit_tokens(state, acc.new_tokens, acc.accept_len + 1)
     return acc

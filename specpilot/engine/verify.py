@@ -34,6 +34,7 @@ class Acceptance:
     path: torch.Tensor  # [B,K+1] node index by depth along the accepted path (-1 past accept_len)
     new_tokens: torch.Tensor  # [B,K+1] accepted drafts then the bonus; entries past accept_len+1 are junk
     bonus: torch.Tensor  # [B] int64
+    features: torch.Tensor | None = None  # [B,K+1,nC] target features along `path` (see `steps.verify_step`)
 
 
 def greedy_accept(tree: DraftTree, target_argmax: torch.Tensor, accept_unverified: bool = False) -> Acceptance:

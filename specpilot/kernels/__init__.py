@@ -3,7 +3,8 @@
 Files: `tiles.py` (shared @triton.jit pieces), `gemv.py`, `gemm.py`, `w12_unpack.py` (kernels,
 each with launcher and reference), `reference.py` (pure-torch reference and error bound),
 `escape_blocks.py` (W12 escapes regrouped per row block for the GEMM and the GEMV),
-`configs.py` (launch configs, heuristic, tuned tables; the tables in `tuned/`), `tma.py` (tensor
+`configs.py` (launch configs, heuristic, tuned tables; the shipped tables in `tuned/`),
+`user_cache.py` (tables tuned on this machine, under $SPECPILOT_HOME, by versions), `tma.py` (tensor
 descriptors of the GEMM's TMA loads), `launch.py` (operands, split-K plan), `workspace.py`
 (split-K scratch), `dispatch.py` (choice by M), `aot.py` (compiling every variant without a GPU),
 `search.py` (the launch-config search and the tuned tables it writes), `timing.py` (CUDA-graph
@@ -15,6 +16,7 @@ imported on first use.
 """
 
 from specpilot.kernels.configs import (
+    Fallback,
     KernelPath,
     LaunchConfig,
     WeightFormat,
@@ -23,6 +25,7 @@ from specpilot.kernels.configs import (
 from specpilot.kernels.dispatch import kernels_available, linear
 
 __all__ = [
+    "Fallback",
     "KernelPath",
     "LaunchConfig",
     "WeightFormat",

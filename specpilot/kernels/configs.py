@@ -6,9 +6,13 @@ by `search.tuned_document`: scripts/w12_kernels.py, the loop's kernel agent). Pu
 importing it needs neither Triton nor a GPU. Does not own launching (`gemv.py`, `gemm.py`), the
 search (`search.py`), or choosing between kernels and cuBLAS (`dispatch.py`).
 
-Choice order for (format, M, N, K) on a device: an entry of the tuned table for the device (keyed
-by the M bucket, N, K), else the heuristic below. Both are deterministic, so a given deployment
-always runs the same reduction order.
+Choice order for (format, M, N, K) on a device (`choose`): an entry of the tuned table for the
+device (keyed by the M bucket, N, K: a launch config, or a `Fallback` where decoding then cuBLAS
+was measured faster), else the fallback rule (the heuristic config up to GEMM_MAX_M
+rows, decode then cuBLAS above). The tuned table is the shipped one with the user's cache over it
+(`user_cache.py`: tables tuned on this machine, for these software versions) and, for a loop
+candidate, its own table over both. All are deterministic, so a given deployment always runs the
+same reduction order.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ import enum
 import functools
 import json
 import re
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specpilot.errors import ConfigError
+from specpilot.kernels import user_cache
 from specpilot.w12.layout import K_PAD
 
 GEMV_MAX_M = 8  # the GEMV kernel keeps one [BLOCK_N, BLOCK_K / 8] partial-sum tile per row in registers
@@ -38,6 +44,14 @@ TUNED_DIR = Path(__file__).resolve().parent / "tuned"
 class KernelPath(enum.Enum):
     GEMV = "gemv"  # FMA dot products in float32, 1..8 rows
     GEMM = "gemm"  # tensor cores (tl.dot), the decoded weights as the A operand, 1..64 rows
+
+
+class Fallback(enum.Enum):
+    """A path that is no launch config of our kernels: cuBLAS (F.linear) on the decoded weight."""
+
+    UNPACK_CUBLAS = "unpack_cublas"  # W12: decode into a shared BF16 buffer at each call, then cuBLAS
+    DECODED_CUBLAS = "decoded_cublas"  # W12: decode once and keep the BF16 copy beside the planes (BF16's
+    # speed for BF16's memory, on top of W12's), then cuBLAS; only where a table chose it
 
 
 class WeightFormat(enum.Enum):
@@ -117,6 +131,9 @@ class LaunchConfig:
         (`weight_bytes` per weight: 1.5 for W12, 2 for BF16) and, for the GEMM, of the x^T tile."""
         x_tile = self.block_k * block_m(self.path, M) * 2 if self.path is KernelPath.GEMM else 0
         return max(1, self.num_stages) * (self.block_n * self.block_k * weight_bytes + x_tile)
+
+
+Choice = LaunchConfig | Fallback  # what a tuned entry or the fallback rule picks for a projection
 
 
 def next_pow2(v: int) -> int:
@@ -232,22 +249,110 @@ def device_slug(device_name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
 
 
-@functools.cache
-def tuned_table(slug: str) -> dict[tuple[str, int, int, int], LaunchConfig]:
-    """{(format, M bucket, N, K): config} from `tuned/<slug>.json`, or {} when there is none.
-    A table this version cannot read (written for other kernels) is an error, not ignored."""
-    path = TUNED_DIR / f"{slug}.json"
-    if not path.is_file():
-        return {}
+def entry_choice(entry: dict) -> Choice:
+    """A table entry's choice: {"path": <a Fallback>} or {"config": <a LaunchConfig dict>}."""
+    if "config" not in entry:
+        return Fallback(entry["path"])
+    return LaunchConfig.from_dict(entry["config"])
+
+
+def entry_of(key: tuple[str, int, int, int], choice: Choice | dict) -> dict:
+    """A table entry {"format", "m", "n", "k", and "config" or "path"} of a key and its choice."""
+    f, m, n, k = key
+    if isinstance(choice, Fallback):
+        return {"format": f, "m": m, "n": n, "k": k, "path": choice.value}
+    return {"format": f, "m": m, "n": n, "k": k, "config": choice if isinstance(choice, dict) else choice.to_dict()}
+
+
+def _entries(path: Path, entries: list) -> dict[tuple[str, int, int, int], Choice]:
     try:
-        entries = json.loads(path.read_text())["entries"]
-        return {(e["format"], e["m"], e["n"], e["k"]): LaunchConfig.from_dict(e["config"]) for e in entries}
+        return {(e["format"], e["m"], e["n"], e["k"]): entry_choice(e) for e in entries}
     except (ValueError, KeyError, TypeError) as err:
         raise ConfigError(f"{path}: not a tuned-config table of these kernels ({err}); "
                           f"re-run scripts/w12_kernels.py or delete it") from None
 
 
-def choose_config(fmt: WeightFormat, M: int, N: int, K: int, device_name: str = "") -> LaunchConfig:
-    """The launch config for an [M, K] x [K, N] projection in `fmt` on the named device."""
-    tuned = tuned_table(device_slug(device_name)).get((fmt.value, m_bucket(M), N, K)) if device_name else None
-    return tuned or heuristic_config(M, fmt, N, K)
+@functools.cache
+def shipped_table(slug: str) -> dict[tuple[str, int, int, int], Choice]:
+    """{(format, M bucket, N, K): choice} from the package's `tuned/<slug>.json`, or {} when there
+    is none. A shipped table this version cannot read (written for other kernels) is an error."""
+    path = TUNED_DIR / f"{slug}.json"
+    if not path.is_file():
+        return {}
+    try:
+        entries = json.loads(path.read_text())["entries"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"{path}: not a tuned-config table of these kernels ({err}); "
+                          f"re-run scripts/w12_kernels.py or delete it") from None
+    return _entries(path, entries)
+
+
+@functools.cache
+def _cached_layer(path: Path, stamp: tuple[int, int] | None, slug: str) -> dict[tuple[str, int, int, int], Choice]:
+    """The entries of a user-cache or candidate file (memoised by its stamp: rewritten, re-read);
+    {} where it is absent, was written for other versions (`user_cache.read_document`) or for
+    another GPU than `slug` (a table another machine's loop proposed)."""
+    doc = user_cache.read_document(path) if stamp is not None else None
+    if not doc or device_slug(doc.get("device") or "") != slug:
+        return {}
+    return _entries(path, doc.get("entries", []))
+
+
+@functools.cache
+def _layered(slug: str, layers: tuple[tuple[Path, tuple[int, int] | None], ...]) -> dict:
+    out = dict(shipped_table(slug))
+    for path, stamp in layers:
+        out.update(_cached_layer(path, stamp, slug))
+    return out
+
+
+RECHECK_S = 1.0  # how long `tuned_table` trusts its memo before it looks at the cache files again
+_recent: dict[tuple[str, str], tuple[float, dict]] = {}  # (slug, table) -> (when checked, the table)
+
+
+def tuned_table(slug: str, table: str = "") -> dict[tuple[str, int, int, int], Choice]:
+    """{(format, M bucket, N, K): choice} of GPU `slug`: the shipped table, the user cache of this
+    process's versions over it (`user_cache.cache_path`; its entries win), and `table` (a
+    candidate's file, the system's `kernel_table` knob) over both. Memoised: the files are looked
+    at again (a stat each) once RECHECK_S has passed, and one that changed (mtime or size) is read
+    again; every projection call asks, so a lookup within RECHECK_S is a dict access only."""
+    now = time.monotonic()
+    hit = _recent.get((slug, table))
+    if hit is not None and now - hit[0] < RECHECK_S:
+        return hit[1]
+    paths = [user_cache.cache_path(slug)] + ([user_cache.resolve(table, slug)] if table else [])
+    out = _layered(slug, tuple((p, user_cache.stamp(p)) for p in paths))
+    _recent[slug, table] = (now, out)
+    return out
+
+
+def _clear_tables() -> None:
+    for fn in (shipped_table, _cached_layer, _layered):
+        fn.cache_clear()
+    _recent.clear()
+
+
+tuned_table.cache_clear = _clear_tables  # tests that point TUNED_DIR elsewhere clear the memo
+
+
+def fallback_rule(fmt: WeightFormat, M: int, N: int, K: int) -> Choice:
+    """The choice where nothing was measured: our kernels up to GEMM_MAX_M rows (the heuristic
+    config), above them decoding into the shared buffer then cuBLAS (no memory beyond W12's)."""
+    return Fallback.UNPACK_CUBLAS if M > GEMM_MAX_M else heuristic_config(M, fmt, N, K)
+
+
+def choose(fmt: WeightFormat, M: int, N: int, K: int, device_name: str = "", table: str = "") -> Choice:
+    """What runs an [M, K] x [K, N] projection in `fmt` on the named device: the tuned table's
+    entry (a launch config, or a `Fallback` where that was measured faster), else `fallback_rule`.
+    A launch config for more rows than the kernels take is not taken."""
+    tuned = tuned_table(device_slug(device_name), table).get((fmt.value, m_bucket(M), N, K)) if device_name else None
+    if tuned is not None and (isinstance(tuned, Fallback) or M <= GEMM_MAX_M):
+        return tuned
+    return fallback_rule(fmt, M, N, K)
+
+
+def choose_config(fmt: WeightFormat, M: int, N: int, K: int, device_name: str = "", table: str = "") -> LaunchConfig:
+    """The kernel launch config for an [M, K] x [K, N] projection in `fmt` on the named device
+    (the tuned entry where it is a config, else the heuristic), whichever path `choose` takes."""
+    tuned = tuned_table(device_slug(device_name), table).get((fmt.value, m_bucket(M), N, K)) if device_name else None
+    return tuned if isinstance(tuned, LaunchConfig) else heuristic_config(M, fmt, N, K)

@@ -1,9 +1,9 @@
 """One entry point for a projection y = x @ W.T with our kernels, choosing the path by M.
 
 Owns: deciding whether the kernels can run at all (CUDA or the CPU interpreter, Triton installed),
-the M-based dispatch (GEMV / tensor-core GEMM up to 64 rows via `configs.choose_config`; above
-that, decode once and call cuBLAS), and importing the kernel modules lazily, so importing
-`specpilot.kernels` never imports Triton.
+the dispatch by M (`configs.choose`: GEMV / tensor-core GEMM with a launch config, or the weight
+decoded into a cached buffer then cuBLAS, per the tuned table or the fallback rule), and importing
+the kernel modules lazily, so importing `specpilot.kernels` never imports Triton.
 
 Does not own the kernels, their configs, or the modules that call this (`specpilot.models.linear`,
 `specpilot.models.w12_linear`).
@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import weakref
 
 import torch
 import torch.nn.functional as F
 
 from specpilot import env
 from specpilot.kernels.configs import (
-    GEMM_MAX_M,
+    Fallback,
     KernelPath,
     LaunchConfig,
     WeightFormat,
-    choose_config,
+    choose,
 )
 from specpilot.w12.weight import W12Weight
 
@@ -72,11 +73,48 @@ def run_config(x2d: torch.Tensor, weight: W12Weight | torch.Tensor, config: Laun
     return gemm(x2d, weight, config, escapes=escapes)
 
 
-def linear(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig | None = None) -> torch.Tensor:
+def unpacked(weight: W12Weight | torch.Tensor) -> torch.Tensor:
+    """The plain [N, K] weight for cuBLAS: W12 decoded (bit-exact) into the device's shared buffer
+    (`workspace.unpack_buffer`), valid until the next projection decodes; plain weights as they are."""
+    if isinstance(weight, W12Weight):
+        from specpilot.kernels.w12_unpack import unpack
+        from specpilot.kernels.workspace import unpack_buffer
+
+        return unpack(weight, out=unpack_buffer(weight.device, *weight.shape))
+    return weight
+
+
+_decoded: dict[int, torch.Tensor] = {}  # id(W12Weight) -> its BF16 copy, dropped with the weight
+
+
+def decoded(weight: W12Weight | torch.Tensor) -> torch.Tensor:
+    """The plain [N, K] weight, for W12 decoded on first use and kept while the W12Weight lives
+    (`Fallback.DECODED_CUBLAS`: BF16's memory beside W12's, for cuBLAS at BF16's speed)."""
+    if not isinstance(weight, W12Weight):
+        return weight
+    key = id(weight)
+    copy = _decoded.get(key)
+    if copy is None:
+        copy = _decoded[key] = dense(weight)
+        weakref.finalize(weight, _decoded.pop, key, None)
+    return copy
+
+
+def run_fallback(x2d: torch.Tensor, weight: W12Weight | torch.Tensor, fallback: Fallback) -> torch.Tensor:
+    """y [M, N] for x [M, K] by cuBLAS on the decoded weight: decoded into the shared buffer at
+    this call, or kept decoded (bit-exact either way)."""
+    w = decoded(weight) if fallback is Fallback.DECODED_CUBLAS else unpacked(weight)
+    return F.linear(x2d, w.to(x2d.dtype))
+
+
+def linear(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig | None = None,
+           table: str = "") -> torch.Tensor:
     """x [..., K] @ W [N, K].T -> [..., N] in x's dtype, float32 accumulation.
 
-    Up to 64 rows run our GEMV/GEMM kernels (`config`, or the tuned/heuristic choice); more rows
-    decode the weight once and use cuBLAS, since the product is then compute-bound.
+    Runs `config`, else what `configs.choose` picks for these M rows on this device (`table`: a
+    candidate's tuned table over the device's): our GEMV/GEMM kernels with a launch config, or
+    cuBLAS on the weight decoded into a shared buffer (or kept decoded), the measured faster path of
+    a row count or, where nothing was measured, the rule (kernels up to 64 rows, decode then cuBLAS above).
     """
     N, K = weight.shape
     x2d = x.reshape(-1, K)  # [M, K]
@@ -85,10 +123,10 @@ def linear(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConf
     M = x2d.shape[0]
     if M == 0:
         return x.new_empty(*x.shape[:-1], N)
-    if M > GEMM_MAX_M:
-        y = F.linear(x2d, dense(weight).to(x.dtype))
+    fmt = WeightFormat.W12 if isinstance(weight, W12Weight) else WeightFormat.DENSE
+    choice = config or choose(fmt, M, N, K, device_name(x.device), table)
+    if isinstance(choice, Fallback):
+        y = run_fallback(x2d, weight, choice)
     else:
-        fmt = WeightFormat.W12 if isinstance(weight, W12Weight) else WeightFormat.DENSE
-        config = config or choose_config(fmt, M, N, K, device_name(x.device))
-        y = run_config(x2d, weight, config)
+        y = run_config(x2d, weight, choice)
     return y.reshape(*x.shape[:-1], N)

@@ -15,8 +15,9 @@ under `reference.error_bound` before timing it):
 Each phase varies the configs timed so far, so a later phase builds on the earlier ones' winners.
 The fastest config that passed the check is the problem's best. `tune` runs a list of problems
 within a time budget; `tuned_document` and `merge_tuned` write the results as the tuned table that
-`configs.tuned_table` reads (specpilot/kernels/tuned/<device>.json). The search run over the Qwen3
-projections is `scripts/w12_kernels.py`; the loop's kernel agent runs it on its target's shapes.
+`configs.tuned_table` reads (shipped: specpilot/kernels/tuned/<device>.json; tuned on this
+machine: the user cache, `user_cache.py`). The search run over the Qwen3 projections is
+`scripts/w12_kernels.py`; the loop's kernel agent runs it on its deployment's shapes.
 
 Does not own timing (`timing.py`), the configs' meaning or the candidate tiles (`configs.py`).
 Pure Python: importing it needs neither Triton nor a GPU.
@@ -319,11 +320,11 @@ def best_configs(results: Iterable[SearchResult]) -> dict[TableKey, LaunchConfig
     return {r.problem.table_key: r.best.config for r in results if r.best is not None}
 
 
-def tuned_document(device: str | None, configs: Mapping[TableKey, LaunchConfig | dict], **fields) -> dict:
+def tuned_document(device: str | None, configs: Mapping[TableKey, kc.Choice | dict], **fields) -> dict:
     """The tuned-table JSON that `configs.tuned_table` reads: {"device", **fields, "entries"}, one
-    entry {"format", "m", "n", "k", "config"} per key, sorted."""
-    entries = [{"format": f, "m": m, "n": n, "k": k, "config": c if isinstance(c, dict) else c.to_dict()}
-               for (f, m, n, k), c in sorted(configs.items())]
+    entry {"format", "m", "n", "k", "config"} per key, sorted ({..., "path": "unpack_cublas"} where
+    decoding then cuBLAS won)."""
+    entries = [kc.entry_of(key, c) for key, c in sorted(configs.items())]
     return {"device": device, **fields, "entries": entries}
 
 

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from specpilot.kernels.configs import LaunchConfig
-from specpilot.kernels.dispatch import run_config
+from specpilot.kernels.configs import Fallback, LaunchConfig
+from specpilot.kernels.dispatch import run_config, run_fallback
 from specpilot.kernels.reference import error_bound, reference_linear
 from specpilot.kernels.search import Problem, Trial
 
@@ -154,3 +154,12 @@ class GraphTimer:
         except Exception as err:  # noqa: BLE001 - a config that fails is reported, not raised
             return dataclasses.replace(checked, error=failure(err))
         return dataclasses.replace(checked, us=us)
+
+    def time_fallback(self, problem: Problem, fallback: Fallback) -> float | None:
+        """µs per call of cuBLAS on the decoded weight (`dispatch.run_fallback`: bit-exact by
+        construction, so unchecked) over the problem's weight sets; None if it fails."""
+        x, sets, _, _ = self.case(problem)
+        try:
+            return self._time_calls([lambda w=w: run_fallback(x, w, fallback) for w in sets])
+        except Exception:  # noqa: BLE001 - a path that fails is not a choice
+            return None

@@ -50,10 +50,15 @@ def _unpack_kernel(
 
 
 # -- wrapper ----------------------------------------------------------------------------------
-def unpack(weight: W12Weight) -> torch.Tensor:
-    """The exact BF16 matrix [N, K] of `weight`, decoded on its device."""
+def unpack(weight: W12Weight, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The exact BF16 matrix [N, K] of `weight`, decoded on its device (into `out`, a contiguous
+    [N, K] BF16 or int16 tensor there, when given: a reused buffer)."""
     N, K = weight.shape
-    out = torch.empty(N, K, dtype=torch.int16, device=weight.device)  # BF16 bits [N, K]
+    if out is None:
+        out = torch.empty(N, K, dtype=torch.int16, device=weight.device)  # BF16 bits [N, K]
+    elif out.shape != (N, K) or not out.is_contiguous() or out.element_size() != 2 or out.device != weight.device:
+        raise ValueError(f"unpack: out must be a contiguous 2-byte [{N}, {K}] tensor on {weight.device}")
+    out = out.view(torch.int16)
     grid = (triton.cdiv(N, BLOCK_N), triton.cdiv(padded_columns(K), BLOCK_K))
     _unpack_kernel[grid](
         weight.lo, weight.hi, weight.base, out,

@@ -1,9 +1,10 @@
 """`LoopConfig`: every setting of one loop run, frozen, and the timing presets per device.
 
-The loop's own settings (rounds, wall-clock budget, agents, candidates per round, how the
-incumbent is profiled, how the final measurement is sized) and the controller's
-(`ControllerConfig`, chosen by a `Timing` preset and the deployment). The CLI's flags map onto
-these fields; `to_dict` goes into the report and the journal.
+The loop's own settings (rounds, wall-clock budget, agents, candidates per round and how they
+are shared among the agents (`SlotPolicy`), how the incumbent is profiled, how the final
+measurement is sized) and the controller's (`ControllerConfig`, chosen by a `Timing` preset and
+the deployment). The CLI's flags map onto these fields; `to_dict` goes into the report and the
+journal.
 
 Timing presets (how candidates are timed; the noise floor is measured once per deployment and
 procedure and reused from the memory, so a preset's numbers are fixed, not adapted per run):
@@ -18,7 +19,7 @@ candidate; `specpilot.control.shared`), code patches in fresh isolated workers.
     standard   the controller's own defaults (`control.defaults.default_config`): 20 blocks x 4
                requests x the deployment's max_new_tokens, 30 noise blocks — for long runs.
 
-Owns: `LoopConfig`, `Timing`, `StopReason`, `controller_config`, `for_device`. Does not own
+Owns: `LoopConfig`, `Timing`, `SlotPolicy`, `StopReason`, `controller_config`, `for_device`. Does not own
 what the numbers do (rounds, controller).
 """
 
@@ -38,6 +39,11 @@ class Timing(enum.Enum):
     STANDARD = "standard"
 
 
+class SlotPolicy(enum.Enum):
+    GAPS = "gaps"  # slots split by the time the gaps each agent can close would save (`slots.py`)
+    ROUND_ROBIN = "round-robin"  # every enabled agent proposes every round; slots taken round-robin
+
+
 class StopReason(enum.Enum):
     ROUNDS = "rounds"  # the requested number of rounds ran
     BUDGET = "budget"  # the next round would not fit in the time left (the final report is reserved)
@@ -52,6 +58,7 @@ class LoopConfig:
     budget_minutes: float | None = None  # wall clock of the whole run, final measurement included
     agents: tuple[str, ...] = ("integration", "knob", "kernel", "coding")
     max_candidates: int = 3  # candidates timed per round (the controller screens them together)
+    slots: SlotPolicy = SlotPolicy.GAPS  # how the candidates are shared among the agents
     timing: Timing = Timing.QUICK
     profile_batches: int = 5  # batches of the regime's size the incumbent is profiled on (drawn round-robin
     profile_tokens: int = 64  # over the benchmark sets: 5 batches of one prompt = one prompt of each set)
@@ -86,6 +93,7 @@ class LoopConfig:
         d = asdict(self)
         d["agents"] = list(self.agents)
         d["timing"] = self.timing.value
+        d["slots"] = self.slots.value
         d["controller"] = dict(self.controller)
         return d
 

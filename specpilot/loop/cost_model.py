@@ -28,6 +28,10 @@ Gaps, each in ms per token that closing it would save end to end (ranked largest
 - `acceptance`: time per token at floor costs with the current tree vs the ceiling's shape.
 They add up to measured - ceiling (exactly, unless a measurement fell below its floor).
 
+Floors by format (`format_floors`): the same floors and ceiling with the weights touched per token
+in each format the engine can run (`FORMAT_BITS`: BF16, W12), whatever the measured system runs,
+so the table shows the room a format would give (the gaps stay those of the measured format).
+
 Owns: `GapKind`, `Gap`, `CostTable` (with `predict_ms_per_token` for any tree shape, what the knob
 agent ranks moves by), `analyze`, `render`. Does not own measuring (engine) or acting on gaps
 (proposer agents).
@@ -45,6 +49,9 @@ from specpilot.loop.acceptance import AcceptanceModel, TreeShape
 MAX_DEPTH = 16
 TOPKS = (1, 2, 4, 8)
 BUDGETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
+# bits per weight of each format the engine runs: BF16, and W12 at its size without escapes at
+# K = 4096 (12.0098, `w12.layout`) plus a little for escapes (8-bit views join once they exist)
+FORMAT_BITS = {"bf16": 16.0, "w12": 12.01}
 
 
 class GapKind(enum.Enum):
@@ -71,6 +78,29 @@ class Gap:
     def from_dict(cls, d: dict) -> Gap:
         return cls(GapKind(d["kind"]), d["measured_ms"], d["floor_ms"], d["saving_ms_per_token"],
                    d.get("estimated", False))
+
+
+@dataclass(frozen=True)
+class FormatFloor:
+    """Floors and ceiling with the weights in one format: params touched per token x its bits."""
+
+    format: str  # a key of FORMAT_BITS
+    bits_per_weight: float
+    verify_floor_ms: float  # one target forward over the measured tree
+    draft_floor_ms: float  # one proposal
+    ceiling_ms_per_token: float
+    ceiling_shape: TreeShape | None  # None: plain AR decoding
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["ceiling_shape"] = asdict(self.ceiling_shape) if self.ceiling_shape else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FormatFloor:
+        shape = TreeShape(**d["ceiling_shape"]) if d["ceiling_shape"] else None
+        return cls(d["format"], d["bits_per_weight"], d["verify_floor_ms"], d["draft_floor_ms"],
+                   d["ceiling_ms_per_token"], shape)
 
 
 def forward_floor_ms(params: int, weight_bytes: int, kv_bytes: float, tokens: int, p: StepProfile) -> float:
@@ -106,6 +136,7 @@ class CostTable:
     ceiling_shape: TreeShape | None  # shape reaching the ceiling; None = plain AR decoding
     gaps: tuple[Gap, ...]  # largest saving first
     ar_ms_per_token: float | None = None  # plain AR decoding measured on the same prompts (None: not measured)
+    format_floors: tuple[FormatFloor, ...] = ()  # one per FORMAT_BITS entry (the room each format gives)
 
     # ---- measured ----------------------------------------------------------------------------
     @property
@@ -150,17 +181,21 @@ class CostTable:
         return next((g for g in self.gaps if g.kind is kind), None)
 
     # ---- floors ------------------------------------------------------------------------------
-    def verify_floor_ms(self, nodes: int) -> float:
+    def verify_floor_ms(self, nodes: int, bits: float | None = None) -> float:
+        """Floor of a target forward over `nodes` nodes: its measured weight bytes, or (`bits`) its
+        params touched per token at that many bits each."""
         p = self.profile
         kv = p.kv_bytes_per_token * p.context * p.batch
-        return forward_floor_ms(p.target_params, p.target_bytes, kv, nodes * p.batch, p)
+        weights = p.target_bytes if bits is None else p.target_params * bits / 8
+        return forward_floor_ms(p.target_params, weights, kv, nodes * p.batch, p)
 
-    def draft_forward_floor_ms(self, topk: int = 1) -> float:
+    def draft_forward_floor_ms(self, topk: int = 1, bits: float | None = None) -> float:
         p = self.profile
         if not p.drafter_bytes:
             return 0.0
         kv = self.draft_kv_bytes_per_token * p.context * p.batch
-        return forward_floor_ms(p.drafter_params, p.drafter_bytes, kv, topk * p.batch, p)
+        weights = p.drafter_bytes if bits is None else p.drafter_params * bits / 8
+        return forward_floor_ms(p.drafter_params, weights, kv, topk * p.batch, p)
 
     @property
     def verify_floor(self) -> float:
@@ -199,12 +234,16 @@ class CostTable:
         draft = self.draft_forward_ms * shape.depth
         return (draft + self.verify_ms_at(shape.nodes) + self.overhead_ms) / self.tokens_per_round_for(shape)
 
-    def floor_ms_per_token(self, shape: TreeShape | None) -> float:
-        """ms/token of `shape` with draft and verify forwards at their floors and no overhead."""
+    def floor_ms_per_token(self, shape: TreeShape | None, bits: float | None = None) -> float:
+        """ms/token of `shape` with draft and verify forwards at their floors (weights at `bits`
+        per weight, when given) and no overhead."""
         if shape is None:
-            return self.verify_floor_ms(1)
-        draft = self.draft_forward_floor_ms(shape.topk) * shape.depth if self.profile.drafter_bytes else 0.0
-        return (draft + self.verify_floor_ms(shape.nodes)) / self.tokens_per_round_for(shape)
+            return self.verify_floor_ms(1, bits)
+        draft = self.draft_forward_floor_ms(shape.topk, bits) * shape.depth if self.profile.drafter_bytes else 0.0
+        return (draft + self.verify_floor_ms(shape.nodes, bits)) / self.tokens_per_round_for(shape)
+
+    def format_floor(self, fmt: str) -> FormatFloor | None:
+        return next((f for f in self.format_floors if f.format == fmt), None)
 
     # ---- plain data --------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -226,6 +265,7 @@ class CostTable:
             "draft_kv_bytes_per_token": self.draft_kv_bytes_per_token,
             "ar_ms_per_token": self.ar_ms_per_token,
             "gaps": [g.to_dict() for g in self.gaps],
+            "format_floors": [f.to_dict() for f in self.format_floors],
             "profile": _profile_dict(self.profile),
         }
 
@@ -235,7 +275,8 @@ class CostTable:
                    AcceptanceModel.from_dict(d["acceptance"]) if d["acceptance"] else None,
                    d["draft_kv_bytes_per_token"], d["ceiling_ms_per_token"],
                    TreeShape(**d["ceiling_shape"]) if d["ceiling_shape"] else None,
-                   tuple(Gap.from_dict(g) for g in d["gaps"]), d.get("ar_ms_per_token"))
+                   tuple(Gap.from_dict(g) for g in d["gaps"]), d.get("ar_ms_per_token"),
+                   tuple(FormatFloor.from_dict(f) for f in d.get("format_floors", ())))
 
     def render(self) -> str:
         ceiling = self.ceiling_shape.label() if self.ceiling_shape else "AR decoding"
@@ -250,6 +291,10 @@ class CostTable:
             share = g.saving_ms_per_token / self.ms_per_token if self.ms_per_token > 0 else 0.0
             lines.append(f"  {g.kind.value:<16}{g.measured_ms:>12.3f}{g.floor_ms:>10.3f}"
                          f"{g.saving_ms_per_token:>14.3f}{share:>8.1%}" + ("  (estimate)" if g.estimated else ""))
+        if self.format_floors:
+            lines.append("  ceiling by weight format: " + ", ".join(
+                f"{f.format} ({f.bits_per_weight:g} bits) {f.ceiling_ms_per_token:.3f} ms/token"
+                for f in self.format_floors))
         return "\n".join(lines)
 
 
@@ -298,16 +343,30 @@ def analyze(p: StepProfile, shape: TreeShape | None = None, system: str = "", dr
         gaps.append(Gap(GapKind.DRAFT_KERNELS, p.draft_ms, draft_floor, max(p.draft_ms - draft_floor, 0.0) / tau))
     # the ceiling: every piece at its floor, the best tree shape for the acceptance model (or AR)
     at_floor_now = (verify_floor + draft_floor) / tau
-    best, best_shape = table.floor_ms_per_token(None), None
-    if acceptance is not None:
-        for s in [shape, *tree_shapes(max_depth)]:
-            t = at_floor_now if s == shape else table.floor_ms_per_token(s)
-            if t < best:
-                best, best_shape = t, s
-    if shape is not None and at_floor_now <= best:
-        best, best_shape = at_floor_now, shape
+    best, best_shape = _ceiling(table, shape, at_floor_now, max_depth)
+    formats = []
+    for fmt, bits in FORMAT_BITS.items():
+        verify_f = table.verify_floor_ms(p.tree_nodes, bits)
+        draft_f = table.draft_forward_floor_ms(shape.topk if shape else 1, bits) * p.draft_forwards
+        ceiling_f, shape_f = _ceiling(table, shape, (verify_f + draft_f) / tau, max_depth, bits)
+        formats.append(FormatFloor(fmt, bits, verify_f, draft_f, ceiling_f, shape_f))
     if shape is not None:
         gaps.append(Gap(GapKind.ACCEPTANCE, at_floor_now, best, max(at_floor_now - best, 0.0), estimated=True))
     gaps.sort(key=lambda g: g.saving_ms_per_token, reverse=True)
     return CostTable(system, p, shape, acceptance, draft_kv_bytes_per_token, best, best_shape, tuple(gaps),
-                     ar_ms_per_token)
+                     ar_ms_per_token, tuple(formats))
+
+
+def _ceiling(table: CostTable, shape: TreeShape | None, at_floor_now: float, max_depth: int,
+             bits: float | None = None) -> tuple[float, TreeShape | None]:
+    """(ms/token, shape) of the best tree shape for the acceptance model at floor costs (weights
+    at `bits` per weight, when given), or AR (shape None); the measured shape costs `at_floor_now`."""
+    best, best_shape = table.floor_ms_per_token(None, bits), None
+    if table.acceptance is not None:
+        for s in [shape, *tree_shapes(max_depth)]:
+            t = at_floor_now if s == shape else table.floor_ms_per_token(s, bits)
+            if t < best:
+                best, best_shape = t, s
+    if shape is not None and at_floor_now <= best:
+        best, best_shape = at_floor_now, shape
+    return best, best_shape

@@ -30,7 +30,9 @@ class EventKind(enum.Enum):
     START = "start"  # the run's settings, deployment, device, and where it resumed from
     AGENT = "agent"  # an agent is on or off, and why (once per run)
     NOISE = "noise"  # the stock-vs-stock noise floor: measured, or reused from the memory
+    SEED = "seed"  # a system validated on a similar deployment, offered here (or why it is not)
     MEASURE = "measure"  # the incumbent's cost table (ceiling, gaps)
+    SLOTS = "slots"  # how the round's candidate slots are split over the agents, by gap
     PROPOSALS = "proposals"  # what each agent proposed, or how it failed
     REUSED = "reused"  # a proposal the memory already judged: not timed again, its verdict reused
     SELECTED = "selected"  # the candidates the round times

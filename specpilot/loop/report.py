@@ -5,8 +5,10 @@ the memory's chain of promotions from stock to the final system (each change wit
 re-measured, stored gain and interval; their compounded gain), the final benchmark (stock and
 final system against AR in one run, with intervals) and the cost tables before and after.
 
-    report.json       schema "specpilot.loop/1": settings, noise floor, rounds (cost table, every
-                      decision with its numbers), promotions, final measurement, gaps before/after
+    report.json       schema "specpilot.loop/1": settings, noise floor, seeds from similar
+                      deployments, rounds (cost table, the slot split by gap, every decision with
+                      its numbers and the gap it targeted), promotions, final measurement, gaps
+                      before/after
     report.md         the same for people: headline, promoted changes, rounds, gaps, settings
     trajectory.png    estimated gain over stock by round with intervals; final speedups over AR
     gaps.png          where a token's time goes, before and after, against the ceiling
@@ -49,6 +51,7 @@ def rounds_from_journal(events) -> list[dict]:
             "index": index,
             "incumbent": measure.data.get("incumbent") if measure else None,
             "cost": measure.data.get("cost") if measure else None,
+            "slots": next((e.data for e in evs if e.kind is EventKind.SLOTS), None),
             "proposals": next((e.data.get("counts") for e in evs if e.kind is EventKind.PROPOSALS), {}),
             "agent_errors": next((e.data.get("errors") for e in evs if e.kind is EventKind.PROPOSALS), {}),
             "reused": [e.data for e in evs if e.kind is EventKind.REUSED],
@@ -75,7 +78,8 @@ def promotions(chain, journal_events) -> list[dict]:
         changes = {k: [parent.get(k), child.get(k)] for k in child if parent.get(k) != child.get(k)}
         agent = why.get(r.id, {}).get("agent") or r.candidate.name.split(":", 1)[0]
         out.append({"entry_id": r.id, "round": r.round, "name": r.candidate.name, "agent": agent,
-                    "changes": changes, "has_patch": r.candidate.patch is not None,
+                    "gap": why.get(r.id, {}).get("gap"), "changes": changes,
+                    "has_patch": r.candidate.patch is not None,
                     "incumbent": ev["incumbent"]["system"].get("name"),
                     "gain": r.gain, "gain_lower": r.gain_lower, "gain_upper": r.gain_upper, "threshold": r.threshold,
                     "noise": r.noise, "blocks": r.blocks, "stage": r.stage.value,
@@ -112,7 +116,8 @@ def build_report(paths, journal, deployment, fp, config, ccfg, noise, start, inc
         "agents": agents,
         "noise": {**noise.to_dict(), "threshold": promotion_threshold(ccfg, noise)},
         "start": {"incumbent": start.incumbent.name, "entry_id": start.incumbent.entry_id,
-                  "cumulative_gain": start.incumbent.cumulative_gain, "note": start.note},
+                  "cumulative_gain": start.incumbent.cumulative_gain, "note": start.note,
+                  "seeds": [e.data for e in journal.events if e.kind is EventKind.SEED]},
         "rounds": rounds,
         "final_system": {"name": incumbent.name, "entry_id": incumbent.entry_id,
                          "knobs": incumbent.candidate.system.knobs(),
@@ -208,12 +213,12 @@ def render_markdown(r: dict) -> str:
               f"(compounded {_pct(r['compounded_gain'])}).", "", "```toml", fs["toml"].strip(), "```", "",
               "## Promoted changes", ""]
     if r["promotions"]:
-        rows = [[p["round"] or "-", f"`{p['name']}`", p["agent"],
+        rows = [[p["round"] or "-", f"`{p['name']}`", p["agent"], p.get("gap") or "-",
                  describe(p["changes"]) + (" + patch" if p["has_patch"] else ""),
                  format_gain(p["gain"], p["gain_lower"], p["gain_upper"]), _pct(p["threshold"]),
                  MEASURED.get(p.get("stage"), p.get("stage") or "n/a"), p["entry_id"]]
                 for p in r["promotions"]]
-        lines += _table(["round", "system", "agent", "change vs its incumbent", "gain (95% CI)",
+        lines += _table(["round", "system", "agent", "gap", "change vs its incumbent", "gain (95% CI)",
                          "threshold", "measured", "memory entry"], rows)
         lines += ["", "Why each was proposed:", ""]
         lines += [f"- `{p['name']}`: {p['rationale'] or 'n/a'}" for p in r["promotions"]]
@@ -225,6 +230,8 @@ def render_markdown(r: dict) -> str:
         lines += [f"### Round {rd['index']}: incumbent `{rd['incumbent']}`{cut}", ""]
         if rd["cost"]:
             lines += ["```", _render_cost(rd["cost"]), "```", ""]
+        if rd.get("slots"):
+            lines.append(render_slots(rd["slots"]) + ".")
         lines.append("Proposals: " + ", ".join(f"{k} {v}" for k, v in (rd["proposals"] or {}).items())
                      + "".join(f"; {k} failed: {v}" for k, v in (rd["agent_errors"] or {}).items()) + ".")
         if rd["reused"]:
@@ -236,12 +243,12 @@ def render_markdown(r: dict) -> str:
             for e in rd["evaluations"]:
                 g = e.get("guard") or {}
                 guard = "n/a" if not g else ("pass" if g.get("passed") else f"FAIL: {g.get('reason')}")
-                rows.append([f"`{e['candidate']}`", e["agent"], describe(e["changes"]),
+                rows.append([f"`{e['candidate']}`", e["agent"], e.get("gap") or "-", describe(e["changes"]),
                              f"**{e['verdict']}** ({', '.join(e['reasons'])})",
                              format_gain(e["gain"], e["gain_lower"], e["gain_upper"]), _pct(e["lower_bound"]),
                              _pct(e["threshold"]), guard, e["entry_id"]])
-            lines += [""] + _table(["candidate", "agent", "change", "verdict", "gain (95% CI)", "bound", "threshold",
-                                    "guard", "entry"], rows)
+            lines += [""] + _table(["candidate", "agent", "gap", "change", "verdict", "gain (95% CI)", "bound",
+                                    "threshold", "guard", "entry"], rows)
         lines.append("")
     gb, ga = r["gaps"]["before"], r["gaps"]["after"]
     if gb or ga:
@@ -272,9 +279,29 @@ def render_markdown(r: dict) -> str:
               "- agents: " + "; ".join(f"{k} {'on' if v['enabled'] else 'off'}"
                                        + (f" ({v['reason']})" if v["reason"] else "") for k, v in r["agents"].items()),
               f"- start: {r['start']['note']}",
+              *[f"- {seed_line(s)}" for s in r["start"].get("seeds", [])],
               f"- memory: {run['memory']}", "",
               "Written by `specpilot run`; every number is in report.json, every decision in decisions.jsonl.", ""]
     return "\n".join(lines)
+
+
+def seed_line(s: dict) -> str:
+    """One seed of the run (a SEED record): where from, how similar, what was offered or why not."""
+    head = f"`{s['source']}` (similarity {s['similarity']:.2f}: {s['differences']})"
+    if s["offered"]:
+        return f"seeded from {head}: `{s['candidate']}` ({describe(s['changes'] or {})}" + \
+            (" + patch)" if s["has_patch"] else ")")
+    return f"not seeded from {head}: {s['skipped']}"
+
+
+def render_slots(d: dict) -> str:
+    """'Slots: knob 2 (acceptance 0.190 ms/tok), kernel 1 (verify-kernels 0.170 ms/tok)' from a SLOTS record."""
+    from specpilot.loop.slots import SlotPlan
+
+    seeds = f"seeds from similar deployments {d['seeds']}; " if d.get("seeds") else ""
+    if "shares" not in d:
+        return "Slots: " + seeds + "round-robin over " + ", ".join(d.get("agents", []))
+    return "Slots: " + seeds + SlotPlan.from_dict(d).line().removeprefix("slots: ")
 
 
 def _render_cost(d: dict) -> str:

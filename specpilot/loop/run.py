@@ -13,6 +13,9 @@
                else measured now and stored with its load; checked again before every round against
                the load the last round ran under, and re-chosen when that changed
     resume     the incumbent is the memory's best validated system (`state.py`)
+    seeds      what similar deployments validated, rebuilt on this deployment (`seeds.py`): each
+               one offered or skipped is a journal line with its similarity; the offered ones
+               are timed first in the run's first round
     rounds     `rounds.run_round` until the run has `rounds` completed rounds, the budget would be
                overrun by the next one (the final measurement's time is reserved, `budget.py`), or
                `patience` rounds in a row had nothing new to time; each round's evaluations are
@@ -153,6 +156,7 @@ class _Run:
         self._announce()
         self.setup = LoopSetup(dep, self.device, self.backend.device_name(), self.checkout, self.paths.scratch)
         self.enabled = tuple(a for a in self.agents if self._agent_on(a))
+        self.seeds = self._seeds()
         self.lock.acquire()
         self.session = shared_session(self.deployment_file, dep, self.devices[0])
         j.say(f"loaded {dep.name} in this process (profiles, the guard's scorer, the final benchmark)")
@@ -188,6 +192,15 @@ class _Run:
             config=c.to_dict(), controller=self.ccfg.to_dict(), memory=str(self.memory.path),
             resumed=self.options.resume, incumbent=start.incumbent.name, incumbent_entry=start.incumbent.entry_id,
             next_round=start.next_round, rounds_done=start.rounds_done)
+
+    def _seeds(self) -> tuple:
+        """Proposals rebuilt from similar deployments' validated systems; each seed is a journal line."""
+        from specpilot.loop.seeds import find_seeds
+
+        seeds = find_seeds(self.memory, self.fp, self.deployment.stock, self.checkout, self.paths.scratch)
+        for seed in seeds:
+            self.journal.emit(EventKind.SEED, seed.line(), 0, **seed.to_dict())
+        return tuple(s.proposal for s in seeds if s.proposal is not None)
 
     def _agent_on(self, agent) -> bool:
         """Ask the agent once whether it can run here; log the answer (and why it is off)."""
@@ -279,7 +292,7 @@ class _Run:
                         index, round_label(self.paths.run_id, index), self.setup, incumbent, self.stock, self.enabled,
                         self.controller, self.ccfg, self.noise, self.noise_id, self.memory, self.fp,
                         self.deployment_file, self.options.runner, c.max_candidates, self.measure, self.session, cost,
-                        tuple(history)), j)
+                        tuple(history), c.seed, self.seeds if not outcomes else (), c.slots), j)
                 self.last_load = window.load
                 self.memory.tag_load([x.entry_id for x in outcome.evaluated], window.load)
                 if window.load.contended and outcome.evaluated:

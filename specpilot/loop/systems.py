@@ -22,7 +22,7 @@ from specpilot.memory.records import knob_diff, system_hash
 # knobs that interact, by group: a tree's shape, its drafter and window form one; kernels another
 KNOB_GROUPS: dict[str, tuple[str, ...]] = {
     "tree": ("drafter", "depth", "topk", "tree_budget", "draft_window", "adaptive_depth", "ngram_min", "ngram_max"),
-    "kernels": ("kernel", "w12", "kernel_lm_head"),
+    "kernels": ("kernel", "w12", "kernel_lm_head", "kernel_table"),
     "runtime": ("cuda_graphs", "sync_every"),
     "fault": ("fault",),
 }

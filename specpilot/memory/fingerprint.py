@@ -12,7 +12,11 @@ under (absolute path, size, mtime_ns), so a file is read once until it changes.
 
 `similarity` scores how much validated knowledge should transfer between deployments, in [0, 1]:
 same target weights 4 (same architecture only, i.e. config.json, 1.5), same drafter 2, same GPU 2,
-same regime 1, same torch and specpilot versions 1 (one of them 0.5) — out of 10.
+same regime 0.5, same token budget (`max_new_tokens`) 0.25, same benchmark sets 0.25, same torch
+and specpilot versions 1 (one of them 0.5) — out of 10. A version difference lowers the score and
+never blocks a transfer: the memory's consumers time whatever they transfer. `differences` says in
+words what the score saw ("same target and drafter, max_new_tokens 512 vs 256, specpilot 0.1.0 vs
+0.1.1").
 
 Owns: `DeploymentFingerprint`, `fingerprint_deployment`, `hash_model_dir`. Does not own storage.
 """
@@ -95,10 +99,38 @@ class DeploymentFingerprint:
         if (self.drafter_kind, self.drafter, self.expand[1]) == (other.drafter_kind, other.drafter, other.expand[1]):
             score += 2
         score += 2 * (self.gpu == other.gpu)
-        score += 1 * (self.regime == other.regime)
+        score += 0.5 * (self.regime == other.regime)
+        score += 0.25 * (self.max_new_tokens == other.max_new_tokens)
+        score += 0.25 * (tuple(self.sets) == tuple(other.sets))
         score += 0.5 * (self.versions.get("torch") == other.versions.get("torch"))
         score += 0.5 * (self.versions.get("specpilot") == other.versions.get("specpilot"))
         return score / 10
+
+    def differences(self, other: "DeploymentFingerprint") -> str:
+        """What is alike and what differs, in words: `self`'s value first ('a vs b')."""
+        same_target = self.target == other.target and self.expand[0] == other.expand[0]
+        same_drafter = (self.drafter_kind, self.drafter, self.expand[1]) == \
+            (other.drafter_kind, other.drafter, other.expand[1])
+        config = _file(self.target, "config.json")
+        target = ("same target" if same_target else "same target architecture"
+                  if config and config == _file(other.target, "config.json") else "another target")
+        if same_target and same_drafter:
+            parts = ["same target and drafter"]
+        else:
+            parts = [target, "same drafter" if same_drafter else "another drafter"]
+        if self.gpu != other.gpu:
+            parts.append(f"{self.gpu} vs {other.gpu}")
+        for key in sorted(set(self.regime) | set(other.regime)):
+            if self.regime.get(key) != other.regime.get(key):
+                parts.append(f"{key} {self.regime.get(key)} vs {other.regime.get(key)}")
+        if self.max_new_tokens != other.max_new_tokens:
+            parts.append(f"max_new_tokens {self.max_new_tokens} vs {other.max_new_tokens}")
+        if tuple(self.sets) != tuple(other.sets):
+            parts.append(f"sets {','.join(self.sets) or '-'} vs {','.join(other.sets) or '-'}")
+        for key in ("specpilot", "torch", "cuda", "python"):
+            if self.versions.get(key) != other.versions.get(key):
+                parts.append(f"{key} {self.versions.get(key) or '-'} vs {other.versions.get(key) or '-'}")
+        return ", ".join(parts)
 
     def to_dict(self) -> dict:
         d = asdict(self)

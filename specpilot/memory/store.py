@@ -9,8 +9,9 @@ across threads behind a lock.
 
 Queries: `entries` (filtered list), `get`, `noise_floor` (latest for a deployment + procedure),
 `noise_floors` (the recent ones, with the load each was measured under), `best_validated`
-(largest estimated gain over stock along the chain of promotions), `similar_validated` (promoted
-entries of other deployments, most similar first — what to try first on a new deployment),
+(largest estimated gain over stock along the chain of promotions), `similar_deployments` (other
+deployments by similarity), `similar_validated` (promoted entries of other deployments, most
+similar first — what to try first on a new deployment),
 `export` (everything as plain JSON data). Promotions timed under contention (another timing run,
 see `control.timing_lock`) count for neither `best_validated` nor `similar_validated`.
 
@@ -226,15 +227,26 @@ class Memory:
         chain = self._chains([r for r in entries if r.deployment == deployment and not r.contended])
         return max(chain, key=lambda v: (v.cumulative_gain, v.record.id)) if chain else None
 
+    def similar_deployments(self, fp: DeploymentFingerprint,
+                            min_similarity: float = 0.5) -> list[tuple[float, str, DeploymentFingerprint]]:
+        """(similarity, stored digest, fingerprint) of the *other* deployments at least `min_similarity`
+        alike, most similar first (then by digest)."""
+        out = []
+        for row in self._rows("SELECT fingerprint, components FROM deployments WHERE fingerprint != ?", (fp.digest,)):
+            other = DeploymentFingerprint.from_dict(json.loads(row["components"]))
+            sim = fp.similarity(other)
+            if sim >= min_similarity:
+                out.append((sim, row["fingerprint"], other))
+        out.sort(key=lambda x: (-x[0], x[1]))
+        return out
+
     def similar_validated(self, fp: DeploymentFingerprint, limit: int = 10,
                           min_similarity: float = 0.5) -> list[tuple[float, MemoryRecord]]:
         """Promoted entries of *other* deployments, most similar deployment first, then largest gain."""
         out = []
-        for row in self._rows("SELECT fingerprint, components FROM deployments WHERE fingerprint != ?", (fp.digest,)):
-            sim = fp.similarity(DeploymentFingerprint.from_dict(json.loads(row["components"])))
-            if sim >= min_similarity:
-                out += [(sim, r) for r in self.entries(deployment=row["fingerprint"], verdict=Outcome.PROMOTE)
-                        if r.deployment == row["fingerprint"] and not r.contended]
+        for sim, digest, _ in self.similar_deployments(fp, min_similarity):
+            out += [(sim, r) for r in self.entries(deployment=digest, verdict=Outcome.PROMOTE)
+                    if r.deployment == digest and not r.contended]
         out.sort(key=lambda x: (-x[0], -(x[1].gain or 0.0), -x[1].id))
         return out[:limit]
 

@@ -25,30 +25,32 @@ from specpilot.models.transformer import Transformer, replace_linears
 class TritonLinear(nn.Module):
     """y = x @ weight.T with our Triton kernels (no bias: decoder projections have none)."""
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, table: str = ""):
         super().__init__()
+        self.table = table  # a candidate's tuned table over the device's (`kernels.configs.tuned_table`)
         if weight.dim() != 2:
             raise ValueError(f"TritonLinear needs a 2-D weight [N, K], got shape {list(weight.shape)}")
         self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
         self.out_features, self.in_features = weight.shape
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> TritonLinear:
+    def from_linear(cls, linear: nn.Linear, table: str = "") -> TritonLinear:
         if linear.bias is not None:
             raise ValueError("TritonLinear does not support a bias (decoder projections have none)")
-        return cls(linear.weight)
+        return cls(linear.weight, table)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
         if dispatch.kernels_available(x):
-            return dispatch.linear(x, self.weight)
+            return dispatch.linear(x, self.weight, table=self.table)
         return F.linear(x, self.weight)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.weight.dtype}"
 
 
-def swap_projections(model: Transformer, w12: bool, lm_head: bool = False) -> int:
-    """Replace projections by `W12Linear` (w12) or `TritonLinear` modules; returns how many."""
+def swap_projections(model: Transformer, w12: bool, lm_head: bool = False, table: str = "") -> int:
+    """Replace projections by `W12Linear` (w12) or `TritonLinear` modules that choose their
+    kernels from `table` (a `kernel_table` knob) over the device's tuned table; returns how many."""
     from specpilot.models.w12_linear import W12Linear
     from specpilot.w12.codec import encode, exact_bf16
 
@@ -56,7 +58,7 @@ def swap_projections(model: Transformer, w12: bool, lm_head: bool = False) -> in
         if linear.bias is not None:
             raise ConfigError(f"{name}: projections with a bias are not supported by the Triton kernels")
         if not w12:
-            return TritonLinear.from_linear(linear)
-        return W12Linear(encode(exact_bf16(linear.weight, name)))
+            return TritonLinear.from_linear(linear, table)
+        return W12Linear(encode(exact_bf16(linear.weight, name)), table)
 
     return replace_linears(model, make, lm_head=lm_head)

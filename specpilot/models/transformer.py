@@ -167,8 +167,13 @@ class Transformer(nn.Module):
         slots: torch.Tensor,  # [B,T] int64 cache slots written by this chunk
         mask: torch.Tensor,  # [B,1,T,S] bool: may query t attend to cache slot s
         logits_for: torch.Tensor | None = None,  # [B,T'] indices of T to project (None: all)
-    ) -> torch.Tensor:
-        """Logits [B,T,V] (or [B,T',V]) of a chunk attending to the static cache."""
+        capture: tuple[int, ...] = (),  # layer ids whose outputs to return as features
+    ):
+        """Logits [B,T,V] (or [B,T',V]) of a chunk attending to the static cache.
+
+        With `capture`, returns (logits, features [B,T,len(capture)*C]): the residual stream after
+        each listed layer (HF's `hidden_states[i + 1]`; the last layer's is final-normed as in HF).
+        """
         c = self.config
         B, T = tokens.shape
         dev = tokens.device
@@ -183,6 +188,7 @@ class Transformer(nn.Module):
         bias = bias.expand(B, G, T, S).reshape(B, 1, G * T, S)
         rows = torch.arange(B, device=dev)[:, None].expand(B, T)
         x = norm(h, self.layers[0].input_layernorm.weight, eps)
+        kept: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, k, v = attn.project(x, cos, sin, fuse=qkv_rope)
@@ -191,8 +197,12 @@ class Transformer(nn.Module):
             m = layer.mlp(x, act=act)
             nxt = self.layers[i + 1].input_layernorm.weight if i + 1 < len(self.layers) else self.norm.weight
             h, x = add_norm(h, m, nxt, eps)  # x: the next layer's input (or the final norm)
+            if i in capture:
+                kept[i] = x if i + 1 == len(self.layers) else h
         if logits_for is not None:
             x = torch.gather(x, 1, logits_for[..., None].expand(-1, -1, x.shape[-1]))
+        if capture:
+            return self.lm_head(x), torch.cat([kept[i] for i in capture], dim=-1)
         return self.lm_head(x)
 
     def forward_causal(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,9 @@ from specpilot.w12.weight import PLANES, W12Weight
 class W12Linear(nn.Module):
     """y = x @ W.T for a W12-encoded W [N, K] (no bias)."""
 
-    def __init__(self, weight: W12Weight):
+    def __init__(self, weight: W12Weight, table: str = ""):
         super().__init__()
+        self.table = table  # a candidate's tuned table over the device's (`kernels.configs.tuned_table`)
         self.out_features, self.in_features = weight.shape
         for name, tensor in weight.planes().items():
             self.register_buffer(name, tensor)
@@ -51,7 +52,7 @@ class W12Linear(nn.Module):
 
         weight = self.weight_w12
         if dispatch.kernels_available(x):
-            return dispatch.linear(x, weight)
+            return dispatch.linear(x, weight, table=self.table)
         return F.linear(x, decode(weight).to(x.dtype))
 
     def extra_repr(self) -> str:

@@ -51,6 +51,12 @@ def triton_runtime():
         yield
 
 
+@pytest.fixture(autouse=True)
+def own_home(tmp_path, monkeypatch):
+    """A fresh SPECPILOT_HOME: tables a developer's own loop tuned (the user cache) never leak in."""
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
+
+
 def escape_heavy_weight(N: int, K: int, seed: int = 0) -> torch.Tensor:
     """BF16 [N, K] weights of scale 0.02 with every kind of escape in the first rows:
     row 0 zeros and +Inf, row 1 all zero, row 2 a high window with zeros (a missing placeholder

@@ -192,3 +192,100 @@ def test_heuristic_gathers_from_transposed_x_on_large_w12_weights_at_many_rows()
     assert not heuristic_config(32, WeightFormat.W12, 4096, 12288).gather_t  # a small weight
     assert not heuristic_config(32, WeightFormat.DENSE, *lm_head).gather_t  # plain weights have no escapes
     assert not heuristic_config(32).gather_t  # size unknown
+
+
+@pytest.fixture
+def unpack_table(tmp_path, monkeypatch):
+    """A shipped table whose (w12, 4, 37, 300) row says decode then cuBLAS, read for every device."""
+    from specpilot.kernels import dispatch
+    from specpilot.kernels.search import tuned_document
+
+    doc = tuned_document("NVIDIA H200", {("w12", 4, 37, 300): configs.Fallback.UNPACK_CUBLAS})
+    (tmp_path / "nvidia_h200.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(configs, "TUNED_DIR", tmp_path)
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(dispatch, "device_name", lambda device: "NVIDIA H200")  # CPU: no GPU name to key by
+    configs.tuned_table.cache_clear()
+    yield doc
+    configs.tuned_table.cache_clear()
+
+
+def launched_kernels(monkeypatch) -> list:
+    """The launch configs `dispatch.linear` runs from now on (recorded, then run)."""
+    from specpilot.kernels import dispatch
+
+    runs, run = [], dispatch.run_config
+    monkeypatch.setattr(dispatch, "run_config",
+                        lambda x, w, config, **kw: runs.append(config) or run(x, w, config, **kw))
+    return runs
+
+
+@pytest.mark.parametrize("rows", [4, 65])  # the table's unpack_cublas row; above 64 rows, the rule
+def test_decode_then_cublas_is_bit_exact_where_the_table_or_the_rule_picks_it(
+        weight, make_x, to_device, unpack_table, monkeypatch, rows):
+    """W12 decoded into the cached buffer then F.linear equals decode + F.linear bit for bit, for
+    `linear` and for a W12Linear module, and launches no GEMV/GEMM."""
+    from specpilot.w12 import decode
+
+    runs = launched_kernels(monkeypatch)
+    w12 = to_device(encode(weight))
+    x = make_x(rows, 300)
+    expected = torch.nn.functional.linear(x, decode(w12).to(x.dtype))
+    assert configs.choose(WeightFormat.W12, rows, 37, 300, "NVIDIA H200") is configs.Fallback.UNPACK_CUBLAS
+    assert torch.equal(linear(x, w12).view(torch.int32), expected.view(torch.int32))
+    module = W12Linear(w12, table="")
+    assert torch.equal(module(x).view(torch.int32), expected.view(torch.int32))
+    assert runs == []
+
+
+def test_rows_the_table_does_not_cover_run_the_kernels(weight, make_x, to_device, check, unpack_table, monkeypatch):
+    runs = launched_kernels(monkeypatch)
+    w12, x = to_device(encode(weight)), make_x(2, 300)  # bucket 2: no row, the heuristic GEMM
+    check(linear(x, w12), x, w12)
+    assert runs == [configs.heuristic_config(2, WeightFormat.W12, 37, 300)]
+    assert configs.choose(WeightFormat.DENSE, 4, 37, 300, "NVIDIA H200") == configs.heuristic_config(
+        4, WeightFormat.DENSE, 37, 300)  # the row is W12's
+
+
+def test_a_tuned_config_entry_above_the_kernels_rows_is_not_taken(tmp_path, monkeypatch):
+    pinned = LaunchConfig(KernelPath.GEMM, block_n=64, block_k=128)
+    from specpilot.kernels.search import tuned_document
+
+    (tmp_path / "nvidia_h200.json").write_text(json.dumps(tuned_document("x", {("w12", 128, 37, 300): pinned})))
+    monkeypatch.setattr(configs, "TUNED_DIR", tmp_path)
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
+    configs.tuned_table.cache_clear()
+    try:
+        assert configs.choose(WeightFormat.W12, 100, 37, 300, "NVIDIA H200") is configs.Fallback.UNPACK_CUBLAS
+    finally:
+        configs.tuned_table.cache_clear()
+
+
+def test_a_decoded_cublas_entry_decodes_once_and_keeps_the_copy_while_the_weight_lives(
+        weight, make_x, to_device, tmp_path, monkeypatch):
+    import gc
+
+    from specpilot.kernels import dispatch
+    from specpilot.kernels.search import tuned_document
+    from specpilot.w12 import decode
+
+    doc = tuned_document("NVIDIA H200", {("w12", 4, 37, 300): configs.Fallback.DECODED_CUBLAS})
+    (tmp_path / "nvidia_h200.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(configs, "TUNED_DIR", tmp_path)
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(dispatch, "device_name", lambda device: "NVIDIA H200")
+    configs.tuned_table.cache_clear()
+    runs = launched_kernels(monkeypatch)
+    try:
+        w12, x = to_device(encode(weight)), make_x(3, 300)
+        expected = torch.nn.functional.linear(x, decode(w12).to(x.dtype))
+        for _ in range(2):
+            assert torch.equal(linear(x, w12).view(torch.int32), expected.view(torch.int32))
+        assert runs == [] and dispatch.decoded(w12) is dispatch.decoded(w12)
+        key = id(w12)
+        assert key in dispatch._decoded
+        del w12
+        gc.collect()
+        assert key not in dispatch._decoded  # dropped with the weight
+    finally:
+        configs.tuned_table.cache_clear()

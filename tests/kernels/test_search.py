@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from specpilot.kernels import configs as kc
@@ -281,6 +282,22 @@ def test_the_timer_checks_a_config_and_times_only_one_within_the_bound(make_weig
     assert sets_timed == [2]
     monkeypatch.setattr(timing, "run_config", lambda *a: (_ for _ in ()).throw(RuntimeError("no\nmore")))
     assert timer(p, cfg).error == "RuntimeError: no"
+
+
+@pytest.mark.parametrize("fallback", list(kc.Fallback))
+def test_the_timer_times_decode_then_cublas_over_every_weight_set(make_weight, make_x, fallback):
+    """`time_fallback` runs the path a `Fallback` dispatches to, on each set: the calls give
+    decode + F.linear bit for bit."""
+    from specpilot.w12 import decode, encode
+
+    x = make_x(2, 256).bfloat16()
+    w = encode(make_weight(16, 256).to(x.device))
+    outputs = []
+    timer = timing.GraphTimer(lambda q: [w, w], lambda q: x,
+                              time_calls=lambda calls: outputs.extend(c() for c in calls) or 5.0)
+    assert timer.time_fallback(Problem(W12, 16, 256, 2), fallback) == 5.0 and len(outputs) == 2
+    expected = torch.nn.functional.linear(x, decode(w).to(x.dtype))
+    assert all(torch.equal(y.view(torch.int16), expected.view(torch.int16)) for y in outputs)
 
 
 def test_importing_the_search_needs_no_triton():

@@ -75,3 +75,27 @@ def test_round_trip_and_render():
     assert again.to_dict() == t.to_dict() and again.render() == t.render()
     text = t.render()
     assert "ceiling" in text and all(k.value in text for k in GapKind) and "(estimate)" in text
+
+
+def test_format_floors_show_the_room_of_every_weight_format():
+    """W12 moves 12.01 of BF16's 16 bits per weight: its floors and ceiling are lower, whatever the
+    measured system runs; the gaps stay those of the measured format."""
+    from specpilot.loop.cost_model import FORMAT_BITS, CostTable
+
+    t = cost_table()
+    p = t.profile
+    assert [f.format for f in t.format_floors] == list(FORMAT_BITS) == ["bf16", "w12"]
+    bf16, w12 = t.format_floor("bf16"), t.format_floor("w12")
+    kv = p.kv_bytes_per_token * p.context
+    assert w12.verify_floor_ms == pytest.approx((p.target_params * 12.01 / 8 + kv) / 4e12 * 1e3, rel=1e-12)
+    assert w12.draft_floor_ms == pytest.approx(
+        t.draft_forward_floor_ms(t.shape.topk, 12.01) * p.draft_forwards, rel=1e-12)
+    assert w12.verify_floor_ms < bf16.verify_floor_ms < t.verify_floor  # 6.6 GB of BF16 params < 6.7 GB measured
+    assert w12.ceiling_ms_per_token < bf16.ceiling_ms_per_token <= t.ceiling_ms_per_token
+    assert bf16.ceiling_ms_per_token == pytest.approx(t.ceiling_ms_per_token, rel=0.02)
+    assert sum(g.saving_ms_per_token for g in t.gaps) == pytest.approx(t.ms_per_token - t.ceiling_ms_per_token)
+    back = CostTable.from_dict(json.loads(json.dumps(t.to_dict())))
+    assert back.format_floors == t.format_floors
+    assert "w12 (12.01 bits)" in t.render()
+    old = {k: v for k, v in t.to_dict().items() if k != "format_floors"}  # a table stored before formats
+    assert CostTable.from_dict(old).format_floors == ()

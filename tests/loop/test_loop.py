@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from specpilot.control.rule import Reason, Outcome
-from specpilot.loop.config import LoopConfig, StopReason, Timing
+from specpilot.loop.config import LoopConfig, SlotPolicy, StopReason, Timing
 from specpilot.loop.journal import JOURNAL_FILE, EventKind, Journal
 from specpilot.loop.report import render_markdown
 from specpilot.loop.run import RunOptions, run_loop
@@ -54,7 +54,10 @@ def world(tmp_path_factory, target_dir, drafter_dir):
 
 
 def config(**changes) -> LoopConfig:
-    base = LoopConfig(rounds=1, agents=("knob", "coding"), max_candidates=2, timing=Timing.QUICK, profile_batches=2,
+    # round-robin slots: the run must time one candidate of each agent whatever gap the CPU shows
+    # (the gap-driven split has its own tests, test_slots.py)
+    base = LoopConfig(rounds=1, agents=("knob", "coding"), max_candidates=2, slots=SlotPolicy.ROUND_ROBIN,
+                      timing=Timing.QUICK, profile_batches=2,
                       profile_tokens=24, final_prompts=5, final_tokens=12, controller=CONTROLLER,
                       coding_command=f"{sys.executable} {STAND_IN} fault {{task_file}}")
     return LoopConfig(**{**base.__dict__, **changes})
@@ -191,3 +194,29 @@ def test_a_run_killed_mid_round_resumes_from_the_memory(world, first):
     assert timed and not timed & earlier  # nothing judged before is timed again
     assert resumed.report["run"]["resumed"] and resumed.report["rounds"][0]["incumbent"] == promoted.name
     assert resumed.report["final"] is None and (out / "report.md").is_file()
+
+
+def test_a_deployment_differing_only_in_max_new_tokens_starts_from_what_the_other_validated(world, first):
+    """The same models with another token budget are another deployment: its run does not start from
+    stock knowing nothing, it times the first deployment's validated system first (a seed)."""
+    promoted = first[0].incumbent
+    if promoted.entry_id is None:
+        pytest.skip("nothing was promoted in the first run (a busy machine): nothing to seed from")
+    dep = world["root"] / "bad-stock-32.toml"
+    dep.write_text(Path(world["deployment"]).read_text().replace('name = "bad-stock"', 'name = "bad-stock-32"')
+                   .replace("max_new_tokens = 24", "max_new_tokens = 32"))
+    with Memory(world["memory"]) as memory:  # the resumed run above may have promoted more
+        best = memory.best_validated(first[0].report["deployment"]["fingerprint"]).record.candidate.knobs
+    best = {k: v for k, v in best.items() if k != "name"}
+    result = run_loop(config(agents=("loop_agents:ScriptedAgent",), max_candidates=1, final=False),
+                      RunOptions(deployment=str(dep), out=str(world["root"] / "run-32"), memory=world["memory"],
+                                 devices=("cpu",)), io.StringIO())
+    events = Journal.read(result.paths.out / JOURNAL_FILE)
+    (seed,) = [e for e in events if e.kind is EventKind.SEED]
+    assert seed.text.startswith(f"seeded from deployment bad-stock (similarity {seed.data['similarity']:.2f}: "
+                                "same target and drafter, max_new_tokens 32 vs 24)")
+    assert 0.9 < seed.data["similarity"] < 1.0 and seed.data["offered"]
+    (timed,) = result.rounds[0].evaluated  # the seed took the round's one slot
+    assert timed.proposal.agent == "memory"
+    assert timed.proposal.candidate.system.knobs() == best
+    assert "seeded from `bad-stock`" in (result.paths.out / "report.md").read_text()

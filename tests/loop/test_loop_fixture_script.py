@@ -4,6 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each check starts the script in a fresh interpreter
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "loop_fixture.py"
 
 

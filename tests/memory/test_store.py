@@ -96,6 +96,23 @@ def test_similar_deployments_first(memory):
     assert [r.candidate.name for _, r in memory.similar_validated(here, min_similarity=0.6)] == ["a"]
 
 
+def test_workload_and_versions_lower_similarity_without_blocking_it(memory):
+    from dataclasses import replace
+
+    here = fingerprint("here")
+    longer = replace(here, name="longer", max_new_tokens=512)
+    bumped = replace(here, name="bumped", versions={**here.versions, "specpilot": "0.1.1"})
+    assert 1.0 > here.similarity(longer) > here.similarity(bumped) >= 0.9
+    assert here.differences(longer) == "same target and drafter, max_new_tokens 256 vs 512"
+    assert here.differences(bumped) == "same target and drafter, specpilot 0.1.0 vs 0.1.1"
+    assert here.differences(fingerprint("h100", gpu="NVIDIA H100")) == \
+        "same target and drafter, NVIDIA H200 vs NVIDIA H100"
+    for fp in (longer, bumped):
+        memory.record_noise(fp, noise_floor())
+    assert [(round(s, 3), d, fp.name) for s, d, fp in memory.similar_deployments(here)] == [
+        (0.975, longer.digest, "longer"), (0.95, bumped.digest, "bumped")]
+
+
 def test_export_is_plain_json(memory, tmp_path):
     fp = fingerprint()
     memory.record_noise(fp, noise_floor())

@@ -3,8 +3,9 @@
 A proposer agent turns the round's evidence into candidate systems. Two methods:
 
     status(setup) -> AgentStatus         once per run: on, or off with the reason (said once)
-    propose(context) -> list[Proposal]   every round, best first; may return more than the round
-                                         can time (the loop takes the first new ones)
+    propose(context) -> list[Proposal]   every round it holds a slot (`slots.py`), best first; may
+                                         return more than its slots (the loop takes the first new
+                                         ones, and hands slots others leave unused on)
 
 Proposals of all agents run in parallel threads; an agent must not write the memory or time
 anything itself (the controller times, the guard judges, the loop promotes and records).
@@ -74,7 +75,7 @@ class ProposerContext:
     stock: Candidate
     cost: CostTable  # of the incumbent, measured this round
     recall: Recall  # the memory, snapshot at the start of the round
-    limit: int  # candidates the round will time
+    limit: int  # slots this agent holds this round (the round's candidates, under round-robin)
     models: object | None = None  # the loop's loaded `engine.session.Session` (in-process measurements)
     history: tuple = ()  # (System, CostTable) of systems measured earlier in this run, oldest first
     log: Callable[[str], None] = field(default=lambda line: None, compare=False)
@@ -118,6 +119,9 @@ class Proposal:
 
 class Proposer(abc.ABC):
     name: ClassVar[str]
+    # the gap kinds it can close (`slots.py` splits a round's slots by them); None: the shipped
+    # table for a shipped agent, every gap for any other
+    gaps: ClassVar[frozenset[GapKind] | None] = None
 
     def __init__(self, options: AgentOptions = AgentOptions()):
         self.options = options

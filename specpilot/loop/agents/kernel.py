@@ -1,74 +1,104 @@
-"""The kernel agent: tunes launch configurations of the projections furthest from their byte floor.
+"""The kernel agent: tunes the projections of the deployment's own shapes, furthest from their floor.
 
-GPU only. Each round, for the target's projections at the incumbent's verify shape (M = batch x
-tree nodes rows; qkv, o, gate_up, down per block, and lm_head when it runs through the kernels) it
+GPU only. Each round, for the projections the incumbent runs -- the target's (qkv, o, gate_up,
+down per block, and lm_head when it runs through the kernels) and the drafter's, at the row counts
+it runs them (`deployment_shapes`: verification = batch x tree nodes, drafting = batch x topk per
+draft step, the prefill buckets up to MAX_ROWS) -- it
 
-1. times the configuration the dispatcher picks today (`kernels.configs.choose_config`: the
-   device's tuned table, else the heuristic) and computes the byte floor (weights + activations in
-   and out / the measured bandwidth), so each shape's excess = (time - floor) x calls per forward;
-2. in order of excess, largest first, runs the package's config search on each shape
-   (`kernels.search.tune`: the candidate configs and the phases that vary the fastest; each config
-   checked against the reference within `kernels.reference.error_bound` before it is timed) on
-   the target's own weights (W12-encoded when the incumbent runs W12), while `kernel_budget_s`
-   lasts; today's config ranks with the candidates and is timed again after the search, its
-   faster timing counting, so that a slow first timing never passes for a gain;
-3. keeps the configurations at least `MIN_SPEEDUP` faster than today's choice, merges them into
-   the device's tuned table, and proposes that table as a patch: a worktree whose
-   `specpilot/kernels/tuned/<device>.json` holds it (the dispatcher reads tables from the package,
-   so the candidate's workers see it), with `kernel = "triton"`.
+1. times what the dispatcher runs today (`kernels.configs.choose`: the device's tuned table with
+   the user cache and the incumbent's own table over it, else the fallback rule) and computes the
+   byte floor (weights + activations in and out / the measured bandwidth), so each shape's excess
+   = (time - floor) x calls per round;
+2. in order of excess, largest first, runs the package's config search on each shape the kernels
+   can take (`kernels.search.tune`, up to `GEMM_MAX_M` rows; each config checked against the
+   reference within `kernels.reference.error_bound` before it is timed) on the deployment's own
+   weights (W12-encoded when the incumbent runs W12), while `kernel_budget_s` lasts; and times
+   cuBLAS on the decoded weight (`Fallback`: decoded into a shared buffer at each call, or, for
+   W12, kept decoded), so each row count takes the fastest path. Today's choice ranks with the rest
+   and is timed again at the end, its faster timing counting, so that a slow first timing never
+   passes for a gain;
+3. keeps the choices at least `MIN_SPEEDUP` faster than today's and writes them, over the
+   incumbent's own table, to a table file of the candidate in the user cache
+   (`kernels.user_cache.candidate_path`). The candidate is the incumbent with two knobs,
+   `kernel = "triton"` and `kernel_table = <that file>`: any worker loads it, no git checkout or
+   worktree needed. When the loop promotes it, `promote_table` merges the file into the user cache
+   of the GPU and these versions, so every later run on this machine starts from it.
 Timings are `kernels.timing.GraphTimer`'s: CUDA-graph replays, as the engine runs the kernels.
 
-On CPU (or without Triton, or outside a git checkout) it is off, and says so once. Today's config,
-the floor and the timer sit behind a small interface (`KernelBench`), so the ranking, selection
-and table are tested on CPU with a simulated bench.
+On CPU (or without Triton) it is off, and says so once. Today's choice, the floor and the timers sit
+behind a small interface (`KernelBench`), so the ranking, selection and table are tested on CPU
+with a simulated bench.
 
-Owns: choosing shapes and keeping improvements. Does not own the search, the kernels or their
-configs' meaning (`specpilot.kernels`), or judging the candidate (guard, controller).
+Owns: choosing shapes, keeping improvements, writing and promoting the candidate's table. Does not
+own the search, the kernels, their configs' meaning or the cache's layout (`specpilot.kernels`), or
+judging the candidate (guard, controller).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
-from specpilot.config import Kernel
-from specpilot.kernels.configs import LaunchConfig, WeightFormat, m_bucket
+from specpilot.config import Kernel, System
+from specpilot.engine.generator import PREFILL_BUCKET
+from specpilot.kernels import user_cache
+from specpilot.kernels.configs import (
+    GEMM_MAX_M,
+    Choice,
+    Fallback,
+    LaunchConfig,
+    WeightFormat,
+    device_slug,
+    entry_choice,
+    m_bucket,
+)
 from specpilot.kernels.search import OutOfBudget, Problem, SearchSettings, Trial, tuned_document
 from specpilot.kernels.search import tune as search
 from specpilot.loop.agents.base import AgentStatus, LoopSetup, Proposal, Proposer, ProposerContext, register
 from specpilot.loop.cost_model import GapKind
 from specpilot.loop.systems import Candidate
-from specpilot.loop.worktree import WorktreeError
 
-MIN_SPEEDUP = 1.03  # a tuned config must beat today's choice by 3% to enter the table
-TABLE_DIR = "specpilot/kernels/tuned"  # where the dispatcher reads tuned tables (kernels/configs.py)
+MIN_SPEEDUP = 1.03  # a tuned choice must beat today's by 3% to enter the table
+MAX_ROWS = 257  # the most rows per batch row a verification runs (a 256-token tree and its root)
 
 
 @dataclass(frozen=True)
 class ProjectionShape:
-    name: str  # "qkv", "o", "gate_up", "down", "lm_head"
-    m: int  # rows (tokens of the batch in one verify forward)
+    name: str  # "qkv", "o", "gate_up", "down", "lm_head"; "drafter.qkv", ... for the drafter's
+    m: int  # rows (tokens of the batch in one forward)
     n: int  # output features
     k: int  # input features
-    count: int  # calls per target forward (layers, or 1 for lm_head)
+    count: int  # calls per forward (layers, or 1 for lm_head); per round from `deployment_shapes`
+
+
+def choice_dict(choice: Choice) -> dict:
+    """A choice as plain data: a launch config's dict, or {"path": "unpack_cublas"}."""
+    return {"path": choice.value} if isinstance(choice, Fallback) else choice.to_dict()
+
+
+def choice_of(d: dict) -> Choice:
+    return Fallback(d["path"]) if "path" in d and "block_n" not in d else LaunchConfig.from_dict(d)
 
 
 @dataclass(frozen=True)
 class ShapeTiming:
     shape: ProjectionShape
     floor_us: float
-    current: dict  # LaunchConfig.to_dict() of today's choice
+    current: dict  # `choice_dict` of today's choice
     current_us: float
-    best: dict  # the fastest correct config (today's where none beat it)
+    best: dict  # the fastest correct choice (today's where none beat it)
     best_us: float
     tried: int  # configs the search timed besides today's
 
     @property
     def excess_us(self) -> float:
-        """Time above the byte floor per forward, all calls of this shape."""
+        """Time above the byte floor, all calls of this shape (per forward, or per round)."""
         return max(self.current_us - self.floor_us, 0.0) * self.shape.count
 
     @property
@@ -85,17 +115,20 @@ class ShapeTiming:
 
 
 class KernelBench(Protocol):
-    """Today's config and the byte floor of a projection shape, and a `kernels.search.Timer`."""
+    """Today's choice and the byte floor of a projection shape, a `kernels.search.Timer`, and a
+    timer of the decode-then-cuBLAS paths."""
 
     device_name: str
     weight_format: WeightFormat  # of the weights it times
     sm_count: int
 
-    def current(self, shape: ProjectionShape) -> LaunchConfig: ...  # what the dispatcher picks today
+    def current(self, shape: ProjectionShape) -> Choice: ...  # what the dispatcher picks today
 
     def floor_us(self, shape: ProjectionShape) -> float: ...
 
     def time(self, problem: Problem, config: LaunchConfig) -> Trial: ...  # checked, then timed
+
+    def time_fallback(self, problem: Problem, fallback: Fallback) -> float | None: ...  # µs of cuBLAS, decoded
 
 
 def projection_shapes(config, rows: int, lm_head: bool) -> list[ProjectionShape]:
@@ -109,76 +142,153 @@ def projection_shapes(config, rows: int, lm_head: bool) -> list[ProjectionShape]
     return out
 
 
+def deployment_shapes(target, drafter, system: System, batch: int, tree_nodes: int,
+                      draft_forwards: int, drafter_kernels: bool = False) -> list[ProjectionShape]:
+    """The projections the incumbent runs (target and drafter `ModelConfig`s; drafter None without
+    one), counted per decode round: the target's verification over batch x tree nodes rows; the
+    drafter's expansions over batch x topk rows, `draft_forwards` of them; and each prefill bucket
+    of both models up to MAX_ROWS rows per batch row, counted 0 (prefill runs once per request).
+    The drafter's shapes count only with `drafter_kernels`: today the engine swaps the target's
+    projections only (`engine.session.with_kernels`), so the drafter's entries are tuned for when
+    it runs the kernels but save nothing yet. One shape per (name, rows); the search times a size
+    once however many shapes share it."""
+    out = [ProjectionShape(s.name, s.m, s.n, s.k, s.count)
+           for s in projection_shapes(target, batch * tree_nodes, system.kernel_lm_head)]
+    models = [("", target, system.kernel_lm_head)]
+    if drafter is not None and system.speculative and draft_forwards:
+        rows = batch * max(1, system.topk)
+        out += [ProjectionShape(f"drafter.{s.name}", s.m, s.n, s.k, s.count * draft_forwards * drafter_kernels)
+                for s in projection_shapes(drafter, rows, True)]
+        models.append(("drafter.", drafter, True))
+    for bucket in range(PREFILL_BUCKET, MAX_ROWS + 1, PREFILL_BUCKET):
+        for prefix, config, lm_head in models:
+            out += [ProjectionShape(f"{prefix}{s.name}@prefill", s.m, s.n, s.k, 0)
+                    for s in projection_shapes(config, batch * bucket, lm_head)]
+    seen, unique = set(), []
+    for s in out:
+        if (s.name, s.m) not in seen:
+            seen.add((s.name, s.m))
+            unique.append(s)
+    return unique
+
+
 def tune(shapes: list[ProjectionShape], bench: KernelBench, budget_s: float,
          log=lambda line: None) -> list[ShapeTiming]:
-    """Rank shapes by excess over their floor, then search their configs in that order within the
-    budget (`kernels.search.tune`; a shape reached after the budget keeps today's config)."""
+    """Rank shapes by excess over their floor, then, in that order within the budget, search the
+    kernel configs of those the kernels take (`kernels.search.tune`, up to GEMM_MAX_M rows) and
+    time cuBLAS on the decoded weight (each `Fallback`; plain weights need no decoding, so one);
+    a shape reached after the budget keeps today's choice."""
     start = time.monotonic()
     problem = {s: Problem(bench.weight_format, s.n, s.k, s.m) for s in shapes}
-    baseline = []  # (shape, today's config, its first timing, floor µs)
+
+    def time_choice(p: Problem, choice: Choice) -> float | None:
+        return bench.time_fallback(p, choice) if isinstance(choice, Fallback) else bench.time(p, choice).us
+
+    baseline = []  # (shape, today's choice, its first timing in µs, floor µs)
     for s in shapes:
         cur = bench.current(s)
-        first = bench.time(problem[s], cur)
-        if first.us is not None:
+        first = time_choice(problem[s], cur)
+        if first is not None:
             baseline.append((s, cur, first, bench.floor_us(s)))
-    baseline.sort(key=lambda b: -(b[2].us - b[3]) * b[0].count)
+    baseline.sort(key=lambda b: -(b[2] - b[3]) * max(b[0].count, 1))
     known: dict[Problem, list[Trial]] = {}
-    for s, _, first, _ in baseline:
-        known.setdefault(problem[s], [first])  # two shapes of one size are searched once
+    for s, cur, first, _ in baseline:
+        if s.m <= GEMM_MAX_M:  # two shapes of one size are searched once
+            known.setdefault(problem[s], [Trial(cur, us=first)] if isinstance(cur, LaunchConfig) else [])
     settings = SearchSettings(budget_s=budget_s, sm_count=bench.sm_count, out_of_budget=OutOfBudget.SKIP)
     found = {r.problem: r for r in search(list(known), bench.time, settings, known=known, started=start)}
+    fallbacks = list(Fallback) if bench.weight_format is WeightFormat.W12 else [Fallback.UNPACK_CUBLAS]
+    fallback_us: dict[tuple[Problem, Fallback], float | None] = {}
     out = []
     for s, cur, first, floor in baseline:
-        result = found[problem[s]]
-        best = result.best or first
-        best_cfg, best_us, cur_us = best.config, best.us, first.us
-        # today's config once more: its first timing can be a transient (on a GPU that has just
+        p = problem[s]
+        options = [(cur, first)]
+        result = found.get(p)
+        if result is not None and result.best is not None:
+            options.append((result.best.config, result.best.us))
+        for fb in fallbacks:
+            if fb is not cur and time.monotonic() - start < budget_s:
+                if (p, fb) not in fallback_us:
+                    fallback_us[p, fb] = bench.time_fallback(p, fb)
+                if fallback_us[p, fb] is not None:
+                    options.append((fb, fallback_us[p, fb]))
+        # today's choice once more: its first timing can be a transient (on a GPU that has just
         # been idle, several times the next one) and must not pass for a gain of the tuned table
-        again = bench.time(problem[s], cur).us
+        cur_us = first
+        again = time_choice(p, cur)
         if again is not None and again < cur_us:
             cur_us = again
-            if again <= best_us:
-                best_cfg, best_us = cur, again
-        tried = len(result.tried) - len(known[problem[s]])
-        out.append(ShapeTiming(s, floor, cur.to_dict(), cur_us, best_cfg.to_dict(), best_us, tried))
+            options[0] = (cur, again)
+        best, best_us = min(options, key=lambda o: o[1])  # today's first on ties
+        tried = len(result.tried) - len(known[p]) if result is not None else 0
+        out.append(ShapeTiming(s, floor, choice_dict(cur), cur_us, choice_dict(best), best_us, tried))
         log(f"kernel: {s.name} M={s.m} N={s.n} K={s.k}: {cur_us:.1f} us today (floor {floor:.1f}), "
-            f"best {best_us:.1f} us over {tried} configs")
+            f"best {best_us:.1f} us ({_label(best)}) over {tried} configs")
     return out
 
 
-def table_document(device_name: str, fmt: str, existing: dict, timings: list[ShapeTiming]) -> dict:
-    """The device's tuned table: `existing` ({(format, m, n, k): LaunchConfig}) plus the improvements."""
+def _label(choice: Choice) -> str:
+    return choice.value if isinstance(choice, Fallback) else choice.label()
+
+
+def table_document(device_name: str, fmt: str, existing: dict, timings: list[ShapeTiming],
+                   every: bool = False) -> dict:
+    """A tuned table: `existing` ({(format, m, n, k): choice}) plus the improvements (`every`: each
+    shape's best, improved or not, as a cuBLAS incumbent turning to the kernels needs: a shape
+    without an entry would run the untuned heuristic instead of the cuBLAS it ran)."""
     entries: dict = dict(existing)
     for t in timings:
-        if t.improved:
-            entries[(fmt, m_bucket(t.shape.m), t.shape.n, t.shape.k)] = t.best
+        if t.improved or every:
+            entries[(fmt, m_bucket(t.shape.m), t.shape.n, t.shape.k)] = choice_of(t.best)
     return tuned_document(device_name, entries, written_by="specpilot.loop.agents.kernel")
 
 
-class GpuKernelBench:
-    """Real timings on the loop's GPU, on the target's own weights (W12-encoded if `w12`)."""
+def own_entries(system: System, slug: str) -> dict:
+    """{(format, m, n, k): choice} of the system's own table (`kernel_table`), {} without one."""
+    if not system.kernel_table:
+        return {}
+    doc = user_cache.read_document(user_cache.resolve(system.kernel_table, slug)) or {"entries": []}
+    return {user_cache.entry_key(e): entry_choice(e) for e in doc["entries"]}
 
-    def __init__(self, target, w12: bool, bandwidth_gbps: float):
+
+def promote_table(previous: System, promoted: System, device_name: str) -> Path | None:
+    """When a promotion brings a new `kernel_table`, merge it into the user cache of the GPU and
+    these versions (so later runs start from it); returns the cache file, else None."""
+    if not promoted.kernel_table or promoted.kernel_table == previous.kernel_table:
+        return None
+    slug = device_slug(device_name)
+    return user_cache.promote(user_cache.resolve(promoted.kernel_table, slug), slug)
+
+
+class GpuKernelBench:
+    """Real timings on the loop's GPU, on the deployment's own weights (W12-encoded if `w12`);
+    today's choice as the dispatcher makes it under the incumbent's `table`, or cuBLAS (`cublas`)."""
+
+    def __init__(self, target, drafter, w12: bool, bandwidth_gbps: float, table: str = "", cublas: bool = False):
         from specpilot.kernels.dispatch import device_name
         from specpilot.kernels.launch import sm_count
         from specpilot.kernels.timing import GraphTimer
 
-        self.target = target
+        self.models = [m for m in (target, drafter) if m is not None]
+        self.table, self.cublas = table, cublas
         self.weight_format = WeightFormat.W12 if w12 else WeightFormat.DENSE
         self.bandwidth = bandwidth_gbps * 1e9  # bytes moved per second, as the cost model counts it
+        self.device = target.device
         self.device_name = device_name(target.device)
         self.sm_count = sm_count(target.device)
         self._weights: dict[tuple[int, int], object] = {}
         self._timer = GraphTimer(lambda p: [self._weight(p.n, p.k)], self._input)
 
     def _weight(self, n: int, k: int):
-        """The target's [n, k] projection weight of the first block (or the lm_head)."""
+        """The [n, k] projection weight of a model's first block (or its lm_head), target first."""
         import torch
 
         if (n, k) not in self._weights:
-            block = self.target.layers[0]
-            modules = (block.self_attn.qkv_proj, block.self_attn.o_proj, block.mlp.gate_up_proj,
-                       block.mlp.down_proj, self.target.lm_head)
+            modules = []
+            for model in self.models:
+                block = model.layers[0]
+                modules += [block.self_attn.qkv_proj, block.self_attn.o_proj, block.mlp.gate_up_proj,
+                            block.mlp.down_proj, model.lm_head]
             module = next(m for m in modules if tuple(m.weight.shape) == (n, k))
             w = module.weight.detach().to(torch.bfloat16)
             if self.weight_format is WeightFormat.W12:
@@ -192,12 +302,14 @@ class GpuKernelBench:
         import torch
 
         g = torch.Generator(device="cpu").manual_seed(p.m * 7919 + p.k)
-        return torch.randn(p.m, p.k, generator=g).to(self.target.device, torch.bfloat16)  # [M, K]
+        return torch.randn(p.m, p.k, generator=g).to(self.device, torch.bfloat16)  # [M, K]
 
-    def current(self, shape: ProjectionShape) -> LaunchConfig:
-        from specpilot.kernels.configs import choose_config
+    def current(self, shape: ProjectionShape) -> Choice:
+        from specpilot.kernels.configs import choose
 
-        return choose_config(self.weight_format, shape.m, shape.n, shape.k, self.device_name)
+        if self.cublas:  # a cuBLAS incumbent: plain F.linear, which the unpack path is for plain weights
+            return Fallback.UNPACK_CUBLAS
+        return choose(self.weight_format, shape.m, shape.n, shape.k, self.device_name, self.table)
 
     def floor_us(self, shape: ProjectionShape) -> float:
         weight_bytes = shape.n * shape.k * (1.5 if self.weight_format is WeightFormat.W12 else 2.0)
@@ -207,6 +319,9 @@ class GpuKernelBench:
     def time(self, problem: Problem, config: LaunchConfig) -> Trial:
         return self._timer(problem, config)
 
+    def time_fallback(self, problem: Problem, fallback: Fallback) -> float | None:
+        return self._timer.time_fallback(problem, fallback)
+
 
 @register("kernel")
 class KernelAgent(Proposer):
@@ -215,48 +330,44 @@ class KernelAgent(Proposer):
             return AgentStatus(False, f"it tunes Triton GPU kernels and candidates here run on {setup.device}")
         if importlib.util.find_spec("triton") is None:
             return AgentStatus(False, "Triton is not installed (pip install 'specpilot[triton]')")
-        if setup.checkout is None:
-            return AgentStatus(False, "tuned tables ship inside the package: it needs a git checkout for worktrees")
-        return AgentStatus(True, f"tunes projection launch configs for {setup.device_name}")
+        return AgentStatus(True, f"tunes projection kernels for {setup.device_name} "
+                                 f"(tables in {user_cache.device_dir(device_slug(setup.device_name))})")
 
     def propose(self, ctx: ProposerContext) -> list[Proposal]:
         session = ctx.models
-        if session is None or ctx.setup.checkout is None:
+        if session is None:
             return []
-        inc = ctx.incumbent.candidate
-        bench = GpuKernelBench(session.target, inc.system.w12, ctx.cost.profile.bandwidth_gbps)
+        system = ctx.incumbent.candidate.system
+        bench = GpuKernelBench(session.target, getattr(session, "drafter_model", None), system.w12,
+                               ctx.cost.profile.bandwidth_gbps, system.kernel_table, system.kernel is Kernel.CUBLAS)
         return self.propose_with(ctx, bench)
 
     def propose_with(self, ctx: ProposerContext, bench) -> list[Proposal]:
         """The proposal from a given bench (the GPU one, or a simulated one in tests)."""
-        from specpilot.kernels.configs import device_slug, tuned_table
-
         inc = ctx.incumbent.candidate
-        target_config = ctx.models.target.config
-        rows = ctx.cost.profile.batch * ctx.cost.profile.tree_nodes
-        shapes = projection_shapes(target_config, rows, inc.system.kernel_lm_head)
+        profile = ctx.cost.profile
+        drafter = getattr(ctx.models, "drafter_model", None)
+        shapes = deployment_shapes(ctx.models.target.config, drafter.config if drafter is not None else None,
+                                   inc.system, profile.batch, profile.tree_nodes, profile.draft_forwards)
         timings = tune(shapes, bench, self.options.kernel_budget_s, ctx.log)
         better = [t for t in timings if t.improved]
         saved_us = sum(t.saving_us for t in better)
-        if not better or saved_us * 1e-3 < 0.005 * ctx.cost.verify_ms:
-            ctx.log(f"kernel: no launch config beats today's choice by {MIN_SPEEDUP - 1:.0%} where it matters")
+        if not better or saved_us * 1e-3 < 0.005 * ctx.cost.round_ms:
+            ctx.log(f"kernel: nothing beats today's choice by {MIN_SPEEDUP - 1:.0%} where it matters")
             return []
         slug = device_slug(bench.device_name)
-        document = table_document(bench.device_name, bench.weight_format.value, tuned_table(slug), timings)
-        path = ctx.setup.scratch / f"kernel-{ctx.round_label.replace('/', '-')}"
-        try:
-            wt = ctx.setup.checkout.create(path)
-            wt.apply(inc.patch or "")
-            table = wt.path / TABLE_DIR / f"{slug}.json"
-            table.parent.mkdir(parents=True, exist_ok=True)
-            table.write_text(json.dumps(document, indent=1) + "\n")
-            patch = wt.diff()
-        except WorktreeError as err:
-            ctx.log(f"kernel: cannot write the table into a worktree: {err}")
-            return []
-        system = inc.system.with_changes(kernel=Kernel.TRITON, name=f"kernel:tuned-{ctx.round_label}")
-        shapes_text = ", ".join(f"{t.shape.name} {t.current_us:.0f}->{t.best_us:.0f} us" for t in better[:4])
-        why = (f"tuned launch configs for {len(better)} projection shape(s) at M={rows} ({shapes_text}): "
-               f"{saved_us:.0f} us less per verify forward of {ctx.cost.verify_ms * 1e3:.0f} us")
-        return [Proposal(self.name, Candidate(system, patch, str(wt.path)), why, GapKind.VERIFY_KERNELS, None,
-                         {"timings": [t.to_dict() for t in timings], "table": f"{TABLE_DIR}/{slug}.json"})]
+        fmt = bench.weight_format.value
+        every = inc.system.kernel is Kernel.CUBLAS  # the candidate turns to the kernels: every shape needs its best
+        document = table_document(bench.device_name, fmt, own_entries(inc.system, slug), timings, every)
+        digest = hashlib.sha256(json.dumps(document["entries"], sort_keys=True).encode()).hexdigest()[:8]
+        table_id = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{ctx.round_label}-{fmt}-{digest}").strip("-")
+        path = user_cache.write_document(user_cache.candidate_path(slug, table_id), document)
+        system = inc.system.with_changes(kernel=Kernel.TRITON, kernel_table=str(path),
+                                         name=f"kernel:tuned-{ctx.round_label}")
+        shapes_text = ", ".join(f"{t.shape.name}@{t.shape.m} {t.current_us:.0f}->{t.best_us:.0f} us"
+                                for t in sorted(better, key=lambda t: -t.saving_us)[:4])
+        why = (f"tuned kernels for {len(better)} projection shape(s) ({shapes_text}): "
+               f"{saved_us:.0f} us less per round of {ctx.cost.round_ms * 1e3:.0f} us")
+        gap = GapKind.VERIFY_KERNELS if any("." not in t.shape.name for t in better) else GapKind.DRAFT_KERNELS
+        return [Proposal(self.name, Candidate(system, inc.patch, inc.workdir), why, gap, None,
+                         {"timings": [t.to_dict() for t in timings], "table": str(path)})]

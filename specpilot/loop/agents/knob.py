@@ -38,7 +38,7 @@ from specpilot.loop.agents.base import Proposal, Proposer, ProposerContext, regi
 from specpilot.loop.cost_model import BUDGETS, MAX_DEPTH, TOPKS, GapKind, tree_shapes
 from specpilot.loop.systems import Candidate, describe, short_name
 
-GPU_ONLY = frozenset({"cuda_graphs", "sync_every", "kernel", "w12", "kernel_lm_head"})
+GPU_ONLY = frozenset({"cuda_graphs", "sync_every", "kernel", "w12", "kernel_lm_head", "kernel_table"})
 MIN_PREDICTED_SAVING = 0.005  # a predicted move must be at least 0.5% faster than the measurement
 # Savings the acceptance model extrapolates count at this share of their size when ranked against
 # measured ones (AR is measured each round): on the fixture, shape moves predicted ~20% faster

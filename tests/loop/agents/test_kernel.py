@@ -1,16 +1,25 @@
-"""The kernel agent: off on CPU; on a (simulated) GPU it tunes the shapes furthest from their floor."""
+"""The kernel agent: off on CPU; on a (simulated) GPU it tunes the deployment's shapes furthest from
+their floor, and proposes its table as a knob-level candidate (no git checkout), promoted into the user cache."""
 
 import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from loop_fixtures import context, git_repo
+from loop_fixtures import context
 
 from specpilot.kernels import configs as kc
-from specpilot.kernels.configs import KernelPath, LaunchConfig, WeightFormat
+from specpilot.kernels import user_cache
+from specpilot.kernels.configs import Fallback, KernelPath, LaunchConfig, WeightFormat
 from specpilot.kernels.search import Trial
 from specpilot.loop.agents.base import AgentOptions, LoopSetup
-from specpilot.loop.agents.kernel import KernelAgent, projection_shapes, table_document, tune
+from specpilot.loop.agents.kernel import (
+    KernelAgent,
+    deployment_shapes,
+    projection_shapes,
+    promote_table,
+    table_document,
+    tune,
+)
 from specpilot.models.random_checkpoint import tiny_config
 
 SLOW = LaunchConfig(KernelPath.GEMV, block_n=4, block_k=512)  # today's choice: no candidate of the search
@@ -20,14 +29,21 @@ BROKEN = kc.candidates(8)[0]
 
 class SimulatedBench:
     """Today's config is SLOW everywhere; FAST is 2x faster on 'down' only; BROKEN fails the check;
-    every other config the search tries is as fast as SLOW."""
+    every other config the search tries is as fast as SLOW; decode then cuBLAS is 3x faster on the
+    (n, k) sizes of `unpack_fast` and 2x slower elsewhere (the bench's weights are plain: one path)."""
 
     device_name = "NVIDIA H200"
     weight_format = WeightFormat.DENSE
     sm_count = 132
 
-    def __init__(self):
+    def __init__(self, unpack_fast=()):
         self.timed = []
+        self.unpack_fast = set(unpack_fast)
+
+    def time_fallback(self, problem, fallback):
+        assert fallback is Fallback.UNPACK_CUBLAS
+        base = 3 * problem.n * problem.k * 2 / 4e6 + 200.0
+        return base / 3 if (problem.n, problem.k) in self.unpack_fast else base * 2
 
     def current(self, shape):
         return SLOW
@@ -78,32 +94,109 @@ class TransientBench(SimulatedBench):
         return Trial(config, us=(3 * problem.n * problem.k * 2 / 4e6 + 200.0) * (10 if first else 1))
 
 
-def test_a_slow_first_timing_of_todays_config_is_not_a_gain(tmp_path):
-    from specpilot.loop.worktree import Checkout
-
+def test_a_slow_first_timing_of_todays_config_is_not_a_gain(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
     config = tiny_config(hidden_size=256, intermediate_size=1024, num_layers=4)
     timings = tune(projection_shapes(config, rows=8, lm_head=False), TransientBench(), budget_s=60)
     assert not any(t.improved for t in timings)
     assert all(t.current_us == t.best_us for t in timings)
-    checkout = Checkout.capture(git_repo(tmp_path / "repo"))
     models = SimpleNamespace(target=SimpleNamespace(config=config))
-    ctx = context(checkout=checkout, scratch=tmp_path / "scratch", models=models)
-    ctx.setup.scratch.mkdir()
+    ctx = context(scratch=tmp_path / "scratch", models=models)
     assert KernelAgent(AgentOptions(kernel_budget_s=60)).propose_with(ctx, TransientBench()) == []
+    assert not (tmp_path / "home").exists()  # no table written
 
 
-def test_the_tuned_table_is_proposed_as_a_patch_with_triton_kernels(tmp_path):
-    from specpilot.loop.worktree import Checkout
+def test_on_a_gpu_it_is_on_without_a_git_checkout(tmp_path):
+    import pytest
 
-    checkout = Checkout.capture(git_repo(tmp_path / "repo"))
-    models = SimpleNamespace(target=SimpleNamespace(config=tiny_config(hidden_size=256, intermediate_size=1024)))
-    ctx = context(checkout=checkout, scratch=tmp_path / "scratch", models=models)
-    ctx.setup.scratch.mkdir()
-    (p,) = KernelAgent(AgentOptions(kernel_budget_s=60)).propose_with(ctx, SimulatedBench())
+    pytest.importorskip("triton")
+    status = KernelAgent().status(LoopSetup(context().deployment, "cuda", "NVIDIA H200", None, tmp_path))
+    assert status.enabled and str(tmp_path) not in status.reason
+
+
+def test_the_deployments_shapes_are_the_row_counts_it_runs():
+    target = tiny_config(hidden_size=256, intermediate_size=1024, num_layers=4)
+    drafter = tiny_config(hidden_size=128, intermediate_size=256, num_layers=1)
+    system = context().incumbent.candidate.system.with_changes(topk=8, tree_budget=128, depth=7)
+    shapes = deployment_shapes(target, drafter, system, batch=1, tree_nodes=129, draft_forwards=7,
+                               drafter_kernels=True)
+    rows = {}
+    for s in shapes:
+        rows.setdefault(s.name, []).append(s.m)
+    assert rows["down"] == [129] and "lm_head" not in rows  # verification; lm_head only with kernel_lm_head
+    assert rows["drafter.qkv"] == [8] and rows["drafter.lm_head"] == [8]  # topk x batch per draft step
+    assert rows["gate_up@prefill"] == rows["drafter.o@prefill"] == [64, 128, 192, 256]  # buckets up to 257 rows
+    by_name = {s.name: s for s in shapes}
+    assert by_name["drafter.down"].count == 7 and by_name["down"].count == 4 and by_name["qkv@prefill"].count == 0
+    assert by_name["drafter.lm_head"].n == drafter.vocab_size
+    today = deployment_shapes(target, drafter, system, batch=1, tree_nodes=129, draft_forwards=7)
+    assert [s.name for s in today] == [s.name for s in shapes]  # tuned all the same
+    assert {s.count for s in today if s.name.startswith("drafter.")} == {0}  # the drafter runs cuBLAS today
+
+
+def test_the_tuned_table_is_a_knob_level_candidate_promoted_into_the_user_cache(tmp_path, monkeypatch):
+    """No git checkout: the table goes to a candidate file of the user cache, the candidate is the
+    incumbent with kernel = triton and kernel_table = that file; decode then cuBLAS enters the
+    table where it is faster (here on the drafter's down projection); promoting merges the file."""
+    from specpilot.kernels import configs
+
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(configs, "RECHECK_S", 0.0)  # the promotion below is seen at once
+    configs.tuned_table.cache_clear()
+    target = tiny_config(hidden_size=256, intermediate_size=1024)
+    drafter = tiny_config(hidden_size=128, intermediate_size=512, num_layers=1)
+    models = SimpleNamespace(target=SimpleNamespace(config=target), drafter_model=SimpleNamespace(config=drafter))
+    ctx = context(checkout=None, scratch=tmp_path / "scratch", models=models)
+    bench = SimulatedBench(unpack_fast={(128, 512)})  # the drafter's down: [C=128, I=512]
+    (p,) = KernelAgent(AgentOptions(kernel_budget_s=60)).propose_with(ctx, bench)
+    inc = ctx.incumbent.candidate
+    assert p.candidate.system.diff(inc.system).keys() == {"kernel", "kernel_table"}
+    assert p.candidate.patch is None and p.candidate.workdir is None
     assert p.candidate.system.kernel.value == "triton" and p.gap.value == "verify-kernels"
-    table = Path(p.candidate.workdir) / "specpilot/kernels/tuned/nvidia_h200.json"
-    entries = json.loads(table.read_text())["entries"]  # the shipped table's entries, plus the new one
-    (tuned,) = [e for e in entries if (e["m"], e["n"], e["k"]) == (8, 256, 1024)]
-    assert tuned["config"] == FAST.to_dict()
-    assert "specpilot/kernels/tuned/nvidia_h200.json" in p.candidate.patch
-    assert p.rationale.startswith("tuned launch configs for 1 projection shape(s) at M=8 (down ")
+    table = Path(p.candidate.system.kernel_table)
+    assert table.parent == user_cache.candidate_path("nvidia_h200", "x").parent and table.is_file()
+    doc = json.loads(table.read_text())
+    assert doc["versions"] == user_cache.versions() and p.details["table"] == str(table)
+    entries = {(e["format"], e["m"], e["n"], e["k"]): e for e in doc["entries"]}
+    assert entries[("dense", 8, 256, 1024)]["config"] == FAST.to_dict()  # the target's down at 8 rows
+    assert entries[("dense", 4, 128, 512)] == {"format": "dense", "m": 4, "n": 128, "k": 512, "path": "unpack_cublas"}
+    assert entries[("dense", 64, 128, 512)]["path"] == "unpack_cublas"  # the drafter's prefill bucket too
+    assert p.rationale.startswith("tuned kernels for ") and "down@8 " in p.rationale
+    timings = p.details["timings"]  # a cuBLAS incumbent: every shape's best enters, cuBLAS ("unpack") where it won
+    assert inc.system.kernel.value == "cublas" and entries.keys() == {
+        ("dense", 1 << (t["shape"]["m"] - 1).bit_length(), t["shape"]["n"], t["shape"]["k"]) for t in timings}
+    table_knob = p.candidate.system.kernel_table
+    assert configs.choose(WeightFormat.DENSE, 4, 128, 512, "NVIDIA H200", table_knob) is Fallback.UNPACK_CUBLAS
+    assert configs.choose(WeightFormat.DENSE, 4, 128, 512, "NVIDIA H200") is not Fallback.UNPACK_CUBLAS
+    cache = promote_table(inc.system, p.candidate.system, "NVIDIA H200")
+    assert cache == user_cache.cache_path("nvidia_h200")
+    assert configs.choose(WeightFormat.DENSE, 4, 128, 512, "NVIDIA H200") is Fallback.UNPACK_CUBLAS  # every run now
+    assert configs.choose_config(WeightFormat.DENSE, 8, 256, 1024, "NVIDIA H200") == FAST
+    assert promote_table(p.candidate.system, p.candidate.system, "NVIDIA H200") is None  # nothing new
+    configs.tuned_table.cache_clear()
+
+
+class W12Bench(SimulatedBench):
+    """W12 weights: today's choice is the rule's (SLOW up to 64 rows, decode at each call above);
+    keeping the weight decoded is 3x faster than decoding at each call, and than SLOW, at every size."""
+
+    weight_format = WeightFormat.W12
+
+    def current(self, shape):
+        return Fallback.UNPACK_CUBLAS if shape.m > 64 else SLOW
+
+    def time_fallback(self, problem, fallback):
+        base = 3 * problem.n * problem.k * 2 / 4e6 + 200.0
+        return base / 3 if fallback is Fallback.DECODED_CUBLAS else base
+
+
+def test_w12_above_the_kernels_rows_takes_the_faster_decoded_path():
+    config = tiny_config(hidden_size=256, intermediate_size=1024, num_layers=4)
+    timings = tune(projection_shapes(config, rows=129, lm_head=False) + projection_shapes(config, 8, False),
+                   W12Bench(), budget_s=60)
+    assert len(timings) == 8 and all(t.improved for t in timings)
+    assert {t.best["path"] for t in timings} == {"decoded_cublas"}
+    above = [t for t in timings if t.shape.m == 129]
+    assert all(t.current == {"path": "unpack_cublas"} and t.tried == 0 for t in above)  # no kernel search there
+    doc = table_document("NVIDIA H200", "w12", {}, timings)
+    assert {(e["m"], e["path"]) for e in doc["entries"]} == {(256, "decoded_cublas"), (8, "decoded_cublas")}

@@ -1,0 +1,111 @@
+"""The DFlash block drafter: one draft forward per round proposes a whole block.
+
+Each round, with P = the root's slot (`state.cache_prefix()`):
+1. *Draft*: the block [root, MASK x (block_size - 1)] at positions P..P+block_size-1 runs through
+   the draft layers (`DFlashModel.block_forward`); every block token sees the draft cache's
+   context slots < P and the whole block (mask `(s < P) | (P <= s < P + block_size)`). The
+   target's `lm_head` on outputs 1..block_size-1 gives one distribution per depth.
+2. *Tree*: `engine.ddtree.build_tree` turns them into a chain, a best-first (DDTree) or a
+   spine-first tree of a fixed node count; the generator verifies it in one target forward.
+3. *Observe* (`observe`, run by the generator right after verification, inside the same round):
+   the target features of the accepted path — root first, captured in the verify forward —
+   become context K/V at slots P..P+K. Entries past the accepted length are junk at slots >= the
+   new P: masked next round and overwritten later (the engine's stale-slot rule); the block's own
+   K/V written in step 1 lie in the same region and are overwritten the same way.
+The prompt's context K/V come from the features captured during the target's prefill (`start`).
+
+The draft cache holds context K/V only at committed slots, so it needs no catch-up and no per-row
+bookkeeping; every shape is fixed by (batch, capacity, block_size, tree budget), so the round is
+graph-capturable with the generator's single host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specpilot.config import TreeConstruction
+from specpilot.engine.ddtree import build_tree, num_draft_nodes
+from specpilot.engine.drafters.base import Drafter, register
+from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.state import DecodeState
+from specpilot.engine.tree import DraftTree
+from specpilot.engine.verify import Acceptance
+from specpilot.errors import ConfigError
+from specpilot.models.dflash import DFlashModel
+from specpilot.models.transformer import Transformer
+
+
+@register("dflash")
+class DFlashDrafter(Drafter):
+    def __init__(self, model: DFlashModel, target: Transformer, block_size: int = 16, tree_budget: int = 32,
+                 construction: TreeConstruction = TreeConstruction.BEST_FIRST):
+        if block_size < 2:
+            raise ConfigError(f"DFlash block_size must be >= 2 (got {block_size})")
+        if model.config.hidden_size != target.config.hidden_size:
+            raise ConfigError("DFlash drafter and target differ in hidden size")
+        self.model, self.target = model, target
+        self.block_size = block_size
+        self.depth = block_size - 1  # K: deepest draft node
+        self.construction = construction
+        self.budget = tree_budget
+        self._drafts = num_draft_nodes(construction, self.depth, target.config.vocab_size, tree_budget)
+        self.caches: dict[tuple[int, int], KVCache] = {}  # one per generator workspace, as draft_model
+        self.cache: KVCache | None = None
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.model.feature_layers
+
+    @property
+    def num_nodes(self) -> int:
+        return self._drafts + 1
+
+    def release(self, key: tuple[int, int]) -> None:
+        self.caches.pop(key, None)
+
+    def start(self, prompts: list[list[int]], state: DecodeState, features: list[torch.Tensor] | None = None) -> None:
+        """Allocate this workspace's draft cache and fill the prompts' context from `features`
+        (per row [L-1, n*C], from the target's prefill; None when there is no prefill, e.g. capture)."""
+        key = (state.batch, state.capacity)
+        if key not in self.caches:
+            self.caches[key] = KVCache.allocate(self.model.config, *key, self.model.device, self.model.dtype)
+        self.cache = self.caches[key]
+        if features is None:
+            return
+        for b, f in enumerate(features):
+            if f.shape[0] == 0:
+                continue
+            pos = torch.arange(f.shape[0], device=f.device)[None]
+            self._write_context(self.cache.row(b), f[None].to(self.model.dtype), pos)
+
+    def _write_context(self, cache: KVCache, features: torch.Tensor, positions: torch.Tensor) -> None:
+        """Context K/V of features [B,T,n*C] at slots = positions [B,T]."""
+        B, T = positions.shape
+        rows = torch.arange(B, device=positions.device)[:, None].expand(B, T)
+        for i, (k, v) in enumerate(self.model.context_kv(features, positions)):
+            cache.k[i][rows, :, positions] = k  # [B,T,Hkv,D]
+            cache.v[i][rows, :, positions] = v
+
+    def observe(self, acc: Acceptance, prefix: torch.Tensor) -> None:
+        """Context K/V of the accepted path of the round whose root sat at slot `prefix [B]`."""
+        K1 = acc.features.shape[1]
+        pos = prefix[:, None] + torch.arange(K1, device=prefix.device)[None]  # [B,K+1]
+        self._write_context(self.cache, acc.features.to(self.model.dtype), pos.clamp(max=self.cache.capacity - 1))
+
+    def propose(self, state: DecodeState, host_tokens=None) -> DraftTree:
+        return build_tree(self.construction, self.block_logprobs(state), state.roots(), self.budget)
+
+    def block_logprobs(self, state: DecodeState) -> torch.Tensor:
+        """Float32 log-probs [B,K,V] of the drafts at depths 1..K after each row's root."""
+        B, T = state.batch, self.block_size
+        dev = state.tokens.device
+        P = state.cache_prefix()  # [B] slot and position of the root
+        roots = state.roots()
+        embed = self.target.embed_tokens(roots)[:, None]  # [B,1,C]
+        noise = torch.cat([embed, self.model.mask_embedding.to(embed.dtype).expand(B, T - 1, -1)], 1)  # [B,T,C]
+        pos = P[:, None] + torch.arange(T, device=dev)[None]  # [B,T]
+        s = torch.arange(self.cache.capacity, device=dev)[None, :]
+        visible = (s < P[:, None] + T)[:, None, None, :].expand(B, 1, T, -1)  # context and the whole block
+        hidden = self.model.block_forward(noise, pos, self.cache, pos, visible)  # [B,T,C]
+        logits = self.target.lm_head(hidden[:, 1:])  # [B,K,V]
+        return torch.log_softmax(logits.float(), dim=-1)

@@ -1,0 +1,55 @@
+"""scripts/w12_paths.py on CPU: the shapes it times, its rows and table from simulated benches."""
+
+from specpilot.kernels.configs import Fallback, KernelPath, LaunchConfig, WeightFormat
+from specpilot.kernels.search import Trial
+from specpilot.models.random_checkpoint import tiny_config
+
+SLOW = LaunchConfig(KernelPath.GEMV, block_n=4, block_k=512)
+
+
+class W12Bench:
+    """W12: the rule's choice (SLOW up to 64 rows, decode at each call above) takes 3 units, every
+    searched config 2, decoding once and keeping the copy 1.5 above 64 rows (4 below)."""
+
+    device_name = "NVIDIA H200"
+    weight_format = WeightFormat.W12
+    sm_count = 132
+
+    def current(self, shape):
+        return Fallback.UNPACK_CUBLAS if shape.m > 64 else SLOW
+
+    def floor_us(self, shape):
+        return 0.5
+
+    def time(self, problem, config):
+        return Trial(config, us=3.0 if config == SLOW else 2.0)
+
+    def time_fallback(self, problem, fallback):
+        if fallback is Fallback.DECODED_CUBLAS:
+            return 1.5 if problem.m > 64 else 4.0
+        return 3.0 if problem.m > 64 else 4.0
+
+
+class CublasBench:
+    def time_fallback(self, problem, fallback):
+        assert problem.fmt is WeightFormat.DENSE and fallback is Fallback.UNPACK_CUBLAS
+        return 1.6 if problem.m > 64 else 2.2
+
+
+def test_rows_ratios_and_the_table(bench_script):
+    paths = bench_script("w12_paths")
+    from specpilot.config import System
+
+    target = tiny_config(hidden_size=256, intermediate_size=1024, num_layers=2)
+    system = System(tree_budget=128, depth=7, topk=8)
+    shapes = paths.shapes_for(target, None, system, 1, (8, 129))
+    assert {s.m for s in shapes if s.name == "down"} == {129} and {s.m for s in shapes if s.name == "down@8"} == {8}
+    assert any(s.name == "lm_head@129" for s in shapes)
+    rows, timings = paths.measure(shapes, W12Bench(), CublasBench(), budget_s=60)
+    by = {(r["name"], r["M"]): r for r in rows}
+    assert by["down", 129]["w12_best"] == {"path": "decoded_cublas"} and by["down", 129]["ratio"] == 1.6 / 1.5
+    assert "block_n" in by["down@8", 8]["w12_best"] and by["down@8", 8]["ratio"] == 2.2 / 2.0
+    text = paths.render(rows, {"gpu": "NVIDIA H200"})
+    assert "W12 slower than cuBLAS BF16 on 0 of" in text and "decoded_cublas" in text
+    doc = paths.table_document("NVIDIA H200", "w12", {}, timings, every=True)
+    assert {(e["m"], e.get("path")) for e in doc["entries"] if e["m"] == 256} == {(256, "decoded_cublas")}

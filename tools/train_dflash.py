@@ -1,0 +1,279 @@
+"""Train a DFlash block drafter for a target on the target's own greedy continuations.
+
+    python tools/train_dflash.py --out OUT                 # the fixture target, one GPU, <= 5 minutes
+    python tools/train_dflash.py --smoke --out OUT         # a random tiny target on CPU, seconds
+
+Recipe (`shared/research/mechanisms.md` 1.4, after SpecForge's `OnlineDFlashModel`):
+1. prompts: fixed-length token windows of the offline corpus (`corpus.py`), documents containing
+   benchmark text dropped (`leakcheck.py`); every 20th document is held out for evaluation.
+2. data: greedy continuations of `--gen-tokens` from the target with the engine. On the target's
+   own greedy text "next token" is "target argmax", so every label is an acceptance label.
+3. step: the frozen target's features (outputs of `target_layer_ids`) for whole sequences; up to
+   `--anchors` anchor positions per sequence among those whose next token was generated; block b
+   = [token[a], MASK x (block-1)] at positions a..a+block-1, label at offset k = token[a+k];
+   block tokens see context keys at positions < a and their own block (the SpecForge mask); loss =
+   CE at offsets 1..block-1 weighted exp(-(k-1)/gamma). AdamW, warmup 4 %, cosine, clip 1.0.
+4. out: the drafter in the public DFlash layout (learned mask embedding: the fixture vocabulary
+   has no spare token), `training_log.json` with the loss curve and the held-out simulated
+   acceptance length (SpecForge's `simulated_acc_len`), and an engine check: DFlash outputs equal
+   AR on a few held-out prompts, with the mean accepted length per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+sys.path[:0] = [str(TOOLS.parent), str(TOOLS)]
+os.environ.setdefault("SPECPILOT_COMPILE", "0")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from specpilot.config import TreeConstruction  # noqa: E402
+from specpilot.engine.drafters.dflash import DFlashDrafter  # noqa: E402
+from specpilot.engine.generator import Generator  # noqa: E402
+from specpilot.models.dflash import build_target_layer_ids, random_dflash  # noqa: E402
+from specpilot.models.dflash_checkpoint import load_dflash, write_dflash  # noqa: E402
+
+START = time.perf_counter()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - START:7.1f}s] {msg}", flush=True)
+
+
+def load_target(args, device):
+    """(target, vocab for random prompts or None) for --smoke or a real checkpoint."""
+    if args.smoke:
+        from specpilot.models.random_checkpoint import random_model, tiny_config
+
+        return random_model(tiny_config(max_position_embeddings=512), seed=args.seed).to(device).eval()
+    from specpilot.models.fixture import resolve_checkpoint
+    from specpilot.models.loading import load_model
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return load_model(resolve_checkpoint(args.target, "target"), device=device, dtype=dtype)
+
+
+def corpus_prompts(args, n: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(train, held-out) prompts of exactly --prompt-len tokens from leak-checked corpus documents."""
+    import benchmark_prompts
+    import corpus as corpus_mod
+    import leakcheck
+
+    from specpilot.models.fixture import resolve_checkpoint
+    from specpilot.models.tokenizer import Tokenizer
+
+    corpus = corpus_mod.build_corpus(python_bytes=6_000_000, english_chars=2_000_000, seed=args.seed)
+    docs = corpus.documents
+    leaks = leakcheck.find_leaks(docs, benchmark_prompts.protected_texts())
+    bad = {leak.document for leak in leaks}
+    docs = [d for i, d in enumerate(docs) if i not in bad]
+    log(f"corpus: {len(docs)} documents ({len(bad)} dropped by the leak check)")
+    tok = Tokenizer.from_dir(resolve_checkpoint(args.target, "target"))
+    g = torch.Generator().manual_seed(args.seed)
+    train, held = [], []
+    for i in torch.randperm(len(docs), generator=g).tolist():
+        ids = tok.encode(docs[i])
+        if len(ids) < args.prompt_len:
+            continue
+        s = int(torch.randint(0, len(ids) - args.prompt_len + 1, (1,), generator=g))
+        (held if i % 20 == 0 else train).append(ids[s : s + args.prompt_len])
+        if len(train) >= n and len(held) >= args.eval_prompts:
+            break
+    return train[:n], held[: args.eval_prompts]
+
+
+def generate(target, prompts: list[list[int]], args) -> torch.Tensor:
+    """[N, prompt_len + gen_tokens] prompt + greedy continuation (no EOS stop: fixed length)."""
+    gen = Generator(target, cuda_graphs=target.device.type == "cuda")
+    rows = []
+    for i in range(0, len(prompts), args.gen_batch):
+        chunk = prompts[i : i + args.gen_batch]
+        out = gen.generate(chunk, args.gen_tokens, stop_at_eos=False).outputs
+        rows += [p + o for p, o in zip(chunk, out)]
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+def target_features(target, tokens: torch.Tensor, layer_ids) -> torch.Tensor:
+    """[B,S,n*C] outputs of `layer_ids` from a causal forward of tokens [B,S] (HF hidden_states[i+1])."""
+    B, S = tokens.shape
+    pos = torch.arange(S, device=tokens.device).expand(B, S)
+    h = target.embed_tokens(tokens)
+    cos, sin = target._rope(pos, h.dtype)
+    kept = {}
+    for i, layer in enumerate(target.layers):
+        h = h + layer.self_attn.forward_causal(layer.input_layernorm(h), cos, sin)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if i in layer_ids:
+            kept[i] = target.norm(h) if i + 1 == len(target.layers) else h
+    return torch.cat([kept[i] for i in layer_ids], -1)
+
+
+def sample_anchors(B: int, S: int, start: int, anchors: int, g: torch.Generator) -> torch.Tensor:
+    """[B,A] sorted anchor positions whose next token was generated (positions >= start)."""
+    lo, hi = start - 1, S - 2
+    A = min(anchors, hi - lo + 1)
+    return torch.stack([lo + torch.randperm(hi - lo + 1, generator=g)[:A] for _ in range(B)]).sort(1).values
+
+
+def block_logits(draft, target, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor, block: int):
+    """(logits [B,Q,V], labels [B,Q], offsets [B,Q]) of the blocks at `anchors [B,A]`, Q = A*block.
+
+    Block b is [token[a], MASK...] at positions a..a+block-1; its tokens see context positions < a
+    (the target's features at a do not exist at inference: token a is the root) and their own block.
+    """
+    B, S = tokens.shape
+    dev = tokens.device
+    A = anchors.shape[1]
+    k = torch.arange(block, device=dev)
+    pos = (anchors[..., None] + k).reshape(B, A * block)  # [B,Q]
+    labels = tokens.gather(1, pos.clamp(max=S - 1))
+    labels = torch.where(pos < S, labels, torch.full_like(labels, -100))
+    offset = k.repeat(A).expand(B, -1)
+    q_anchor = anchors.repeat_interleave(block, 1)  # [B,Q]
+    ctx = torch.arange(S, device=dev)[None, None, :] < q_anchor[..., None]  # [B,Q,S]
+    bid = torch.arange(A, device=dev).repeat_interleave(block)
+    own = (bid[:, None] == bid[None, :]).expand(B, -1, -1)  # [B,Q,Q]
+    mask = torch.cat([ctx, own], -1)[:, None]
+    emb = target.embed_tokens(tokens.gather(1, anchors)).repeat_interleave(block, 1)  # [B,Q,C]
+    noise = torch.where((offset == 0)[..., None], emb, draft.mask_embedding.to(emb.dtype).expand_as(emb))
+    ctx_pos = torch.arange(S, device=dev).expand(B, -1)
+    hidden = draft.forward_dense(feats.to(emb.dtype), ctx_pos, noise, pos, mask)
+    return target.lm_head(hidden).float(), labels, offset
+
+
+def block_loss(draft, target, tokens, feats, args, g):
+    """(weighted CE, simulated acceptance length) of one batch of sequences."""
+    anchors = sample_anchors(tokens.shape[0], tokens.shape[1], args.prompt_len, args.anchors, g).to(tokens.device)
+    logits, labels, offset = block_logits(draft, target, tokens, feats, anchors, args.block_size)
+    B, Q = labels.shape
+    valid = (labels >= 0) & (offset > 0)
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none").view(B, Q)
+    w = torch.exp(-(offset - 1).clamp(min=0).float() / args.gamma) * valid
+    loss = (ce * w).sum() / w.sum()
+    with torch.no_grad():
+        hit = ((logits.argmax(-1) == labels) & valid).view(B, -1, args.block_size)[..., 1:]
+        acc_len = 1 + hit.long().cumprod(-1).sum(-1).float().mean()
+    return loss, float(acc_len)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="output directory (drafter in the public DFlash layout + log)")
+    p.add_argument("--target", default="fixture", help="target checkpoint directory or 'fixture'")
+    p.add_argument("--smoke", action="store_true", help="a random tiny target on CPU, a few steps (tests)")
+    p.add_argument("--device", default=None, help="cpu, cuda ... (default: cuda if available, cpu for --smoke)")
+    p.add_argument("--layers", type=int, default=2, help="draft layers")
+    p.add_argument("--feature-layers", help="comma-separated target layer ids (default: DFlash's spread)")
+    p.add_argument("--block-size", type=int, default=16, help="positions per block (root included)")
+    p.add_argument("--prompts", type=int, default=2048, help="training prompts")
+    p.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts")
+    p.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt")
+    p.add_argument("--gen-tokens", type=int, default=768, help="greedy tokens generated per prompt")
+    p.add_argument("--gen-batch", type=int, default=256, help="prompts per generation batch")
+    p.add_argument("--batch", type=int, default=64, help="sequences per step")
+    p.add_argument("--anchors", type=int, default=80, help="anchor blocks per sequence")
+    p.add_argument("--steps", type=int, default=0, help="training steps (0: as many as --minutes allow)")
+    p.add_argument("--minutes", type=float, default=3.5, help="training wall-clock budget when --steps is 0")
+    p.add_argument("--lr", type=float, default=6e-4, help="peak AdamW learning rate")
+    p.add_argument("--gamma", type=float, default=7.0, help="offset k weighs exp(-(k-1)/gamma)")
+    p.add_argument("--seed", type=int, default=0, help="seed of prompts, anchors and initialisation")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.prompts, args.eval_prompts, args.prompt_len, args.gen_tokens = 12, 4, 16, 24
+        args.batch, args.anchors, args.block_size, args.steps = 4, 6, 4, args.steps or 6
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu"))
+    torch.manual_seed(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    target = load_target(args, device).requires_grad_(False)
+    L = target.config.num_layers
+    ids = tuple(int(x) for x in args.feature_layers.split(",")) if args.feature_layers else build_target_layer_ids(L, args.layers)
+    if args.smoke:
+        g = torch.Generator().manual_seed(args.seed)
+        make = lambda n: torch.randint(1, target.config.vocab_size, (n, args.prompt_len), generator=g).tolist()  # noqa: E731
+        train_prompts, held_prompts = make(args.prompts), make(args.eval_prompts)
+    else:
+        train_prompts, held_prompts = corpus_prompts(args, args.prompts)
+    t0 = time.perf_counter()
+    data, held = generate(target, train_prompts, args), generate(target, held_prompts, args)
+    gen_s = time.perf_counter() - t0
+    log(f"data: {len(data)} + {len(held)} sequences of {data.shape[1]} tokens in {gen_s:.1f}s")
+
+    draft = random_dflash(target.config, args.layers, args.block_size, ids, mask_token_id=None, seed=args.seed)
+    draft = draft.to(device=device, dtype=torch.float32).train().requires_grad_(True)
+    draft.rope_cos, draft.rope_sin = target.rope_cos.float(), target.rope_sin.float()
+    opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, weight_decay=0.0)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    g = torch.Generator().manual_seed(args.seed + 1)
+    budget_s, steps, curve, step = args.minutes * 60, args.steps, [], 0
+    t0 = time.perf_counter()
+    planned = steps or 10**9
+    while step < planned:
+        if not args.steps and step == 10:  # plan the cosine schedule from the measured speed
+            planned = max(20, int(budget_s / ((time.perf_counter() - t0) / 10)))
+        warm = max(1, int(0.04 * planned))
+        lr = args.lr * min(1.0, (step + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / planned)))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        rows = torch.randint(0, len(data), (args.batch,), generator=g)
+        tokens = data[rows].to(device)
+        with torch.no_grad(), amp:
+            feats = target_features(target, tokens, ids)
+        with amp:
+            loss, acc = block_loss(draft, target, tokens, feats, args, g)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % max(1, planned // 50) == 0 or step == planned:
+            curve.append({"step": step, "loss": loss.item(), "train_acc_len": acc, "lr": lr})
+            log(f"step {step}/{planned} loss {loss.item():.3f} simulated acc_len {acc:.2f}")
+        if not args.steps and time.perf_counter() - t0 > budget_s * 1.05:
+            break
+    train_s = time.perf_counter() - t0
+
+    draft.eval().requires_grad_(False)
+    with torch.no_grad(), amp:
+        ge = torch.Generator().manual_seed(args.seed + 2)
+        evals = [block_loss(draft, target, held[i : i + args.batch].to(device),
+                            target_features(target, held[i : i + args.batch].to(device), ids), args, ge)
+                 for i in range(0, len(held), args.batch)]
+    held_acc = sum(a for _, a in evals) / len(evals)
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    write_dflash(draft, out / "dflash", dtype=dtype)
+    # engine check: the shipped layout loads and drafts losslessly
+    loaded = load_dflash(out / "dflash", target, device=device, dtype=target.dtype)
+    prompts = [p for p in held_prompts[:8]]
+    ar = Generator(target).generate(prompts, args.gen_tokens).outputs
+    check = {}
+    for c in (TreeConstruction.CHAIN, TreeConstruction.BEST_FIRST):
+        budget = args.block_size - 1 if c is TreeConstruction.CHAIN else 32
+        drafter = DFlashDrafter(loaded, target, args.block_size, budget, c)
+        r = Generator(target, {args.block_size - 1: drafter}).generate(prompts, args.gen_tokens)
+        check[c.value] = {"identical_to_ar": r.outputs == ar, "mean_accepted_length": r.mean_accepted_length,
+                          "budget": budget}
+    record = {
+        "status": "ok", "args": vars(args), "device": str(device), "target_layer_ids": list(ids),
+        "data": {"sequences": len(data), "held_out": len(held), "seq_len": int(data.shape[1]), "seconds": gen_s},
+        "training": {"steps": step, "seconds": train_s, "curve": curve},
+        "heldout_simulated_acc_len": held_acc, "engine_check": check,
+        "total_seconds": time.perf_counter() - START,
+    }
+    (out / "training_log.json").write_text(json.dumps(record, indent=2) + "\n")
+    log(f"held-out simulated acc_len {held_acc:.2f}; engine {json.dumps(check)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
