@@ -21,16 +21,14 @@ SOURCES = (
     ("controller/first_request_*", "first request vs its repeat", "first_request.py"),
     ("engine/engine_ar_kernels.*", "AR decode: cuBLAS, Triton BF16, W12", "engine_ar.py --skip hf curve"),
     ("engine/engine_ar.*", "AR decode vs byte floor, verify cost", "engine_ar.py"),
-    ("fixture/training_log.*", "fixture training log", "tools/train_fixture.py"),
     ("fixture/*", "fixture: loss, acceptance, decode", "tools/fixture_report.py"),
     ("guard/*", "token-forcing guard", "guard_report.py"),
     ("loop/*", "the optimization loop", "loop_fixture.py"),
-    ("speed/summary-*", "speed headline table", "speed_fixture.py"),
+    ("speed/summary*", "speed headline table", "speed_fixture.py"),
     ("speed/*", "speedup over AR", "speed_fixture.py"),
     ("w12/w12_kernels_shipped*", "W12 GEMM vs cuBLAS, shipped configs", "w12_kernels.py --shipped"),
     ("w12/w12_escape_cost.*", "cost of W12 escapes", "w12_escape_cost.py"),
     ("w12/w12_refine*", "tuned table vs n128 twins", "w12_refine.py --confirm"),
-    ("gpu_smoke.*", "GPU smoke test, first run", "gpu_smoke.py"),
 )
 
 # provenance a file records wrongly, from the run logs: (path, commit it records, note); shown

@@ -144,7 +144,7 @@ class Results:
 
 
 def git_commit() -> str:
-    if os.environ.get("SPECPILOT_COMMIT"):  # set by scripts/run_on_gpu.sh: the copy's .git may be stale
+    if os.environ.get("SPECPILOT_COMMIT"):  # set it when the copy's .git may be stale
         return os.environ["SPECPILOT_COMMIT"]
     try:
         root = Path(__file__).resolve().parents[1]

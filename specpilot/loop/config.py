@@ -9,9 +9,10 @@ journal.
 Timing presets (how candidates are timed; the noise floor is measured once per deployment and
 procedure and reused from the memory, so a preset's numbers are fixed, not adapted per run):
 
-    quick      CPU default. 8 paired blocks of 1 request x 32 new tokens (8 more when undecided),
-               10 noise blocks. The noise floor of a shared CPU is large, so only large gains clear
-               the bar (1% + 2 x noise).
+    quick      CPU default. 12 paired blocks of 3 requests x 32 new tokens (8 more when undecided),
+               24 noise blocks. A CPU's request times vary by 7-8% even in one process on a quiet
+               2-core VM, so the floor is several percent and only large gains clear the bar
+               (1% + 2 x noise): the block counts buy it down.
     scaled     GPU default. 10 blocks of 2 requests x 128 new tokens (capped by the deployment's),
                12 noise blocks, up to 10 extra blocks in looks of 5.
 Knob-only candidates are timed in the backend's persistent shared worker (no start-up per
@@ -104,7 +105,7 @@ def for_device(device: str, **changes) -> LoopConfig:
         base = LoopConfig(rounds=3, timing=Timing.SCALED, profile_tokens=256, final_prompts=5, final_tokens=512)
     else:
         # no fixed budget: the run is sized by its rounds, and says up front what they should take
-        base = LoopConfig(rounds=2, timing=Timing.QUICK, profile_tokens=48, final_prompts=3, final_tokens=48)
+        base = LoopConfig(rounds=2, timing=Timing.QUICK, profile_tokens=48, final_prompts=5, final_tokens=64)
     return replace(base, **{k: v for k, v in changes.items() if v is not None})
 
 
@@ -112,8 +113,8 @@ PRESETS = {
     Timing.STANDARD: {},
     Timing.SCALED: {"blocks": 10, "requests_per_block": 2, "max_new_tokens": 128, "noise_blocks": 12,
                     "extra_blocks": 10, "extra_step": 5},
-    Timing.QUICK: {"blocks": 8, "requests_per_block": 1, "max_new_tokens": 32, "warmup_requests": 1,
-                   "warmup_blocks": 1, "noise_blocks": 10, "extra_blocks": 8, "extra_step": 8, "gate_prompts": 4,
+    Timing.QUICK: {"blocks": 12, "requests_per_block": 3, "max_new_tokens": 32, "warmup_requests": 1,
+                   "warmup_blocks": 1, "noise_blocks": 24, "extra_blocks": 8, "extra_step": 8, "gate_prompts": 4,
                    "resamples": 1999, "settle_seconds": 2.0},
 }
 

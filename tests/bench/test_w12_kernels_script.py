@@ -62,7 +62,7 @@ def test_merge_tuned_command_writes_a_table_the_kernels_read(sweep, tmp_path, mo
     (tmp_path / "old.json").write_text(json.dumps(run("old", [(1, a, True), (32, a, True)])))
     assert sweep.main(["--merge-tuned", str(tmp_path / "new.json"), str(tmp_path / "old.json"), "--out", str(tmp_path)]) == 0
     (tmp_path / "tuned").mkdir()
-    (tmp_path / "tuned_nvidia_h200.json").rename(tmp_path / "tuned" / "nvidia_h200.json")  # as run_on_gpu.sh copies it
+    (tmp_path / "tuned_nvidia_h200.json").rename(tmp_path / "tuned" / "nvidia_h200.json")  # where the dispatcher reads it
     monkeypatch.setattr(configs, "TUNED_DIR", tmp_path / "tuned")
     configs.tuned_table.cache_clear()
     try:

@@ -15,7 +15,7 @@ def test_device_defaults_and_presets():
     assert (cpu.timing, cpu.budget_minutes, gpu.timing, gpu.rounds, gpu.budget_minutes) == (
         Timing.QUICK, None, Timing.SCALED, 5, None)  # CPU: sized by its 2 rounds, said up front
     quick = controller_config(cpu, DEPLOYMENT)
-    assert (quick.blocks, quick.requests_per_block, quick.max_new_tokens, quick.looks) == (8, 1, 32, 2)
+    assert (quick.blocks, quick.requests_per_block, quick.max_new_tokens, quick.looks) == (12, 3, 32, 2)
     scaled = controller_config(gpu, DEPLOYMENT)
     assert (scaled.blocks, scaled.max_new_tokens, scaled.looks) == (10, 128, 3)
     standard = controller_config(for_device("cuda", timing=Timing.STANDARD), DEPLOYMENT)

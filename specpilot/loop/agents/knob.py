@@ -45,6 +45,7 @@ MIN_PREDICTED_SAVING = 0.005  # a predicted move must be at least 0.5% faster th
 # were measured ~9% faster.
 MODEL_TRUST = 0.5
 EXPLORE_EVERY = 3  # every third proposal is an exploratory one (when there are both kinds)
+AR_CLOSE = 1.10  # AR measured within 10% of the incumbent: worth timing directly (drafting barely pays)
 
 
 def _step(ladder: tuple[int, ...], value: int, steps: int) -> set[int]:
@@ -188,6 +189,12 @@ class KnobAgent(Proposer):
         inc = ctx.incumbent.candidate.system
         has_model = ctx.deployment.drafter not in ("ngram", "none")
         moves: list[tuple[GapKind, dict, str]] = []
+        ar, measured = ctx.cost.ar_ms_per_token, ctx.cost.ms_per_token
+        if inc.drafter is not DrafterKind.NONE and ar is not None and ar <= AR_CLOSE * measured:
+            # the prediction's error is larger than this difference: time AR rather than trust the model
+            moves.append((GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.NONE.value},
+                          f"plain AR decoding: measured {ar:.3f} ms/token, within {AR_CLOSE - 1:.0%} of the "
+                          f"incumbent's {measured:.3f}"))
         if inc.drafter is DrafterKind.MODEL:
             moves.append((GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.NGRAM.value},
                           "prompt lookup instead of the draft model: no draft forwards at all"))
