@@ -16,16 +16,6 @@ pytestmark = pytest.mark.gpu
 NEW_TOKENS = 48
 
 
-@pytest.fixture(scope="module")
-def full_precision():
-    before = torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = before[0]
-    torch.set_float32_matmul_precision(before[1])
-
-
 def drafter(target, construction):
     model = random_dflash(target.config, num_layers=2, block_size=8, mask_token_id=5, seed=3)
     model = model.to(device=target.device, dtype=target.dtype).eval().requires_grad_(False)

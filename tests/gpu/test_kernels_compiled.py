@@ -41,17 +41,10 @@ def activations(M: int, K: int, dtype: torch.dtype, seed: int = 1) -> torch.Tens
 
 
 def assert_within_error_bound(y: torch.Tensor, x: torch.Tensor, weight) -> None:
-    from specpilot.kernels.reference import error_bound, reference_linear
+    from specpilot.kernels.timing import check_output
 
-    ref = reference_linear(x, weight)
-    assert y.dtype == x.dtype and y.shape == ref.shape
-    assert torch.equal(torch.isnan(y), torch.isnan(ref))
-    inf = torch.isinf(ref)
-    assert torch.equal(y[inf], ref[inf])
-    fin = torch.isfinite(ref)
-    assert torch.isfinite(y[fin]).all()
-    exact, bound = error_bound(x, weight, y.dtype)
-    worst = ((y.double() - exact).abs() / bound)[fin].max().item()
+    assert y.dtype == x.dtype and y.shape == (x.shape[0], weight.shape[0])
+    worst = check_output(y, x, weight)  # raises where NaN/Inf positions differ from the reference
     assert worst <= 1.0, f"error {worst:.3g}x the bound"
 
 
