@@ -84,3 +84,21 @@ def test_moves_the_memory_judged_do_not_use_up_the_list():
     later = KnobAgent().propose(context(limit=1, recall=Recall("fx", judged, ())))
     new = [p for p in later if p.hash not in {q.hash for q in first}]
     assert len(new) == 12 and later[:12] == first  # the judged ones are still listed, first
+
+
+def test_ar_is_timed_when_it_measures_within_ten_percent_of_the_incumbent():
+    """Where drafting barely pays, AR is worth a slot whatever the model predicts; where it clearly
+    pays (AR well slower), no exploratory AR move."""
+    from dataclasses import replace
+
+    from specpilot.loop.agents.knob import AR_CLOSE
+
+    cost = cost_table()
+    close = replace(cost, ar_ms_per_token=cost.ms_per_token * (AR_CLOSE - 0.02))
+    far = replace(cost, ar_ms_per_token=cost.ms_per_token * (AR_CLOSE + 0.5))
+
+    def ar_moves(table):
+        return [p for p in KnobAgent().propose(context(cost=table, device="cpu"))
+                if p.candidate.system.drafter is DrafterKind.NONE]
+
+    assert ar_moves(close) and not ar_moves(far)
