@@ -141,7 +141,7 @@ def controller(args, deployment) -> dict:
 
         noise = NoiseFloor(aa.estimate, ctl.procedure)
         for name in args.candidates:
-            system = deployment.stock.with_changes(name=name, **_knobs(CANDIDATES[name]))
+            system = deployment.stock.with_knobs(CANDIDATES[name], name)
             t = time.monotonic()
             e = ctl.evaluate(stock, runner_spec(args.deployment, system, LOOP_RUNNER), noise)
             row = {"name": name, "knobs": CANDIDATES[name], "wall_s": time.monotonic() - t,
@@ -157,14 +157,6 @@ def controller(args, deployment) -> dict:
     walls = [c["wall_s"] for c in out["candidates"]]
     out["candidate_wall_s_median"] = statistics.median(walls) if walls else None
     return out
-
-
-def _knobs(d: dict) -> dict:
-    """Knob values as System fields (enums by value)."""
-    from specpilot.config import System
-
-    s = System.from_dict(d, name="x")
-    return {k: getattr(s, k) for k in d}
 
 
 def _num(v, spec: str) -> str:

@@ -109,6 +109,10 @@ class System:
     def with_changes(self, **changes) -> "System":
         return replace(self, **changes)
 
+    def with_knobs(self, knobs: dict, name: str) -> "System":
+        """This system with `knobs` (plain values, as `knobs()` gives them) laid over it, named `name`."""
+        return System.from_dict({**self.knobs(), **knobs}, name=name)
+
     def knobs(self) -> dict:
         """Plain-JSON knob values (enums as strings), name excluded."""
         out = {}
@@ -272,6 +276,4 @@ def load_system(spec: str | None, deployment: Deployment) -> System:
         d = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{p}: not valid TOML ({err})") from None
-    base = deployment.stock.knobs()
-    base.update(d)
-    return System.from_dict(base, name=d.get("name", p.stem))
+    return deployment.stock.with_knobs(d, d.get("name", p.stem))

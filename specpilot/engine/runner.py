@@ -7,18 +7,21 @@ The controller builds it inside an isolated worker process from an `ArmSpec`-lik
 
 from __future__ import annotations
 
-from specpilot.config import System, load_deployment
+from specpilot.config import Deployment, System, load_deployment
 from specpilot.engine.session import Session
+
+
+def system_of(deployment: Deployment, knobs: dict) -> System:
+    """The system an arm's knob dict (its "name" included) names: the knobs over the deployment's stock."""
+    knobs = dict(knobs)
+    name = knobs.pop("name", "candidate")
+    return deployment.stock.with_knobs(knobs, name)
 
 
 class SystemRunner:
     def __init__(self, spec):
         deployment = load_deployment(spec.deployment)
-        knobs = dict(spec.system)
-        name = knobs.pop("name", "candidate")
-        base = deployment.stock.knobs()
-        base.update(knobs)
-        self.system = System.from_dict(base, name=name)
+        self.system = system_of(deployment, spec.system)
         self.session = Session.load(deployment, device=getattr(spec, "device", None))
         self.generator = self.session.generator(self.system)
 
@@ -51,11 +54,7 @@ class SessionRunner:
         self._recent: list[str] = []  # system fingerprints, least recently used first
 
     def system(self, knobs: dict) -> System:
-        knobs = dict(knobs)
-        name = knobs.pop("name", "candidate")
-        base = self.deployment.stock.knobs()
-        base.update(knobs)
-        return System.from_dict(base, name=name)
+        return system_of(self.deployment, knobs)
 
     def generator(self, knobs: dict):
         system = self.system(knobs)

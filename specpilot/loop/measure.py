@@ -104,7 +104,7 @@ def main(args_file: str) -> None:
     deployment = load_deployment(a["deployment"])
     knobs = dict(a["system"])
     name = knobs.pop("name")
-    system = System.from_dict({**deployment.stock.knobs(), **knobs}, name=name)
+    system = deployment.stock.with_knobs(knobs, name)
     session = Session.load(deployment, device=a["device"])
     table = measure(session, system, a["batches"], a["max_new_tokens"])
     from specpilot.loop.journal import plain_json

@@ -101,7 +101,7 @@ def resume_point(paths: RunPaths, memory: Memory, digest: str, stock: System, ch
     else:
         r = best.record
         knobs = {k: v for k, v in r.candidate.knobs.items() if k != "name"}
-        system = System.from_dict({**stock.knobs(), **knobs}, name=r.candidate.name)
+        system = stock.with_knobs(knobs, r.candidate.name)
         workdir = None
         if r.candidate.patch:
             if checkout is None:
