@@ -188,6 +188,9 @@ class Deployment:
     drafter: str = "fixture"  # draft model directory, "fixture", or "ngram" / "none"
     target_expand: int = 1  # exact width expansion factor applied at load (power of two)
     drafter_expand: int = 1
+    # A DFlash drafter directory (or "fixture-dflash") loaded beside `drafter`, so systems may
+    # draft with either; it is widened to the target's width (trained for the unwidened target).
+    dflash: str = ""
     regime: Regime = field(default_factory=Regime)
     sets: tuple[str, ...] = BENCHMARK_SETS
     max_new_tokens: int = 2048
@@ -208,6 +211,8 @@ class Deployment:
     def fingerprint_fields(self) -> dict:
         d = asdict(self)
         d.pop("source")
+        if not d["dflash"]:  # added later: unset, it leaves earlier fingerprints as they were
+            del d["dflash"]
         d["stock"] = self.stock.knobs()
         return d
 
@@ -232,15 +237,20 @@ class Deployment:
         if "name" not in d or "target" not in d:
             raise ConfigError(f"{source or 'deployment'}: needs at least 'name' and 'target'")
         base = Path(source).parent if source else None
-        for key in ("target", "drafter"):
+        for key in ("target", "drafter", "dflash"):
             v = d.get(key)
-            if base and isinstance(v, str) and v not in ("fixture", "ngram", "none") and not Path(v).is_absolute():
+            if base and isinstance(v, str) and v and not _shipped_name(v) and not Path(v).is_absolute():
                 d[key] = str((base / v).resolve())
         d["regime"] = Regime(**d.get("regime", {}))
         d["stock"] = System.from_dict(d.get("stock", {}), name="stock")
         if "sets" in d:
             d["sets"] = tuple(d["sets"])
         return cls(**d, source=source)
+
+
+def _shipped_name(spec: str) -> bool:
+    """A model name that is not a path: the shipped fixture, its feature drafters, ngram, none."""
+    return spec in ("fixture", "ngram", "none") or spec.startswith("fixture-")
 
 
 def shipped_deployments_dir() -> Path:

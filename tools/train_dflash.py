@@ -4,15 +4,20 @@
     python tools/train_dflash.py --smoke --out OUT         # a random tiny target on CPU, seconds
 
 Recipe (`shared/research/mechanisms.md` 1.4, after SpecForge's `OnlineDFlashModel`):
-1. prompts: fixed-length token windows of the offline corpus (`corpus.py`), documents containing
-   benchmark text dropped (`leakcheck.py`); every 20th document is held out for evaluation.
-2. data: greedy continuations of `--gen-tokens` from the target with the engine. On the target's
-   own greedy text "next token" is "target argmax", so every label is an acceptance label.
+1. prompts: token windows of the offline corpus (`corpus.py`) of --min-prompt-len..--prompt-len
+   tokens (log-uniform), half of them from a document's start as a user's prompt is; documents
+   containing benchmark text dropped (`leakcheck.py`); every 20th document is held out.
+2. data: greedy continuations from the target with the engine, every sequence cut to
+   --prompt-len + --gen-tokens. On the target's own greedy text "next token" is "target argmax",
+   so every label is an acceptance label.
 3. step: the frozen target's features (outputs of `target_layer_ids`) for whole sequences; up to
    `--anchors` anchor positions per sequence among those whose next token was generated; block b
    = [token[a], MASK x (block-1)] at positions a..a+block-1, label at offset k = token[a+k];
    block tokens see context keys at positions < a and their own block (the SpecForge mask); loss =
    CE at offsets 1..block-1 weighted exp(-(k-1)/gamma). AdamW, warmup 4 %, cosine, clip 1.0.
+   The draft layers start as the target's last layers (--init). Continuations are short (128
+   tokens): a small target's long greedy continuations fall into loops that are easy to draft
+   and would dominate the data, while users' outputs are mostly in the early, harder regime.
 4. out: the drafter in the public DFlash layout (learned mask embedding: the fixture vocabulary
    has no spare token), `training_log.json` with the loss curve and the held-out simulated
    acceptance length (SpecForge's `simulated_acc_len`), and an engine check: DFlash outputs equal
@@ -63,7 +68,8 @@ def load_target(args, device):
 
 
 def corpus_prompts(args, n: int) -> tuple[list[list[int]], list[list[int]]]:
-    """(train, held-out) prompts of exactly --prompt-len tokens from leak-checked corpus documents."""
+    """(train, held-out) prompts of --min-prompt-len..--prompt-len tokens from leak-checked corpus
+    documents; half start at the document's start."""
     import benchmark_prompts
     import corpus as corpus_mod
     import leakcheck
@@ -82,24 +88,30 @@ def corpus_prompts(args, n: int) -> tuple[list[list[int]], list[list[int]]]:
     train, held = [], []
     for i in torch.randperm(len(docs), generator=g).tolist():
         ids = tok.encode(docs[i])
-        if len(ids) < args.prompt_len:
+        lo, hi = math.log(args.min_prompt_len), math.log(args.prompt_len)
+        n_tok = int(round(math.exp(lo + (hi - lo) * float(torch.rand((), generator=g)))))
+        if len(ids) < n_tok:
             continue
-        s = int(torch.randint(0, len(ids) - args.prompt_len + 1, (1,), generator=g))
-        (held if i % 20 == 0 else train).append(ids[s : s + args.prompt_len])
+        s = 0 if torch.rand((), generator=g) < 0.5 else int(torch.randint(0, len(ids) - n_tok + 1, (1,), generator=g))
+        (held if i % 20 == 0 else train).append(ids[s : s + n_tok])
         if len(train) >= n and len(held) >= args.eval_prompts:
             break
     return train[:n], held[: args.eval_prompts]
 
 
-def generate(target, prompts: list[list[int]], args) -> torch.Tensor:
-    """[N, prompt_len + gen_tokens] prompt + greedy continuation (no EOS stop: fixed length)."""
+def generate(target, prompts: list[list[int]], args) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [N,S], starts [N]): prompt + greedy continuation (no EOS stop) cut to S =
+    --prompt-len + --gen-tokens, and each row's first generated position."""
     gen = Generator(target, cuda_graphs=target.device.type == "cuda")
-    rows = []
-    for i in range(0, len(prompts), args.gen_batch):
-        chunk = prompts[i : i + args.gen_batch]
-        out = gen.generate(chunk, args.gen_tokens, stop_at_eos=False).outputs
-        rows += [p + o for p, o in zip(chunk, out)]
-    return torch.tensor(rows, dtype=torch.int64)
+    S = args.prompt_len + args.gen_tokens
+    rows, starts = [], []
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths per batch
+    for i in range(0, len(order), args.gen_batch):
+        chunk = [prompts[j] for j in order[i : i + args.gen_batch]]
+        out = gen.generate(chunk, S - min(map(len, chunk)), stop_at_eos=False).outputs
+        rows += [(p + o)[:S] for p, o in zip(chunk, out)]
+        starts += [len(p) for p in chunk]
+    return torch.tensor(rows, dtype=torch.int64), torch.tensor(starts, dtype=torch.int64)
 
 
 def target_features(target, tokens: torch.Tensor, layer_ids) -> torch.Tensor:
@@ -117,11 +129,14 @@ def target_features(target, tokens: torch.Tensor, layer_ids) -> torch.Tensor:
     return torch.cat([kept[i] for i in layer_ids], -1)
 
 
-def sample_anchors(B: int, S: int, start: int, anchors: int, g: torch.Generator) -> torch.Tensor:
-    """[B,A] sorted anchor positions whose next token was generated (positions >= start)."""
-    lo, hi = start - 1, S - 2
-    A = min(anchors, hi - lo + 1)
-    return torch.stack([lo + torch.randperm(hi - lo + 1, generator=g)[:A] for _ in range(B)]).sort(1).values
+def sample_anchors(S: int, starts: torch.Tensor, anchors: int, g: torch.Generator) -> torch.Tensor:
+    """[B,A] sorted anchor positions per row whose next token was generated (>= starts[b] - 1)."""
+    A = min(anchors, S - int(starts.max()))
+    rows = []
+    for start in starts.tolist():
+        lo, hi = start - 1, S - 2
+        rows.append(lo + torch.randperm(hi - lo + 1, generator=g)[:A])
+    return torch.stack(rows).sort(1).values
 
 
 def block_logits(draft, target, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor, block: int):
@@ -150,9 +165,10 @@ def block_logits(draft, target, tokens: torch.Tensor, feats: torch.Tensor, ancho
     return target.lm_head(hidden).float(), labels, offset
 
 
-def block_loss(draft, target, tokens, feats, args, g):
-    """(weighted CE, simulated acceptance length) of one batch of sequences."""
-    anchors = sample_anchors(tokens.shape[0], tokens.shape[1], args.prompt_len, args.anchors, g).to(tokens.device)
+def block_loss(draft, target, tokens, starts, feats, args, g):
+    """(weighted CE, simulated acceptance length) of one batch of sequences whose generated part
+    begins at `starts [B]`."""
+    anchors = sample_anchors(tokens.shape[1], starts, args.anchors, g).to(tokens.device)
     logits, labels, offset = block_logits(draft, target, tokens, feats, anchors, args.block_size)
     B, Q = labels.shape
     valid = (labels >= 0) & (offset > 0)
@@ -172,13 +188,17 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="a random tiny target on CPU, a few steps (tests)")
     p.add_argument("--device", default=None, help="cpu, cuda ... (default: cuda if available, cpu for --smoke)")
     p.add_argument("--layers", type=int, default=2, help="draft layers")
-    p.add_argument("--feature-layers", help="comma-separated target layer ids (default: DFlash's spread)")
+    p.add_argument("--features", type=int, default=5, help="target layers read (DFlash's spread over them)")
+    p.add_argument("--feature-layers", help="comma-separated target layer ids (overrides --features)")
+    p.add_argument("--init", choices=("target", "random"), default="target",
+                   help="draft layers start as the target's last layers (default) or random")
     p.add_argument("--block-size", type=int, default=16, help="positions per block (root included)")
-    p.add_argument("--prompts", type=int, default=2048, help="training prompts")
+    p.add_argument("--prompts", type=int, default=12288, help="training prompts")
     p.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts")
-    p.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt")
-    p.add_argument("--gen-tokens", type=int, default=768, help="greedy tokens generated per prompt")
-    p.add_argument("--gen-batch", type=int, default=256, help="prompts per generation batch")
+    p.add_argument("--prompt-len", type=int, default=160, help="longest prompt (tokens)")
+    p.add_argument("--min-prompt-len", type=int, default=8, help="shortest prompt (tokens)")
+    p.add_argument("--gen-tokens", type=int, default=128, help="sequence length beyond --prompt-len")
+    p.add_argument("--gen-batch", type=int, default=1024, help="prompts per generation batch")
     p.add_argument("--batch", type=int, default=64, help="sequences per step")
     p.add_argument("--anchors", type=int, default=80, help="anchor blocks per sequence")
     p.add_argument("--steps", type=int, default=0, help="training steps (0: as many as --minutes allow)")
@@ -188,7 +208,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of prompts, anchors and initialisation")
     args = p.parse_args(argv)
     if args.smoke:
-        args.prompts, args.eval_prompts, args.prompt_len, args.gen_tokens = 12, 4, 16, 24
+        args.prompts, args.eval_prompts, args.prompt_len, args.min_prompt_len, args.gen_tokens = 12, 4, 16, 16, 24
         args.batch, args.anchors, args.block_size, args.steps = 4, 6, 4, args.steps or 6
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu"))
     torch.manual_seed(args.seed)
@@ -197,7 +217,7 @@ def main(argv=None) -> int:
 
     target = load_target(args, device).requires_grad_(False)
     L = target.config.num_layers
-    ids = tuple(int(x) for x in args.feature_layers.split(",")) if args.feature_layers else build_target_layer_ids(L, args.layers)
+    ids = tuple(int(x) for x in args.feature_layers.split(",")) if args.feature_layers else build_target_layer_ids(L, args.features)
     if args.smoke:
         g = torch.Generator().manual_seed(args.seed)
         make = lambda n: torch.randint(1, target.config.vocab_size, (n, args.prompt_len), generator=g).tolist()  # noqa: E731
@@ -205,11 +225,15 @@ def main(argv=None) -> int:
     else:
         train_prompts, held_prompts = corpus_prompts(args, args.prompts)
     t0 = time.perf_counter()
-    data, held = generate(target, train_prompts, args), generate(target, held_prompts, args)
+    (data, starts), (held, held_starts) = generate(target, train_prompts, args), generate(target, held_prompts, args)
     gen_s = time.perf_counter() - t0
     log(f"data: {len(data)} + {len(held)} sequences of {data.shape[1]} tokens in {gen_s:.1f}s")
 
     draft = random_dflash(target.config, args.layers, args.block_size, ids, mask_token_id=None, seed=args.seed)
+    if args.init == "target":  # start from the target's last blocks: a language model's layers, not noise
+        L = target.config.num_layers
+        for j, layer in enumerate(draft.layers):
+            layer.load_state_dict(target.layers[L - args.layers + j].state_dict())
     draft = draft.to(device=device, dtype=torch.float32).train().requires_grad_(True)
     draft.rope_cos, draft.rope_sin = target.rope_cos.float(), target.rope_sin.float()
     opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, weight_decay=0.0)
@@ -219,8 +243,11 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     planned = steps or 10**9
     while step < planned:
-        if not args.steps and step == 10:  # plan the cosine schedule from the measured speed
-            planned = max(20, int(budget_s / ((time.perf_counter() - t0) / 10)))
+        if step == 10:
+            t10 = time.perf_counter()
+        if not args.steps and step == 30:  # plan the cosine schedule from the speed after warm-up
+            per_step = (time.perf_counter() - t10) / 20
+            planned = max(40, 30 + int((budget_s - (time.perf_counter() - t0)) / per_step))
         warm = max(1, int(0.04 * planned))
         lr = args.lr * min(1.0, (step + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / planned)))
         for group in opt.param_groups:
@@ -230,7 +257,7 @@ def main(argv=None) -> int:
         with torch.no_grad(), amp:
             feats = target_features(target, tokens, ids)
         with amp:
-            loss, acc = block_loss(draft, target, tokens, feats, args, g)
+            loss, acc = block_loss(draft, target, tokens, starts[rows], feats, args, g)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -246,7 +273,7 @@ def main(argv=None) -> int:
     draft.eval().requires_grad_(False)
     with torch.no_grad(), amp:
         ge = torch.Generator().manual_seed(args.seed + 2)
-        evals = [block_loss(draft, target, held[i : i + args.batch].to(device),
+        evals = [block_loss(draft, target, held[i : i + args.batch].to(device), held_starts[i : i + args.batch],
                             target_features(target, held[i : i + args.batch].to(device), ids), args, ge)
                  for i in range(0, len(held), args.batch)]
     held_acc = sum(a for _, a in evals) / len(evals)

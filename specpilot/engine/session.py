@@ -24,7 +24,7 @@ from specpilot.engine.drafters.ngram import NgramDrafter
 from specpilot.engine.generator import Generator
 from specpilot.errors import CheckpointError, ConfigError
 from specpilot.models.dflash import DFlashModel
-from specpilot.models.dflash_checkpoint import is_dflash_dir, load_dflash
+from specpilot.models.dflash_checkpoint import is_dflash_dir, load_dflash, read_dflash_config
 from specpilot.models.fixture import resolve_checkpoint
 from specpilot.models.loading import load_model
 from specpilot.models.tokenizer import Tokenizer, check_same_vocabulary
@@ -94,6 +94,16 @@ class Session:
                 raise CheckpointError(
                     f"drafter vocab_size {drafter.config.vocab_size} != target vocab_size {target.config.vocab_size}"
                 )
+        if deployment.dflash:
+            if dflash is not None:
+                raise ConfigError(f"deployment {deployment.name!r}: drafter and dflash both name a DFlash drafter")
+            path = resolve_model_dir(deployment.dflash, "dflash drafter")
+            if not is_dflash_dir(path):
+                raise CheckpointError(f"deployment {deployment.name!r}: dflash = {deployment.dflash!r} is not a "
+                                      "DFlash drafter directory (config.json architectures DFlashDraftModel)")
+            width = read_dflash_config(path)[0].hidden_size
+            factor = target.config.hidden_size // width if target.config.hidden_size % width == 0 else 1
+            dflash = load_dflash(path, target, device, dtype, factor=factor)  # a mismatch is one error line
         eos = tuple(sorted(set(target.config.eos_token_ids) | set(tokenizer.eos_ids)))
         return cls(deployment, target, drafter, tokenizer, eos, dflash)
 

@@ -162,7 +162,7 @@ def software_versions() -> dict:
 
 def model_dir(name: str, role: str) -> Path:
     """A deployment's model name ("fixture" or a directory) as a directory."""
-    if name == "fixture":
+    if name == "fixture" or name.startswith("fixture-"):
         from specpilot.engine.session import resolve_model_dir  # the engine owns where fixtures live
 
         return Path(resolve_model_dir(name, role))
@@ -178,6 +178,9 @@ def fingerprint_deployment(deployment, gpu: str, cache: HashCache | None = None,
     target = hash_model_dir(model_dir(deployment.target, "target"), cache)
     kind = deployment.drafter if deployment.drafter in ("ngram", "none") else "model"
     drafter = hash_model_dir(model_dir(deployment.drafter, "drafter"), cache) if kind == "model" else ()
+    if deployment.dflash:  # a second drafter the systems may pick
+        drafter = (*drafter, *(("dflash/" + rel, h) for rel, h in
+                                hash_model_dir(model_dir(deployment.dflash, "dflash drafter"), cache)))
     return DeploymentFingerprint(
         name=deployment.name, target=target, drafter=drafter, drafter_kind=kind,
         expand=(deployment.target_expand, deployment.drafter_expand), gpu=gpu,

@@ -60,6 +60,13 @@ class DFlashModel(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    def cast(self, device, dtype: torch.dtype) -> "DFlashModel":
+        """Parameters to `dtype` on `device`; the rotary tables stay float32, as the target's."""
+        cos, sin = self.rope_cos.float(), self.rope_sin.float()
+        self.to(device=device, dtype=dtype)
+        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
+        return self
+
     @property
     def device(self) -> torch.device:
         return self.fc.weight.device
@@ -158,7 +165,7 @@ def expand_dflash(model: DFlashModel, factor: int) -> DFlashModel:
         else:
             state[name] = expand_tensor(name, w, c, f)
     wide.load_state_dict(state, strict=True)
-    return wide.to(device=model.device, dtype=model.dtype).eval().requires_grad_(False)
+    return wide.cast(model.device, model.dtype).eval().requires_grad_(False)
 
 
 def random_dflash(target_config: ModelConfig, num_layers: int = 2, block_size: int = 16,

@@ -156,8 +156,8 @@ def load_dflash(path: str | Path, target, device="cpu", dtype: torch.dtype = tor
         state[p + "mlp.gate_up_proj.weight"] = torch.cat([tensors[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up")])
         state[p + "mlp.down_proj.weight"] = tensors[p + "mlp.down_proj.weight"]
     model = DFlashModel(config, spec, max_positions=target.rope_cos.shape[0])
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
-    return expand_dflash(model.to(device).eval().requires_grad_(False), factor)
+    model.load_state_dict(state, strict=True)
+    return expand_dflash(model.cast(device, dtype).eval().requires_grad_(False), factor)
 
 
 def to_public_state(model: DFlashModel) -> dict[str, torch.Tensor]:
