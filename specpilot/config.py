@@ -25,6 +25,7 @@ class DrafterKind(enum.Enum):
     MODEL = "model"  # the deployment's draft model
     NGRAM = "ngram"  # training-free prompt lookup
     DFLASH = "dflash"  # the deployment's DFlash block drafter (target-feature conditioned)
+    EAGLE3 = "eagle3"  # the deployment's EAGLE-3 head (target-feature conditioned, best-first tree)
     NONE = "none"  # plain AR decoding
 
 
@@ -65,6 +66,8 @@ class System:
     fault: str = ""  # deliberate fault for guard testing (see specpilot.engine.faults)
     # DFlash drafts block_size - 1 tokens per round in one forward; depth, topk, draft_window and
     # adaptive_depth do not apply to it, tree_budget does (nodes of a best/spine-first tree).
+    # EAGLE-3 drafts like the draft model (depth, topk, tree_budget, adaptive_depth) but catches up
+    # from the target's features, so draft_window does not apply to it.
     block_size: int = 16  # DFlash: positions per drafted block (the root + block_size - 1 drafts)
     tree_construction: TreeConstruction = TreeConstruction.BEST_FIRST  # DFlash: chain or tree shape
 
