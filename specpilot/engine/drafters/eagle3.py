@@ -115,12 +115,12 @@ class Eagle3Drafter(Drafter):
         B, k = state.batch, self.topk
         root = self.cache.root_hidden  # [B,C]
         root_lp = torch.log_softmax(self.model.logits(root).float(), dim=-1)  # [B,Vd]
-
-        def step(tokens, carry, pos, slots, mask):
-            hidden = self.model.forward_cached(self.embed(tokens), carry, pos, self.cache.kv, slots, mask)  # [B,k,C]
-            return torch.log_softmax(self.model.logits(hidden).float(), dim=-1), hidden
-
         # the root's own slot (L - 1) is filled by the next catch-up: the tree region starts there
-        return best_first.expand(state.roots(), root_lp, step, self.depth, k, self.budget,
+        return best_first.expand(state.roots(), root_lp, self._step, self.depth, k, self.budget,
                                  base=state.cache_prefix(), capacity=self.cache.kv.capacity,
                                  carry=root[:, None].expand(B, k, -1), token_ids=self.token_ids)
+
+    def _step(self, tokens, carry, positions, slots, mask):
+        """One frontier level: (log-probs [B,k,Vd], the nodes' output hidden states [B,k,C])."""
+        hidden = self.model.forward_cached(self.embed(tokens), carry, positions, self.cache.kv, slots, mask)
+        return torch.log_softmax(self.model.logits(hidden).float(), dim=-1), hidden
