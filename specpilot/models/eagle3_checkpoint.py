@@ -9,7 +9,8 @@ SGLang and vLLM load).
 `midlayer.self_attn.{q,k,v,o}_proj.weight` (q/k/v read 2C), `midlayer.mlp.{gate,up,down}_proj.weight`,
 `fc.weight` [C, 3*C_t], `norm.weight`, `lm_head.weight` [Vd, C], `d2t` [Vd] int64, `t2d` [V] bool,
 optionally `embed_tokens.weight` (else the target's embedding is shared, as SGLang and vLLM do).
-A leading `model.` and vLLM's `layers.0.` for `midlayer.` are accepted.
+A leading `model.`, vLLM's `layers.0.` for `midlayer.`, and SafeAILab's `pytorch_model.bin` instead
+of safetensors are accepted.
 
 Feature layer ids, two conventions in the wild: `eagle_config.eagle_aux_hidden_state_layer_ids`
 names layer *outputs* (SpecForge trains on them, SGLang captures the input of id + 1), a top-level
@@ -131,6 +132,19 @@ def expected_shapes(config: ModelConfig, spec: Eagle3Spec) -> dict[str, tuple[in
     }
 
 
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The directory's tensors: `*.safetensors` (SpecForge), else `pytorch_model.bin` (SafeAILab's
+    published heads, read with `weights_only`)."""
+    binary = path / "pytorch_model.bin"
+    if binary.is_file() and not any(path.glob("*.safetensors")):
+        try:
+            state = torch.load(binary, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any unreadable file is one line
+            raise CheckpointError(f"{binary}: not a readable PyTorch state dict ({type(err).__name__})") from None
+        return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    return read_hf_tensors(path)
+
+
 def _public_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for name, t in tensors.items():
@@ -172,7 +186,7 @@ def load_eagle3(path: str | Path, target, device="cpu", dtype: torch.dtype = tor
         raise CheckpointError(f"{path}: EAGLE-3 head directory does not exist")
     L = target.config.num_layers
     config, spec = read_eagle3_config(path, L)
-    tensors = _public_names(read_hf_tensors(path))
+    tensors = _public_names(read_tensors(path))
     own_embedding = "embed_tokens.weight" in tensors
     wide_spec = Eagle3Spec(spec.layer_ids, spec.target_hidden_size * factor, spec.draft_vocab_size)
     check_target(expanded_config(config, factor), wide_spec, target.config, str(path), own_embedding)

@@ -138,6 +138,19 @@ def test_layer_id_conventions_and_aliases(target, tmp_path):
     assert torch.equal(loaded.midlayer.self_attn.qkv_proj.weight, head.midlayer.self_attn.qkv_proj.weight)
 
 
+def test_safeailab_pytorch_bin(target, tmp_path):
+    head = random_eagle3(target.config, draft_vocab=draft_vocab(), seed=7)
+    write_eagle3(head, tmp_path / "e", dtype=torch.float32)
+    file = tmp_path / "e" / "model.safetensors"
+    torch.save(load_file(str(file)), tmp_path / "e" / "pytorch_model.bin")
+    file.unlink()
+    loaded = load_eagle3(tmp_path / "e", target)
+    assert torch.equal(loaded.fc.weight, head.fc.weight) and torch.equal(loaded.d2t, head.d2t)
+    (tmp_path / "e" / "pytorch_model.bin").write_bytes(b"not a state dict")
+    with pytest.raises(CheckpointError, match="not a readable PyTorch state dict"):
+        load_eagle3(tmp_path / "e", target)
+
+
 def rewrite(path, config=None, tensors=None):
     if config is not None:
         cfg = json.loads((path / "config.json").read_text())
