@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 
+from specpilot.models import ops
 from specpilot.models.config import ModelConfig
 from specpilot.models.transformer import Block, RMSNorm, rope_tables
 
@@ -113,18 +114,20 @@ class Eagle3Model(nn.Module):
 
     def project(self, emb: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
         """(q [B,T,H,D], k, v [B,T,Hkv,D], residual [B,T,C]) of embeddings and hidden states [B,T,C]."""
-        layer = self.midlayer
-        h = layer.hidden_norm(hidden)
-        x = torch.cat([layer.input_layernorm(emb), h], dim=-1)  # [B,T,2C]
+        layer, eps, dev = self.midlayer, self.config.rms_norm_eps, emb.device
+        norm = ops.fused("rms_norm", dev)  # the elementwise pieces compiled as in the target (`ops.py`)
+        h = norm(hidden, layer.hidden_norm.weight, eps)
+        x = torch.cat([norm(emb, layer.input_layernorm.weight, eps), h], dim=-1)  # [B,T,2C]
         cos, sin = self._rope(positions, x.dtype)
-        q, k, v = layer.self_attn.project(x, cos, sin)
+        q, k, v = layer.self_attn.project(x, cos, sin, fuse=ops.fused("qkv_norm_rope", dev))
         return q, k, v, h if self.spec.norm_before_residual else hidden
 
     def finish(self, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """The layer's output (pre-norm) [B,T,C] from the residual and the attention output
         (after o_proj) [B,T,C]."""
-        h = residual + attn
-        return h + self.midlayer.mlp(self.midlayer.post_attention_layernorm(h))
+        layer, dev = self.midlayer, residual.device
+        h, x = ops.fused("add_rms_norm", dev)(residual, attn, layer.post_attention_layernorm.weight, self.config.rms_norm_eps)
+        return h + layer.mlp(x, act=ops.fused("silu_mul", dev))
 
     def forward_cached(self, emb: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache,
                        slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -145,7 +148,7 @@ class Eagle3Model(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[.., Vd] draft-vocabulary logits of output hidden states."""
-        return self.lm_head(self.norm(hidden))
+        return self.lm_head(ops.fused("rms_norm", hidden.device)(hidden, self.norm.weight, self.config.rms_norm_eps))
 
 
 def expand_eagle3(model: Eagle3Model, factor: int) -> Eagle3Model:
