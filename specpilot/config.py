@@ -25,6 +25,7 @@ class DrafterKind(enum.Enum):
     MODEL = "model"  # the deployment's draft model
     NGRAM = "ngram"  # training-free prompt lookup
     DFLASH = "dflash"  # the deployment's DFlash block drafter (target-feature conditioned)
+    EAGLE3 = "eagle3"  # the deployment's EAGLE-3 head (target-feature conditioned, best-first tree)
     NONE = "none"  # plain AR decoding
 
 
@@ -65,6 +66,8 @@ class System:
     fault: str = ""  # deliberate fault for guard testing (see specpilot.engine.faults)
     # DFlash drafts block_size - 1 tokens per round in one forward; depth, topk, draft_window and
     # adaptive_depth do not apply to it, tree_budget does (nodes of a best/spine-first tree).
+    # EAGLE-3 drafts like the draft model (depth, topk, tree_budget, adaptive_depth) but catches up
+    # from the target's features, so draft_window does not apply to it.
     block_size: int = 16  # DFlash: positions per drafted block (the root + block_size - 1 drafts)
     tree_construction: TreeConstruction = TreeConstruction.BEST_FIRST  # DFlash: chain or tree shape
 
@@ -191,6 +194,7 @@ class Deployment:
     # A DFlash drafter directory (or "fixture-dflash") loaded beside `drafter`, so systems may
     # draft with either; it is widened to the target's width (trained for the unwidened target).
     dflash: str = ""
+    eagle3: str = ""  # likewise an EAGLE-3 head directory (or "fixture-eagle3")
     regime: Regime = field(default_factory=Regime)
     sets: tuple[str, ...] = BENCHMARK_SETS
     max_new_tokens: int = 2048
@@ -211,8 +215,9 @@ class Deployment:
     def fingerprint_fields(self) -> dict:
         d = asdict(self)
         d.pop("source")
-        if not d["dflash"]:  # added later: unset, it leaves earlier fingerprints as they were
-            del d["dflash"]
+        for later in ("dflash", "eagle3"):  # added later: unset, they leave earlier fingerprints as they were
+            if not d[later]:
+                del d[later]
         d["stock"] = self.stock.knobs()
         return d
 
@@ -237,7 +242,7 @@ class Deployment:
         if "name" not in d or "target" not in d:
             raise ConfigError(f"{source or 'deployment'}: needs at least 'name' and 'target'")
         base = Path(source).parent if source else None
-        for key in ("target", "drafter", "dflash"):
+        for key in ("target", "drafter", "dflash", "eagle3"):
             v = d.get(key)
             if base and isinstance(v, str) and v and not _shipped_name(v) and not Path(v).is_absolute():
                 d[key] = str((base / v).resolve())

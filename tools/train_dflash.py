@@ -115,12 +115,13 @@ def generate(target, prompts: list[list[int]], args) -> tuple[torch.Tensor, torc
 
 
 def target_features(target, tokens: torch.Tensor, layer_ids) -> torch.Tensor:
-    """[B,S,n*C] outputs of `layer_ids` from a causal forward of tokens [B,S] (HF hidden_states[i+1])."""
+    """[B,S,n*C] outputs of `layer_ids` from a causal forward of tokens [B,S] (HF hidden_states[i+1];
+    id -1: the embedding), as `Transformer.forward(capture=layer_ids)` returns them."""
     B, S = tokens.shape
     pos = torch.arange(S, device=tokens.device).expand(B, S)
     h = target.embed_tokens(tokens)
     cos, sin = target._rope(pos, h.dtype)
-    kept = {}
+    kept = {-1: h} if -1 in layer_ids else {}
     for i, layer in enumerate(target.layers):
         h = h + layer.self_attn.forward_causal(layer.input_layernorm(h), cos, sin)
         h = h + layer.mlp(layer.post_attention_layernorm(h))

@@ -26,8 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Greedy generation with a target model and an optional drafter.")
     p.add_argument("--deployment", help="deployment file or shipped name (default: fixture)")
     p.add_argument("--target", help="target model directory, or 'fixture' (overrides the deployment's)")
-    p.add_argument("--drafter", help="draft model directory, DFlash drafter directory (z-lab/SpecForge layout), "
-                   "'fixture', 'ngram' or 'none' (AR)")
+    p.add_argument("--drafter", help="draft model directory, DFlash drafter or EAGLE-3 head directory (public "
+                   "z-lab/SpecForge/EAGLE layouts), 'fixture', 'ngram' or 'none' (AR)")
     p.add_argument("--system", help="system file, 'stock' (default) or 'ar'")
     p.add_argument("--depth", type=int, help="draft depth K (draft steps per round)")
     p.add_argument("--topk", type=int, help="children per expanded node / frontier width (1 = chain)")
@@ -76,6 +76,15 @@ def _dflash_block_size(drafter: str) -> int:
     return read_dflash_config(drafter)[1].block_size
 
 
+def _is_eagle3(drafter: str) -> bool:
+    """True when `drafter` names an EAGLE-3 head directory."""
+    from pathlib import Path
+
+    from specpilot.models.eagle3_checkpoint import is_eagle3_dir
+
+    return drafter not in ("fixture", "ngram", "none") and is_eagle3_dir(Path(drafter))
+
+
 def system_from_args(args, dep: Deployment) -> System:
     """The system to run, named after what it runs (see the module docstring)."""
     from specpilot.config import DrafterKind, Kernel, TreeConstruction, load_system
@@ -93,6 +102,9 @@ def system_from_args(args, dep: Deployment) -> System:
         changes["block_size"] = _dflash_block_size(dep.drafter)
         changes["tree_budget"] = changes["block_size"] - 1
         changes["tree_construction"] = TreeConstruction.CHAIN
+    elif system.drafter is DrafterKind.MODEL and _is_eagle3(dep.drafter):
+        # an EAGLE-3 head drafts the stock best-first tree (SGLang's EAGLE defaults)
+        changes["drafter"] = DrafterKind.EAGLE3
     for flag, knob in (("depth", "depth"), ("topk", "topk"), ("tree_budget", "tree_budget"),
                        ("block_size", "block_size")):
         if getattr(args, flag, None) is not None:

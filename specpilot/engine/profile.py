@@ -111,8 +111,9 @@ def streamed_bytes(model: Transformer) -> int:
     total = 0
     for name, t in list(model.named_parameters()) + [(n, b) for n, b in model.named_buffers() if "rope" not in n]:
         total += t.numel() * t.element_size()
-    e = model.embed_tokens.weight
-    if model.lm_head.weight is not e:
+    table = getattr(model, "embed_tokens", None)  # feature-conditioned heads may share the target's
+    e = table.weight if table is not None else None
+    if e is not None and model.lm_head.weight is not e:
         total -= e.numel() * e.element_size() - e.shape[1] * e.element_size()
     return total
 

@@ -1,4 +1,4 @@
-"""A loaded deployment: target, draft model and tokenizer on a device, and generators per system.
+"""A loaded deployment: target, drafter and tokenizer on a device, and generators per system.
 
 Owns: resolving model names ("fixture", directories), width expansion at load, the drafter /
 target vocabulary check, and turning a `System` (the engine's knobs) into a `Generator` — with
@@ -20,11 +20,14 @@ from specpilot import env
 from specpilot.config import Deployment, DrafterKind, Kernel, System
 from specpilot.engine.drafters.dflash import DFlashDrafter
 from specpilot.engine.drafters.draft_model import DraftModelDrafter
+from specpilot.engine.drafters.eagle3 import Eagle3Drafter
 from specpilot.engine.drafters.ngram import NgramDrafter
 from specpilot.engine.generator import Generator
 from specpilot.errors import CheckpointError, ConfigError
 from specpilot.models.dflash import DFlashModel
-from specpilot.models.dflash_checkpoint import is_dflash_dir, load_dflash, read_dflash_config
+from specpilot.models.dflash_checkpoint import is_dflash_dir, load_dflash
+from specpilot.models.eagle3 import Eagle3Model
+from specpilot.models.eagle3_checkpoint import is_eagle3_dir, load_eagle3
 from specpilot.models.fixture import resolve_checkpoint
 from specpilot.models.loading import load_model
 from specpilot.models.tokenizer import Tokenizer, check_same_vocabulary
@@ -62,6 +65,16 @@ def with_kernels(model: Transformer, system: System) -> Transformer:
     return clone
 
 
+def _load_beside(deployment: Deployment, kind: str, is_kind, load, target, device, dtype):
+    """The feature-conditioned drafter a deployment names in field `kind`, widened to the target's
+    width (it was trained for the target at width target / target_expand)."""
+    spec = getattr(deployment, kind)
+    path = resolve_model_dir(spec, f"{kind} drafter")
+    if not is_kind(path):
+        raise CheckpointError(f"deployment {deployment.name!r}: {kind} = {spec!r} is not a {kind} drafter directory")
+    return load(path, target, device, dtype, factor=deployment.target_expand)  # a width mismatch is one error line
+
+
 @dataclass
 class Session:
     """Models of one deployment loaded once; `generator(system)` is cheap after the first call."""
@@ -72,6 +85,7 @@ class Session:
     tokenizer: Tokenizer
     eos_ids: tuple[int, ...]
     dflash_model: DFlashModel | None = None  # when the deployment's drafter is a DFlash directory
+    eagle3_model: Eagle3Model | None = None  # when it is an EAGLE-3 head directory
     _generators: dict = field(default_factory=dict)
     _targets: dict = field(default_factory=dict)
 
@@ -82,11 +96,13 @@ class Session:
         dtype = dtype or env.default_dtype(device)
         target = load_role(deployment.target, "target", deployment.target_expand, device, dtype)
         tokenizer = Tokenizer.from_dir(resolve_model_dir(deployment.target, "target"), target.config.eos_token_ids)
-        drafter = dflash = None
-        if deployment.drafter not in ("ngram", "none") and is_dflash_dir(resolve_model_dir(deployment.drafter, "drafter")):
-            dflash = load_dflash(resolve_model_dir(deployment.drafter, "drafter"), target, device, dtype,
-                                 factor=deployment.drafter_expand)
-        elif deployment.drafter not in ("ngram", "none"):
+        drafter = dflash = eagle3 = None
+        path = resolve_model_dir(deployment.drafter, "drafter") if deployment.drafter not in ("ngram", "none") else None
+        if path is not None and is_dflash_dir(path):
+            dflash = load_dflash(path, target, device, dtype, factor=deployment.drafter_expand)
+        elif path is not None and is_eagle3_dir(path):
+            eagle3 = load_eagle3(path, target, device, dtype, factor=deployment.drafter_expand)
+        elif path is not None:
             drafter = load_role(deployment.drafter, "drafter", deployment.drafter_expand, device, dtype)
             d_tok = Tokenizer.from_dir(resolve_model_dir(deployment.drafter, "drafter"))
             check_same_vocabulary(tokenizer, d_tok)
@@ -97,15 +113,13 @@ class Session:
         if deployment.dflash:
             if dflash is not None:
                 raise ConfigError(f"deployment {deployment.name!r}: drafter and dflash both name a DFlash drafter")
-            path = resolve_model_dir(deployment.dflash, "dflash drafter")
-            if not is_dflash_dir(path):
-                raise CheckpointError(f"deployment {deployment.name!r}: dflash = {deployment.dflash!r} is not a "
-                                      "DFlash drafter directory (config.json architectures DFlashDraftModel)")
-            width = read_dflash_config(path)[0].hidden_size
-            factor = target.config.hidden_size // width if target.config.hidden_size % width == 0 else 1
-            dflash = load_dflash(path, target, device, dtype, factor=factor)  # a mismatch is one error line
+            dflash = _load_beside(deployment, "dflash", is_dflash_dir, load_dflash, target, device, dtype)
+        if deployment.eagle3:
+            if eagle3 is not None:
+                raise ConfigError(f"deployment {deployment.name!r}: drafter and eagle3 both name an EAGLE-3 head")
+            eagle3 = _load_beside(deployment, "eagle3", is_eagle3_dir, load_eagle3, target, device, dtype)
         eos = tuple(sorted(set(target.config.eos_token_ids) | set(tokenizer.eos_ids)))
-        return cls(deployment, target, drafter, tokenizer, eos, dflash)
+        return cls(deployment, target, drafter, tokenizer, eos, dflash, eagle3)
 
     @property
     def device(self) -> torch.device:
@@ -150,6 +164,14 @@ class Session:
             drafters[system.block_size - 1] = DFlashDrafter(
                 self.dflash_model, target, system.block_size, system.tree_budget, system.tree_construction
             )
+        elif system.drafter is DrafterKind.EAGLE3:
+            if self.eagle3_model is None:
+                raise ConfigError(
+                    f"system {system.name!r} drafts with EAGLE-3 but deployment {self.deployment.name!r} "
+                    f"has drafter = {self.deployment.drafter!r}, not an EAGLE-3 head directory"
+                )
+            for d in tiers:  # the tiers share one head cache (`Generator._start_drafter`)
+                drafters[d] = Eagle3Drafter(self.eagle3_model, target, d, system.topk, system.tree_budget)
         elif system.drafter is DrafterKind.NGRAM:
             for d in tiers:
                 drafters[d] = NgramDrafter(d, system.topk, system.tree_budget, system.ngram_min, system.ngram_max)

@@ -178,9 +178,10 @@ def fingerprint_deployment(deployment, gpu: str, cache: HashCache | None = None,
     target = hash_model_dir(model_dir(deployment.target, "target"), cache)
     kind = deployment.drafter if deployment.drafter in ("ngram", "none") else "model"
     drafter = hash_model_dir(model_dir(deployment.drafter, "drafter"), cache) if kind == "model" else ()
-    if deployment.dflash:  # a second drafter the systems may pick
-        drafter = (*drafter, *(("dflash/" + rel, h) for rel, h in
-                                hash_model_dir(model_dir(deployment.dflash, "dflash drafter"), cache)))
+    for kind in ("dflash", "eagle3"):  # further drafters the systems may pick
+        if getattr(deployment, kind):
+            files = hash_model_dir(model_dir(getattr(deployment, kind), f"{kind} drafter"), cache)
+            drafter = (*drafter, *((f"{kind}/{rel}", h) for rel, h in files))
     return DeploymentFingerprint(
         name=deployment.name, target=target, drafter=drafter, drafter_kind=kind,
         expand=(deployment.target_expand, deployment.drafter_expand), gpu=gpu,

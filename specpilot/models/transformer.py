@@ -167,12 +167,14 @@ class Transformer(nn.Module):
         slots: torch.Tensor,  # [B,T] int64 cache slots written by this chunk
         mask: torch.Tensor,  # [B,1,T,S] bool: may query t attend to cache slot s
         logits_for: torch.Tensor | None = None,  # [B,T'] indices of T to project (None: all)
-        capture: tuple[int, ...] = (),  # layer ids whose outputs to return as features
+        capture: tuple[int, ...] = (),  # layer ids whose outputs to return as features (-1: embedding)
     ):
         """Logits [B,T,V] (or [B,T',V]) of a chunk attending to the static cache.
 
         With `capture`, returns (logits, features [B,T,len(capture)*C]): the residual stream after
-        each listed layer (HF's `hidden_states[i + 1]`; the last layer's is final-normed as in HF).
+        each listed layer (HF's `hidden_states[i + 1]`; the last layer's is final-normed as in HF),
+        and for id -1 the embedding (`hidden_states[0]`, the input of layer 0). The input of layer i
+        is the output of layer i - 1, so EAGLE-3's "layer inputs" are ids shifted by one.
         """
         c = self.config
         B, T = tokens.shape
@@ -188,7 +190,7 @@ class Transformer(nn.Module):
         bias = bias.expand(B, G, T, S).reshape(B, 1, G * T, S)
         rows = torch.arange(B, device=dev)[:, None].expand(B, T)
         x = norm(h, self.layers[0].input_layernorm.weight, eps)
-        kept: dict[int, torch.Tensor] = {}
+        kept: dict[int, torch.Tensor] = {-1: h} if -1 in capture else {}
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, k, v = attn.project(x, cos, sin, fuse=qkv_rope)

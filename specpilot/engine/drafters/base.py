@@ -5,8 +5,8 @@ A drafter proposes a `DraftTree` each round from the decoding state. Two methods
 - `propose(state) -> DraftTree`: the tree for this round, root = each row's last committed token.
 Drafters that need the committed tokens on the host (prompt lookup) set `needs_host_tokens`; the
 generator then syncs every round and passes them in `state_host`.
-Drafters conditioned on the target's hidden states (DFlash) name the target layers in
-`feature_layers`; the generator then captures those layers' outputs and hands them over with
+Drafters conditioned on the target's hidden states (DFlash, EAGLE-3) name the target layers in
+`feature_layers` (-1: the embedding); the generator then captures those layers' outputs and hands them over with
 `start(prompts, state, features)` (prefill: per row [L-1, n*C]) and `observe(acc, prefix)` after
 each verification (`acc.features`: the accepted path's, inside the graphed round).
 """
@@ -23,7 +23,7 @@ from specpilot.engine.tree import DraftTree
 class Drafter(abc.ABC):
     name: ClassVar[str]
     needs_host_tokens: ClassVar[bool] = False
-    feature_layers: tuple[int, ...] = ()  # target layers whose outputs this drafter reads
+    feature_layers: tuple[int, ...] = ()  # target layers whose outputs this drafter reads (-1: embedding)
 
     @abc.abstractmethod
     def start(self, prompts: list[list[int]], state: DecodeState) -> None: ...

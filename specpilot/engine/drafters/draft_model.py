@@ -3,13 +3,10 @@
 Each round:
 1. *Catch-up*: the draft model re-reads the last W committed tokens (W = depth + 1 by default) into
    its own cache. That covers every token committed since its last round (at most depth accepted
-   + 1 bonus), so its cache stays in step with the target's without tracking tree slots.
-2. *Expansion*, `depth` levels: the frontier (the `topk` best nodes of the previous level by path
-   score, the sum of draft log-probs) is run through the draft model in one forward with a tree
-   mask; each frontier node contributes its `topk` most likely children as candidates.
-3. *Selection*: the `tree_budget` candidates with the highest path score form the tree. A
-   child's score never exceeds its parent's, and a stable sort puts a parent before an equal-score
-   child, so the selected set is prefix-closed.
+   + 1 bonus), so its cache stays in step with the target's without tracking tree slots; its
+   output at the root gives the depth-1 log-probs.
+2. *Expansion* and *selection* (`best_first.py`): `depth` levels of `topk` x `topk` candidates,
+   one draft-model forward per level, then the `tree_budget` best candidates form the tree.
 With topk = 1 this is a greedy chain of `depth` tokens. Every shape is fixed by
 (batch, depth, topk, tree_budget), so a round can be captured in a CUDA graph.
 """
@@ -18,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from specpilot.engine.drafters import best_first
 from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.state import DecodeState
@@ -31,7 +29,7 @@ class DraftModelDrafter(Drafter):
     def __init__(self, model: Transformer, depth: int, topk: int, tree_budget: int, window: int = 0):
         self.model = model
         self.depth, self.topk = depth, topk
-        self.num_candidates = topk + (depth - 1) * topk * topk  # M
+        self.num_candidates = best_first.num_candidates(depth, topk)  # M
         self.budget = min(tree_budget, self.num_candidates)
         self.window = window or depth + 1
         if self.window < depth + 1:
@@ -71,59 +69,12 @@ class DraftModelDrafter(Drafter):
         return torch.log_softmax(logits[:, 0].float(), dim=-1)
 
     def propose(self, state: DecodeState, host_tokens=None) -> DraftTree:
-        B, k, K = state.batch, self.topk, self.depth
-        dev = state.tokens.device
-        L = state.seq_lens  # [B]
         root_lp = self._catch_up(state)
-        score, tok = root_lp.topk(k, dim=-1)  # [B,k] depth-1 candidates
-        cand_tokens, cand_scores = [tok], [score]
-        cand_parent = [torch.full((B, k), -1, dtype=torch.int64, device=dev)]
-        frontier = torch.arange(k, device=dev).expand(B, k)  # candidate ids of the frontier
-        f_tok, f_score = tok, score
-        tree_slots = max(K - 1, 1) * k
-        anc = torch.zeros(B, k, tree_slots, dtype=torch.bool, device=dev)  # frontier ancestors (tree region)
-        s = torch.arange(self.cache.capacity, device=dev)
-        rel = s[None, :] - L[:, None]  # [B,S] tree-region slot index
-        in_region = (rel >= 0) & (rel < tree_slots)
-        base = k
-        for d in range(1, K):  # process the depth-d frontier, creating depth d+1 candidates
-            own = (d - 1) * k + torch.arange(k, device=dev)  # region slots of this frontier
-            # mark each frontier node's own slot (pure device ops: graph-capturable)
-            anc = anc | (torch.arange(tree_slots, device=dev)[None, None, :] == own[None, :, None])
-            slots = L[:, None] + own[None, :]  # [B,k]
-            pos = (L - 1 + d)[:, None].expand(B, k)
-            vis = anc.gather(2, rel.clamp(0, tree_slots - 1)[:, None, :].expand(B, k, s.numel()))
-            mask = ((s[None, None, :] < L[:, None, None]) | (in_region[:, None, :] & vis))[:, None]
-            logits = self.model(f_tok, pos, self.cache, slots, mask)  # [B,k,V]
-            lp = torch.log_softmax(logits.float(), dim=-1)
-            c_lp, c_tok = lp.topk(k, dim=-1)  # [B,k,k]
-            c_score = (f_score[..., None] + c_lp).reshape(B, k * k)
-            c_tok = c_tok.reshape(B, k * k)
-            c_from = torch.arange(k, device=dev).repeat_interleave(k).expand(B, k * k)  # frontier index
-            cand_tokens.append(c_tok)
-            cand_scores.append(c_score)
-            cand_parent.append(frontier.gather(1, c_from))
-            # next frontier: the k best children (stable: earlier candidates win ties)
-            order = torch.sort(c_score, dim=1, descending=True, stable=True).indices[:, :k]
-            anc = anc.gather(1, c_from.gather(1, order)[..., None].expand(B, k, tree_slots))
-            frontier = base + order
-            f_tok, f_score = c_tok.gather(1, order), c_score.gather(1, order)
-            base += k * k
-        tokens = torch.cat(cand_tokens, 1)  # [B,M]
-        scores = torch.cat(cand_scores, 1)
-        parents = torch.cat(cand_parent, 1)
-        return self._select(state, tokens, scores, parents)
 
-    def _select(self, state, tokens, scores, parents) -> DraftTree:
-        B, M = tokens.shape
-        n = self.budget
-        dev = tokens.device
-        chosen = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]
-        chosen = chosen.sort(dim=1).values  # topological order (parents have smaller ids)
-        inv = torch.full((B, M), -1, dtype=torch.int64, device=dev)
-        inv.scatter_(1, chosen, torch.arange(1, n + 1, device=dev).expand(B, n))
-        p = parents.gather(1, chosen)
-        node_parent = torch.where(p < 0, torch.zeros_like(p), inv.gather(1, p.clamp(min=0)))
-        tree_tokens = torch.cat([state.roots()[:, None], tokens.gather(1, chosen)], 1)
-        tree_parents = torch.cat([torch.full((B, 1), -1, dtype=torch.int64, device=dev), node_parent], 1)
-        return DraftTree(tree_tokens, tree_parents, max_depth=self.depth)
+        def step(tokens, carry, pos, slots, mask):
+            logits = self.model(tokens, pos, self.cache, slots, mask)  # [B,k,V]
+            return torch.log_softmax(logits.float(), dim=-1), None
+
+        # the draft model read the root itself (slot L - 1): its tree region starts at L
+        return best_first.expand(state.roots(), root_lp, step, self.depth, self.topk, self.budget,
+                                 base=state.seq_lens, capacity=self.cache.capacity)

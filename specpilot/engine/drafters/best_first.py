@@ -1,0 +1,116 @@
+"""The best-first draft tree of a fixed envelope (EAGLE-2's tree), shared by the drafters that
+expand it one level per forward: the draft model (`draft_model.py`) and the EAGLE-3 head
+(`eagle3.py`).
+
+Given the log-probs of depth-1 tokens after each row's root:
+1. *Expansion*, `depth` levels: the frontier (the `topk` best nodes of the previous level by path
+   score, the sum of draft log-probs) goes through one draft forward (`step`) with a tree mask;
+   each frontier node contributes its `topk` most likely children as candidates. A drafter may
+   carry a per-node state along the frontier (EAGLE-3: the head's own hidden state), which
+   follows each selected node from the forward that produced it.
+2. *Selection*: the `budget` candidates with the highest path score form the tree. A child's score
+   never exceeds its parent's, and a stable sort puts a parent before an equal-score child, so the
+   selected set is prefix-closed.
+With topk = 1 this is a greedy chain of `depth` tokens. Every shape is fixed by
+(batch, depth, topk, budget), so a round can be captured in a CUDA graph.
+
+Where the frontier lives in the draft cache: the depth-d frontier is written at slots
+`base + (d-1)*topk + [0, topk)` (the *tree region*) at RoPE position `base - 1 + d`; it sees the
+committed draft slots `< base` and the region slots of its own ancestors and itself. Region slots
+are past what the drafter has committed, so later writes overwrite them (the stale-slot rule).
+
+Owns: expansion and selection. Does not own the forward of a level (`step`) or the caches.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from specpilot.engine.tree import DraftTree
+
+# step(tokens [B,k], carry [B,k,...] | None, positions [B,k], slots [B,k], mask [B,1,k,S])
+#   -> (log-probs [B,k,V'] float32, carry of these nodes [B,k,...] | None)
+Step = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def num_candidates(depth: int, topk: int) -> int:
+    """M: candidates an expansion produces (topk at depth 1, topk^2 per deeper level)."""
+    return topk + (depth - 1) * topk * topk
+
+
+def expand(
+    roots: torch.Tensor,  # [B] each row's root token
+    root_lp: torch.Tensor,  # [B,V'] float32 log-probs of depth-1 tokens
+    step: Step,
+    depth: int,
+    topk: int,
+    budget: int,
+    base: torch.Tensor,  # [B] first slot of the tree region; committed draft slots are < base
+    capacity: int,  # S: slots of the draft cache
+    carry: torch.Tensor | None = None,  # [B,k,...] the depth-1 frontier's carried state
+    token_ids: torch.Tensor | None = None,  # [V'] target token of each draft-vocabulary index (None: same)
+) -> DraftTree:
+    """The best-first tree of `budget` draft nodes (+ the root) described in the module docstring."""
+    B, k, K = roots.shape[0], topk, depth
+    dev = roots.device
+    to_target = (lambda i: i) if token_ids is None else (lambda i: token_ids[i])  # noqa: E731
+    score, idx = root_lp.topk(k, dim=-1)  # [B,k] depth-1 candidates
+    tok = to_target(idx)
+    cand_tokens, cand_scores = [tok], [score]
+    cand_parent = [torch.full((B, k), -1, dtype=torch.int64, device=dev)]
+    frontier = torch.arange(k, device=dev).expand(B, k)  # candidate ids of the frontier
+    f_tok, f_score = tok, score
+    tree_slots = max(K - 1, 1) * k
+    anc = torch.zeros(B, k, tree_slots, dtype=torch.bool, device=dev)  # frontier ancestors (tree region)
+    s = torch.arange(capacity, device=dev)
+    rel = s[None, :] - base[:, None]  # [B,S] tree-region slot index
+    in_region = (rel >= 0) & (rel < tree_slots)
+    first = k
+    for d in range(1, K):  # process the depth-d frontier, creating depth d+1 candidates
+        own = (d - 1) * k + torch.arange(k, device=dev)  # region slots of this frontier
+        # mark each frontier node's own slot (pure device ops: graph-capturable)
+        anc = anc | (torch.arange(tree_slots, device=dev)[None, None, :] == own[None, :, None])
+        slots = (base[:, None] + own[None, :]).clamp(max=capacity - 1)  # [B,k]
+        pos = (base - 1 + d)[:, None].expand(B, k)
+        vis = anc.gather(2, rel.clamp(0, tree_slots - 1)[:, None, :].expand(B, k, capacity))
+        mask = ((s[None, None, :] < base[:, None, None]) | (in_region[:, None, :] & vis))[:, None]
+        lp, out = step(f_tok, carry, pos, slots, mask)  # [B,k,V'], [B,k,...]
+        c_lp, c_idx = lp.topk(k, dim=-1)  # [B,k,k]
+        c_score = (f_score[..., None] + c_lp).reshape(B, k * k)
+        c_tok = to_target(c_idx).reshape(B, k * k)
+        c_from = torch.arange(k, device=dev).repeat_interleave(k).expand(B, k * k)  # frontier index
+        cand_tokens.append(c_tok)
+        cand_scores.append(c_score)
+        cand_parent.append(frontier.gather(1, c_from))
+        # next frontier: the k best children (stable: earlier candidates win ties)
+        order = torch.sort(c_score, dim=1, descending=True, stable=True).indices[:, :k]
+        parent = c_from.gather(1, order)  # [B,k] the frontier node each new frontier node came from
+        anc = anc.gather(1, parent[..., None].expand(B, k, tree_slots))
+        if out is not None:
+            carry = out.gather(1, parent.view(B, k, *([1] * (out.dim() - 2))).expand_as(out))
+        frontier = first + order
+        f_tok, f_score = c_tok.gather(1, order), c_score.gather(1, order)
+        first += k * k
+    tokens = torch.cat(cand_tokens, 1)  # [B,M]
+    scores = torch.cat(cand_scores, 1)
+    parents = torch.cat(cand_parent, 1)
+    return select(roots, tokens, scores, parents, budget, depth)
+
+
+def select(roots: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor,
+           budget: int, depth: int) -> DraftTree:
+    """The `budget` best candidates (tokens, scores, parents [B,M]; parent -1 = the root) as a tree."""
+    B, M = tokens.shape
+    n = budget
+    dev = tokens.device
+    chosen = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]
+    chosen = chosen.sort(dim=1).values  # topological order (parents have smaller ids)
+    inv = torch.full((B, M), -1, dtype=torch.int64, device=dev)
+    inv.scatter_(1, chosen, torch.arange(1, n + 1, device=dev).expand(B, n))
+    p = parents.gather(1, chosen)
+    node_parent = torch.where(p < 0, torch.zeros_like(p), inv.gather(1, p.clamp(min=0)))
+    tree_tokens = torch.cat([roots[:, None], tokens.gather(1, chosen)], 1)
+    tree_parents = torch.cat([torch.full((B, 1), -1, dtype=torch.int64, device=dev), node_parent], 1)
+    return DraftTree(tree_tokens, tree_parents, max_depth=depth)

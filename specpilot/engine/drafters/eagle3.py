@@ -1,0 +1,126 @@
+"""The EAGLE-3 drafter: a one-layer head over fused target features drafts a best-first tree.
+
+The head's cache holds one entry per committed token but the root: slot t = (target features of
+token t, embedding of token t + 1) at position t, whose output predicts token t + 2. With L
+committed tokens (root at L - 1) slots 0..L-2 are filled and the output at slot L - 2 — the
+*root hidden* — gives the depth-1 log-probs. Each round:
+1. *Expansion* (`best_first.py`): the frontier carries the head's own output hidden states
+   (EAGLE's `input_hidden = out_hidden[:, out_ids]`): a depth-d node is fed (its parent's output,
+   its own token) at position L - 2 + d, in the tree region from slot L - 1 on; `depth` levels of
+   `topk` x `topk` candidates, then the `tree_budget` best form the tree (topk = 1: a chain).
+2. *Catch-up* (`observe`, run by the generator right after verification, inside the same round):
+   the target features of the accepted path (root first, captured in the verify forward) and the
+   tokens that follow them (the accepted drafts, then the bonus) fill slots P..P+K (P = the
+   verified root's slot) in one causal forward; the output at P + accept_len is the next root
+   hidden. Entries past the accepted length land at slots >= the new root's and are overwritten
+   before anything sees them (the engine's stale-slot rule), as are the tree region's.
+The prompt's slots are filled in `start` from the features captured during the target's prefill.
+Every shape is fixed by (batch, capacity, depth, topk, budget): the round is graph-capturable with
+the generator's single host sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specpilot.engine.drafters import best_first
+from specpilot.engine.drafters.base import Drafter, register
+from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.state import DecodeState
+from specpilot.engine.tree import DraftTree
+from specpilot.engine.verify import Acceptance
+from specpilot.errors import ConfigError
+from specpilot.models.eagle3 import Eagle3Model
+from specpilot.models.transformer import Transformer
+
+PROMPT_CHUNK = 512  # prompt slots per head forward in `start` (bounds the dense mask)
+
+
+@dataclass
+class Eagle3Cache:
+    """One generator workspace's head state; never reallocated, so captured graphs stay valid."""
+
+    kv: KVCache  # the head's one layer, [B,Hkv,S,D]
+    root_hidden: torch.Tensor  # [B,C] the head's output at each row's root slot (L - 2)
+
+
+@register("eagle3")
+class Eagle3Drafter(Drafter):
+    def __init__(self, model: Eagle3Model, target: Transformer, depth: int, topk: int, tree_budget: int):
+        if min(depth, topk, tree_budget) < 1:
+            raise ConfigError(f"EAGLE-3 needs depth, topk and tree_budget >= 1 (got {depth}, {topk}, {tree_budget})")
+        if model.spec.target_hidden_size != target.config.hidden_size:
+            raise ConfigError("EAGLE-3 head and target differ in hidden size")
+        self.model, self.target = model, target
+        self.depth, self.topk = depth, topk
+        self.num_candidates = best_first.num_candidates(depth, topk)  # M
+        self.budget = min(tree_budget, self.num_candidates)
+        self.window = depth + 1  # slots a catch-up writes (the generator sizes its slack with this)
+        self.embed = model.embed_tokens if model.embed_tokens is not None else target.embed_tokens
+        self.token_ids = model.token_ids()  # [Vd] target id per draft id, None if the same vocabulary
+        self.caches: dict[tuple[int, int], Eagle3Cache] = {}  # per workspace, shared by depth tiers
+        self.cache: Eagle3Cache | None = None
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.model.feature_layers
+
+    @property
+    def num_nodes(self) -> int:
+        return self.budget + 1
+
+    def release(self, key: tuple[int, int]) -> None:
+        self.caches.pop(key, None)
+
+    def start(self, prompts: list[list[int]], state: DecodeState, features: list[torch.Tensor] | None = None) -> None:
+        """Allocate this workspace's head cache and fill the prompts' slots from `features` (per row
+        [len - 1, n*C], from the target's prefill; None when there is no prefill, e.g. capture)."""
+        key = (state.batch, state.capacity)
+        m = self.model
+        if key not in self.caches:
+            kv = KVCache.allocate(m.config, *key, m.device, m.dtype)
+            self.caches[key] = Eagle3Cache(kv, torch.zeros(state.batch, m.config.hidden_size, device=m.device, dtype=m.dtype))
+        self.cache = self.caches[key]
+        if features is None:
+            return
+        self.cache.root_hidden.zero_()  # a one-token prompt has no slot: its first round drafts from zeros
+        dev = m.device
+        for b, (p, f) in enumerate(zip(prompts, features)):
+            row = self.cache.kv.row(b)
+            nxt = torch.tensor(p[1:], dtype=torch.int64, device=dev)  # token t + 1 of slot t
+            for s in range(0, f.shape[0], PROMPT_CHUNK):
+                e = min(s + PROMPT_CHUNK, f.shape[0])
+                pos = torch.arange(s, e, device=dev)[None]  # [1,T]
+                mask = (torch.arange(row.capacity, device=dev)[None, None, :] <= pos[..., None])[:, None]
+                out = self._forward(row, f[None, s:e].to(m.dtype), nxt[None, s:e], pos, mask)
+                self.cache.root_hidden[b] = out[0, -1]
+
+    def _forward(self, kv: KVCache, features, tokens, positions, mask) -> torch.Tensor:
+        """Head outputs [B,T,C] of slots (features [B,T,n*C], next tokens [B,T]) at positions = slots."""
+        return self.model.forward_cached(self.embed(tokens), self.model.fuse(features), positions, kv, positions, mask)
+
+    def observe(self, acc: Acceptance, prefix: torch.Tensor) -> None:
+        """Catch up on the round whose root sat at slot `prefix [B]` (see the module docstring)."""
+        K1 = acc.features.shape[1]
+        kv = self.cache.kv
+        pos = (prefix[:, None] + torch.arange(K1, device=prefix.device)[None]).clamp(max=kv.capacity - 1)  # [B,K+1]
+        mask = (torch.arange(kv.capacity, device=pos.device)[None, None, :] <= pos[..., None])[:, None]
+        out = self._forward(kv, acc.features.to(self.model.dtype), acc.new_tokens, pos, mask)  # [B,K+1,C]
+        at = acc.accept_len[:, None, None].expand(-1, 1, out.shape[-1])
+        self.cache.root_hidden.copy_(out.gather(1, at)[:, 0])
+
+    def propose(self, state: DecodeState, host_tokens=None) -> DraftTree:
+        B, k = state.batch, self.topk
+        root = self.cache.root_hidden  # [B,C]
+        root_lp = torch.log_softmax(self.model.logits(root).float(), dim=-1)  # [B,Vd]
+        # the root's own slot (L - 1) is filled by the next catch-up: the tree region starts there
+        return best_first.expand(state.roots(), root_lp, self._step, self.depth, k, self.budget,
+                                 base=state.cache_prefix(), capacity=self.cache.kv.capacity,
+                                 carry=root[:, None].expand(B, k, -1), token_ids=self.token_ids)
+
+    def _step(self, tokens, carry, positions, slots, mask):
+        """One frontier level: (log-probs [B,k,Vd], the nodes' output hidden states [B,k,C])."""
+        hidden = self.model.forward_cached(self.embed(tokens), carry, positions, self.cache.kv, slots, mask)
+        return torch.log_softmax(self.model.logits(hidden).float(), dim=-1), hidden
