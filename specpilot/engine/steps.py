@@ -71,16 +71,24 @@ def prefill(model: Transformer, cache: KVCache, prompts: list[list[int]], chunk:
         row = cache.row(b)
         parts = [torch.zeros(0, len(capture) * model.config.hidden_size, device=dev, dtype=model.dtype)]
         for s in range(0, len(body), chunk):
-            part = body[s : s + chunk]
-            n = len(part)
-            part = part + [0] * (padded_length(len(part), s, cache.capacity, bucket) - len(part))
-            tokens = torch.tensor(part, dtype=torch.int64, device=dev)[None]
-            empty = torch.zeros(1, 0, dtype=torch.int64, device=dev)
-            out = chunk_forward(model, row, tokens, torch.tensor([s], device=dev), logits_for=empty, capture=capture)
+            out = prefill_chunk(model, row, body[s : s + chunk], s, bucket, capture)
             if capture:
-                parts.append(out[1][0, :n])
+                parts.append(out)
         features.append(torch.cat(parts))
     return features if capture else None
+
+
+def prefill_chunk(model: Transformer, row: KVCache, tokens: list[int], start: int, bucket: int = 0,
+                  capture: tuple[int, ...] = ()) -> torch.Tensor | None:
+    """Prompt tokens at slots start.. of a one-row cache (`KVCache.row`), padded as in `prefill`;
+    with `capture`, their features [T,nC] (padding cut off)."""
+    dev = model.device
+    n = len(tokens)
+    padded = list(tokens) + [0] * (padded_length(n, start, row.capacity, bucket) - n)
+    ids = torch.tensor(padded, dtype=torch.int64, device=dev)[None]
+    empty = torch.zeros(1, 0, dtype=torch.int64, device=dev)
+    out = chunk_forward(model, row, ids, torch.tensor([start], device=dev), logits_for=empty, capture=capture)
+    return out[1][0, :n] if capture else None
 
 
 def tree_forward(model: Transformer, cache: KVCache, tree: DraftTree, prefix: torch.Tensor,

@@ -21,7 +21,7 @@ import torch
 from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.state import DecodeState
-from specpilot.engine.steps import prefill
+from specpilot.engine.steps import prefill, prefill_chunk
 from specpilot.engine.tree import DraftTree
 from specpilot.models.transformer import Transformer
 
@@ -52,6 +52,12 @@ class DraftModelDrafter(Drafter):
             self.caches[key] = KVCache.allocate(self.model.config, *key, self.model.device, self.model.dtype)
         self.cache = self.caches[key]
         prefill(self.model, self.cache, prompts, bucket=self.prefill_bucket)
+
+    def prefill_row(self, row: int, tokens: list[int], start: int, state: DecodeState, features=None) -> None:
+        """One prompt chunk of the request entering `row` into the draft cache (as `start` does for
+        a whole batch; the first round's catch-up covers the root and what follows)."""
+        if tokens:
+            prefill_chunk(self.model, self.cache.row(row), tokens, start, self.prefill_bucket)
 
     def release(self, key: tuple[int, int]) -> None:
         """Forget the cache of a workspace the generator dropped."""
