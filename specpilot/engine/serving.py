@@ -49,7 +49,9 @@ PREFILL_CHUNK = 512  # prompt tokens prefilled per host sync, over all admitted 
 class Request:
     prompt: tuple[int, ...]
     max_new: int
-    arrival: float = 0.0  # seconds after the start of `ServingEngine.run` before which it waits outside
+    # seconds after the start of `ServingEngine.run` at which it arrives and queues; None: a
+    # closed-loop client's request, sent when a slot is free and timed from its admission
+    arrival: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class RequestResult:
     slot: int  # the row that decoded it
     rounds: int  # rounds the request decoded in (target forwards)
     accept_lengths: list[int]  # tokens committed per round
-    arrival: float
+    arrival: float  # (its admission in a closed loop)
     admitted: float  # took a slot
     first_token: float  # the sync after its first round
     finished: float  # the sync that saw it done
@@ -228,7 +230,7 @@ class ServingEngine:
         needs_host = gen.speculative and gen.drafters[tier].needs_host_tokens
         sync_every = gen.sync_every
         host = [[0] for _ in range(B)] if needs_host else None
-        queue = deque(sorted(range(len(requests)), key=lambda i: requests[i].arrival))
+        queue = deque(sorted(range(len(requests)), key=lambda i: requests[i].arrival or 0.0))
         slots: list[_Slot | None] = [None] * B
         results: list[RequestResult | None] = [None] * len(requests)
         recent: list[float] = []
@@ -239,7 +241,7 @@ class ServingEngine:
         now = 0.0
         while True:
             for b in range(B):  # admission: free slots take the requests that have arrived
-                if slots[b] is None and queue and requests[queue[0]].arrival <= now:
+                if slots[b] is None and queue and (requests[queue[0]].arrival or 0.0) <= now:
                     i = queue.popleft()
                     slots[b] = _Slot(i, admitted=now)
                     st.load_row(b, list(requests[i].prompt), requests[i].max_new)
@@ -249,7 +251,7 @@ class ServingEngine:
             if all(s is None for s in slots):
                 if not queue:
                     break
-                time.sleep(max(0.0, requests[queue[0]].arrival - (time.perf_counter() - t0)))
+                time.sleep(max(0.0, (requests[queue[0]].arrival or 0.0) - (time.perf_counter() - t0)))
                 now = time.perf_counter() - t0
                 continue
             decoding = [b for b, s in enumerate(slots) if s and s.decoding]
@@ -308,5 +310,5 @@ class ServingEngine:
             P, L, n = len(r.prompt), lens[b], row_rounds[b]
             results[s.index] = RequestResult(
                 cut_output(tokens[j][P:L], eos_ids, r.max_new), b, n, logs[j][:n],
-                r.arrival, s.admitted, s.first_token, now,
+                s.admitted if r.arrival is None else r.arrival, s.admitted, s.first_token, now,
             )
