@@ -5,8 +5,8 @@ order in which AR and the systems run each unit, and the raw measurements (`Unit
 
 Protocol. One process, one loaded `Session` (as `runner.py`). The request pool is the deployment's
 benchmark prompts, taken from the sets in turn (so every stretch of it mixes the sets). For each
-concurrency level C, the pool is cut into *units* of `unit_requests` consecutive requests (default
-4 C; a remainder is left out); a unit is served by a `ServingEngine` with C slots, closed loop
+concurrency level C, the pool is cut into *units* of `requests_per_slot` x C consecutive requests
+(the first `units` of them, or all whole ones); a unit is served by a `ServingEngine` with C slots, closed loop
 (C clients, each sending its next request when its last one returns, so a request is timed from
 its admission) or, with `arrival_rate` R > 0, with Poisson arrivals at R requests per second (exponential
 gaps, seeded by (seed, C, unit), the same for every engine). A unit's time runs from its first
@@ -34,9 +34,6 @@ from specpilot.config import Deployment, System, load_system
 from specpilot.errors import ConfigError
 from specpilot.guard.divergence import first_divergence
 
-UNIT_PER_SLOT = 4  # default requests per timed unit, per slot
-
-
 @dataclass(frozen=True)
 class ServingConfig:
     """The settings of one serving benchmark; `specpilot bench --regime serving` flags map onto these."""
@@ -46,7 +43,8 @@ class ServingConfig:
     max_new_tokens: int
     concurrency: tuple[int, ...]  # slots (C) of each level, run one after the other
     arrival_rate: float = 0.0  # requests per second, Poisson; 0 = closed loop
-    unit_requests: int = 0  # requests per timed unit; 0 = UNIT_PER_SLOT x C
+    requests_per_slot: int = 4  # a timed unit serves this many requests per slot (x C in all)
+    units: int = 0  # timed units per level, at most; 0 = every whole unit of the pool
     seed: int = 0  # chooses the prompt subsets and the arrival times
     warmup_tokens: int = 32
     resamples: int = DEFAULT_RESAMPLES
@@ -67,8 +65,10 @@ class ServingConfig:
             raise ConfigError(f"--concurrency repeats a level: {list(self.concurrency)}")
         if not self.arrival_rate >= 0:
             raise ConfigError(f"--arrival-rate must be >= 0 (0 = closed loop), got {self.arrival_rate}")
-        if self.unit_requests < 0:
-            raise ConfigError(f"--unit-requests must be >= 0 (0 = {UNIT_PER_SLOT} x concurrency)")
+        if self.requests_per_slot < 1:
+            raise ConfigError(f"--requests-per-slot must be >= 1, got {self.requests_per_slot}")
+        if self.units < 0:
+            raise ConfigError(f"--units must be >= 0 (0 = as many as the prompts give), got {self.units}")
         if self.warmup_tokens < 1:
             raise ConfigError(f"--warmup-tokens must be >= 1, got {self.warmup_tokens}")
         if not 0.5 <= self.level < 1:
@@ -86,7 +86,7 @@ class ServingConfig:
         return cls(**base)
 
     def unit_size(self, concurrency: int) -> int:
-        return self.unit_requests or UNIT_PER_SLOT * concurrency
+        return self.requests_per_slot * concurrency
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -164,11 +164,13 @@ def request_pool(prompts: list[BenchPrompt]) -> list[BenchPrompt]:
     return [col[i] for i in range(max(map(len, columns), default=0)) for col in columns if i < len(col)]
 
 
-def units_of(pool: list[BenchPrompt], size: int, concurrency: int) -> list[list[BenchPrompt]]:
+def units_of(pool: list[BenchPrompt], size: int, concurrency: int, limit: int = 0) -> list[list[BenchPrompt]]:
+    """Consecutive units of `size` requests, at most `limit` of them (0: every whole one)."""
     if len(pool) < size:
         raise ConfigError(f"concurrency {concurrency}: a timed unit takes {size} requests but the sets give "
-                          f"{len(pool)}; raise --n-prompts or lower --unit-requests")
-    return [pool[i : i + size] for i in range(0, len(pool) - len(pool) % size, size)]
+                          f"{len(pool)}; raise --n-prompts or lower --requests-per-slot")
+    units = [pool[i : i + size] for i in range(0, len(pool) - len(pool) % size, size)]
+    return units[:limit] if limit else units
 
 
 def arrival_times(rate: float, n: int, seed: int, concurrency: int, unit: int) -> tuple[float | None, ...]:
@@ -205,7 +207,7 @@ def run_serving(session, systems: tuple[System, ...], prompts: list[BenchPrompt]
     if not systems:
         raise ConfigError("no system to benchmark")
     pool = request_pool(prompts)
-    plans = [(c, units_of(pool, config.unit_size(c), c)) for c in config.concurrency]  # fail before timing
+    plans = [(c, units_of(pool, config.unit_size(c), c, config.units)) for c in config.concurrency]  # fail early
     gens = [(AR_NAME, session.generator(load_system(AR_NAME, session.deployment)))]
     gens += [(s.name, session.generator(s)) for s in systems]
     longest = max(len(p.ids) for p in pool)
@@ -243,4 +245,5 @@ def run_serving(session, systems: tuple[System, ...], prompts: list[BenchPrompt]
 def count_runs(prompts: list[BenchPrompt], config: ServingConfig, systems: int) -> int:
     """`ServingEngine.run` calls `run_serving` makes (warm-ups included): the progress bar's total."""
     pool = len(prompts)
-    return sum((pool // config.unit_size(c) + 1) * (systems + 1) for c in config.concurrency)
+    units = [pool // config.unit_size(c) for c in config.concurrency]
+    return sum((min(u, config.units or u) + 1) * (systems + 1) for u in units)

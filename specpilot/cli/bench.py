@@ -71,8 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serving: decode slots, one level per value, e.g. 1 8 32 (default: the deployment's batch)")
     p.add_argument("--arrival-rate", type=float,
                    help="serving: Poisson arrivals, requests per second, seeded by --seed (default: closed loop)")
-    p.add_argument("--unit-requests", type=int,
-                   help="serving: requests per timed unit (default: 4 x concurrency)")
+    p.add_argument("--requests-per-slot", type=int,
+                   help="serving: a timed unit serves this many requests per slot (default 4)")
+    p.add_argument("--units", type=int,
+                   help="serving: timed units per concurrency level, at most (default: all the prompts give)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--out", help="results directory (default: $SPECPILOT_HOME/runs/bench/<UTC time>-<deployment>)")
     p.add_argument("--overwrite", action="store_true", help="allow --out to be a directory that already holds files")
@@ -93,7 +95,7 @@ def config_from_args(args, deployment: Deployment) -> BenchConfig:
     )
 
 
-SERVING_ONLY = ("concurrency", "arrival_rate", "unit_requests")
+SERVING_ONLY = ("concurrency", "arrival_rate", "requests_per_slot", "units")
 
 
 def serving_config_from_args(args, deployment: Deployment):
@@ -106,7 +108,8 @@ def serving_config_from_args(args, deployment: Deployment):
     sets = tuple(s for item in args.sets for s in item.split(",") if s) if args.sets else None
     return ServingConfig.for_deployment(
         deployment, sets=sets, n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens,
-        concurrency=args.concurrency, arrival_rate=args.arrival_rate, unit_requests=args.unit_requests,
+        concurrency=args.concurrency, arrival_rate=args.arrival_rate,
+        requests_per_slot=args.requests_per_slot, units=args.units,
         seed=args.seed, warmup_tokens=args.warmup_tokens, resamples=args.resamples, level=args.level,
         interval=IntervalMethod(args.interval), ignore_eos=args.ignore_eos,
     )

@@ -301,14 +301,15 @@ class ServingEngine:
     def _retire(self, ws: Workspace, rows: list[int], slots, requests, results, lens, row_rounds, eos_ids,
                 now: float) -> None:
         """Read back the finished rows' outputs and statistics (one transfer for all of them)."""
-        idx = torch.tensor(rows, device=ws.state.tokens.device)
-        tokens = ws.state.tokens.index_select(0, idx).tolist()
-        logs = ws.state.accept_log.index_select(0, idx).tolist()
+        st = ws.state
+        idx = torch.tensor(rows, device=st.tokens.device)
+        both = torch.cat([st.tokens.index_select(0, idx), st.accept_log.index_select(0, idx).long()], 1).tolist()
+        S = st.capacity
         for j, b in enumerate(rows):
             s = slots[b]
             r = requests[s.index]
             P, L, n = len(r.prompt), lens[b], row_rounds[b]
             results[s.index] = RequestResult(
-                cut_output(tokens[j][P:L], eos_ids, r.max_new), b, n, logs[j][:n],
+                cut_output(both[j][P:L], eos_ids, r.max_new), b, n, both[j][S : S + n],
                 s.admitted if r.arrival is None else r.arrival, s.admitted, s.first_token, now,
             )

@@ -23,6 +23,7 @@ def test_pool_takes_the_sets_in_turn_and_units_drop_the_remainder():
     pool = request_pool(prompts)
     assert [p.source_id for p in pool] == ["gsm8k-0", "mbpp-0", "gsm8k-1", "mbpp-1", "gsm8k-2"]
     assert [[p.source_id for p in u] for u in units_of(pool, 2, 1)] == [["gsm8k-0", "mbpp-0"], ["gsm8k-1", "mbpp-1"]]
+    assert len(units_of(pool, 2, 1, limit=1)) == 1 and len(units_of(pool, 1, 1, limit=0)) == 5
     with pytest.raises(ConfigError, match="raise --n-prompts"):
         units_of(pool, 6, 2)
 
@@ -38,8 +39,9 @@ def test_arrivals_are_seeded_poisson_and_none_in_a_closed_loop():
 def test_config_defaults_and_checks(tiny_deployment):
     c = ServingConfig.for_deployment(tiny_deployment)
     assert c.concurrency == (1,) and c.unit_size(8) == 32
-    assert ServingConfig.for_deployment(tiny_deployment, concurrency=[2, 4], unit_requests=3).unit_size(4) == 3
-    for bad in ({"concurrency": [0]}, {"concurrency": [2, 2]}, {"arrival_rate": -1.0}, {"unit_requests": -1}):
+    assert ServingConfig.for_deployment(tiny_deployment, concurrency=[2, 4], requests_per_slot=3).unit_size(4) == 12
+    for bad in ({"concurrency": [0]}, {"concurrency": [2, 2]}, {"arrival_rate": -1.0}, {"requests_per_slot": 0},
+                {"units": -1}):
         with pytest.raises(ConfigError):
             ServingConfig.for_deployment(tiny_deployment, **bad)
 
@@ -64,11 +66,12 @@ def test_serving_statistics():
 def test_cli_serving_run_writes_json_and_markdown(tiny_deployment_toml, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--deployment", str(tiny_deployment_toml), "--regime", "serving", "--concurrency", "1", "2",
-            "--unit-requests", "2", "--max-new-tokens", "5", "--warmup-tokens", "2", "--resamples", "200",
+            "--requests-per-slot", "1", "--units", "5", "--max-new-tokens", "5", "--warmup-tokens", "2", "--resamples", "200",
             "--device", "cpu", "--out", str(out), "--no-progress"]
     assert cli.main(argv) == 0
     table = capsys.readouterr().out
-    assert "concurrency 2: 5 units of 2 requests" in table and "TPOT p50 ms" in table
+    assert "concurrency 1: 5 units of 1 requests, 5 left out" in table and "TPOT p50 ms" in table
+    assert "concurrency 2: 5 units of 2 requests" in table
     assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md"]
     doc = json.loads((out / "results.json").read_text())
     assert doc["schema"] == "specpilot.serving/1" and doc["config"]["concurrency"] == [1, 2]
@@ -76,11 +79,11 @@ def test_cli_serving_run_writes_json_and_markdown(tiny_deployment_toml, tmp_path
     for lv in doc["levels"]:
         ar, stock = lv["engines"]
         assert ar["name"] == "ar" and stock["name"] == "stock" and ar["speedup"] is None
-        assert stock["identical"] == stock["requests"] == 10  # float32 on CPU: lossless means equal tokens
+        assert stock["identical"] == stock["requests"] == 5 * lv["concurrency"]  # float32 CPU: equal tokens
         assert ar["tokens_per_second"]["estimate"] > 0 and stock["speedup"]["low"] is not None
         assert set(ar["latency"]) == {"p50", "p90", "p99"} and ar["latency"]["p50"]["estimate"] > 0
     assert doc["levels"][0]["engines"][0]["scaling"] is None and doc["levels"][1]["engines"][0]["scaling"]
-    assert len(doc["units"]) == 10 and doc["units"][0]["arrivals"] == [None, None]
+    assert len(doc["units"]) == 10 and doc["units"][0]["arrivals"] == [None]
     assert "| stock |" in (out / "results.md").read_text()
 
 
