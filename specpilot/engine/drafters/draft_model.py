@@ -12,6 +12,14 @@ Each round:
    child, so the selected set is prefix-closed.
 With topk = 1 this is a greedy chain of `depth` tokens. Every shape is fixed by
 (batch, depth, topk, tree_budget), so a round can be captured in a CUDA graph.
+
+*Shared budget* (`shared_budget` = s > 0): the batch's rows split B x s draft nodes by path score
+instead of taking `tree_budget` each. Each row ranks its best `tree_budget` candidates as above
+(a prefix-closed ranking: parents first); all B x tree_budget ranked scores are sorted together
+(stable, so within a row a parent stays before an equal-score child) and the best B x s are kept.
+A row's kept nodes are then a prefix of its ranking, hence prefix-closed; the rest are padding
+(`DraftTree.valid`), never accepted and left out of the verify forward's projections. Rows not
+decoding (`state.done`) rank last, so their share goes to the rows that decode.
 """
 
 from __future__ import annotations
@@ -28,11 +36,13 @@ from specpilot.models.transformer import Transformer
 
 @register("model")
 class DraftModelDrafter(Drafter):
-    def __init__(self, model: Transformer, depth: int, topk: int, tree_budget: int, window: int = 0):
+    def __init__(self, model: Transformer, depth: int, topk: int, tree_budget: int, window: int = 0,
+                 shared_budget: int = 0):
         self.model = model
         self.depth, self.topk = depth, topk
         self.num_candidates = topk + (depth - 1) * topk * topk  # M
         self.budget = min(tree_budget, self.num_candidates)
+        self.shared = min(shared_budget, self.budget)  # mean draft nodes per row; 0 = no sharing
         self.window = window or depth + 1
         if self.window < depth + 1:
             raise ValueError("window must cover depth + 1 tokens")
@@ -124,12 +134,27 @@ class DraftModelDrafter(Drafter):
         B, M = tokens.shape
         n = self.budget
         dev = tokens.device
-        chosen = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]
-        chosen = chosen.sort(dim=1).values  # topological order (parents have smaller ids)
+        ranked = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]  # [B,n] best first
+        chosen, rank = ranked.sort(dim=1)  # topological order (parents have smaller ids)
+        valid = None
+        if self.shared:
+            kept = self._shared(state, scores.gather(1, ranked))  # [B,n] by rank
+            valid = torch.cat([torch.ones(B, 1, dtype=torch.bool, device=dev), kept.gather(1, rank)], 1)
         inv = torch.full((B, M), -1, dtype=torch.int64, device=dev)
         inv.scatter_(1, chosen, torch.arange(1, n + 1, device=dev).expand(B, n))
         p = parents.gather(1, chosen)
         node_parent = torch.where(p < 0, torch.zeros_like(p), inv.gather(1, p.clamp(min=0)))
         tree_tokens = torch.cat([state.roots()[:, None], tokens.gather(1, chosen)], 1)
         tree_parents = torch.cat([torch.full((B, 1), -1, dtype=torch.int64, device=dev), node_parent], 1)
-        return DraftTree(tree_tokens, tree_parents, max_depth=self.depth)
+        if valid is None:
+            return DraftTree(tree_tokens, tree_parents, max_depth=self.depth)
+        return DraftTree(tree_tokens, tree_parents, max_depth=self.depth, valid=valid,
+                         num_valid=B * (1 + self.shared))
+
+    def _shared(self, state: DecodeState, ranked: torch.Tensor) -> torch.Tensor:
+        """[B,n] bool: which of each row's ranked candidates (scores [B,n], best first) are among
+        the batch's best B x shared; rows not decoding rank last."""
+        B, n = ranked.shape
+        ranked = torch.where(state.done[:, None], torch.full_like(ranked, float("-inf")), ranked)
+        best = torch.sort(ranked.reshape(-1), descending=True, stable=True).indices[: B * self.shared]
+        return torch.zeros(B * n, dtype=torch.bool, device=ranked.device).index_fill_(0, best, True).view(B, n)
