@@ -131,7 +131,7 @@ class Session:
                 )
             for d in tiers:
                 drafters[d] = DraftModelDrafter(self.drafter_model, d, system.topk, system.tree_budget, system.window,
-                                                system.shared_budget)
+                                                system.shared_budget, system.row_depth_margin)
         elif system.drafter is DrafterKind.DFLASH:
             if self.dflash_model is None:
                 raise ConfigError(

@@ -112,7 +112,7 @@ def packed_argmax(model: Transformer, cache: KVCache, tree: DraftTree, prefix: t
     forward whose projections run on the `tree.num_valid` valid nodes only."""
     B, N = tree.tokens.shape
     # the valid nodes' flat indices, in order: a static count, so no host sync and one graph
-    pack = torch.sort(tree.valid.reshape(-1).to(torch.int8), descending=True, stable=True).indices[: tree.num_valid]
+    pack = torch.sort(tree.valid.reshape(-1).to(torch.int32), descending=True, stable=True).indices[: tree.num_valid]
     logits = tree_forward(model, cache, tree, prefix, pack=pack)  # [1,M,V]
     logits = apply_logit_bias(fault, logits, generated_index.reshape(-1)[pack][None])
     out = torch.full((B * N,), -1, dtype=torch.int64, device=pack.device)

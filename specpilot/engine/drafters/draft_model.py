@@ -20,6 +20,12 @@ instead of taking `tree_budget` each. Each row ranks its best `tree_budget` cand
 A row's kept nodes are then a prefix of its ranking, hence prefix-closed; the rest are padding
 (`DraftTree.valid`), never accepted and left out of the verify forward's projections. Rows not
 decoding (`state.done`) rank last, so their share goes to the rows that decode.
+
+*Per-request depth* (`row_depth_margin` = m > 0): a row whose last ROW_DEPTH_WINDOW rounds accepted
+a drafts on average gets candidates only down to depth ceil(a) + m (all depths before it has a
+round): deeper candidates score -inf before selection, which keeps every set prefix-closed (a
+child never outscores its parent) and, with a shared budget, hands their nodes to other rows.
+It reads the acceptance log in the decoding state, so it needs no state of its own.
 """
 
 from __future__ import annotations
@@ -33,16 +39,19 @@ from specpilot.engine.steps import prefill, prefill_chunk
 from specpilot.engine.tree import DraftTree
 from specpilot.models.transformer import Transformer
 
+ROW_DEPTH_WINDOW = 4  # recent rounds whose mean acceptance sets a row's depth cap
+
 
 @register("model")
 class DraftModelDrafter(Drafter):
     def __init__(self, model: Transformer, depth: int, topk: int, tree_budget: int, window: int = 0,
-                 shared_budget: int = 0):
+                 shared_budget: int = 0, row_depth_margin: int = 0):
         self.model = model
         self.depth, self.topk = depth, topk
         self.num_candidates = topk + (depth - 1) * topk * topk  # M
         self.budget = min(tree_budget, self.num_candidates)
         self.shared = min(shared_budget, self.budget)  # mean draft nodes per row; 0 = no sharing
+        self.row_depth_margin = row_depth_margin  # 0 = every row drafts to `depth`
         self.window = window or depth + 1
         if self.window < depth + 1:
             raise ValueError("window must cover depth + 1 tokens")
@@ -134,6 +143,11 @@ class DraftModelDrafter(Drafter):
         B, M = tokens.shape
         n = self.budget
         dev = tokens.device
+        if self.row_depth_margin:
+            k = self.topk
+            depth = torch.cat([torch.ones(k, dtype=torch.int64, device=dev)]
+                              + [torch.full((k * k,), d + 1, dtype=torch.int64, device=dev) for d in range(1, self.depth)])
+            scores = torch.where(depth[None, :] > self.row_caps(state)[:, None], float("-inf"), scores)
         ranked = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]  # [B,n] best first
         chosen, rank = ranked.sort(dim=1)  # topological order (parents have smaller ids)
         valid = None
@@ -150,6 +164,17 @@ class DraftModelDrafter(Drafter):
             return DraftTree(tree_tokens, tree_parents, max_depth=self.depth)
         return DraftTree(tree_tokens, tree_parents, max_depth=self.depth, valid=valid,
                          num_valid=B * (1 + self.shared))
+
+    def row_caps(self, state: DecodeState) -> torch.Tensor:
+        """[B] deepest candidate depth per row: ceil(mean accepted drafts of its last rounds) + margin."""
+        R = state.accept_log.shape[1]
+        j = state.rounds[:, None] - 1 - torch.arange(ROW_DEPTH_WINDOW, device=state.rounds.device)[None]  # [B,W]
+        seen = j >= 0
+        drafts = state.accept_log.gather(1, j.clamp(0, R - 1)).long() - 1  # accepted drafts of those rounds
+        n = seen.sum(1)
+        mean = (drafts * seen).sum(1) / n.clamp(min=1)
+        cap = (torch.ceil(mean).long() + self.row_depth_margin).clamp(1, self.depth)
+        return torch.where(n > 0, cap, torch.full_like(cap, self.depth))
 
     def _shared(self, state: DecodeState, ranked: torch.Tensor) -> torch.Tensor:
         """[B,n] bool: which of each row's ranked candidates (scores [B,n], best first) are among

@@ -1,9 +1,9 @@
-"""A node budget shared across the batch: prefix-closed per row, packed verification, lossless.
+"""The batch mechanisms of the draft-model drafter: a shared node budget and per-request depth.
 
 CPU float32 on the random test checkpoints: the packed forward gives the unpacked one's logits at
-the packed rows; the draft model's shared selection keeps B x s nodes, per row a prefix-closed set
-of varying size, none for rows that are done; decoding with it (static batch and continuous
-batching) gives AR's tokens.
+the packed rows; the shared selection keeps B x s nodes, per row a prefix-closed set of varying
+size (its best nodes), none for rows that are done; per-request depth caps each row's tree by its
+recent acceptance; decoding with either (static batch and continuous batching) gives AR's tokens.
 """
 
 import pytest
@@ -70,13 +70,17 @@ def test_packed_forward_equals_unpacked_at_packed_rows(target):
                                        rtol=1e-5, atol=1e-5)
 
 
-def shared_tree(target, draft, prompts, shared, done=(), budget=10):
+def shared_tree(target, draft, prompts, shared, done=(), budget=10, margin=0, log=None):
     B = len(prompts)
-    drafter = DraftModelDrafter(draft, depth=4, topk=3, tree_budget=budget, shared_budget=shared)
+    drafter = DraftModelDrafter(draft, depth=4, topk=3, tree_budget=budget, shared_budget=shared,
+                                row_depth_margin=margin)
     state = DecodeState.allocate(B, 128, 8, "cpu")
     state.reset(prompts, (), 16)
     for b in done:
         state.done[b] = True
+    for b, counts in (log or {}).items():  # committed tokens per past round
+        state.rounds[b] = len(counts)
+        state.accept_log[b, : len(counts)] = torch.tensor(counts)
     cache = KVCache.allocate(target.config, B, 128, "cpu", torch.float32)
     prefill(target, cache, prompts)
     drafter.start(prompts, state)
@@ -125,7 +129,7 @@ def test_serving_with_a_shared_budget_is_lossless(target, draft, prompts, ar_out
     assert [r.output for r in result.requests] == [o[: r.max_new] for o, r in zip(ar_outputs, requests)]
 
 
-def test_shared_budget_knob_checks():
+def test_knob_checks():
     assert System(shared_budget=7).fingerprint() != System().fingerprint()
     System(shared_budget=7).with_changes(drafter=DrafterKind.NONE)  # AR of such a stock
     with pytest.raises(ConfigError, match="> tree_budget"):
@@ -134,3 +138,37 @@ def test_shared_budget_knob_checks():
         System(drafter=DrafterKind.NGRAM, shared_budget=2)
     with pytest.raises(ConfigError, match=">= 0"):
         System(shared_budget=-1)
+    assert System(row_depth_margin=1).fingerprint() != System().fingerprint()
+    with pytest.raises(ConfigError, match="row_depth_margin"):
+        System(drafter=DrafterKind.DFLASH, row_depth_margin=1)
+
+
+def test_row_caps_follow_recent_acceptance(draft):
+    drafter = DraftModelDrafter(draft, depth=5, topk=2, tree_budget=8, row_depth_margin=1)
+    state = DecodeState.allocate(4, 64, 16, "cpu")
+    state.reset([[1, 2]] * 4, (), 16)
+    logs = {1: [6, 6, 6, 6], 2: [3, 1, 2, 1, 1, 1], 3: [1]}  # row 0: no round yet
+    for b, counts in logs.items():
+        state.rounds[b] = len(counts)
+        state.accept_log[b, : len(counts)] = torch.tensor(counts)
+    # row 1: 5 drafts accepted -> capped at depth 5; row 2: last 4 rounds 0.25 -> 1 + 1; row 3: 0 -> 1
+    assert drafter.row_caps(state).tolist() == [5, 5, 2, 1]
+
+
+def test_per_request_depth_caps_each_rows_tree(target, draft, prompts):
+    log = {0: [2, 2, 2, 2], 1: [5, 5, 5, 5]}  # row 0 accepts 1 draft a round, row 1 all 4
+    capped = shared_tree(target, draft, prompts, shared=0, margin=1, log=log).depths()
+    free = shared_tree(target, draft, prompts, shared=0, log=log).depths()
+    assert int(capped[0].max()) == 2 < int(free[0].max())  # ceil(1) + 1; its 12 candidates fill the budget
+    assert torch.equal(capped[1:], free[1:])  # rows at full depth, or without a round yet, unchanged
+    log[0] = [1, 1, 1, 1]  # accepts nothing: depth 1, fewer candidates than its budget
+    shared = shared_tree(target, draft, prompts, shared=4, margin=1, log=log)
+    assert int(shared.valid[0].sum()) <= 1 + 3 and int(shared.depths()[0][shared.valid[0]].max()) <= 1
+
+
+@pytest.mark.parametrize("shared", [0, 3])
+def test_per_request_depth_is_lossless(target, draft, prompts, ar_outputs, shared):
+    gen = Generator(target, {4: DraftModelDrafter(draft, 4, 3, 10, shared_budget=shared, row_depth_margin=1)})
+    assert_identical(target, prompts, ar_outputs, gen.generate(prompts, 40))
+    requests = [Request(tuple(p), 40) for p in prompts]
+    assert [r.output for r in ServingEngine(gen, 4).run(requests).requests] == ar_outputs
