@@ -66,7 +66,8 @@ def test_serving_statistics():
 def test_cli_serving_run_writes_json_and_markdown(tiny_deployment_toml, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--deployment", str(tiny_deployment_toml), "--regime", "serving", "--concurrency", "1", "2",
-            "--requests-per-slot", "1", "--units", "5", "--max-new-tokens", "5", "--warmup-tokens", "2", "--resamples", "200",
+            "--requests-per-slot", "1", "--units", "5", "--max-new-tokens", "5", "--warmup-tokens", "2",
+            "--resamples", "200",
             "--device", "cpu", "--out", str(out), "--no-progress"]
     assert cli.main(argv) == 0
     table = capsys.readouterr().out

@@ -145,8 +145,8 @@ class DraftModelDrafter(Drafter):
         dev = tokens.device
         if self.row_depth_margin:
             k = self.topk
-            depth = torch.cat([torch.ones(k, dtype=torch.int64, device=dev)]
-                              + [torch.full((k * k,), d + 1, dtype=torch.int64, device=dev) for d in range(1, self.depth)])
+            levels = [torch.full((k if d == 1 else k * k,), d, device=dev) for d in range(1, self.depth + 1)]
+            depth = torch.cat(levels)  # [M] each candidate's depth, in candidate order
             scores = torch.where(depth[None, :] > self.row_caps(state)[:, None], float("-inf"), scores)
         ranked = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]  # [B,n] best first
         chosen, rank = ranked.sort(dim=1)  # topological order (parents have smaller ids)
