@@ -70,6 +70,12 @@ class System:
     # from the target's features, so draft_window does not apply to it.
     block_size: int = 16  # DFlash: positions per drafted block (the root + block_size - 1 drafts)
     tree_construction: TreeConstruction = TreeConstruction.BEST_FIRST  # DFlash: chain or tree shape
+    # Draft-model drafter in a batch: the rows share B x shared_budget draft nodes, split by path
+    # score (each row up to tree_budget), and verification projects only those; 0 = tree_budget each.
+    shared_budget: int = 0
+    # Draft-model drafter: per-request depth, each row drafting no deeper than the mean accepted
+    # drafts of its last rounds + this margin (drafters/draft_model.py); 0 = off.
+    row_depth_margin: int = 0
 
     def __post_init__(self):
         if self.drafter is not DrafterKind.NONE:
@@ -97,6 +103,17 @@ class System:
         for d in self.adaptive_depth:
             if d < 1:
                 raise ConfigError(f"system {self.name!r}: adaptive depth tiers must be >= 1")
+        if self.shared_budget < 0:
+            raise ConfigError(f"system {self.name!r}: shared_budget must be >= 0 (got {self.shared_budget})")
+        if self.shared_budget and self.drafter not in (DrafterKind.MODEL, DrafterKind.NONE):
+            raise ConfigError(f"system {self.name!r}: shared_budget needs drafter = 'model'")
+        if self.shared_budget > self.tree_budget:
+            raise ConfigError(f"system {self.name!r}: shared_budget {self.shared_budget} > tree_budget "
+                              f"{self.tree_budget} (a row's most)")
+        if self.row_depth_margin < 0:
+            raise ConfigError(f"system {self.name!r}: row_depth_margin must be >= 0 (got {self.row_depth_margin})")
+        if self.row_depth_margin and self.drafter not in (DrafterKind.MODEL, DrafterKind.NONE):
+            raise ConfigError(f"system {self.name!r}: row_depth_margin needs drafter = 'model'")
         if not (2 <= self.block_size <= 64):
             raise ConfigError(f"system {self.name!r}: block_size must be in 2..64 (got {self.block_size})")
 
@@ -169,7 +186,8 @@ class System:
         return "\n".join(lines) + "\n"
 
 
-_LATER_KNOBS = {"block_size": 16, "tree_construction": TreeConstruction.BEST_FIRST.value, "kernel_table": ""}
+_LATER_KNOBS = {"block_size": 16, "tree_construction": TreeConstruction.BEST_FIRST.value, "kernel_table": "",
+                "shared_budget": 0, "row_depth_margin": 0}
 
 
 @dataclass(frozen=True)

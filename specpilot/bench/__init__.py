@@ -10,6 +10,8 @@
     report.py      output directory, results.json, results.md, the terminal table
     plots.py       speedup.png and accept_hist.png
     progress.py    the stderr progress bar
+    serving.py     `ServingConfig`; the serving regime: continuous batching, units, arrivals
+    serving_results.py  throughput, speedup, scaling, latency percentiles; its JSON and tables
     (the command, `specpilot bench`, is specpilot/cli/bench.py)
 
 Importing this package loads no model and needs no GPU.

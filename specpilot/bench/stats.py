@@ -219,3 +219,37 @@ def geometric_mean_bootstrap(per_set: list[LogBootstrap]) -> LogBootstrap:
         np.concatenate([s.influence for s in per_set]) / m,  # leaving a unit out moves only its set's term
         min(s.units for s in per_set),
     )
+
+
+# ---- serving statistics (`serving_results.py`): a unit is one timed closed-loop run of requests ----
+QUANTILE_RESAMPLES = 2000
+def throughput_bootstrap(seconds, tokens, indices: np.ndarray) -> LogBootstrap:
+    """Tokens per second, sum of tokens / sum of seconds over the units, bootstrapped on `indices`."""
+    ones = np.ones(len(seconds))
+    return per_token_bootstrap(ones, ones, seconds, tokens, indices)
+
+
+def quantile_bootstrap(values: np.ndarray, q: float, indices: np.ndarray,
+                       replicates: int = QUANTILE_RESAMPLES) -> LogBootstrap:
+    """The q-quantile of positive values pooled over units, `values [n, m]` (m per unit, NaN = none),
+    resampled by whole units (a cluster bootstrap: requests served together are not independent),
+    on the first `replicates` rows of `indices` (a pooled quantile per replicate costs far more
+    than a ratio of sums)."""
+    n = values.shape[0]
+    if np.any(~(values[~np.isnan(values)] > 0)):
+        raise ValueError("quantiles are bootstrapped on the log scale: values must be positive")
+    quantile = np.nanquantile if np.isnan(values).any() else np.quantile
+    est = float(np.log(quantile(values, q)))
+    idx = indices[:replicates]
+    reps = np.log(quantile(values[idx].reshape(idx.shape[0], -1), q, axis=1))  # [R]
+    if n < 2:
+        return LogBootstrap(est, reps, np.zeros(n), n)
+    loo = np.array([np.log(quantile(np.delete(values, i, axis=0), q)) for i in range(n)])
+    return LogBootstrap(est, reps, (n - 1) / n * (loo.mean() - loo), n)
+
+
+def ratio_of_independent(a: LogBootstrap, b: LogBootstrap) -> LogBootstrap:
+    """a / b for statistics of independently resampled units (e.g. two concurrency levels); both
+    must have as many replicates. Each unit's influence keeps its sign in a, flips it in b."""
+    return LogBootstrap(a.log_estimate - b.log_estimate, a.log_replicates - b.log_replicates,
+                        np.concatenate([a.influence, -b.influence]), min(a.units, b.units))

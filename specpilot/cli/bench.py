@@ -7,6 +7,10 @@ build the prompts, time AR and the systems interleaved, summarise, and `write_ou
 progress bar and file paths to stderr. A run that fails or is interrupted (exit 130) before
 writing removes the output directory it created.
 
+With `--regime serving` it runs the serving benchmark instead (`specpilot.bench.serving`:
+continuous batching at `--concurrency` slots, closed loop or `--arrival-rate`; results.json and
+results.md from `bench.serving_results`).
+
 Does not own any of the pieces; `register(subparsers)` is wired in by `specpilot.cli`, and
 `python -m specpilot.cli.bench ...` runs the same command on its own.
 """
@@ -60,6 +64,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bootstrap interval method (default bca; see specpilot/bench/stats.py)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="decode exactly --max-new-tokens per prompt, through any EOS (fixed-length runs)")
+    p.add_argument("--regime", choices=["batch", "serving"], default="batch",
+                   help="batch: static batches of --batch prompts; serving: continuous batching of a request "
+                        "stream, throughput and latency percentiles (default batch)")
+    p.add_argument("--concurrency", type=int, nargs="+",
+                   help="serving: decode slots, one level per value, e.g. 1 8 32 (default: the deployment's batch)")
+    p.add_argument("--arrival-rate", type=float,
+                   help="serving: Poisson arrivals, requests per second, seeded by --seed (default: closed loop)")
+    p.add_argument("--requests-per-slot", type=int,
+                   help="serving: a timed unit serves this many requests per slot (default 4)")
+    p.add_argument("--units", type=int,
+                   help="serving: timed units per concurrency level, at most (default: all the prompts give)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--out", help="results directory (default: $SPECPILOT_HOME/runs/bench/<UTC time>-<deployment>)")
     p.add_argument("--overwrite", action="store_true", help="allow --out to be a directory that already holds files")
@@ -77,6 +92,50 @@ def config_from_args(args, deployment: Deployment) -> BenchConfig:
         deployment, sets=sets, n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, batch=args.batch,
         seed=args.seed, warmup_tokens=args.warmup_tokens, resamples=args.resamples, level=args.level,
         interval=IntervalMethod(args.interval), ignore_eos=args.ignore_eos,
+    )
+
+
+SERVING_ONLY = ("concurrency", "arrival_rate", "requests_per_slot", "units")
+
+
+def serving_config_from_args(args, deployment: Deployment):
+    from specpilot.bench.serving import ServingConfig
+    from specpilot.bench.stats import IntervalMethod
+    from specpilot.errors import ConfigError
+
+    if args.batch is not None:
+        raise ConfigError("--batch is for --regime batch; the serving regime takes --concurrency")
+    sets = tuple(s for item in args.sets for s in item.split(",") if s) if args.sets else None
+    return ServingConfig.for_deployment(
+        deployment, sets=sets, n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens,
+        concurrency=args.concurrency, arrival_rate=args.arrival_rate,
+        requests_per_slot=args.requests_per_slot, units=args.units,
+        seed=args.seed, warmup_tokens=args.warmup_tokens, resamples=args.resamples, level=args.level,
+        interval=IntervalMethod(args.interval), ignore_eos=args.ignore_eos,
+    )
+
+
+def serving_benchmark(deployment: Deployment, systems: tuple[System, ...], config, device=None,
+                      show_progress: bool = True, command: tuple[str, ...] = ()):
+    """Load the deployment, serve its prompts with AR and `systems`; the `ServingBenchResult`."""
+    from specpilot.bench import provenance
+    from specpilot.bench.progress import Progress
+    from specpilot.bench.prompts import prompt_ids
+    from specpilot.bench.serving import count_runs, run_serving
+    from specpilot.bench.serving_results import ServingBenchResult, summarise
+    from specpilot.engine.session import Session
+
+    start = time.perf_counter()
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    session = Session.load(deployment, device=device)
+    environment = provenance.capture(session.device, session.target.dtype)
+    prompts = prompt_ids(deployment, session.tokenizer, config.sets, config.n_prompts, config.seed)
+    with Progress(count_runs(prompts, config, len(systems)), f"serve {deployment.name}", enabled=show_progress) as bar:
+        measurements = run_serving(session, systems, prompts, config, progress=bar.step)
+    return ServingBenchResult(
+        deployment=deployment, config=config, levels=summarise(measurements, systems, config, len(prompts)),
+        measurements=measurements, environment=environment, created=created, command=tuple(command),
+        chat_template=any(p.chat for p in prompts), wall_seconds=time.perf_counter() - start,
     )
 
 
@@ -120,9 +179,15 @@ def run_bench(args) -> int:
     from specpilot.bench.runner import systems_under_test
     from specpilot.cli.outdirs import removed_if_left_empty
     from specpilot.config import load_deployment
+    from specpilot.errors import ConfigError
 
     deployment = load_deployment(args.deployment)
     systems = systems_under_test(args.system, deployment)
+    if args.regime == "serving":
+        return run_serving_bench(args, deployment, systems)
+    given = [f"--{name.replace('_', '-')}" for name in SERVING_ONLY if getattr(args, name, None) is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)} needs --regime serving")
     config = config_from_args(args, deployment)
     out = Path(args.out) if args.out else default_out_dir(deployment.name)
     command = tuple(getattr(args, "argv", None) or sys.argv)
@@ -135,6 +200,24 @@ def run_bench(args) -> int:
     if result.dropped_prompts:
         print(f"note: {result.dropped_prompts} prompt(s) left out so every set is a whole number of batches",
               file=sys.stderr)
+    print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0
+
+
+def run_serving_bench(args, deployment: Deployment, systems: tuple[System, ...]) -> int:
+    from specpilot.bench.report import default_out_dir, prepare_out_dir
+    from specpilot.bench.serving_results import render_terminal, write_outputs
+    from specpilot.cli.outdirs import removed_if_left_empty
+
+    config = serving_config_from_args(args, deployment)
+    out = Path(args.out) if args.out else default_out_dir(deployment.name)
+    command = tuple(getattr(args, "argv", None) or sys.argv)
+    with removed_if_left_empty(out):
+        out_dir = prepare_out_dir(out, deployment.name, args.overwrite)
+        result = serving_benchmark(deployment, systems, config, device=args.device,
+                                   show_progress=not args.no_progress, command=command)
+        paths = write_outputs(result, out_dir)
+    print(render_terminal(result))
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
 

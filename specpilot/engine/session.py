@@ -154,7 +154,8 @@ class Session:
                     f"{self.deployment.name!r} has drafter = {self.deployment.drafter!r}"
                 )
             for d in tiers:
-                drafters[d] = DraftModelDrafter(self.drafter_model, d, system.topk, system.tree_budget, system.window)
+                drafters[d] = DraftModelDrafter(self.drafter_model, d, system.topk, system.tree_budget, system.window,
+                                                system.shared_budget, system.row_depth_margin)
         elif system.drafter is DrafterKind.DFLASH:
             if self.dflash_model is None:
                 raise ConfigError(

@@ -23,7 +23,7 @@ class DecodeState:
     prompt_lens: torch.Tensor  # [B] int64
     done: torch.Tensor  # [B] bool: EOS emitted or max_new reached
     eos: torch.Tensor  # [E] int64 (E >= 1; -1 pads an empty list)
-    max_new: torch.Tensor  # [] int64
+    max_new: torch.Tensor  # [B] int64 new-token limit per row
     rounds: torch.Tensor  # [B] int64 target forwards while the row was active
     accept_log: torch.Tensor  # [B,R] int16: tokens committed per round (accepted + 1)
 
@@ -36,7 +36,7 @@ class DecodeState:
             prompt_lens=z(batch),
             done=z(batch, dt=torch.bool),
             eos=torch.full((8,), -1, dtype=torch.int64, device=device),
-            max_new=z(()),
+            max_new=z(batch),
             rounds=z(batch),
             accept_log=z(batch, max_rounds, dt=torch.int16),
         )
@@ -67,6 +67,19 @@ class DecodeState:
         self.max_new.fill_(max_new)
         self.rounds.zero_()
         self.accept_log.zero_()
+
+    def load_row(self, b: int, prompt: list[int], max_new: int) -> None:
+        """Load one request into row `b` (continuous batching), in place, leaving it `done`: the
+        caller clears `done[b]` once the row's prefill is in the caches."""
+        p = torch.tensor(prompt, dtype=torch.int64, device=self.tokens.device)
+        self.tokens[b].zero_()
+        self.tokens[b, : len(prompt)] = p
+        self.seq_lens[b] = len(prompt)
+        self.prompt_lens[b] = len(prompt)
+        self.done[b] = True
+        self.max_new[b] = max_new
+        self.rounds[b] = 0
+        self.accept_log[b].zero_()
 
     def roots(self) -> torch.Tensor:
         """[B] the last committed token of each row."""
@@ -100,18 +113,19 @@ def commit_tokens(state: DecodeState, new: torch.Tensor, count: torch.Tensor) ->
     state.done.logical_or_(hit_eos | limit)
 
 
+def cut_output(generated: list[int], eos_ids, max_new: int) -> list[int]:
+    """A row's generated tokens cut after the first EOS (kept) and at max_new (rounds overshoot)."""
+    gen = generated[:max_new]
+    eos = set(eos_ids)
+    for i, t in enumerate(gen):
+        if t in eos:
+            return gen[: i + 1]
+    return gen
+
+
 def extract_outputs(state: DecodeState, eos_ids: tuple[int, ...], max_new: int) -> list[list[int]]:
     """Generated tokens per row (host), cut after the first EOS (kept) and at max_new."""
     tokens = state.tokens.cpu().tolist()
     lens = state.seq_lens.cpu().tolist()
     starts = state.prompt_lens.cpu().tolist()
-    eos = set(eos_ids)
-    out = []
-    for row, L, s in zip(tokens, lens, starts):
-        gen = row[s:L][:max_new]
-        for i, t in enumerate(gen):
-            if t in eos:
-                gen = gen[: i + 1]
-                break
-        out.append(gen)
-    return out
+    return [cut_output(row[s:L], eos_ids, max_new) for row, L, s in zip(tokens, lens, starts)]

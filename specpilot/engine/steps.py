@@ -71,21 +71,30 @@ def prefill(model: Transformer, cache: KVCache, prompts: list[list[int]], chunk:
         row = cache.row(b)
         parts = [torch.zeros(0, len(capture) * model.config.hidden_size, device=dev, dtype=model.dtype)]
         for s in range(0, len(body), chunk):
-            part = body[s : s + chunk]
-            n = len(part)
-            part = part + [0] * (padded_length(len(part), s, cache.capacity, bucket) - len(part))
-            tokens = torch.tensor(part, dtype=torch.int64, device=dev)[None]
-            empty = torch.zeros(1, 0, dtype=torch.int64, device=dev)
-            out = chunk_forward(model, row, tokens, torch.tensor([s], device=dev), logits_for=empty, capture=capture)
+            out = prefill_chunk(model, row, body[s : s + chunk], s, bucket, capture)
             if capture:
-                parts.append(out[1][0, :n])
+                parts.append(out)
         features.append(torch.cat(parts))
     return features if capture else None
 
 
+def prefill_chunk(model: Transformer, row: KVCache, tokens: list[int], start: int, bucket: int = 0,
+                  capture: tuple[int, ...] = ()) -> torch.Tensor | None:
+    """Prompt tokens at slots start.. of a one-row cache (`KVCache.row`), padded as in `prefill`;
+    with `capture`, their features [T,nC] (padding cut off)."""
+    dev = model.device
+    n = len(tokens)
+    padded = list(tokens) + [0] * (padded_length(n, start, row.capacity, bucket) - n)
+    ids = torch.tensor(padded, dtype=torch.int64, device=dev)[None]
+    empty = torch.zeros(1, 0, dtype=torch.int64, device=dev)
+    out = chunk_forward(model, row, ids, torch.tensor([start], device=dev), logits_for=empty, capture=capture)
+    return out[1][0, :n] if capture else None
+
+
 def tree_forward(model: Transformer, cache: KVCache, tree: DraftTree, prefix: torch.Tensor,
-                 capture: tuple[int, ...] = ()):
-    """One target forward over all tree nodes; logits [B,N,V] (and features [B,N,nC] with `capture`)."""
+                 capture: tuple[int, ...] = (), pack: torch.Tensor | None = None):
+    """One target forward over all tree nodes; logits [B,N,V] (and features [B,N,nC] with `capture`);
+    with `pack` ([M] flat node indices), logits [1,M,V] of those nodes only."""
     return model(
         tree.tokens,
         tree_ops.positions(tree, prefix),
@@ -93,7 +102,21 @@ def tree_forward(model: Transformer, cache: KVCache, tree: DraftTree, prefix: to
         tree_ops.slots(tree, prefix),
         tree_ops.attention_mask(tree, prefix, cache.capacity),
         capture=capture,
+        pack=pack,
     )
+
+
+def packed_argmax(model: Transformer, cache: KVCache, tree: DraftTree, prefix: torch.Tensor,
+                  generated_index: torch.Tensor, fault: Fault | None) -> torch.Tensor:
+    """The target's argmax [B,N] at a shared-budget tree's valid nodes (-1 elsewhere), from one
+    forward whose projections run on the `tree.num_valid` valid nodes only."""
+    B, N = tree.tokens.shape
+    # the valid nodes' flat indices, in order: a static count, so no host sync and one graph
+    pack = torch.sort(tree.valid.reshape(-1).to(torch.int32), descending=True, stable=True).indices[: tree.num_valid]
+    logits = tree_forward(model, cache, tree, prefix, pack=pack)  # [1,M,V]
+    logits = apply_logit_bias(fault, logits, generated_index.reshape(-1)[pack][None])
+    out = torch.full((B * N,), -1, dtype=torch.int64, device=pack.device)
+    return out.index_copy_(0, pack, logits[0].argmax(-1)).view(B, N)
 
 
 def ar_step(model: Transformer, cache: KVCache, state: DecodeState, fault: Fault | None = None) -> None:
@@ -120,14 +143,17 @@ def verify_step(
     """
     prefix = state.cache_prefix()
     features = None
-    if capture:
-        logits, features = tree_forward(model, cache, tree, prefix, capture)  # [B,N,V], [B,N,nC]
-    else:
-        logits = tree_forward(model, cache, tree, prefix)  # [B,N,V]
     generated_index = prefix[:, None] + tree.depths() + 1 - state.prompt_lens[:, None]
-    logits = apply_logit_bias(fault, logits, generated_index)
+    if tree.valid is not None and not capture:
+        argmax = packed_argmax(model, cache, tree, prefix, generated_index, fault)  # [B,N]
+    else:
+        if capture:
+            logits, features = tree_forward(model, cache, tree, prefix, capture)  # [B,N,V], [B,N,nC]
+        else:
+            logits = tree_forward(model, cache, tree, prefix)  # [B,N,V]
+        argmax = apply_logit_bias(fault, logits, generated_index).argmax(-1)
     unverified = fault is not None and fault.kind is FaultKind.ACCEPT_UNVERIFIED
-    acc = greedy_accept(tree, logits.argmax(-1), accept_unverified=unverified)
+    acc = greedy_accept(tree, argmax, accept_unverified=unverified)
     if features is not None:
         idx = acc.path.clamp(min=0)[..., None].expand(-1, -1, features.shape[-1])
         acc.features = features.gather(1, idx)

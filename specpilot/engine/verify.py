@@ -8,7 +8,8 @@ The acceptance rule (greedy, lossless):
     draft node on its root path are correct. The accepted path is the deepest accepted node's root
     path (unique: siblings carry distinct tokens, so at most one child of a node matches).
     The *bonus* token is a(deepest accepted node): the target's own next token after that path,
-    free because the forward already computed it. Each step therefore commits
+    free because the forward already computed it. A tree with a `valid` mask (a node budget shared
+    across the batch) counts only valid nodes as correct. Each step therefore commits
     `accept_len` draft tokens + 1 bonus token, all equal to what AR decoding would produce.
 
 Rejected nodes are discarded: their KV entries sit in slots past the new length and are masked
@@ -43,6 +44,8 @@ def greedy_accept(tree: DraftTree, target_argmax: torch.Tensor, accept_unverifie
     parent_argmax = target_argmax.gather(1, tree.parents.clamp(min=0))  # [B,N]
     correct = tree.tokens == parent_argmax
     correct[:, 0] = True  # the root is committed already
+    if tree.valid is not None:
+        correct &= tree.valid  # padding of a shared budget: never accepted (nor, so, its subtree)
     depth = tree.depths()
     if accept_unverified:
         correct |= depth == depth.max(dim=1, keepdim=True).values

@@ -73,19 +73,24 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fuse=None):
-        """q [B,T,H,D], k and v [B,T,Hkv,D] with norms and RoPE applied."""
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fuse=None, packing=None):
+        """q [B,T,H,D], k and v [B,T,Hkv,D] with norms and RoPE applied (x packed [1,M,C] with
+        `packing`: the projection runs on the M packed rows, the rest on all [B,T])."""
         c = self.config
         qkv_rope = fuse or ops.qkv_norm_rope
         qw = self.q_norm.weight if self.q_norm is not None else None
         kw = self.k_norm.weight if self.k_norm is not None else None
-        return qkv_rope(self.qkv_proj(x), qw, kw, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps)
+        qkv = self.qkv_proj(x)
+        if packing is not None:
+            qkv = packing.unpack(qkv)
+        return qkv_rope(qkv, qw, kw, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps)
 
-    def attend_cached(self, q, k, v, k_cache, v_cache, rows, slots, bias):
+    def attend_cached(self, q, k, v, k_cache, v_cache, rows, slots, bias, packing=None):
         """Write k, v at `slots`, attend over the whole static cache.
 
         q [B,T,H,D]; k, v [B,T,Hkv,D]; k_cache, v_cache [B,Hkv,S,D]; rows, slots [B,T] int64;
-        bias [B,1,G*T,S] additive mask (0 or -inf) in q's dtype, G = H / Hkv.
+        bias [B,1,G*T,S] additive mask (0 or -inf) in q's dtype, G = H / Hkv. With `packing` the
+        output projection runs on the packed rows only: [1,M,C].
         """
         B, T, H, D = q.shape
         Hkv = k.shape[2]
@@ -95,7 +100,8 @@ class Attention(nn.Module):
         q = q.permute(0, 2, 1, 3).reshape(B, Hkv, (H // Hkv) * T, D)  # head h = j*G + g
         o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=bias)  # [B,Hkv,G*T,D]
         # reshape, not view: the fused attention kernels may return a non-contiguous layout
-        return self.o_proj(o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D))
+        o = o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+        return self.o_proj(packing.pack(o) if packing is not None else o)
 
     def forward_causal(self, x, cos, sin):
         """Plain causal attention over the chunk itself (no cache). x [B,T,C]."""
@@ -128,6 +134,25 @@ class Block(nn.Module):
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
+
+
+class Packing:
+    """The rows of a [B,T] chunk that count (e.g. the valid nodes of trees sharing a node budget),
+    as M flat indices into B*T. Projections, norms and the MLP run on the packed [1,M,C] rows
+    (their cost scales with M, not B*T); attention unpacks to [B,T] (rows left out get zeros:
+    their K/V entries are junk that no packed row's mask admits)."""
+
+    def __init__(self, index: torch.Tensor, B: int, T: int):
+        self.index, self.B, self.T = index, B, T  # index [M] int64, increasing
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[B,T,F] -> [1,M,F]."""
+        return x.reshape(self.B * self.T, -1).index_select(0, self.index)[None]
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """[1,M,F] -> [B,T,F], zeros where no row was packed."""
+        full = x.new_zeros(self.B * self.T, x.shape[-1]).index_copy_(0, self.index, x[0])
+        return full.view(self.B, self.T, -1)
 
 
 class Transformer(nn.Module):
@@ -168,8 +193,10 @@ class Transformer(nn.Module):
         mask: torch.Tensor,  # [B,1,T,S] bool: may query t attend to cache slot s
         logits_for: torch.Tensor | None = None,  # [B,T'] indices of T to project (None: all)
         capture: tuple[int, ...] = (),  # layer ids whose outputs to return as features (-1: embedding)
+        pack: torch.Tensor | None = None,  # [M] flat indices into B*T: compute only these rows
     ):
-        """Logits [B,T,V] (or [B,T',V]) of a chunk attending to the static cache.
+        """Logits [B,T,V] (or [B,T',V]) of a chunk attending to the static cache; with `pack`,
+        logits [1,M,V] of the packed rows only (see `Packing`).
 
         With `capture`, returns (logits, features [B,T,len(capture)*C]): the residual stream after
         each listed layer (HF's `hidden_states[i + 1]`; the last layer's is final-normed as in HF),
@@ -189,12 +216,18 @@ class Transformer(nn.Module):
         bias = torch.zeros(mask.shape, dtype=h.dtype, device=dev).masked_fill_(~mask, float("-inf"))
         bias = bias.expand(B, G, T, S).reshape(B, 1, G * T, S)
         rows = torch.arange(B, device=dev)[:, None].expand(B, T)
+        packing = None
+        if pack is not None:
+            if capture or logits_for is not None:
+                raise ValueError("pack excludes capture and logits_for")
+            packing = Packing(pack, B, T)
+            h = packing.pack(h)  # [1,M,C]
         x = norm(h, self.layers[0].input_layernorm.weight, eps)
         kept: dict[int, torch.Tensor] = {-1: h} if -1 in capture else {}
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            q, k, v = attn.project(x, cos, sin, fuse=qkv_rope)
-            a = attn.attend_cached(q, k, v, cache.k[i], cache.v[i], rows, slots, bias)
+            q, k, v = attn.project(x, cos, sin, fuse=qkv_rope, packing=packing)
+            a = attn.attend_cached(q, k, v, cache.k[i], cache.v[i], rows, slots, bias, packing)
             h, x = add_norm(h, a, layer.post_attention_layernorm.weight, eps)
             m = layer.mlp(x, act=act)
             nxt = self.layers[i + 1].input_layernorm.weight if i + 1 < len(self.layers) else self.norm.weight

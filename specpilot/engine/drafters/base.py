@@ -9,6 +9,9 @@ Drafters conditioned on the target's hidden states (DFlash, EAGLE-3) name the ta
 `feature_layers` (-1: the embedding); the generator then captures those layers' outputs and hands them over with
 `start(prompts, state, features)` (prefill: per row [L-1, n*C]) and `observe(acc, prefix)` after
 each verification (`acc.features`: the accepted path's, inside the graphed round).
+Under continuous batching (`engine.serving`) a request enters one row of a running batch:
+`prefill_row(row, tokens, start, state, features)` gets its prompt chunk by chunk (the first call
+has start 0 and begins the request in that row), after `start` has set the drafter up.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Callable, ClassVar
 
 from specpilot.engine.state import DecodeState
 from specpilot.engine.tree import DraftTree
+from specpilot.errors import ConfigError
 
 
 class Drafter(abc.ABC):
@@ -30,6 +34,11 @@ class Drafter(abc.ABC):
 
     @abc.abstractmethod
     def propose(self, state: DecodeState, host_tokens: list[list[int]] | None = None) -> DraftTree: ...
+
+    def prefill_row(self, row: int, tokens: list[int], start: int, state: DecodeState, features=None) -> None:
+        """Continuous batching: prompt body tokens at slots start.. of the request entering `row`
+        (`features [T,nC]` of them for a feature-conditioned drafter); start 0 resets the row."""
+        raise ConfigError(f"drafter {self.name!r} does not support continuous batching")
 
     @property
     def num_nodes(self) -> int:

@@ -51,6 +51,9 @@ def expand(
     capacity: int,  # S: slots of the draft cache
     carry: torch.Tensor | None = None,  # [B,k,...] the depth-1 frontier's carried state
     token_ids: torch.Tensor | None = None,  # [V'] target token of each draft-vocabulary index (None: same)
+    depth_cap: torch.Tensor | None = None,  # [B] deepest candidate depth per row (None: depth)
+    shared: int = 0,  # > 0: the batch's rows split B x shared draft nodes (see `select`)
+    done: torch.Tensor | None = None,  # [B] bool rows not decoding (their share goes to the others)
 ) -> DraftTree:
     """The best-first tree of `budget` draft nodes (+ the root) described in the module docstring."""
     B, k, K = roots.shape[0], topk, depth
@@ -96,21 +99,43 @@ def expand(
     tokens = torch.cat(cand_tokens, 1)  # [B,M]
     scores = torch.cat(cand_scores, 1)
     parents = torch.cat(cand_parent, 1)
-    return select(roots, tokens, scores, parents, budget, depth)
+    if depth_cap is not None:
+        levels = [torch.full((k if d == 1 else k * k,), d, device=dev) for d in range(1, K + 1)]
+        cand_depth = torch.cat(levels)  # [M] each candidate's depth, in candidate order
+        scores = torch.where(cand_depth[None, :] > depth_cap[:, None], float("-inf"), scores)
+    return select(roots, tokens, scores, parents, budget, depth, shared, done)
 
 
 def select(roots: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor,
-           budget: int, depth: int) -> DraftTree:
-    """The `budget` best candidates (tokens, scores, parents [B,M]; parent -1 = the root) as a tree."""
+           budget: int, depth: int, shared: int = 0, done: torch.Tensor | None = None) -> DraftTree:
+    """The `budget` best candidates (tokens, scores, parents [B,M]; parent -1 = the root) as a tree.
+
+    With `shared` = s > 0 the batch's rows split B x s draft nodes by path score: each row ranks
+    its best `budget` candidates (a prefix-closed ranking: parents first), all B x budget ranked
+    scores are sorted together (stable, so within a row a parent stays before an equal-score
+    child) and the best B x s are kept. A row's kept nodes are a prefix of its ranking, hence
+    prefix-closed; the rest are padding (`DraftTree.valid`), never accepted and left out of the
+    verify forward's projections. Rows `done` rank last, so their share goes to the others.
+    """
     B, M = tokens.shape
     n = budget
     dev = tokens.device
-    chosen = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]
-    chosen = chosen.sort(dim=1).values  # topological order (parents have smaller ids)
+    ranked = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]  # [B,n] best first
+    chosen, rank = ranked.sort(dim=1)  # topological order (parents have smaller ids)
+    valid = None
+    if shared:
+        r = scores.gather(1, ranked)
+        if done is not None:
+            r = torch.where(done[:, None], torch.full_like(r, float("-inf")), r)
+        best = torch.sort(r.reshape(-1), descending=True, stable=True).indices[: B * shared]
+        kept = torch.zeros(B * n, dtype=torch.bool, device=dev).index_fill_(0, best, True).view(B, n)
+        valid = torch.cat([torch.ones(B, 1, dtype=torch.bool, device=dev), kept.gather(1, rank)], 1)
     inv = torch.full((B, M), -1, dtype=torch.int64, device=dev)
     inv.scatter_(1, chosen, torch.arange(1, n + 1, device=dev).expand(B, n))
     p = parents.gather(1, chosen)
     node_parent = torch.where(p < 0, torch.zeros_like(p), inv.gather(1, p.clamp(min=0)))
     tree_tokens = torch.cat([roots[:, None], tokens.gather(1, chosen)], 1)
     tree_parents = torch.cat([torch.full((B, 1), -1, dtype=torch.int64, device=dev), node_parent], 1)
-    return DraftTree(tree_tokens, tree_parents, max_depth=depth)
+    if valid is None:
+        return DraftTree(tree_tokens, tree_parents, max_depth=depth)
+    return DraftTree(tree_tokens, tree_parents, max_depth=depth, valid=valid, num_valid=B * (1 + shared))

@@ -78,6 +78,15 @@ class DFlashDrafter(Drafter):
             pos = torch.arange(f.shape[0], device=f.device)[None]
             self._write_context(self.cache.row(b), f[None].to(self.model.dtype), pos)
 
+    def prefill_row(self, row: int, tokens: list[int], start: int, state: DecodeState,
+                    features: torch.Tensor | None = None) -> None:
+        """Context K/V of one prompt chunk of the request entering `row`, from its target features
+        [T,nC] (from the target's prefill of the chunk), at slots start..start+T-1."""
+        if features is None or features.shape[0] == 0:
+            return
+        pos = start + torch.arange(features.shape[0], device=features.device)[None]
+        self._write_context(self.cache.row(row), features[None].to(self.model.dtype), pos)
+
     def _write_context(self, cache: KVCache, features: torch.Tensor, positions: torch.Tensor) -> None:
         """Context K/V of features [B,T,n*C] at slots = positions [B,T]."""
         B, T = positions.shape

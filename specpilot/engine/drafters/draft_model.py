@@ -9,6 +9,17 @@ Each round:
    one draft-model forward per level, then the `tree_budget` best candidates form the tree.
 With topk = 1 this is a greedy chain of `depth` tokens. Every shape is fixed by
 (batch, depth, topk, tree_budget), so a round can be captured in a CUDA graph.
+
+*Shared budget* (`shared_budget` = s > 0): the batch's rows split B x s draft nodes by path score
+instead of taking `tree_budget` each. Each row ranks its best `tree_budget` candidates as above
+(a prefix-closed ranking: parents first); all B x tree_budget ranked scores are sorted together
+(`best_first.select` says how the split stays prefix-closed).
+
+*Per-request depth* (`row_depth_margin` = m > 0): a row whose last ROW_DEPTH_WINDOW rounds accepted
+a drafts on average gets candidates only down to depth ceil(a) + m (all depths before it has a
+round): deeper candidates score -inf before selection, which keeps every set prefix-closed (a
+child never outscores its parent) and, with a shared budget, hands their nodes to other rows.
+It reads the acceptance log in the decoding state, so it needs no state of its own.
 """
 
 from __future__ import annotations
@@ -19,18 +30,23 @@ from specpilot.engine.drafters import best_first
 from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.state import DecodeState
-from specpilot.engine.steps import prefill
+from specpilot.engine.steps import prefill, prefill_chunk
 from specpilot.engine.tree import DraftTree
 from specpilot.models.transformer import Transformer
+
+ROW_DEPTH_WINDOW = 4  # recent rounds whose mean acceptance sets a row's depth cap
 
 
 @register("model")
 class DraftModelDrafter(Drafter):
-    def __init__(self, model: Transformer, depth: int, topk: int, tree_budget: int, window: int = 0):
+    def __init__(self, model: Transformer, depth: int, topk: int, tree_budget: int, window: int = 0,
+                 shared_budget: int = 0, row_depth_margin: int = 0):
         self.model = model
         self.depth, self.topk = depth, topk
         self.num_candidates = best_first.num_candidates(depth, topk)  # M
         self.budget = min(tree_budget, self.num_candidates)
+        self.shared = min(shared_budget, self.budget)  # mean draft nodes per row; 0 = no sharing
+        self.row_depth_margin = row_depth_margin  # 0 = every row drafts to `depth`
         self.window = window or depth + 1
         if self.window < depth + 1:
             raise ValueError("window must cover depth + 1 tokens")
@@ -55,6 +71,12 @@ class DraftModelDrafter(Drafter):
         """Forget the cache of a workspace the generator dropped."""
         self.caches.pop(key, None)
 
+    def prefill_row(self, row: int, tokens: list[int], start: int, state: DecodeState, features=None) -> None:
+        """One prompt chunk of the request entering `row` into the draft cache (as `start` does for
+        a whole batch; the first round's catch-up covers the root and what follows)."""
+        if tokens:
+            prefill_chunk(self.model, self.cache.row(row), tokens, start, self.prefill_bucket)
+
     def _catch_up(self, state: DecodeState) -> torch.Tensor:
         """Re-read the last W committed tokens; log-probs at the root [B,V] (float32)."""
         W = self.window
@@ -76,5 +98,18 @@ class DraftModelDrafter(Drafter):
             return torch.log_softmax(logits.float(), dim=-1), None
 
         # the draft model read the root itself (slot L - 1): its tree region starts at L
+        caps = self.row_caps(state) if self.row_depth_margin else None
         return best_first.expand(state.roots(), root_lp, step, self.depth, self.topk, self.budget,
-                                 base=state.seq_lens, capacity=self.cache.capacity)
+                                 base=state.seq_lens, capacity=self.cache.capacity,
+                                 depth_cap=caps, shared=self.shared, done=state.done if self.shared else None)
+
+    def row_caps(self, state: DecodeState) -> torch.Tensor:
+        """[B] deepest candidate depth per row: ceil(mean accepted drafts of its last rounds) + margin."""
+        R = state.accept_log.shape[1]
+        j = state.rounds[:, None] - 1 - torch.arange(ROW_DEPTH_WINDOW, device=state.rounds.device)[None]  # [B,W]
+        seen = j >= 0
+        drafts = state.accept_log.gather(1, j.clamp(0, R - 1)).long() - 1  # accepted drafts of those rounds
+        n = seen.sum(1)
+        mean = (drafts * seen).sum(1) / n.clamp(min=1)
+        cap = (torch.ceil(mean).long() + self.row_depth_margin).clamp(1, self.depth)
+        return torch.where(n > 0, cap, torch.full_like(cap, self.depth))

@@ -99,6 +99,11 @@ class NgramDrafter(Drafter):
             idx.extend(p)
             self.indexes.append(idx)
 
+    def prefill_row(self, row: int, tokens: list[int], start: int, state: DecodeState, features=None) -> None:
+        """A new request in `row`: an empty index, filled from the host tokens on the next `propose`."""
+        if start == 0:
+            self.indexes[row] = NgramIndex(self.n_min, self.n_max)
+
     def propose(self, state: DecodeState, host_tokens: list[list[int]] | None = None) -> DraftTree:
         assert host_tokens is not None, "the n-gram drafter needs the committed tokens on the host"
         all_tokens, all_parents = [], []

@@ -1,0 +1,315 @@
+"""Continuous batching: a queue of requests served by B decode slots, AR or speculative.
+
+Owns: admission (at the host sync, a waiting request that has arrived takes a free slot: its prompt
+goes into that row of the shared target cache, and of the drafter's own state, in chunks of at
+most `prefill_chunk` prompt tokens per sync over all admitted rows), retirement (a row that emitted
+EOS or reached its request's max_new leaves at the next sync with its output read back, and its
+slot takes the next request at once), per-request timing, and the loop with its one host sync.
+
+Reuses the generator's workspaces, CUDA graphs and round (`Generator._round`) as they are: a round
+decodes all B rows at their own positions and depths, since every per-row quantity (cache prefix,
+tree slots and mask, the draft model's catch-up window, DFlash's block and context) is indexed by
+row; nothing in a round knows about requests. B is fixed, so the round stays one captured graph.
+
+Row life cycle. A row that no request decodes is `done`: the round still computes it (static
+shapes), `commit_tokens` leaves it alone, and what the round writes is never read:
+- *idle* (no request): seq_len 1; rounds write at the first few slots of its caches, which the next
+  request's prefill and rounds overwrite before anything reads them.
+- *prefilling*: tokens and seq_len L are the request's prompt; rounds write the target cache and
+  DFlash context at slots >= L - 1 (the root's slot and past it: rewritten by the request's first
+  round before being read) and the draft model's catch-up window [L - W, L), whose entries are
+  right once the prompt before it is in (the window's own tokens are the prompt's) and otherwise
+  lie past the prefilled part, where a later chunk overwrites them. So a prompt's chunks may be
+  spread over several rounds while the other rows decode.
+- *decoding*: `done` cleared after the last chunk; from then on the row is exactly a
+  single-request decode (what tests/engine/test_serving.py checks, token for token).
+
+Does not own what a round computes (`steps.py`, `drafters/`) or the serving benchmark
+(`specpilot.bench.serving`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from specpilot.engine.generator import Generator, Workspace
+from specpilot.engine.state import cut_output
+from specpilot.engine.steps import prefill_chunk
+from specpilot.engine.tree import DraftTree
+from specpilot.errors import ConfigError
+
+PREFILL_CHUNK = 512  # prompt tokens prefilled per host sync, over all admitted rows
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: tuple[int, ...]
+    max_new: int
+    # seconds after the start of `ServingEngine.run` at which it arrives and queues; None: a
+    # closed-loop client's request, sent when a slot is free and timed from its admission
+    arrival: float | None = None
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """One request's tokens and timeline, in seconds from the start of the run."""
+
+    output: list[int]  # generated tokens (EOS kept, cut at max_new)
+    slot: int  # the row that decoded it
+    rounds: int  # rounds the request decoded in (target forwards)
+    accept_lengths: list[int]  # tokens committed per round
+    arrival: float  # (its admission in a closed loop)
+    admitted: float  # took a slot
+    first_token: float  # the sync after its first round
+    finished: float  # the sync that saw it done
+
+    @property
+    def latency(self) -> float:
+        """End to end: arrival to the sync that returned its last token (queueing included)."""
+        return self.finished - self.arrival
+
+    @property
+    def time_to_first_token(self) -> float:
+        return self.first_token - self.arrival
+
+    @property
+    def time_per_output_token(self) -> float:
+        """(finished - first token) / (tokens - 1); NaN for a one-token output."""
+        n = len(self.output)
+        return (self.finished - self.first_token) / (n - 1) if n > 1 else float("nan")
+
+
+@dataclass
+class ServingResult:
+    requests: list[RequestResult]  # in the order of the requests given
+    seconds: float  # first admission to the last request's return
+    rounds: int  # decode rounds of the whole batch
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(r.output) for r in self.requests)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def mean_accepted_length(self) -> float:
+        rounds = sum(r.rounds for r in self.requests)
+        return self.tokens / rounds if rounds else float("nan")
+
+
+@dataclass
+class _Slot:
+    index: int  # the request's position in `run`'s list
+    admitted: float
+    prefilled: int = 0  # prompt body tokens in the caches
+    decoding: bool = False
+    first_token: float | None = None
+
+
+class ServingEngine:
+    """Continuous batching over one `Generator` (its target, drafters, graphs) with `slots` rows.
+
+    `reserve(prompt_len, max_new)` fixes the smallest workspace envelope of later runs, so runs of
+    differing requests (a benchmark's units, its warm-up) share one workspace and its graphs.
+    """
+
+    def __init__(self, generator: Generator, slots: int, prefill_chunk: int = PREFILL_CHUNK):
+        if slots < 1:
+            raise ConfigError(f"serving needs at least one slot (got {slots})")
+        if prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk must be >= 1 (got {prefill_chunk})")
+        self.generator = generator
+        self.slots = slots
+        self.prefill_chunk = prefill_chunk
+        self._envelope = (0, 1)  # (capacity, max_new) at least
+
+    def reserve(self, prompt_len: int, max_new: int) -> None:
+        capacity = self.generator.capacity_for(prompt_len, max_new)
+        self._envelope = (max(self._envelope[0], capacity), max(self._envelope[1], max_new))
+
+    # ---- setup -------------------------------------------------------------------------
+    def _prepare(self, requests: list[Request], eos_ids: tuple[int, ...]) -> tuple[Workspace, list[int], int]:
+        gen = self.generator
+        for r in requests:
+            if not r.prompt:
+                raise ConfigError("every prompt needs at least one token")
+            if r.max_new < 1:
+                raise ConfigError("max_new must be >= 1")
+        capacity = max([self._envelope[0]] + [gen.capacity_for(len(r.prompt), r.max_new) for r in requests])
+        max_new = max([self._envelope[1]] + [r.max_new for r in requests])
+        ws = gen._workspace(self.slots, capacity, max_new)
+        tiers = sorted(gen.drafters) or [0]
+        tier = tiers[0] if len(tiers) == 1 else gen._initial_tier(tiers)
+        if gen.use_graphs:
+            for t in tiers:  # capture before the clock starts
+                if t not in ws.graphs:
+                    ws.graphs[t] = gen._capture(ws, t)
+        if not ws.prefill_warm:
+            gen._warm_prefill(ws, tier)
+            ws.prefill_warm = True
+        idle = [[0]] * self.slots
+        ws.state.reset(idle, eos_ids, max_new=1)
+        ws.state.done.fill_(True)
+        if gen.speculative:
+            gen._start_drafter(tier, idle, ws.state)  # binds the draft state; rows fill on admission
+        return ws, tiers, tier
+
+    def _row_drafters(self) -> list:
+        """One drafter per distinct per-row state: tiers of one draft model share a cache."""
+        seen, out = set(), []
+        for d in self.generator.drafters.values():
+            key = id(getattr(d, "cache", None) or d)
+            if key not in seen:
+                seen.add(key)
+                out.append(d)
+        return out
+
+    # ---- admission ---------------------------------------------------------------------
+    def _prefill(self, ws: Workspace, b: int, prompt: tuple[int, ...], start: int, n: int) -> None:
+        """Prompt body tokens start..start+n-1 of row b into the target cache and the drafter."""
+        gen = self.generator
+        tokens = list(prompt[start : start + n])
+        features = None
+        if tokens:
+            features = prefill_chunk(gen.target, ws.cache.row(b), tokens, start, gen.prefill_bucket,
+                                     gen.feature_layers)
+        if gen.speculative and (tokens or start == 0):
+            for d in self._row_drafters():
+                d.prefill_row(b, tokens, start, ws.state, features)
+
+    def _advance_prefill(self, ws: Workspace, slots: list[_Slot | None], requests: list[Request]) -> list[int]:
+        """Spend up to `prefill_chunk` prompt tokens on prefilling rows, oldest admission first;
+        the rows whose prompt is now in (their `done` cleared)."""
+        budget = self.prefill_chunk
+        started = []
+        for b in sorted((b for b, s in enumerate(slots) if s and not s.decoding), key=lambda b: slots[b].admitted):
+            s = slots[b]
+            prompt = requests[s.index].prompt
+            body = len(prompt) - 1
+            while s.prefilled < body and budget > 0:
+                n = min(budget, body - s.prefilled)
+                self._prefill(ws, b, prompt, s.prefilled, n)
+                s.prefilled += n
+                budget -= n
+            if s.prefilled == body:
+                if body == 0:
+                    self._prefill(ws, b, prompt, 0, 0)  # a one-token prompt still starts the drafter's row
+                ws.state.done[b] = False
+                s.decoding = True
+                started.append(b)
+            if budget <= 0:
+                break
+        return started
+
+    def _idle(self, ws: Workspace, b: int) -> None:
+        st = ws.state
+        st.seq_lens[b] = 1
+        st.prompt_lens[b] = 1
+        st.done[b] = True
+
+    # ---- the loop ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, requests: list[Request], stop_at_eos: bool = True) -> ServingResult:
+        """Serve every request (admitted in the given order, once its arrival time has passed);
+        each gets exactly the tokens a single-request greedy decode would give it."""
+        if not requests:
+            raise ConfigError("no requests to serve")
+        gen = self.generator
+        eos_ids = gen.eos_ids if stop_at_eos else ()
+        ws, tiers, tier = self._prepare(requests, eos_ids)
+        st = ws.state
+        B = self.slots
+        dev = gen.target.device
+        needs_host = gen.speculative and gen.drafters[tier].needs_host_tokens
+        sync_every = gen.sync_every
+        host = [[0] for _ in range(B)] if needs_host else None
+        queue = deque(sorted(range(len(requests)), key=lambda i: requests[i].arrival or 0.0))
+        slots: list[_Slot | None] = [None] * B
+        results: list[RequestResult | None] = [None] * len(requests)
+        recent: list[float] = []
+        rounds = 0
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        now = 0.0
+        while True:
+            for b in range(B):  # admission: free slots take the requests that have arrived
+                if slots[b] is None and queue and (requests[queue[0]].arrival or 0.0) <= now:
+                    i = queue.popleft()
+                    slots[b] = _Slot(i, admitted=now)
+                    st.load_row(b, list(requests[i].prompt), requests[i].max_new)
+                    if host is not None:
+                        host[b] = list(requests[i].prompt)
+            self._advance_prefill(ws, slots, requests)
+            if all(s is None for s in slots):
+                if not queue:
+                    break
+                time.sleep(max(0.0, (requests[queue[0]].arrival or 0.0) - (time.perf_counter() - t0)))
+                now = time.perf_counter() - t0
+                continue
+            decoding = [b for b, s in enumerate(slots) if s and s.decoding]
+            acc = None
+            if decoding:
+                for _ in range(sync_every):
+                    acc = self._round(ws, tier, host)
+                    rounds += 1
+            # ---- the one host sync of the loop ----
+            packed = [st.done.long(), st.seq_lens, st.rounds]
+            if acc is not None:
+                packed += [acc.accept_len, acc.new_tokens.T] if needs_host else [acc.accept_len]
+            fields = torch.cat([t.reshape(-1, B) for t in packed]).tolist()
+            now = time.perf_counter() - t0
+            done, lens, row_rounds = fields[0], fields[1], fields[2]
+            if host is not None and acc is not None:
+                counts = fields[3]
+                for b in decoding:
+                    host[b].extend(int(fields[4 + j][b]) for j in range(counts[b] + 1))
+            if acc is not None and len(tiers) > 1:
+                recent.append(sum(fields[3][b] for b in decoding) / len(decoding))
+                tier = gen._next_tier(tiers, tier, recent)
+            finished = [b for b in decoding if done[b]]
+            for b in decoding:
+                if slots[b].first_token is None:
+                    slots[b].first_token = now
+            if finished:
+                self._retire(ws, finished, slots, requests, results, lens, row_rounds, eos_ids, now)
+                for b in finished:
+                    slots[b] = None
+                    self._idle(ws, b)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return ServingResult(results, time.perf_counter() - t0, rounds)
+
+    def _round(self, ws: Workspace, tier: int, host: list[list[int]] | None):
+        gen = self.generator
+        host_tree = None
+        if host is not None:
+            t = gen.drafters[tier].propose(ws.state, host)
+            host_tree = (t.tokens, t.parents)
+        if gen.use_graphs:
+            return gen._graphed_round(ws, tier, host_tree)
+        tree = DraftTree(*host_tree, max_depth=gen.drafters[tier].depth) if host_tree else None
+        return gen._round(ws, tier, tree)
+
+    def _retire(self, ws: Workspace, rows: list[int], slots, requests, results, lens, row_rounds, eos_ids,
+                now: float) -> None:
+        """Read back the finished rows' outputs and statistics (one transfer for all of them)."""
+        st = ws.state
+        idx = torch.tensor(rows, device=st.tokens.device)
+        both = torch.cat([st.tokens.index_select(0, idx), st.accept_log.index_select(0, idx).long()], 1).tolist()
+        S = st.capacity
+        for j, b in enumerate(rows):
+            s = slots[b]
+            r = requests[s.index]
+            P, L, n = len(r.prompt), lens[b], row_rounds[b]
+            results[s.index] = RequestResult(
+                cut_output(both[j][P:L], eos_ids, r.max_new), b, n, both[j][S : S + n],
+                s.admitted if r.arrival is None else r.arrival, s.admitted, s.first_token, now,
+            )
