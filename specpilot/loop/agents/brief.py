@@ -35,8 +35,7 @@ WHERE = {  # the files a gap lives in
     GapKind.DRAFT_KERNELS: "specpilot/engine/drafters/draft_model.py (catch-up, expansion, selection), "
                            "specpilot/models/transformer.py",
     GapKind.OVERHEAD: "specpilot/engine/generator.py (the host loop and its one sync point), "
-                      "specpilot/engine/steps.py, verify.py, tree.py, state.py (per-round bookkeeping), "
-                      "specpilot/engine/faults.py",
+                      "specpilot/engine/steps.py, verify.py, tree.py, state.py (per-round bookkeeping)",
     GapKind.ACCEPTANCE: "specpilot/engine/drafters/ (how the draft tree is grown and selected), "
                         "specpilot/engine/tree.py",
 }
