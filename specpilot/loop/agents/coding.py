@@ -45,6 +45,7 @@ from pathlib import Path
 from specpilot import env
 from specpilot.loop.agents.base import AgentStatus, LoopSetup, Proposal, Proposer, ProposerContext, register
 from specpilot.loop.agents.brief import Target, assign, build_brief
+from specpilot.loop.slots import closes
 from specpilot.loop.systems import Candidate
 from specpilot.loop.worktree import WorktreeError, remove
 
@@ -70,10 +71,10 @@ class CodingAgent(Proposer):
         template = command_template(self.options.coding_command)
         if not template or ctx.setup.checkout is None:
             return []
-        from specpilot.loop.slots import closes
-
         n = max(1, min(self.options.coding_agents, ctx.limit))
         targets = assign(ctx, n, closes(self))
+        if n < self.options.coding_agents:
+            ctx.log(f"coding: {n} of {self.options.coding_agents} agents this round (the slots it holds)")
         if n > 1:
             ctx.log(f"coding: {n} agents in parallel: " + ", ".join(
                 f"#{t.index} {t.gap.kind.value if t.gap else 'overall'}" for t in targets))
@@ -157,6 +158,4 @@ def run_command(command: str, cwd: Path, task: str, log_file: Path, timeout_s: f
 
 def build_task(ctx: ProposerContext) -> str:
     """The brief of a round's only coding agent (see `brief.build_brief`)."""
-    from specpilot.loop.slots import closes
-
     return build_brief(ctx, assign(ctx, 1, closes(CodingAgent()))[0])

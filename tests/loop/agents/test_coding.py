@@ -90,8 +90,11 @@ def test_the_agents_are_apportioned_over_the_gaps_by_their_savings_and_capped_by
     assert counts[closable[0].kind] >= counts[closable[-1].kind] and sum(counts.values()) == 4
     assert [t.gap.kind for t in assign(ctx, 2, frozenset({GapKind.ACCEPTANCE}))] == [GapKind.ACCEPTANCE] * 2
     assert assign(ctx, 2, frozenset()) == [Target(1, 2, None), Target(2, 2, None)]
-    (p,) = CodingAgent(AgentOptions(coding_command=command("note"), coding_agents=4)).propose(ctx)  # one slot
+    lines = []
+    (p,) = CodingAgent(AgentOptions(coding_command=command("note"), coding_agents=4)).propose(
+        replace(ctx, log=lines.append))  # it holds one slot
     assert p.details["agents"] == 1 and p.candidate.name == "coding:test/r1"
+    assert lines == ["coding: 1 of 4 agents this round (the slots it holds)"]
 
 
 def test_no_change_no_candidate_and_the_worktrees_are_removed(home, tmp_path):
