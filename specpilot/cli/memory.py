@@ -1,4 +1,8 @@
-"""`specpilot memory list|show|export`: read the memory database.
+"""`specpilot memory list|show|deployments|export`: read the memory database.
+
+`deployments --like NAME` ranks the other stored deployments by their similarity to one of them
+(`DeploymentFingerprint.similarity`, with the differences in words): the ones a run of NAME seeds
+from (`specpilot.loop.seeds`: at least `MIN_SIMILARITY`, versions lower the score, never block).
 
 Owns: flags and output formats. Does not own queries (`store.py`).
 """
@@ -37,6 +41,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("id", type=int, help="entry id (see `memory list`)")
     q.add_argument("--json", action="store_true", help="print the entry as JSON")
     q.set_defaults(func=run_show)
+
+    q = msub.add_parser("deployments", help="stored deployments; with --like, ranked by similarity to one")
+    common(q)
+    q.add_argument("--like", help="a stored deployment (fingerprint prefix or name): rank the others by similarity "
+                                  "to it, as a run of it seeds from them")
+    q.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    q.set_defaults(func=run_deployments)
 
     q = msub.add_parser("export", help="every table as one JSON document")
     common(q)
@@ -100,6 +111,42 @@ def run_show(args) -> int:
     print(f"  candidate   {r.candidate.name} [{r.candidate.hash}] parent {r.candidate.parent or '-'}")
     print(f"  diff        {json.dumps(r.candidate.diff)}" + ("  (+ patch)" if r.candidate.patch else ""))
     print(format_evaluation(r.evaluation(), r.deployment_name))
+    return 0
+
+
+def run_deployments(args) -> int:
+    from specpilot.loop.seeds import MIN_SIMILARITY
+
+    with _open(args) as memory:
+        stored = memory.deployments()
+    rows = [{"fingerprint": d, "name": fp.name, "gpu": fp.gpu, "max_new_tokens": fp.max_new_tokens,
+             "specpilot": fp.versions.get("specpilot"), "torch": fp.versions.get("torch"), "evaluations": n,
+             "promotions": p} for d, fp, n, p in stored]
+    if args.like:
+        like = [(d, fp) for d, fp, _, _ in stored if d.startswith(args.like) or fp.name == args.like]
+        if len(like) != 1:
+            raise ConfigError(f"--like {args.like!r} matches {len(like)} stored deployments (need one; see "
+                              "`specpilot memory deployments`)")
+        digest, here = like[0]
+        by_digest = {d: fp for d, fp, _, _ in stored}
+        rows = [dict(r, similarity=here.similarity(by_digest[r["fingerprint"]]),
+                     differences=here.differences(by_digest[r["fingerprint"]]),
+                     seeds=here.similarity(by_digest[r["fingerprint"]]) >= MIN_SIMILARITY)
+                for r in rows if r["fingerprint"] != digest]
+        rows.sort(key=lambda r: (-r["similarity"], r["fingerprint"]))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    head = (f"{'fingerprint':16}  {'name':20}  {'gpu':16}  {'tokens':>6}  {'specpilot':9}  {'entries':>7}  "
+            f"{'promoted':>8}")
+    print(head + ("  similarity  differences" if args.like else ""))
+    for r in rows:
+        line = (f"{r['fingerprint'][:16]:16}  {r['name'][:20]:20}  {r['gpu'][:16]:16}  {r['max_new_tokens']:>6}  "
+                f"{str(r['specpilot'])[:9]:9}  {r['evaluations']:>7}  {r['promotions']:>8}")
+        if args.like:
+            mark = "" if r["seeds"] else " (below the seeding bar)"
+            line += f"  {r['similarity']:>10.2f}  {r['differences']}{mark}"
+        print(line)
     return 0
 
 

@@ -65,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="command template of the external coding agent, e.g. 'claude -p \"$(cat {task_file})\"' "
                         "(default: $SPECPILOT_CODING_AGENT; none = the coding agent is off)")
     p.add_argument("--coding-timeout", dest="coding_timeout_s", type=float, help="seconds per coding-agent run (1800)")
+    p.add_argument("--coding-agents", type=int,
+                   help="coding-agent processes run at once each round, each in its own worktree with its own brief "
+                        "(the gap it targets); at most the slots the coding agent holds that round (default 2)")
     p.add_argument("--kernel-budget", dest="kernel_budget_s", type=float,
                    help="seconds the kernel agent may spend timing kernels per round (60)")
     p.add_argument("--profile-tokens", type=int, help="new tokens per prompt when profiling the incumbent")
@@ -113,7 +116,7 @@ def config_from_args(args, device: str):
         agents=tuple(a for item in args.agents for a in item.split(",") if a) if args.agents else None,
         max_candidates=args.max_candidates, timing=Timing(args.timing) if args.timing else None,
         slots=SlotPolicy(args.slots) if args.slots else None,
-        coding_command=args.coding_command, coding_timeout_s=args.coding_timeout_s,
+        coding_command=args.coding_command, coding_timeout_s=args.coding_timeout_s, coding_agents=args.coding_agents,
         kernel_budget_s=args.kernel_budget_s,
         profile_tokens=args.profile_tokens, final_prompts=args.final_prompts, final_tokens=args.final_tokens,
         final=False if args.no_final else None, patience=args.patience, seed=args.seed,
@@ -172,7 +175,8 @@ def run_command(args) -> int:
 
 def summary(report: dict) -> str:
     """The result for stdout: speedups over AR, the promoted changes, where the report is."""
-    from specpilot.loop.report import format_gain, format_speedup
+    from specpilot.loop.patches import PatchSummary
+    from specpilot.loop.report import format_gain, format_speedup, patch_rows
     from specpilot.loop.systems import describe
 
     final, fs = report.get("final"), report["final_system"]
@@ -182,10 +186,16 @@ def summary(report: dict) -> str:
         over = f", final / stock {format_speedup(final['final_gain'])}" if final["final_gain"] else ""
         lines.append(f"  speedup over AR (one run, 95% CI): stock {format_speedup(final['stock_speedup'])}, "
                      f"final {format_speedup(final['final_speedup'])}{over}")
-    lines.append(f"  final system {fs['name']!r}: {describe(fs['changes_from_stock'])}")
+    lines.append(f"  final system {fs['name']!r}: {describe(fs['changes_from_stock'], fs.get('patch_summary'))}")
     for p in report["promotions"]:
-        lines.append(f"  promoted in {p['round'] or '-'}: {p['name']} ({describe(p['changes'])}) "
+        what = describe(p["changes"], p.get("patch_summary"))
+        lines.append(f"  promoted in {p['round'] or '-'}: {p['name']} ({what}) "
                      f"{format_gain(p['gain'], p['gain_lower'], p['gain_upper'])}")
+    for e in patch_rows(report):
+        if e["verdict"] != "promote":
+            lines.append(f"  patch not promoted in round {e['round']}: {e['candidate']} "
+                         f"({PatchSummary.from_dict(e['patch_summary']).line()}) {e['verdict']} "
+                         f"({', '.join(e['reasons'])}) {format_gain(e['gain'], e['gain_lower'], e['gain_upper'])}")
     lines.append(f"  report: {report['run']['out']}")
     return "\n".join(lines)
 

@@ -70,6 +70,7 @@ class LoopConfig:
     seed: int = 0
     coding_command: str | None = None
     coding_timeout_s: float = 1800.0
+    coding_agents: int = 2  # coding-agent processes per round, in parallel (at most the coding agent's slots)
     kernel_budget_s: float = 60.0
     controller: dict = field(default_factory=dict)  # ControllerConfig fields laid over the timing preset
 
@@ -80,6 +81,8 @@ class LoopConfig:
             raise ConfigError(f"--budget-minutes must be > 0 (got {self.budget_minutes})")
         if self.max_candidates < 1:
             raise ConfigError("--max-candidates must be >= 1")
+        if self.coding_agents < 1:
+            raise ConfigError(f"--coding-agents must be >= 1 (got {self.coding_agents})")
         for name in ("profile_batches", "profile_tokens", "final_prompts", "final_tokens", "patience"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")

@@ -8,12 +8,13 @@ per-depth acceptance and round time into the profile before the cost model reads
 Where the code runs matters: a knob-only incumbent is measured in this process on the loop's
 loaded session; an incumbent carrying a patch is measured in a subprocess that imports its
 worktree first (`python -c ...`, the same way the controller's workers do), so the profile is of
-the patched code. On CPU both run torch single-threaded, like the loop's workers (`runner.py`).
+the patched code. The tree shape the cost model reads is the one the running drafter builds
+(`shape_run`), not the one the knobs name: a patch may change what a knob means. On CPU both run torch single-threaded, like the loop's workers (`runner.py`).
 
 Plain AR decoding of the same batches is timed too (what drafting has to beat; the knob agent's
 estimate for switching drafting off).
 
-Owns: `measure`, `measure_in_worktree`, pooling, `ar_ms_per_token`. Does not own profiling (engine) or the cost
+Owns: `measure`, `measure_in_worktree`, `shape_run`, pooling, `ar_ms_per_token`. Does not own profiling (engine) or the cost
 model's arithmetic (`cost_model.py`).
 """
 
@@ -32,8 +33,18 @@ from specpilot.loop.acceptance import TreeShape
 from specpilot.loop.cost_model import CostTable, analyze
 
 
-def shape_of(system: System) -> TreeShape | None:
-    return TreeShape.of(system) if system.speculative else None
+def shape_run(gen, system: System) -> TreeShape | None:
+    """The tree shape the generator's drafter builds: its depth, children per node and draft nodes as
+    the code that runs sets them (a patch may build other trees than the knobs say); the knobs'
+    shape for what a drafter does not say (topk of a DFlash drafter); None for AR."""
+    drafter = next(iter(getattr(gen, "drafters", {}).values()), None)
+    if drafter is None or not system.speculative:
+        return None
+    knobs = TreeShape.of(system)
+    depth = getattr(drafter, "depth", None) or knobs.depth
+    topk = getattr(drafter, "topk", None) or knobs.topk
+    nodes = getattr(drafter, "num_nodes", None)
+    return TreeShape(depth, topk, nodes - 1 if nodes and nodes > 1 else knobs.budget)
 
 
 def measure(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> CostTable:
@@ -59,7 +70,7 @@ def measure(session, system: System, batches: list[list[list[int]]], max_new_tok
     ar_ms = ar_ms_per_token(session, system, batches, max_new_tokens) if system.speculative else p.ms_per_token
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return analyze(p, shape_of(system), system.name, kv, ar_ms_per_token=ar_ms)
+    return analyze(p, shape_run(gen, system), system.name, kv, ar_ms_per_token=ar_ms)
 
 
 def ar_ms_per_token(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> float:

@@ -12,14 +12,16 @@ snapshot of the memory (`Recall`) instead of letting every agent query the datab
   disqualified (guard, outputs, a failing worker: no timing involved). Such a system is timed
   again, up to `MAX_RETIMES` more times; after that its latest verdict stands;
 - `promotable_changes(...)`: changes measured as gains on some incumbent (promoted, significant
-  but not selected, or positive but below the bar), the integration agent's material.
+  but not selected, or positive but below the bar), the integration agent's material;
+- `parent_patch(record)`: the patch of the incumbent a record's candidate was measured against, so
+  what a patch added over it can be shown (`patches.py`: the coding agents' briefs).
 
 Owns: the snapshot and its queries. Does not own writing (`specpilot.memory.store`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specpilot.control.rule import Reason, Outcome
 from specpilot.memory.fingerprint import DeploymentFingerprint
@@ -47,11 +49,22 @@ class Recall:
     deployment: str  # fingerprint digest
     evaluations: tuple[MemoryRecord, ...]  # this deployment, newest first
     similar: tuple[tuple[float, MemoryRecord], ...]  # other deployments' promoted entries
+    patches: dict = field(default_factory=dict, compare=False)  # system hash -> patch, for incumbents
 
     @classmethod
     def snapshot(cls, memory: Memory, fp: DeploymentFingerprint, similar_limit: int = 20) -> Recall:
         own = tuple(r for r in memory.entries(deployment=fp.digest) if r.deployment == fp.digest)
-        return cls(fp.digest, own, tuple(memory.similar_validated(fp, limit=similar_limit)))
+        similar = tuple(memory.similar_validated(fp, limit=similar_limit))
+        patches = {r.candidate.hash: r.candidate.patch for r in own}
+        for r in (*own, *(r for _, r in similar)):
+            if r.incumbent not in patches:
+                stored = memory.system(r.incumbent)
+                patches[r.incumbent] = stored.patch if stored is not None else None
+        return cls(fp.digest, own, similar, patches)
+
+    def parent_patch(self, record: MemoryRecord) -> str | None:
+        """The patch of the incumbent `record`'s candidate was measured against (None: none, or unknown)."""
+        return self.patches.get(record.incumbent)
 
     def verdict(self, system_hash: str) -> MemoryRecord | None:
         """The latest evaluation of this system on this deployment when it is final; None (time it

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from specpilot.bench.report import write_text_atomic
 from specpilot.loop.journal import JOURNAL_FILE, EventKind, plain_json
+from specpilot.loop.patches import excerpt, increment, summarize
 from specpilot.loop.systems import describe
 
 SCHEMA = "specpilot.loop/1"
@@ -67,11 +68,16 @@ def rounds_from_journal(events) -> list[dict]:
 MEASURED = {"remeasure": "re-measured on fresh blocks after screening", "single": "its one comparison (no screening)"}
 
 
-def promotions(chain, journal_events) -> list[dict]:
-    """Each promotion from stock to the final system with its stored, re-measured numbers."""
+def promotions(chain, journal_events, parent_patches: dict | None = None) -> list[dict]:
+    """Each promotion from stock to the final system with its stored, re-measured numbers, and what
+    its patch changed over its incumbent's (`parent_patches`: incumbent hash -> patch)."""
     why = {e.data.get("entry_id"): e.data for e in journal_events if e.kind is EventKind.EVALUATION}
+    parents = dict(parent_patches or {})
     out = []
     for r in chain:
+        parent_patch = parents.get(r.incumbent)
+        summary = summarize(r.candidate.patch, parent_patch) if r.candidate.patch != parent_patch else None
+        parents[r.candidate.hash] = r.candidate.patch
         ev = r.detail["evaluation"]
         parent = {k: v for k, v in ev["incumbent"]["system"].items() if k != "name"}
         child = {k: v for k, v in r.candidate.knobs.items() if k != "name"}
@@ -80,6 +86,8 @@ def promotions(chain, journal_events) -> list[dict]:
         out.append({"entry_id": r.id, "round": r.round, "name": r.candidate.name, "agent": agent,
                     "gap": why.get(r.id, {}).get("gap"), "changes": changes,
                     "has_patch": r.candidate.patch is not None,
+                    "patch_summary": summary.to_dict() if summary else None,
+                    "patch_diff": increment(r.candidate.patch, parent_patch)[0] if summary else None,
                     "incumbent": ev["incumbent"]["system"].get("name"),
                     "gain": r.gain, "gain_lower": r.gain_lower, "gain_upper": r.gain_upper, "threshold": r.threshold,
                     "noise": r.noise, "blocks": r.blocks, "stage": r.stage.value,
@@ -96,7 +104,12 @@ def build_report(paths, journal, deployment, fp, config, ccfg, noise, start, inc
 
     events = list(start.previous) + list(journal.events)
     rounds = rounds_from_journal(events)
-    chain = promotions(promotion_chain(memory, fp.digest, incumbent), events)
+    records = promotion_chain(memory, fp.digest, incumbent)
+    parents = {}
+    for r in records[:1]:  # the chain's first incumbent (stock, or a system with a patch of its own)
+        stored = memory.system(r.incumbent)
+        parents[r.incumbent] = stored.patch if stored is not None else None
+    chain = promotions(records, events, parents)
     compounded = 1.0
     for p in chain:
         compounded *= 1 + (p["gain"] or 0.0)
@@ -123,6 +136,7 @@ def build_report(paths, journal, deployment, fp, config, ccfg, noise, start, inc
                          "knobs": incumbent.candidate.system.knobs(),
                          "changes_from_stock": incumbent.candidate.changes_from(_stock_candidate(deployment)),
                          "has_patch": incumbent.candidate.patch is not None,
+                         "patch_summary": _summary_dict(incumbent.candidate.patch),
                          "estimated_gain_over_stock": incumbent.cumulative_gain,
                          "toml": incumbent.candidate.system.to_toml()},
         "promotions": chain,
@@ -130,6 +144,11 @@ def build_report(paths, journal, deployment, fp, config, ccfg, noise, start, inc
         "final": final.to_dict() if final else None,
         "gaps": {"before": before, "after": after.to_dict() if after else None},
     })
+
+
+def _summary_dict(patch: str | None) -> dict | None:
+    summary = summarize(patch)
+    return summary.to_dict() if summary is not None else None
 
 
 def _stock_candidate(deployment):
@@ -208,13 +227,13 @@ def render_markdown(r: dict) -> str:
     else:
         lines += ["No final benchmark in this run (interrupted, or disabled).", ""]
     fs = r["final_system"]
-    lines += [f"Final system `{fs['name']}`: {describe(fs['changes_from_stock'])}; estimated "
+    lines += [f"Final system `{fs['name']}`: {describe(fs['changes_from_stock'], fs.get('patch_summary'))}; estimated "
               f"{_pct(fs['estimated_gain_over_stock'])} over stock from the promotions' stored gains "
               f"(compounded {_pct(r['compounded_gain'])}).", "", "```toml", fs["toml"].strip(), "```", "",
               "## Promoted changes", ""]
     if r["promotions"]:
         rows = [[p["round"] or "-", f"`{p['name']}`", p["agent"], p.get("gap") or "-",
-                 describe(p["changes"]) + (" + patch" if p["has_patch"] else ""),
+                 describe(p["changes"], p.get("patch_summary")),
                  format_gain(p["gain"], p["gain_lower"], p["gain_upper"]), _pct(p["threshold"]),
                  MEASURED.get(p.get("stage"), p.get("stage") or "n/a"), p["entry_id"]]
                 for p in r["promotions"]]
@@ -243,13 +262,15 @@ def render_markdown(r: dict) -> str:
             for e in rd["evaluations"]:
                 g = e.get("guard") or {}
                 guard = "n/a" if not g else ("pass" if g.get("passed") else f"FAIL: {g.get('reason')}")
-                rows.append([f"`{e['candidate']}`", e["agent"], e.get("gap") or "-", describe(e["changes"]),
+                rows.append([f"`{e['candidate']}`", e["agent"], e.get("gap") or "-",
+                             describe(e["changes"], e.get("patch_summary")),
                              f"**{e['verdict']}** ({', '.join(e['reasons'])})",
                              format_gain(e["gain"], e["gain_lower"], e["gain_upper"]), _pct(e["lower_bound"]),
                              _pct(e["threshold"]), guard, e["entry_id"]])
             lines += [""] + _table(["candidate", "agent", "gap", "change", "verdict", "gain (95% CI)", "bound",
                                     "threshold", "guard", "entry"], rows)
         lines.append("")
+    lines += render_patches(r)
     gb, ga = r["gaps"]["before"], r["gaps"]["after"]
     if gb or ga:
         lines += ["## Gaps before and after", ""]
@@ -285,12 +306,48 @@ def render_markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
+PATCH_DIFF_LINES = 80  # lines of each promoted patch's diff in report.md (report.json has it all)
+
+
+def patch_rows(r: dict) -> list[dict]:
+    """Every evaluated candidate that changed the code, in round order (from the journal's records)."""
+    return [{**e, "round": rd["index"]} for rd in r["rounds"] for e in rd["evaluations"] if e.get("patch_summary")]
+
+
+def render_patches(r: dict) -> list[str]:
+    """The "Code patches" section: each patch timed or rejected (files, +/- lines, verdict, gain), and
+    the diffs of the promoted ones."""
+    rows = patch_rows(r)
+    promoted = [p for p in r["promotions"] if p.get("patch_summary")]
+    if not rows and not promoted:
+        return []
+    lines = ["## Code patches", ""]
+    if rows:
+        table = []
+        for e in rows:
+            summary = e["patch_summary"]
+            files = ", ".join(f"`{f['path']}` (+{f['added']} -{f['removed']})" for f in summary["files"])
+            files += "".join(f"; reverts `{x}`" for x in summary.get("reverted", []))
+            table.append([e["round"], f"`{e['candidate']}`", e["agent"], e.get("gap") or "-", files or "-",
+                          f"**{e['verdict']}** ({', '.join(e['reasons'])})",
+                          format_gain(e["gain"], e["gain_lower"], e["gain_upper"]), e["entry_id"]])
+        lines += _table(["round", "candidate", "agent", "gap", "files (+/- lines over its incumbent)", "verdict",
+                         "gain (95% CI)", "entry"], table) + [""]
+    for p in promoted:
+        gain = format_gain(p["gain"], p["gain_lower"], p["gain_upper"])
+        lines += [f"Promoted `{p['name']}` (entry {p['entry_id']}, {gain}): {p['patch_summary']['line']}", "",
+                  "```diff", excerpt(p["patch_diff"] or "", PATCH_DIFF_LINES), "```", ""]
+    return lines
+
+
 def seed_line(s: dict) -> str:
     """One seed of the run (a SEED record): where from, how similar, what was offered or why not."""
     head = f"`{s['source']}` (similarity {s['similarity']:.2f}: {s['differences']})"
     if s["offered"]:
-        return f"seeded from {head}: `{s['candidate']}` ({describe(s['changes'] or {})}" + \
-            (" + patch)" if s["has_patch"] else ")")
+        what = describe(s["changes"] or {}, s.get("patch_summary"))
+        if s["has_patch"] and not s.get("patch_summary"):  # a record written before patch summaries
+            what += " + patch"
+        return f"seeded from {head}: `{s['candidate']}` ({what})"
     return f"not seeded from {head}: {s['skipped']}"
 
 

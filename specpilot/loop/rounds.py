@@ -46,7 +46,7 @@ from specpilot.loop.cost_model import CostTable
 from specpilot.loop.journal import EventKind, Journal
 from specpilot.loop.recall import Recall
 from specpilot.loop.slots import SlotPlan, allocate, closes
-from specpilot.loop.systems import Candidate, Incumbent, describe
+from specpilot.loop.systems import Candidate, Incumbent
 from specpilot.loop.worktree import remove
 from specpilot.memory.fingerprint import DeploymentFingerprint
 from specpilot.memory.records import MemoryRecord
@@ -164,7 +164,7 @@ def run_round(r: RoundInputs, journal: Journal) -> RoundOutcome:
                             time.monotonic() - start, errors, plan)
     journal.emit(EventKind.SELECTED, f"timing {len(selected)} candidate(s) against {inc.name!r}:\n" + "\n".join(
         f"  {i + 1}. {p.candidate.name} [{p.agent}{' -> ' + p.gap.value if p.gap else ''}] "
-        f"{describe(p.candidate.changes_from(inc.candidate))}: {p.rationale}"
+        f"{p.candidate.describe_changes(inc.candidate)}: {p.rationale}"
         for i, p in enumerate(selected)), r.index, candidates=[p.to_dict(inc.candidate) for p in selected])
     specs = [p.candidate.runner_spec(r.deployment_file, r.runner) for p in selected]
     result = r.controller.evaluate_round(inc.candidate.runner_spec(r.deployment_file, r.runner), specs, r.noise)
@@ -274,7 +274,8 @@ def evaluation_record(p: Proposal, e: Evaluation, entry: int, incumbent: Candida
     return {
         "candidate": p.candidate.name, "hash": p.hash, "agent": p.agent, "rationale": p.rationale,
         "gap": p.gap.value if p.gap else None,
-        "changes": p.candidate.changes_from(incumbent), "incumbent": incumbent.name, "entry_id": entry,
+        "changes": p.candidate.changes_from(incumbent), "patch_summary": _summary(p.candidate.patch_summary(incumbent)),
+        "incumbent": incumbent.name, "entry_id": entry,
         "stage": e.stage.value, "verdict": d.verdict.value, "reasons": [x.value for x in d.reasons],
         "gain": est.gain if est else None, "gain_lower": est.lower if est else None,
         "gain_upper": est.upper if est else None, "blocks": est.n if est else 0,
@@ -283,6 +284,10 @@ def evaluation_record(p: Proposal, e: Evaluation, entry: int, incumbent: Candida
         "screening_gain": e.screening.estimate.gain if e.screening and e.screening.estimate else None,
         "costs": e.costs.to_dict(), "predicted_ms_per_token": p.predicted_ms_per_token,
     }
+
+
+def _summary(summary) -> dict | None:
+    return summary.to_dict() if summary is not None else None
 
 
 def _pct(x) -> str:

@@ -113,8 +113,8 @@ class _Run:
         self.devices = tuple(options.devices or visible_devices())
         self.device = "cuda" if self.devices[0].startswith("cuda") else "cpu"
         self.ccfg = controller_config(config, self.deployment)
-        self.agents = make_proposers(config.agents, AgentOptions(config.coding_command, config.coding_timeout_s,
-                                                                 config.kernel_budget_s))
+        self.agents = make_proposers(config.agents, AgentOptions(
+            config.coding_command, config.coding_timeout_s, config.coding_agents, config.kernel_budget_s))
         self.memory = Memory(options.memory)  # before any directory: a refused memory leaves none behind
         try:
             self.paths = prepare_run(options.out, self.deployment.name, options.resume)

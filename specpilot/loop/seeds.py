@@ -11,8 +11,10 @@ chain of promotions):
    system, and the best system's patch — is laid over *this* deployment's stock (knobs this
    version does not have are dropped, and said so);
 2. a patch must still apply: it is applied in a fresh worktree of this checkout (`git apply
-   --check` first); one that does not apply, or a patch where there is no git checkout, is skipped
-   with the reason;
+   --check` first) and carried on as that worktree's diff against this checkout's baseline (so a
+   later `--resume` re-applies it here). A patch that does not apply, or one where there is no git
+   checkout, is left out with the reason: the knob change is still offered on its own when there
+   is one, else the seed is skipped;
 3. what is left is a proposal of the pseudo-agent `memory`, offered in the run's first round
    ahead of the agents' (`rounds.py`): it is guarded and timed against the incumbent like any
    candidate, never adopted untimed, and one the memory already judged here is not timed again.
@@ -34,6 +36,7 @@ from specpilot.config import System
 from specpilot.control.rule import Outcome
 from specpilot.errors import ConfigError
 from specpilot.loop.agents.base import Proposal
+from specpilot.loop.patches import summarize
 from specpilot.loop.systems import Candidate, describe
 from specpilot.loop.worktree import Checkout, WorktreeError, remove
 from specpilot.memory.fingerprint import DeploymentFingerprint
@@ -69,7 +72,9 @@ class Seed:
                 "candidate": self.proposal.candidate.name if self.proposal else None,
                 "hash": self.proposal.hash if self.proposal else None,
                 "changes": self.proposal.details.get("changes") if self.proposal else None,
-                "has_patch": bool(self.proposal and self.proposal.candidate.patch)}
+                "has_patch": bool(self.proposal and self.proposal.candidate.patch),
+                "patch_summary": self.proposal.details.get("patch_summary") if self.proposal else None,
+                "patch_dropped": self.proposal.details.get("patch_dropped", "") if self.proposal else ""}
 
 
 def find_seeds(memory: Memory, fp: DeploymentFingerprint, stock: System, checkout: Checkout | None,
@@ -105,32 +110,44 @@ def _seed(memory, fp, sim, digest, other, record: MemoryRecord, gain: float, sto
         system = System.from_dict({**base, **changes}, name=f"seed-{other.name}")
     except ConfigError as err:
         return skip(f"its knobs are not valid here: {err}")
-    workdir = None
+    workdir, dropped = None, ""
     if patch:
-        if checkout is None:
-            return skip("it carries a code patch and this package is not a git checkout to apply it in")
-        path = scratch / f"seed-{digest[:8]}-{record.candidate.hash[:8]}-{time.time_ns()}"
-        try:
-            wt = checkout.create(path)
-        except WorktreeError as err:
-            return skip(f"no worktree for its patch: {err}")
-        if not wt.applies(patch):
-            remove(checkout.root, wt.path)
-            return skip(f"its patch no longer applies here (`git apply --check` fails on {checkout.head[:12]}, "
-                        f"files {', '.join(_files(patch)[:4])})")
-        try:
-            wt.apply(patch)
-        except WorktreeError as err:
-            remove(checkout.root, wt.path)
-            return skip(f"its patch no longer applies here: {err}")
-        workdir = str(wt.path)
+        patch, workdir, dropped = _apply(patch, checkout, scratch / f"seed-{digest[:8]}-{record.candidate.hash[:8]}-"
+                                                               f"{time.time_ns()}")
+        if dropped and not changes:
+            return skip(dropped)
     shown = {k: [base[k], v] for k, v in changes.items()}
-    why = (f"{describe(shown) if shown else 'no knob change'}{' + patch' if patch else ''} (entry {record.id}, "
-           f"{gain:+.1%} over its stock)" + (f"; knobs unknown here dropped: {', '.join(unknown)}" if unknown else ""))
+    summary = summarize(patch)
+    what = describe(shown, summary) if shown or summary else "no knob change"
+    why = (f"{what} (entry {record.id}, {gain:+.1%} over its stock)"
+           + (f"; knobs unknown here dropped: {', '.join(unknown)}" if unknown else "")
+           + (f"; without its patch: {dropped}" if dropped else ""))
     proposal = Proposal(AGENT, Candidate(system, patch, workdir), why, None, None,
                         {"source": other.name, "source_digest": digest, "source_entry": record.id,
-                         "similarity": sim, "differences": fp.differences(other), "changes": shown})
+                         "similarity": sim, "differences": fp.differences(other), "changes": shown,
+                         "patch_summary": summary.to_dict() if summary else None, "patch_dropped": dropped})
     return Seed(other.name, digest, sim, fp.differences(other), record.id, gain, proposal)
+
+
+def _apply(patch: str, checkout: Checkout | None, path: Path) -> tuple[str | None, str | None, str]:
+    """(the patch as a diff against this checkout's baseline, its worktree, '') when it applies here;
+    (None, None, why not) when it does not."""
+    if checkout is None:
+        return None, None, "it carries a code patch and this package is not a git checkout to apply it in"
+    try:
+        wt = checkout.create(path)
+    except WorktreeError as err:
+        return None, None, f"no worktree for its patch: {err}"
+    if not wt.applies(patch):
+        remove(checkout.root, wt.path)
+        return None, None, (f"its patch no longer applies here (`git apply --check` fails on {checkout.head[:12]}, "
+                            f"files {', '.join(_files(patch)[:4])})")
+    try:
+        wt.apply(patch)
+        return wt.diff() or None, str(wt.path), ""
+    except WorktreeError as err:
+        remove(checkout.root, wt.path)
+        return None, None, f"its patch no longer applies here: {err}"
 
 
 def _root_incumbent(memory: Memory, digest: str, record: MemoryRecord) -> dict:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from specpilot.config import System
 from specpilot.control.arm import ArmSpec
+from specpilot.loop.patches import PatchSummary, summarize
 from specpilot.memory.records import knob_diff, system_hash
 
 # knobs that interact, by group: a tree's shape, its drafter and window form one; kernels another
@@ -72,18 +73,28 @@ class Candidate:
     def groups_changed_from(self, parent: Candidate) -> set[str]:
         return {PATCH_GROUP if k == "patch" else group_of(k) for k in self.changes_from(parent)}
 
+    def patch_summary(self, parent: Candidate | None) -> PatchSummary | None:
+        """What this candidate's patch changes over `parent`'s (None: the patches are the same)."""
+        parent_patch = parent.patch if parent is not None else None
+        return summarize(self.patch, parent_patch) if self.patch != parent_patch else None
+
     def describe_changes(self, parent: Candidate) -> str:
-        return describe(self.changes_from(parent))
+        return describe(self.changes_from(parent), self.patch_summary(parent))
 
 
-def describe(diff: dict) -> str:
-    """'depth 5->3, tree_budget 7->4, + patch' for a changes dict (see `Candidate.changes_from`)."""
+def describe(diff: dict, patch: PatchSummary | dict | None = None) -> str:
+    """'depth 5->3, tree_budget 7->4, patch specpilot/engine/faults.py (+1 -1)' for a changes dict
+    (see `Candidate.changes_from`) and the summary of the patch's change (`patches.PatchSummary`, or
+    its dict); without a summary a patch change reads '+ patch' / '- patch'."""
+    summary = PatchSummary.from_dict(patch) if isinstance(patch, dict) else patch
     parts = []
     for k, (old, new) in diff.items():
         if k == "patch":
-            parts.append("+ patch" if new else "- patch")
+            parts.append(summary.line() if summary is not None else "+ patch" if new else "- patch")
         else:
             parts.append(f"{k} {_value(old)}->{_value(new)}")
+    if "patch" not in diff and summary is not None and not summary.empty:
+        parts.append(summary.line())
     return ", ".join(parts) or "no change"
 
 

@@ -7,7 +7,8 @@ records, and a writer killed mid-transaction (even by SIGKILL) leaves nothing be
 discards the uncommitted WAL frames on the next open. One connection per `Memory`, shared
 across threads behind a lock.
 
-Queries: `entries` (filtered list), `get`, `noise_floor` (latest for a deployment + procedure),
+Queries: `entries` (filtered list), `get`, `system` (a stored system by hash, patch included),
+`deployments` (every stored deployment with its counts), `noise_floor` (latest for a deployment + procedure),
 `noise_floors` (the recent ones, with the load each was measured under), `best_validated`
 (largest estimated gain over stock along the chain of promotions), `similar_deployments` (other
 deployments by similarity), `similar_validated` (promoted entries of other deployments, most
@@ -191,6 +192,24 @@ class Memory:
         if not rows:
             raise SpecPilotError(f"no memory entry {entry_id} in {self.path}")
         return self._record(rows[0])
+
+    def system(self, system_hash: str) -> SystemRecord | None:
+        """The stored system with this hash (its knobs and patch), or None."""
+        rows = self._rows("SELECT * FROM systems WHERE hash = ?", (system_hash,))
+        if not rows:
+            return None
+        r = rows[0]
+        return SystemRecord(r["hash"], r["name"], json.loads(r["knobs"]), r["patch"], r["parent"],
+                            json.loads(r["diff"]), r["created_at"])
+
+    def deployments(self) -> list[tuple[str, DeploymentFingerprint, int, int]]:
+        """(digest, fingerprint, evaluations, promotions) of every stored deployment, oldest first."""
+        rows = self._rows(
+            "SELECT d.fingerprint, d.components, COUNT(e.id) AS n, "
+            "COALESCE(SUM(e.verdict = 'promote'), 0) AS promoted FROM deployments d "
+            "LEFT JOIN evaluations e ON e.deployment = d.fingerprint GROUP BY d.fingerprint ORDER BY d.rowid")
+        return [(r["fingerprint"], DeploymentFingerprint.from_dict(json.loads(r["components"])), r["n"],
+                 r["promoted"]) for r in rows]
 
     def entries(self, deployment: str | None = None, verdict: Outcome | None = None,
                 limit: int | None = None) -> list[MemoryRecord]:

@@ -22,3 +22,33 @@ def test_a_round_cut_short_stays_in_the_report():
     events = [event(EventKind.MEASURE, 1, incumbent={"name": "stock"}), event(EventKind.PROPOSALS, 1, counts={"knob": 3})]
     (only,) = rounds_from_journal(events)
     assert only["index"] == 1 and not only["completed"] and only["proposals"] == {"knob": 3}
+
+
+def test_patches_are_summarised_by_their_files_and_lines_never_as_no_change():
+    from specpilot.cli.run import summary
+    from specpilot.loop.patches import summarize
+    from specpilot.loop.report import render_patches
+
+    patch = ("diff --git a/specpilot/engine/steps.py b/specpilot/engine/steps.py\nindex 1..2 100644\n"
+             "--- a/specpilot/engine/steps.py\n+++ b/specpilot/engine/steps.py\n@@ -1,2 +1,1 @@\n-x\n-y\n+z\n")
+    s = summarize(patch).to_dict()
+    gain = {"gain": 0.2, "gain_lower": 0.1, "gain_upper": 0.3}
+    evaluation = {"candidate": "coding:r1#1", "agent": "coding", "gap": "overhead", "patch_summary": s,
+                  "verdict": "promote", "reasons": ["clears-threshold"], "entry_id": 4, **gain}
+    rejected = {**evaluation, "candidate": "coding:r1#2", "verdict": "reject", "reasons": ["guard-failed"],
+                "gain": None, "gain_lower": None, "gain_upper": None, "entry_id": 5}
+    report = {"deployment": {"name": "fx", "device": "cpu"}, "run": {"stop": "rounds", "out": "/tmp/x"},
+              "final": None, "rounds": [{"index": 1, "evaluations": [evaluation, rejected]}],
+              "final_system": {"name": "coding:r1#1", "changes_from_stock": {"patch": [False, True]},
+                               "patch_summary": s},
+              "promotions": [{"round": "r1", "name": "coding:r1#1", "changes": {}, "patch_summary": s,
+                              "patch_diff": patch, "entry_id": 4, **gain}]}
+    text = summary(report)
+    line = "patch specpilot/engine/steps.py (+1 -2)"
+    assert "no change" not in text and f"final system 'coding:r1#1': {line}" in text
+    assert f"promoted in r1: coding:r1#1 ({line}) +20.0% [+10.0%, +30.0%]" in text
+    assert f"patch not promoted in round 1: coding:r1#2 ({line}) reject (guard-failed) n/a" in text
+    md = "\n".join(render_patches(report))
+    assert ("| 1 | `coding:r1#2` | coding | overhead | `specpilot/engine/steps.py` (+1 -2) | **reject** "
+            "(guard-failed)") in md
+    assert f"Promoted `coding:r1#1` (entry 4, +20.0% [+10.0%, +30.0%]): {line}" in md and "+z" in md

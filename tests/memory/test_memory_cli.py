@@ -46,6 +46,24 @@ def test_show_prints_the_numbers(db, capsys):
     assert entry["verdict"] == "reject" and entry["guard_passed"] is False and entry["reasons"] == ["guard-failed"]
 
 
+def test_deployments_ranked_by_similarity_to_one(db, tmp_path, capsys):
+    with Memory(db) as m:  # alpha with another token budget and a version bump: alike, below alpha itself
+        m.record_evaluation(fingerprint("alpha-v2", torch="2.14"), evaluation(spec("deep", depth=8)), CONFIG)
+    assert run_cli(["memory", "deployments", "--memory", db]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in lines[1:]] == ["alpha", "beta", "alpha-v2"]
+    assert run_cli(["memory", "deployments", "--memory", db, "--like", "alpha", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["name"], r["similarity"], r["seeds"]) for r in rows] == [("alpha-v2", 0.95, True), ("beta", 0.8, True)]
+    assert rows[0]["differences"] == "same target and drafter, torch 2.13 vs 2.14"
+    assert rows[0]["evaluations"] == 1 and rows[0]["promotions"] == 1
+    assert run_cli(["memory", "deployments", "--memory", db, "--like", "alpha"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "similarity  differences" in out[0] and out[1].split()[1] == "alpha-v2" and "0.95" in out[1]
+    assert run_cli(["memory", "deployments", "--memory", db, "--like", "gamma"]) == 2
+    assert capsys.readouterr().err.startswith("error: --like 'gamma' matches 0 stored deployments")
+
+
 def test_export_to_file(db, tmp_path):
     out = tmp_path / "export.json"
     assert run_cli(["memory", "export", "--memory", db, "--out", str(out)]) == 0

@@ -51,6 +51,7 @@ class AgentOptions:
 
     coding_command: str | None = None  # template of the external coding agent; None = off
     coding_timeout_s: float = 1800.0
+    coding_agents: int = 2  # coding-agent processes run at once per round, each in its own worktree
     kernel_budget_s: float = 60.0  # wall time the kernel agent may spend timing kernels per round
     max_stack: int = 4  # most changes the integration agent stacks into one candidate
 
@@ -112,9 +113,16 @@ class Proposal:
             "agent": self.agent, "name": self.candidate.name, "hash": self.hash,
             "changes": self.candidate.changes_from(incumbent) if incumbent else None,
             "knobs": self.candidate.system.knobs(), "has_patch": self.candidate.patch is not None,
+            "patch_summary": _summary(self.candidate, incumbent),
             "rationale": self.rationale, "gap": self.gap.value if self.gap else None,
             "predicted_ms_per_token": self.predicted_ms_per_token, "details": self.details,
         }
+
+
+def _summary(candidate: Candidate, incumbent: Candidate | None) -> dict | None:
+    """The summary of what the candidate's patch changes over the incumbent's, as plain data."""
+    summary = candidate.patch_summary(incumbent) if incumbent is not None or candidate.patch else None
+    return summary.to_dict() if summary is not None else None
 
 
 class Proposer(abc.ABC):

@@ -1,55 +1,53 @@
-"""The coding agent: an external coding-agent CLI edits an isolated worktree; its diff is the candidate.
+"""The coding agents: external coding-agent CLIs edit isolated worktrees, in parallel; each diff is a candidate.
 
-Each round it creates a worktree of the baseline checkout (`worktree.py`) with the incumbent's
-patch applied, writes a task built from the round's evidence — the largest gap and what closing it
-would save, the cost table, the incumbent's knobs, the files that gap lives in, and the relevant
-memory entries (promoted changes, and what was rejected and why) — and runs the configured
-command in the worktree. Whatever the command leaves changed there (`git diff` against the
-baseline) is the candidate: the incumbent's knobs plus that complete patch, timed by the
-controller with its workers importing the worktree's code. Nothing changed: no proposal.
+Each round the agent runs up to `AgentOptions.coding_agents` copies of the configured command at
+once (never more than the slots it holds that round, `ProposerContext.limit`), each in its own
+worktree of the baseline checkout (`worktree.py`) with the incumbent's patch applied. Each copy
+gets its own brief (`brief.py`): the gap it targets (the copies are apportioned over the gaps a
+code change can close, by what each would save), the cost table, the incumbent's knobs and patch,
+and the past patches with their diffs, verdicts and gains. Whatever a copy leaves changed in its
+worktree (`git diff` against the baseline) is a candidate: the incumbent's knobs plus that
+complete patch, timed by the controller with its workers importing the worktree's code. A copy
+that changes nothing proposes nothing; two copies that make the same patch propose it once.
 
 The command is a template (`--coding-agent`, or `SPECPILOT_CODING_AGENT`; see `env.py`) run by
-the shell in the worktree, with the task also on its stdin. Placeholders:
+the shell in the worktree, with the brief also on its stdin. Placeholders:
 
-    {task_file}   path of the task (Markdown)        {task}      the task text, shell-quoted
+    {task_file}   path of the brief (Markdown)       {task}      the brief's text, shell-quoted
     {workdir}     the worktree                        {round}     the round number
+    {agent}       this copy's number (1..N)           {gap}       the gap it targets ('overall' if none)
+
+The same values are in its environment: SPECPILOT_TASK_FILE, SPECPILOT_WORKDIR, SPECPILOT_ROUND,
+SPECPILOT_AGENT, SPECPILOT_AGENTS (N) and SPECPILOT_GAP.
 
     claude -p "$(cat {task_file})" --permission-mode acceptEdits     # Claude Code
     codex exec --full-auto {task}                                     # Codex CLI
     aider --yes-always --message-file {task_file}                     # aider
 
 With no command configured, or when the package is not a git checkout, the agent is off (said
-once). The command's output goes to a log file next to the task; a non-zero exit or a timeout
-is logged, and any edits it made are still the candidate (the guard and the timing judge them).
+once). Each copy's output goes to a log file next to its brief; a non-zero exit or a timeout is
+logged, and any edits it made are still the candidate (the guard and the timing judge them).
 
-Owns: the worktree's life for its candidate, the task text, running the command. Does not own
-judging the patch (guard, controller) or keeping it (the loop).
+Owns: the worktrees' life for their candidates, running the commands in parallel. Does not own
+the brief's text (`brief.py`), judging a patch (guard, controller) or keeping it (the loop).
 """
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from specpilot import env
 from specpilot.loop.agents.base import AgentStatus, LoopSetup, Proposal, Proposer, ProposerContext, register
-from specpilot.loop.cost_model import GapKind
-from specpilot.loop.systems import Candidate, describe
+from specpilot.loop.agents.brief import Target, assign, build_brief
+from specpilot.loop.slots import closes
+from specpilot.loop.systems import Candidate
 from specpilot.loop.worktree import WorktreeError, remove
-
-WHERE = {  # the files a gap lives in, for the task
-    GapKind.VERIFY_KERNELS: "specpilot/kernels/ (Triton GEMV/GEMM, launch configs and tuned tables in configs.py), "
-                            "specpilot/models/transformer.py (attention, projections), specpilot/engine/steps.py "
-                            "(tree_forward)",
-    GapKind.DRAFT_KERNELS: "specpilot/engine/drafters/draft_model.py (catch-up, expansion, selection), "
-                           "specpilot/models/transformer.py",
-    GapKind.OVERHEAD: "specpilot/engine/generator.py (the host loop and its one sync point), "
-                      "specpilot/engine/steps.py, verify.py, tree.py, state.py (per-round bookkeeping)",
-    GapKind.ACCEPTANCE: "specpilot/engine/drafters/ (how the draft tree is grown and selected), "
-                        "specpilot/engine/tree.py",
-}
 
 
 def command_template(options_command: str | None) -> str | None:
@@ -65,44 +63,71 @@ class CodingAgent(Proposer):
                                       "pass --coding-agent, e.g. 'claude -p \"$(cat {task_file})\"')")
         if setup.checkout is None:
             return AgentStatus(False, "the package is not imported from a git checkout: no worktree to edit")
-        return AgentStatus(True, f"runs `{template}` in a worktree each round")
+        n = self.options.coding_agents
+        return AgentStatus(True, f"runs `{template}` in {n} worktree{'s' if n > 1 else ''} at once each round "
+                                 "(at most its slots)")
 
     def propose(self, ctx: ProposerContext) -> list[Proposal]:
         template = command_template(self.options.coding_command)
-        checkout = ctx.setup.checkout
-        if not template or checkout is None:
+        if not template or ctx.setup.checkout is None:
             return []
-        stem = f"coding-{ctx.round_label.replace('/', '-')}"
-        path = ctx.setup.scratch / stem
-        inc = ctx.incumbent.candidate
+        n = max(1, min(self.options.coding_agents, ctx.limit))
+        targets = assign(ctx, n, closes(self))
+        if n < self.options.coding_agents:
+            ctx.log(f"coding: {n} of {self.options.coding_agents} agents this round (the slots it holds)")
+        if n > 1:
+            ctx.log(f"coding: {n} agents in parallel: " + ", ".join(
+                f"#{t.index} {t.gap.kind.value if t.gap else 'overall'}" for t in targets))
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="coding") as pool:
+            results = list(pool.map(lambda t: self._one(ctx, template, t, targets), targets))
+        out, seen = [], set()
+        for p in results:
+            if p is None:
+                continue
+            if p.hash in seen:  # two agents made the same patch: one candidate
+                ctx.log(f"coding: agent {p.details['agent']} made the same patch as another: dropped")
+                remove(ctx.setup.checkout.root, Path(p.candidate.workdir))
+                continue
+            seen.add(p.hash)
+            out.append(p)
+        return out
+
+    def _one(self, ctx: ProposerContext, template: str, target: Target, targets: list[Target]) -> Proposal | None:
+        """Run one agent in its own worktree; its proposal, or None when it changed nothing."""
+        checkout, inc = ctx.setup.checkout, ctx.incumbent.candidate
+        stem = f"coding-{ctx.round_label.replace('/', '-')}-a{target.index}"
         try:
-            wt = checkout.create(path)
+            wt = checkout.create(ctx.setup.scratch / stem)
             wt.apply(inc.patch or "")
         except WorktreeError as err:
-            ctx.log(f"coding: cannot prepare a worktree: {err}")
-            return []
-        task = build_task(ctx)
+            ctx.log(f"coding: agent {target.index}: cannot prepare a worktree: {err}")
+            return None
+        task = build_brief(ctx, target, targets)
         task_file = ctx.setup.scratch / f"{stem}-task.md"
         task_file.write_text(task)
         log_file = ctx.setup.scratch / f"{stem}.log"
-        command = fill(template, task_file=shlex.quote(str(task_file)), task=shlex.quote(task),
-                       workdir=shlex.quote(str(wt.path)), round=str(ctx.round))
+        gap = target.gap.kind.value if target.gap else "overall"
+        values = {"task_file": str(task_file), "workdir": str(wt.path), "round": str(ctx.round),
+                  "agent": str(target.index), "gap": gap}
+        command = fill(template, task=shlex.quote(task), **{k: shlex.quote(v) for k, v in values.items()})
+        environ = {f"SPECPILOT_{k.upper()}": v for k, v in values.items()} | {"SPECPILOT_AGENTS": str(target.of)}
         start = time.monotonic()
-        outcome = run_command(command, wt.path, task, log_file, self.options.coding_timeout_s)
+        outcome = run_command(command, wt.path, task, log_file, self.options.coding_timeout_s, environ)
         seconds = time.monotonic() - start
         patch = wt.diff()
         if not patch or patch == (inc.patch or ""):
-            ctx.log(f"coding: `{command[:60]}` {outcome} after {seconds:.0f} s and changed nothing")
+            ctx.log(f"coding: agent {target.index} ({gap}): `{command[:60]}` {outcome} after {seconds:.0f} s and "
+                    "changed nothing")
             remove(checkout.root, wt.path)
-            return []
-        files = wt.changed_files()
-        gap = ctx.cost.top.kind if ctx.cost.top else None
-        system = inc.system.with_changes(name=f"coding:{ctx.round_label}")
-        why = (f"coding agent on the {gap.value if gap else 'overall'} gap ({outcome}, {seconds:.0f} s): "
-               f"changed {', '.join(files[:4])}{' ...' if len(files) > 4 else ''}")
-        return [Proposal(self.name, Candidate(system, patch, str(wt.path)), why, gap, None,
-                         {"files": files, "task_file": str(task_file), "log_file": str(log_file),
-                          "seconds": seconds, "outcome": outcome})]
+            return None
+        suffix = f"#{target.index}" if target.of > 1 else ""
+        candidate = Candidate(inc.system.with_changes(name=f"coding:{ctx.round_label}{suffix}"), patch, str(wt.path))
+        summary = candidate.patch_summary(inc)
+        why = f"coding agent {target.index} on the {gap} gap ({outcome}, {seconds:.0f} s): {summary.line()}"
+        return Proposal(self.name, candidate, why, target.gap.kind if target.gap else None, None,
+                        {"agent": target.index, "agents": target.of, "files": wt.changed_files(),
+                         "patch": summary.to_dict(), "task_file": str(task_file), "log_file": str(log_file),
+                         "seconds": seconds, "outcome": outcome})
 
 
 def fill(template: str, **values: str) -> str:
@@ -112,69 +137,25 @@ def fill(template: str, **values: str) -> str:
     return template
 
 
-def run_command(command: str, cwd: Path, task: str, log_file: Path, timeout_s: float) -> str:
-    """Run the agent's command; 'exit 0', 'exit N' or 'timed out' (output to `log_file`)."""
+def run_command(command: str, cwd: Path, task: str, log_file: Path, timeout_s: float,
+                environ: dict | None = None) -> str:
+    """Run the agent's command; 'exit 0', 'exit N' or 'timed out' (output to `log_file`). On a
+    timeout its whole process group (the shell and what it started) is killed."""
     with open(log_file, "wb") as log:
+        proc = subprocess.Popen(command, shell=True, cwd=cwd, stdin=subprocess.PIPE, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(environ or {})})
         try:
-            proc = subprocess.run(command, shell=True, cwd=cwd, input=task.encode(), stdout=log,
-                                  stderr=subprocess.STDOUT, timeout=timeout_s, start_new_session=True)
+            proc.communicate(task.encode(), timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: the agent and its children only
+            except ProcessLookupError:
+                pass
+            proc.wait()
             return "timed out"
     return f"exit {proc.returncode}"
 
 
 def build_task(ctx: ProposerContext) -> str:
-    """The task text: the gap, the cost table, the knobs, the files, the memory, the rules."""
-    cost, inc = ctx.cost, ctx.incumbent.candidate
-    top = cost.top
-    dep = ctx.deployment
-    lines = [
-        f"# SpecPilot coding task: round {ctx.round}, deployment `{dep.name}` on {ctx.setup.device_name}",
-        "",
-        "You are in an isolated git worktree of SpecPilot, a PyTorch package for lossless speculative decoding "
-        "(a draft model proposes a token tree, the target verifies it in one forward; greedy, so the output must "
-        "equal plain autoregressive decoding). Make ONE focused change to the code that makes decoding of this "
-        "deployment faster without changing what it generates. Leave the change in the working tree: do not "
-        "commit. Your diff is timed against the current best system in paired runs and promoted only if it is "
-        "faster beyond the measurement noise.",
-        "",
-    ]
-    if top is not None:
-        share = top.saving_ms_per_token / cost.ms_per_token if cost.ms_per_token else 0.0
-        lines += [f"## Target: the largest gap, `{top.kind.value}`",
-                  f"Closing it would save up to {top.saving_ms_per_token:.3f} ms of {cost.ms_per_token:.3f} ms per "
-                  f"token ({share:.0%}). It lives in: {WHERE[top.kind]}.", ""]
-    lines += ["## Where the time goes now (cost table of the current best system)", "```", cost.render(), "```", "",
-              f"## The current best system `{inc.name}` (engine knobs, specpilot/config.py `System`)", "```",
-              inc.system.to_toml().strip(), "```",
-              "It already carries a code patch (applied in this worktree)." if inc.patch else "", ""]
-    memory = relevant_memory(ctx)
-    if memory:
-        lines += ["## What earlier rounds found (the memory)", *memory, ""]
-    lines += [
-        "## Rules",
-        "- Lossless: every token must stay what greedy AR decoding of the target gives (up to float rounding). "
-        "Each candidate's outputs are teacher-forced through the stock target; more mismatches than stock, or any "
-        "large-margin mismatch, rejects it. Skipping verification, biasing logits or stopping early is rejected.",
-        "- Change the engine, kernels or models (specpilot/engine, specpilot/kernels, specpilot/models, "
-        "specpilot/w12). specpilot/control, specpilot/guard and specpilot/loop are not what gets timed.",
-        "- Keep the engine's knobs (specpilot/config.py) meaning what they mean; a new behaviour should be the default "
-        "path or switched by the code itself.",
-        "- Run the CPU tests of what you touched if you can (`pytest tests/engine -q`).",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def relevant_memory(ctx: ProposerContext, limit: int = 8) -> list[str]:
-    """One line per relevant entry: promoted changes first, then code patches tried and how they fared."""
-    promoted = list(ctx.recall.promoted())[:limit // 2]
-    patches = [r for r in ctx.recall.evaluations if r.candidate.patch and r not in promoted][: limit - len(promoted)]
-    out = []
-    for r in promoted + patches:
-        gain = f"{r.gain:+.1%} [{r.gain_lower:+.1%}, {r.gain_upper:+.1%}]" if r.gain is not None else "not timed"
-        why = ", ".join(x.value for x in r.reasons)
-        what = describe(r.candidate.diff) + (" + code patch" if r.candidate.patch else "")
-        out.append(f"- entry {r.id} `{r.candidate.name}` ({what}): {r.verdict.value} ({why}), gain {gain}"
-                   + (f"; guard: {r.guard.get('reason')}" if r.guard_passed is False and r.guard.get("reason") else ""))
-    return out
+    """The brief of a round's only coding agent (see `brief.build_brief`)."""
+    return build_brief(ctx, assign(ctx, 1, closes(CodingAgent()))[0])
