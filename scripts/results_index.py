@@ -22,6 +22,8 @@ SOURCES = (
     ("engine/engine_ar_kernels.*", "AR decode: cuBLAS, Triton BF16, W12", "engine_ar.py --skip hf curve"),
     ("engine/engine_ar.*", "AR decode vs byte floor, verify cost", "engine_ar.py"),
     ("fixture/*", "fixture: loss, acceptance, decode", "tools/fixture_report.py"),
+    ("drafters/*", "acceptance: DFlash, EAGLE-3, draft model (x1)", "train_drafters.sh"),
+    ("serving/*", "continuous batching: throughput, latency", "specpilot bench --regime serving"),
     ("guard/*", "token-forcing guard", "guard_report.py"),
     ("loop/*", "the optimization loop", "loop_fixture.py"),
     ("speed/summary*", "speed headline table", "speed_fixture.py"),
@@ -138,6 +140,8 @@ def render_index(results: Path) -> str:
 # --- the headline table: each function reads one file and returns its rows (label, value)
 
 def ci(d: dict) -> str:
+    if d.get("low") is None:  # too few units for an interval
+        return f"{d['estimate']:.2f}x (n/a: {d.get('no_interval', 'no interval')})"
     return f"{d['estimate']:.2f}x [{d['low']:.2f}, {d['high']:.2f}]"
 
 
@@ -145,6 +149,24 @@ def speed_rows(data: dict) -> list[tuple[str, str]]:
     c = data["config"]
     label = f"`{data['deployment']['name']}` speedup over AR (geomean, {c['level']:.0%} CI)"
     return [(label, ", ".join(f"{s['name']} {ci(s['geomean_speedup'])}" for s in data["systems"]))]
+
+
+def acceptance_rows(data: dict) -> list[tuple[str, str]]:
+    label = f"`{data['deployment']['name']}` mean accepted length per round (tokens per target forward)"
+    return [(label, ", ".join(f"{s['name']} {s['mean_accepted_length']:.2f}" for s in data["systems"]))]
+
+
+def serving_rows(data: dict) -> list[tuple[str, str]]:
+    name = data["deployment"]["name"]
+    rows = []
+    for level in data["levels"]:
+        by = {e["name"]: e for e in level["engines"]}
+        scaling = by["ar"]["scaling"]
+        parts = [f"AR {by['ar']['tokens_per_second']['estimate']:,.0f} tok/s"
+                 + (f" ({ci(scaling)} of AR at the lowest concurrency)" if scaling else "")]
+        parts += [f"{e['name']} {ci(e['speedup'])} over AR" for e in level["engines"] if e["name"] != "ar"]
+        rows.append((f"`{name}` serving, concurrency {level['concurrency']}", "; ".join(parts)))
+    return rows
 
 
 def engine_rows(data: dict) -> list[tuple[str, str]]:
@@ -219,6 +241,9 @@ def loop_rows(data: dict) -> list[tuple[str, str]]:
 HEADLINES = (  # (file under results/, rows from it); a missing file is skipped
     ("speed/fixture/results.json", speed_rows),
     ("speed/fixture-x16/results.json", speed_rows),
+    ("speed/fixture-x16-eagle3/results.json", speed_rows),
+    ("drafters/fixture-x1/results.json", acceptance_rows),
+    ("serving/fixture-x16-batch/results.json", serving_rows),
     ("loop/fixture-x16/report.json", loop_rows),
     ("engine/engine_ar.json", engine_rows),
     ("engine/engine_ar_kernels.json", engine_kernel_rows),

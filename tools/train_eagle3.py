@@ -86,12 +86,14 @@ def ttt_logits(draft, target, tokens: torch.Tensor, feats: torch.Tensor, ttt: in
     return out
 
 
-def ttt_loss(draft, target, tokens, feats, args):
-    """(weighted CE, per-step top-1 [ttt], simulated chain acceptance length) of one batch."""
+def ttt_loss(draft, target, tokens, starts, feats, args):
+    """(weighted CE, per-step top-1 [ttt], simulated chain acceptance length) of one batch whose
+    generated part begins at `starts [B]` (labels only there)."""
+    starts = starts.to(tokens.device)[:, None]
     steps = ttt_logits(draft, target, tokens, feats, args.ttt)
     loss, top1, hits = 0.0, [], []
     for j, (logits, labels) in enumerate(steps):
-        labels = labels.masked_fill(torch.arange(labels.shape[1], device=labels.device) + 2 + j < args.prompt_len, -100)
+        labels = labels.masked_fill(torch.arange(labels.shape[1], device=labels.device)[None] + 2 + j < starts, -100)
         valid = labels >= 0
         ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
         loss = loss + args.decay**j * ce
@@ -101,7 +103,7 @@ def ttt_loss(draft, target, tokens, feats, args):
             hits.append(hit)
     with torch.no_grad():  # rows whose every step has a label: accepted length of a chain of ttt drafts
         full = steps[-1][1] >= 0
-        full &= torch.arange(full.shape[1], device=full.device) + 2 >= args.prompt_len
+        full &= torch.arange(full.shape[1], device=full.device)[None] + 2 >= starts
         run = torch.stack(hits, -1).long().cumprod(-1).sum(-1).float()
         acc_len = float(1 + run[full].mean()) if bool(full.any()) else float("nan")
     return loss, top1, acc_len
@@ -115,11 +117,12 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None, help="cpu, cuda ... (default: cuda if available, cpu for --smoke)")
     p.add_argument("--feature-layers", help="comma-separated target layers whose inputs are fused (default 2,L//2,L-3)")
     p.add_argument("--intermediate-size", type=int, default=0, help="head MLP width (default: the target's)")
-    p.add_argument("--prompts", type=int, default=2048, help="training prompts")
+    p.add_argument("--prompts", type=int, default=12288, help="training prompts")
     p.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts")
-    p.add_argument("--prompt-len", type=int, default=128, help="tokens per prompt")
-    p.add_argument("--gen-tokens", type=int, default=768, help="greedy tokens generated per prompt")
-    p.add_argument("--gen-batch", type=int, default=256, help="prompts per generation batch")
+    p.add_argument("--prompt-len", type=int, default=160, help="longest prompt (tokens)")
+    p.add_argument("--min-prompt-len", type=int, default=8, help="shortest prompt (tokens)")
+    p.add_argument("--gen-tokens", type=int, default=128, help="sequence length beyond --prompt-len")
+    p.add_argument("--gen-batch", type=int, default=1024, help="prompts per generation batch")
     p.add_argument("--batch", type=int, default=64, help="sequences per step")
     p.add_argument("--ttt", type=int, default=7, help="training-time test length (steps per slot)")
     p.add_argument("--decay", type=float, default=0.8, help="step j's loss weighs decay^j")
@@ -129,7 +132,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of prompts, batches and initialisation")
     args = p.parse_args(argv)
     if args.smoke:
-        args.prompts, args.eval_prompts, args.prompt_len, args.gen_tokens = 12, 4, 16, 24
+        args.prompts, args.eval_prompts, args.prompt_len, args.min_prompt_len, args.gen_tokens = 12, 4, 16, 16, 24
         args.batch, args.steps = 4, args.steps or 6
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu"))
     torch.manual_seed(args.seed)
@@ -146,7 +149,8 @@ def main(argv=None) -> int:
     else:
         train_prompts, held_prompts = train_dflash.corpus_prompts(args, args.prompts)
     t0 = time.perf_counter()
-    data, held = train_dflash.generate(target, train_prompts, args), train_dflash.generate(target, held_prompts, args)
+    (data, starts), (held, held_starts) = (train_dflash.generate(target, train_prompts, args),
+                                           train_dflash.generate(target, held_prompts, args))
     gen_s = time.perf_counter() - t0
     log(f"data: {len(data)} + {len(held)} sequences of {data.shape[1]} tokens in {gen_s:.1f}s")
 
@@ -166,17 +170,21 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     planned = args.steps or 10**9
     while step < planned:
-        if not args.steps and step == 10:  # plan the cosine schedule from the measured speed
-            planned = max(20, int(budget_s / ((time.perf_counter() - t0) / 10)))
+        if step == 10:
+            t10 = time.perf_counter()
+        if not args.steps and step == 30:  # plan the cosine schedule from the speed after warm-up
+            per_step = (time.perf_counter() - t10) / 20
+            planned = max(40, 30 + int((budget_s - (time.perf_counter() - t0)) / per_step))
         warm = max(1, int(0.04 * planned))
         lr = args.lr * min(1.0, (step + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / planned)))
         for group in opt.param_groups:
             group["lr"] = lr
-        tokens = data[torch.randint(0, len(data), (args.batch,), generator=g)].to(device)
+        rows = torch.randint(0, len(data), (args.batch,), generator=g)
+        tokens = data[rows].to(device)
         with torch.no_grad(), amp:
             feats = train_dflash.target_features(target, tokens, capture)
         with amp:
-            loss, top1, acc = ttt_loss(draft, target, tokens, feats, args)
+            loss, top1, acc = ttt_loss(draft, target, tokens, starts[rows], feats, args)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -194,7 +202,8 @@ def main(argv=None) -> int:
         evals = []
         for i in range(0, len(held), args.batch):
             tokens = held[i : i + args.batch].to(device)
-            _, top1, acc = ttt_loss(draft, target, tokens, train_dflash.target_features(target, tokens, capture), args)
+            _, top1, acc = ttt_loss(draft, target, tokens, held_starts[i : i + args.batch],
+                                    train_dflash.target_features(target, tokens, capture), args)
             evals.append((top1, acc, len(tokens)))
     n = sum(e[2] for e in evals)
     held_top1 = [sum(e[0][j] * e[2] for e in evals) / n for j in range(args.ttt)]

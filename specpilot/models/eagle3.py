@@ -182,7 +182,10 @@ def expand_eagle3(model: Eagle3Model, factor: int) -> Eagle3Model:
         else:  # norms, o_proj, gate_up / down, lm_head, embed_tokens: as in any decoder
             state[name] = expand_tensor(name, w, c, f)
     wide.load_state_dict(state, strict=True)
-    return wide.to(device=model.device, dtype=model.dtype).eval().requires_grad_(False)
+    cos, sin = wide.rope_cos, wide.rope_sin  # float32, as the target's
+    wide.to(device=model.device, dtype=model.dtype)
+    wide.rope_cos, wide.rope_sin = cos.to(model.device), sin.to(model.device)
+    return wide.eval().requires_grad_(False)
 
 
 def random_eagle3(target_config: ModelConfig, layer_ids: tuple[int, ...] | None = None,

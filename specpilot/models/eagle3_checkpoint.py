@@ -214,7 +214,10 @@ def load_eagle3(path: str | Path, target, device="cpu", dtype: torch.dtype = tor
     state.update(d2t=d2t, t2d=t2d)
     model = Eagle3Model(config, spec, max_positions=target.rope_cos.shape[0], own_embedding=own_embedding)
     model.load_state_dict(state, strict=True)
-    return expand_eagle3(model.to(device).eval().requires_grad_(False), factor)
+    cos, sin = model.rope_cos, model.rope_sin  # float32, as the target's
+    model.to(device=device, dtype=dtype)  # floating tensors only: d2t / t2d keep their types
+    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    return expand_eagle3(model.eval().requires_grad_(False), factor)
 
 
 def to_public_state(model: Eagle3Model) -> dict[str, torch.Tensor]:

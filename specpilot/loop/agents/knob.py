@@ -14,7 +14,8 @@ Each round it proposes, best first:
    savings the acceptance model extrapolates are ranked at `MODEL_TRUST` of their size against
    measured ones (AR). From AR, the shapes the last speculative system's table predicts faster.
 3. *Exploratory moves*, which the model cannot price, ordered by the size of the gap they target:
-   the other drafter (draft model <-> n-gram), adaptive depth tiers, and on GPU CUDA graphs,
+   the other drafters (draft model <-> n-gram, and each feature-conditioned drafter the deployment
+   loads: EAGLE-3, DFlash), DFlash tree constructions and budgets, adaptive depth tiers, and on GPU CUDA graphs,
    fewer host syncs (`sync_every`), Triton kernels, W12 weights, the Triton lm_head.
 Predicted and exploratory moves are interleaved 2:1 so a round times at least one of each when
 both exist. Knobs that change nothing on the device are never proposed (on CPU: CUDA graphs,
@@ -135,7 +136,8 @@ class KnobAgent(Proposer):
                 if p is not None:
                     moves.append((rank_key(measured, t, modelled), p))
 
-        if inc.drafter is not DrafterKind.NONE and cost.shape is not None and cost.acceptance is not None:
+        shaped = inc.drafter not in (DrafterKind.NONE, DrafterKind.DFLASH)  # DFlash has no depth/topk shape
+        if shaped and cost.shape is not None and cost.acceptance is not None:
             here = cost.shape
             shapes = {TreeShape(d, k, b)
                       for d in range(max(1, here.depth - 2), min(MAX_DEPTH, here.depth + 2) + 1)
@@ -187,7 +189,7 @@ class KnobAgent(Proposer):
     # ---- 3. exploratory moves ----------------------------------------------------------------------
     def _exploratory(self, ctx: ProposerContext) -> list[Proposal]:
         inc = ctx.incumbent.candidate.system
-        has_model = ctx.deployment.drafter not in ("ngram", "none")
+        kinds = drafter_kinds(ctx.deployment)
         moves: list[tuple[GapKind, dict, str]] = []
         ar, measured = ctx.cost.ar_ms_per_token, ctx.cost.ms_per_token
         if inc.drafter is not DrafterKind.NONE and ar is not None and ar <= AR_CLOSE * measured:
@@ -198,10 +200,15 @@ class KnobAgent(Proposer):
         if inc.drafter is DrafterKind.MODEL:
             moves.append((GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.NGRAM.value},
                           "prompt lookup instead of the draft model: no draft forwards at all"))
-        elif has_model:
-            moves.append((GapKind.ACCEPTANCE, {"drafter": DrafterKind.MODEL.value},
-                          "the deployment's draft model: higher acceptance than the current drafter"))
-        if inc.drafter is not DrafterKind.NONE and not inc.adaptive_depth:
+        for kind, (gap, changes, why) in SWITCHES.items():
+            if kind in kinds and kind is not inc.drafter:
+                moves.append((gap, changes, why))
+        if inc.drafter is DrafterKind.DFLASH:
+            for construction, budget in DFLASH_TREES:
+                if (inc.tree_construction.value, inc.tree_budget) != (construction, budget):
+                    moves.append((GapKind.ACCEPTANCE, {"tree_construction": construction, "tree_budget": budget},
+                                  f"DFlash block verified as a {construction} tree of {budget} nodes"))
+        if inc.drafter not in (DrafterKind.NONE, DrafterKind.DFLASH) and not inc.adaptive_depth:
             tiers = sorted({max(1, inc.depth - 2), inc.depth + 2} - {inc.depth})
             moves.append((GapKind.ACCEPTANCE, {"adaptive_depth": tiers},
                           f"adaptive depth tiers {tiers} around {inc.depth}: deeper where drafts are accepted"))
@@ -225,6 +232,46 @@ class KnobAgent(Proposer):
         moves.sort(key=lambda m: rank.get(m[0], len(rank)))
         out = [self._proposal(ctx, changes, gap, why) for gap, changes, why in moves]
         return [p for p in out if p is not None]
+
+
+# Switching drafter: (gap it targets, knob changes, rationale). The draft model and EAGLE-3 keep the
+# incumbent's tree shape; DFlash starts from a DDTree of 32 nodes over its trained block.
+SWITCHES = {
+    DrafterKind.MODEL: (GapKind.ACCEPTANCE, {"drafter": DrafterKind.MODEL.value},
+                        "the deployment's draft model instead of the current drafter"),
+    DrafterKind.EAGLE3: (GapKind.ACCEPTANCE, {"drafter": DrafterKind.EAGLE3.value},
+                         "the deployment's EAGLE-3 head: drafts from the target's own features"),
+    DrafterKind.DFLASH: (GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.DFLASH.value, "tree_construction": "best_first",
+                                                 "tree_budget": 32},
+                         "the deployment's DFlash drafter: one draft forward per round for the whole block"),
+}
+DFLASH_TREES = (("best_first", 32), ("best_first", 64), ("spine_first", 32), ("best_first", 16), ("chain", 15))
+
+
+def drafter_kinds(deployment) -> set[DrafterKind]:
+    """The drafters a session of `deployment` can build: what its drafter directory is (draft model,
+    DFlash or EAGLE-3), those its `dflash` / `eagle3` fields load beside it, n-gram and none."""
+    from specpilot.models.dflash_checkpoint import is_dflash_dir
+    from specpilot.models.eagle3_checkpoint import is_eagle3_dir
+    from specpilot.models.fixture import resolve_checkpoint
+
+    kinds = {DrafterKind.NGRAM, DrafterKind.NONE}
+    if deployment.drafter not in ("ngram", "none"):
+        try:
+            path = resolve_checkpoint(deployment.drafter, "drafter")
+        except Exception:  # noqa: BLE001 - a missing directory fails loudly when the session loads
+            path = None
+        if path is not None and is_dflash_dir(path):
+            kinds.add(DrafterKind.DFLASH)
+        elif path is not None and is_eagle3_dir(path):
+            kinds.add(DrafterKind.EAGLE3)
+        else:
+            kinds.add(DrafterKind.MODEL)
+    if deployment.dflash:
+        kinds.add(DrafterKind.DFLASH)
+    if deployment.eagle3:
+        kinds.add(DrafterKind.EAGLE3)
+    return kinds
 
 
 def rank_key(measured: float, predicted: float, modelled: bool) -> float:

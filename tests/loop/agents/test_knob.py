@@ -102,3 +102,25 @@ def test_ar_is_timed_when_it_measures_within_ten_percent_of_the_incumbent():
                 if p.candidate.system.drafter is DrafterKind.NONE]
 
     assert ar_moves(close) and not ar_moves(far)
+
+
+def test_drafter_switches_follow_what_the_deployment_loads():
+    from specpilot.config import load_deployment
+    from specpilot.loop.agents.knob import drafter_kinds
+
+    def drafters(deployment, incumbent):
+        ctx = context(deployment=deployment, incumbent=Incumbent(Candidate(incumbent)), device="cpu")
+        return {p.candidate.system.drafter for p in KnobAgent().propose(ctx)}, KnobAgent().propose(ctx)
+
+    plain, _ = drafters(context().deployment, STOCK)
+    assert DrafterKind.DFLASH not in plain and DrafterKind.EAGLE3 not in plain  # fixture: draft model only
+    dep = load_deployment("fixture-dflash")
+    assert drafter_kinds(dep) >= {DrafterKind.MODEL, DrafterKind.DFLASH, DrafterKind.EAGLE3}
+    kinds, out = drafters(dep, dep.stock)  # incumbent: the DFlash chain
+    assert {DrafterKind.MODEL, DrafterKind.EAGLE3} <= kinds
+    trees = {(p.candidate.system.tree_construction.value, p.candidate.system.tree_budget) for p in out
+             if p.candidate.system.drafter is DrafterKind.DFLASH}
+    assert ("best_first", 32) in trees and ("spine_first", 32) in trees
+    for p in out:  # depth and topk mean nothing to a DFlash block: never moved on their own
+        s = p.candidate.system
+        assert s.drafter is not DrafterKind.DFLASH or (s.depth, s.topk) == (dep.stock.depth, dep.stock.topk)
