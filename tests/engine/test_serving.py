@@ -154,3 +154,20 @@ def test_bad_requests_are_config_errors(target):
         engine.run([Request((1, 2), 0)])
     with pytest.raises(ConfigError):
         ServingEngine(Generator(target), 0)
+
+
+def test_eagle3_serving(requests):
+    """The shipped fixture target with its trained head, so that a row the head never prefilled
+    drafts worse (a random head accepts nothing anyway, and equal outputs alone cannot show it)."""
+    from specpilot.engine.drafters.eagle3 import Eagle3Drafter
+    from specpilot.models.eagle3_checkpoint import load_eagle3
+    from specpilot.models.fixture import fixture_path, resolve_checkpoint
+
+    target = load_model(fixture_path("target"))
+    head = load_eagle3(resolve_checkpoint("fixture-eagle3", "drafter"), target)
+    gen = Generator(target, {4: Eagle3Drafter(head, target, 4, 2, 6)})
+    alone = single(gen, requests)
+    result = served(gen, requests, prefill_chunk=7)
+    assert [r.output for r in result.requests] == [a.outputs[0] for a in single(Generator(target), requests)]
+    assert [r.accept_lengths for r in result.requests] == [a.accept_lengths[0] for a in alone]
+    assert max(max(r.accept_lengths) for r in result.requests) > 1  # the head drafts something

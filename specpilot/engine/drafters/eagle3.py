@@ -97,6 +97,23 @@ class Eagle3Drafter(Drafter):
                 out = self._forward(row, f[None, s:e].to(m.dtype), nxt[None, s:e], pos, mask)
                 self.cache.root_hidden[b] = out[0, -1]
 
+    def prefill_row(self, row: int, tokens: list[int], start: int, state: DecodeState,
+                    features: torch.Tensor | None = None) -> None:
+        """Continuous batching: the head's slots start..start+T-1 of the request entering `row` from
+        the target features [T,nC] of that prompt chunk, each paired with the next prompt token
+        (already in `state.tokens`); start 0 resets the row's root hidden."""
+        if start == 0:
+            self.cache.root_hidden[row].zero_()
+        if features is None or features.shape[0] == 0:
+            return
+        m, T = self.model, features.shape[0]
+        kv = self.cache.kv.row(row)
+        nxt = state.tokens[row, start + 1 : start + T + 1][None]  # [1,T] token t + 1 of slot t
+        pos = torch.arange(start, start + T, device=m.device)[None]  # [1,T]
+        mask = (torch.arange(kv.capacity, device=m.device)[None, None, :] <= pos[..., None])[:, None]
+        out = self._forward(kv, features[None].to(m.dtype), nxt, pos, mask)
+        self.cache.root_hidden[row] = out[0, -1]
+
     def _forward(self, kv: KVCache, features, tokens, positions, mask) -> torch.Tensor:
         """Head outputs [B,T,C] of slots (features [B,T,n*C], next tokens [B,T]) at positions = slots."""
         return self.model.forward_cached(self.embed(tokens), self.model.fuse(features), positions, kv, positions, mask)
