@@ -67,22 +67,32 @@ def deployment_from_args(args) -> Deployment:
 
 def _dflash_block_size(drafter: str) -> int:
     """The trained block size when `drafter` names a DFlash drafter directory, else 0."""
-    from pathlib import Path
-
     from specpilot.models.dflash_checkpoint import is_dflash_dir, read_dflash_config
 
-    if drafter in ("fixture", "ngram", "none") or not is_dflash_dir(Path(drafter)):
+    path = _drafter_dir(drafter)
+    if path is None or not is_dflash_dir(path):
         return 0
-    return read_dflash_config(drafter)[1].block_size
+    return read_dflash_config(path)[1].block_size
+
+
+def _drafter_dir(drafter: str):
+    """The directory `drafter` names (a shipped fixture drafter name or a path), None for the
+    fixture's draft model, ngram and none."""
+    from pathlib import Path
+
+    from specpilot.models.fixture import SHIPPED_DRAFTERS, resolve_checkpoint
+
+    if drafter in ("fixture", "ngram", "none"):
+        return None
+    return resolve_checkpoint(drafter, "drafter") if drafter in SHIPPED_DRAFTERS else Path(drafter)
 
 
 def _is_eagle3(drafter: str) -> bool:
     """True when `drafter` names an EAGLE-3 head directory."""
-    from pathlib import Path
-
     from specpilot.models.eagle3_checkpoint import is_eagle3_dir
 
-    return drafter not in ("fixture", "ngram", "none") and is_eagle3_dir(Path(drafter))
+    path = _drafter_dir(drafter)
+    return path is not None and is_eagle3_dir(path)
 
 
 def system_from_args(args, dep: Deployment) -> System:

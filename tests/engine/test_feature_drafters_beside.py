@@ -72,3 +72,17 @@ def test_a_drafter_kind_the_deployment_lacks_is_one_error():
     for kind in (DrafterKind.DFLASH, DrafterKind.EAGLE3):
         with pytest.raises(ConfigError, match=kind.value.replace("dflash", "DFlash").replace("eagle3", "EAGLE-3")):
             session.generator(System(drafter=kind))
+
+
+def test_generate_takes_the_shipped_drafter_names(capsys):
+    import json
+
+    from specpilot.cli import main
+
+    for name, kind in (("fixture-eagle3", "eagle3"), ("fixture-dflash", "dflash")):
+        code = main(["generate", "--drafter", name, "--prompt", "def add(a, b):", "--max-new-tokens", "12",
+                     "--device", "cpu", "--json", "--compare-ar"])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        report = json.loads(out)
+        assert report["knobs"]["drafter"] == kind and report["identical_to_ar"]
