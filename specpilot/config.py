@@ -76,6 +76,9 @@ class System:
     # Draft-model drafter: per-request depth, each row drafting no deeper than the mean accepted
     # drafts of its last rounds + this margin (drafters/draft_model.py); 0 = off.
     row_depth_margin: int = 0
+    # Continuous batching: a request admitted while others decode prefills inside the rounds, this
+    # many prompt tokens per round in its verify rows (engine/segments.py); 0 = chunk prefills.
+    segment_tokens: int = 0
 
     def __post_init__(self):
         if self.drafter is not DrafterKind.NONE:
@@ -114,13 +117,22 @@ class System:
             raise ConfigError(f"system {self.name!r}: row_depth_margin must be >= 0 (got {self.row_depth_margin})")
         if self.row_depth_margin and self.drafter not in (DrafterKind.MODEL, DrafterKind.NONE):
             raise ConfigError(f"system {self.name!r}: row_depth_margin needs drafter = 'model'")
+        if not (0 <= self.segment_tokens <= 256):
+            raise ConfigError(f"system {self.name!r}: segment_tokens must be in 0..256 (got {self.segment_tokens})")
+        if self.segment_tokens and self.drafter in (DrafterKind.NONE, DrafterKind.NGRAM):
+            raise ConfigError(f"system {self.name!r}: segment_tokens rides in the verify forward: it needs drafter "
+                              "= 'model', 'dflash' or 'eagle3'")
+        if self.segment_tokens and self.shared_budget:
+            raise ConfigError(f"system {self.name!r}: segment_tokens with a shared_budget is not supported (a "
+                              "prefilling request would get only the nodes its drafts win)")
         if not (2 <= self.block_size <= 64):
             raise ConfigError(f"system {self.name!r}: block_size must be in 2..64 (got {self.block_size})")
 
     @property
     def window(self) -> int:
+        """The draft model's catch-up window: every token a round can commit (a prompt segment's too)."""
         depths = (self.depth, *self.adaptive_depth)
-        return self.draft_window or max(depths) + 1
+        return max(self.draft_window or max(depths) + 1, self.segment_tokens + 1)
 
     @property
     def speculative(self) -> bool:
@@ -187,16 +199,21 @@ class System:
 
 
 _LATER_KNOBS = {"block_size": 16, "tree_construction": TreeConstruction.BEST_FIRST.value, "kernel_table": "",
-                "shared_budget": 0, "row_depth_margin": 0}
+                "shared_budget": 0, "row_depth_margin": 0, "segment_tokens": 0}
 
 
 @dataclass(frozen=True)
 class Regime:
     batch: int = 1  # concurrent requests decoded together
+    # True: the requests are served by continuous batching in `batch` slots (closed loop: a finished
+    # request's slot takes the next at once, engine/serving.py); False: static batches of `batch`.
+    continuous: bool = False
 
     def __post_init__(self):
         if self.batch < 1:
             raise ConfigError(f"regime batch must be >= 1 (got {self.batch})")
+        if not isinstance(self.continuous, bool):
+            raise ConfigError(f"regime continuous must be true or false (got {self.continuous!r})")
 
 
 BENCHMARK_SETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")

@@ -93,6 +93,7 @@ class Generator:
         sync_every: int = 1,
         fault: Fault | str | None = None,
         prefill_bucket: int | None = None,
+        segment_tokens: int = 0,
     ):
         self.target = target
         self.drafters = drafters or {}
@@ -109,6 +110,16 @@ class Generator:
             if hasattr(d, "prefill_bucket"):
                 d.prefill_bucket = self.prefill_bucket
         host = any(d.needs_host_tokens for d in self.drafters.values())
+        if segment_tokens < 0:
+            raise ConfigError(f"segment_tokens must be >= 0 (got {segment_tokens})")
+        if segment_tokens and (not self.drafters or host):
+            raise ConfigError("segment admission rides in the verify forward: it needs a drafter that drafts on "
+                              "the device (not AR, not n-gram)")
+        if segment_tokens and any(getattr(d, "shared", 0) for d in self.drafters.values()):
+            raise ConfigError("segment admission with a shared node budget is not supported: a prefilling row "
+                              "would get only the nodes its drafts win")
+        # prompt tokens a prefilling row carries per round under continuous batching (`engine.segments`)
+        self.segment_tokens = segment_tokens
         self.sync_every = 1 if host else sync_every
         # target layers whose outputs the drafter reads (DFlash); every tier drafts the same way
         self.feature_layers = tuple(next(iter(self.drafters.values())).feature_layers) if self.drafters else ()
@@ -122,7 +133,7 @@ class Generator:
         return bool(self.drafters)
 
     def _slack(self) -> int:
-        slack = 2
+        slack = 2 + self.segment_tokens
         for d in self.drafters.values():
             slack = max(slack, d.num_nodes + 1, getattr(d, "num_candidates", 0) + getattr(d, "window", 0) + 1,
                         getattr(d, "block_size", 0) + 1)
@@ -170,9 +181,10 @@ class Generator:
         if tree is None:
             tree = drafter.propose(ws.state)
         if not self.feature_layers:
-            return verify_step(self.target, ws.cache, ws.state, tree, self.fault)
+            return verify_step(self.target, ws.cache, ws.state, tree, self.fault, segment=self.segment_tokens)
         prefix = ws.state.cache_prefix().clone()  # the root's slot, before commit moves it
-        acc = verify_step(self.target, ws.cache, ws.state, tree, self.fault, capture=self.feature_layers)
+        acc = verify_step(self.target, ws.cache, ws.state, tree, self.fault, capture=self.feature_layers,
+                          segment=self.segment_tokens)
         drafter.observe(acc, prefix)  # the accepted path's features, still inside the round
         return acc
 

@@ -7,8 +7,35 @@ The controller builds it inside an isolated worker process from an `ArmSpec`-lik
 
 from __future__ import annotations
 
-from specpilot.config import Deployment, System, load_deployment
+from specpilot.config import Deployment, Regime, System, load_deployment
+from specpilot.engine.generator import Generator
+from specpilot.engine.serving import Request, ServingEngine
 from specpilot.engine.session import Session
+
+
+def run_regime(generator: Generator, regime: Regime, prompts: list[list[int]], max_new_tokens: int,
+               stop_at_eos: bool = True) -> tuple[list[list[int]], dict]:
+    """Outputs per prompt and their timing, served as the regime serves requests: static batches
+    of `regime.batch`, or continuous batching in `regime.batch` slots (then the one span timed is
+    the whole serving run, prefills included, and there are no CUDA-event times)."""
+    B = regime.batch
+    timing = {"wall_s": 0.0, "wall_prefill_s": 0.0, "gpu_s": 0.0, "gpu_prefill_s": 0.0, "decode_s": 0.0}
+    outputs: list[list[int]] = []
+    if regime.continuous:
+        served = ServingEngine(generator, B).run([Request(tuple(p), max_new_tokens) for p in prompts], stop_at_eos)
+        outputs = [r.output for r in served.requests]
+        timing.update(wall_s=served.seconds, decode_s=served.seconds, gpu_s=float("nan"), gpu_prefill_s=float("nan"))
+    else:
+        for i in range(0, len(prompts), B):
+            result = generator.generate(prompts[i : i + B], max_new_tokens, stop_at_eos=stop_at_eos)
+            outputs += result.outputs
+            timing["wall_s"] += result.seconds
+            timing["wall_prefill_s"] += result.prefill_seconds
+            timing["gpu_s"] += result.gpu_seconds
+            timing["gpu_prefill_s"] += result.gpu_prefill_seconds
+            timing["decode_s"] += result.decode_seconds
+    timing["tokens"] = sum(len(o) for o in outputs)
+    return outputs, {k: (v if v == v else None) for k, v in timing.items()}
 
 
 def system_of(deployment: Deployment, knobs: dict) -> System:
@@ -29,12 +56,8 @@ class SystemRunner:
         self.generate(prompts, max_new_tokens)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-        """Outputs per prompt; prompts run in batches of the deployment's regime."""
-        B = self.session.deployment.regime.batch
-        outputs: list[list[int]] = []
-        for i in range(0, len(prompts), B):
-            outputs += self.generator.generate(prompts[i : i + B], max_new_tokens).outputs
-        return outputs
+        """Outputs per prompt, served as the deployment's regime serves them."""
+        return run_regime(self.generator, self.session.deployment.regime, prompts, max_new_tokens)[0]
 
 
 class SessionRunner:
@@ -70,18 +93,7 @@ class SessionRunner:
         self.run(knobs, prompts, max_new_tokens, stop_at_eos=False)
 
     def run(self, knobs: dict, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = True) -> dict:
-        """Outputs per prompt and the request's timing; prompts run in batches of the regime."""
-        generator = self.generator(knobs)
-        B = self.deployment.regime.batch
-        outputs: list[list[int]] = []
-        timing = {"wall_s": 0.0, "wall_prefill_s": 0.0, "gpu_s": 0.0, "gpu_prefill_s": 0.0, "decode_s": 0.0}
-        for i in range(0, len(prompts), B):
-            result = generator.generate(prompts[i : i + B], max_new_tokens, stop_at_eos=stop_at_eos)
-            outputs += result.outputs
-            timing["wall_s"] += result.seconds
-            timing["wall_prefill_s"] += result.prefill_seconds
-            timing["gpu_s"] += result.gpu_seconds
-            timing["gpu_prefill_s"] += result.gpu_prefill_seconds
-            timing["decode_s"] += result.decode_seconds
-        timing["tokens"] = sum(len(o) for o in outputs)
-        return {"outputs": outputs, "timing": {k: (v if v == v else None) for k, v in timing.items()}}
+        """Outputs per prompt and the request's timing, served as the regime serves them."""
+        outputs, timing = run_regime(self.generator(knobs), self.deployment.regime, prompts, max_new_tokens,
+                                     stop_at_eos)
+        return {"outputs": outputs, "timing": timing}

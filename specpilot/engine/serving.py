@@ -23,6 +23,10 @@ shapes), `commit_tokens` leaves it alone, and what the round writes is never rea
   spread over several rounds while the other rows decode.
 - *decoding*: `done` cleared after the last chunk; from then on the row is exactly a
   single-request decode (what tests/engine/test_serving.py checks, token for token).
+- *by segments* (`segment_tokens` > 0, a request admitted while other rows decode): seq_len 1 and
+  active at once; the rounds carry its prompt, `segment_tokens` per round, and turn it into a
+  decoding row on the device (`engine.segments`). With no row decoding, chunks stall no one and
+  are used instead.
 
 Does not own what a round computes (`steps.py`, `drafters/`) or the serving benchmark
 (`specpilot.bench.serving`).
@@ -66,6 +70,7 @@ class RequestResult:
     admitted: float  # took a slot
     first_token: float  # the sync after its first round
     finished: float  # the sync that saw it done
+    by_segment: bool = False  # its prompt rode in the rounds (segment admission)
 
     @property
     def latency(self) -> float:
@@ -108,8 +113,9 @@ class ServingResult:
 class _Slot:
     index: int  # the request's position in `run`'s list
     admitted: float
-    prefilled: int = 0  # prompt body tokens in the caches
-    decoding: bool = False
+    prefilled: int = 0  # prompt body tokens in the caches (chunk prefill)
+    decoding: bool = False  # active in the rounds (by segments: from its admission on)
+    by_segment: bool = False  # admitted by segment admission
     first_token: float | None = None
 
 
@@ -208,6 +214,13 @@ class ServingEngine:
                 break
         return started
 
+    def _admit_by_segments(self, ws: Workspace, b: int, prompt: tuple[int, ...]) -> None:
+        """Start row b with one committed token, active at once: the rounds prefill the rest of its
+        prompt, `segment_tokens` tokens per round (`engine.segments`)."""
+        self._prefill(ws, b, prompt, 0, 0)  # begins the drafter's row, empty
+        ws.state.seq_lens[b] = 1
+        ws.state.done[b] = False
+
     def _idle(self, ws: Workspace, b: int) -> None:
         st = ws.state
         st.seq_lens[b] = 1
@@ -240,6 +253,8 @@ class ServingEngine:
         t0 = time.perf_counter()
         now = 0.0
         while True:
+            # segments only while other rows decode: with none, a chunk prefill stalls no one
+            by_segment = gen.segment_tokens > 0 and any(s is not None and s.decoding for s in slots)
             for b in range(B):  # admission: free slots take the requests that have arrived
                 if slots[b] is None and queue and (requests[queue[0]].arrival or 0.0) <= now:
                     i = queue.popleft()
@@ -247,6 +262,9 @@ class ServingEngine:
                     st.load_row(b, list(requests[i].prompt), requests[i].max_new)
                     if host is not None:
                         host[b] = list(requests[i].prompt)
+                    if by_segment and len(requests[i].prompt) > 1:
+                        self._admit_by_segments(ws, b, requests[i].prompt)
+                        slots[b].decoding = slots[b].by_segment = True
             self._advance_prefill(ws, slots, requests)
             if all(s is None for s in slots):
                 if not queue:
@@ -271,12 +289,13 @@ class ServingEngine:
                 counts = fields[3]
                 for b in decoding:
                     host[b].extend(int(fields[4 + j][b]) for j in range(counts[b] + 1))
-            if acc is not None and len(tiers) > 1:
-                recent.append(sum(fields[3][b] for b in decoding) / len(decoding))
+            live = [b for b in decoding if lens[b] > len(requests[slots[b].index].prompt)]  # past their prompt
+            if acc is not None and len(tiers) > 1 and live:
+                recent.append(sum(fields[3][b] for b in live) / len(live))
                 tier = gen._next_tier(tiers, tier, recent)
             finished = [b for b in decoding if done[b]]
             for b in decoding:
-                if slots[b].first_token is None:
+                if slots[b].first_token is None and lens[b] > len(requests[slots[b].index].prompt):
                     slots[b].first_token = now
             if finished:
                 self._retire(ws, finished, slots, requests, results, lens, row_rounds, eos_ids, now)
@@ -285,7 +304,8 @@ class ServingEngine:
                     self._idle(ws, b)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        return ServingResult(results, time.perf_counter() - t0, rounds)
+        segments = sum(1 for r in results if r is not None and r.by_segment)
+        return ServingResult(results, time.perf_counter() - t0, rounds, {"segment_admissions": segments})
 
     def _round(self, ws: Workspace, tier: int, host: list[list[int]] | None):
         gen = self.generator
@@ -311,5 +331,5 @@ class ServingEngine:
             P, L, n = len(r.prompt), lens[b], row_rounds[b]
             results[s.index] = RequestResult(
                 cut_output(both[j][P:L], eos_ids, r.max_new), b, n, both[j][S : S + n],
-                s.admitted if r.arrival is None else r.arrival, s.admitted, s.first_token, now,
+                s.admitted if r.arrival is None else r.arrival, s.admitted, s.first_token, now, s.by_segment,
             )

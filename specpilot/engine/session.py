@@ -183,6 +183,7 @@ class Session:
             cuda_graphs=system.cuda_graphs,
             sync_every=system.sync_every,
             fault=system.fault or None,
+            segment_tokens=system.segment_tokens,
         )
 
     def encode_prompt(self, text: str) -> list[int]:

@@ -93,21 +93,28 @@ class DecodeState:
 def commit_tokens(state: DecodeState, new: torch.Tensor, count: torch.Tensor) -> None:
     """Append new[b, :count[b]] to every active row; mark rows done on EOS or the token limit.
 
-    new [B,T] int64; count [B] int64 in 1..T. Rows already done are left untouched.
+    new [B,T] int64; count [B] int64 in 1..T. Rows already done are left untouched. Tokens that
+    land inside a row's prompt (segment admission, `engine.segments`: they are the prompt's own)
+    neither stop the row on EOS nor count as decoding: `rounds` and `accept_log` record only the
+    rounds that generated tokens, with how many they generated.
     """
     B, T = new.shape
     active = ~state.done
     j = torch.arange(T, device=new.device)[None, :]
+    pos = state.seq_lens[:, None] + j  # [B,T]
     valid = (j < count[:, None]) & active[:, None]  # [B,T]
-    idx = (state.seq_lens[:, None] + j).clamp(max=state.capacity - 1)
+    idx = pos.clamp(max=state.capacity - 1)
     old = state.tokens.gather(1, idx)
     state.tokens.scatter_(1, idx, torch.where(valid, new, old))
+    generated = valid & (pos >= state.prompt_lens[:, None])  # [B,T]
     # Outputs are cut at the first EOS / at max_new afterwards; here we only stop rows.
-    hit_eos = ((new[..., None] == state.eos).any(-1) & valid).any(-1)
+    hit_eos = ((new[..., None] == state.eos).any(-1) & generated).any(-1)
+    made = generated.sum(1)  # [B] generated tokens this round (= count outside a prompt)
+    logged = made > 0
     rounds = state.rounds.clamp(max=state.accept_log.shape[1] - 1)
     log = state.accept_log.gather(1, rounds[:, None])
-    state.accept_log.scatter_(1, rounds[:, None], torch.where(active[:, None], count[:, None].to(log.dtype), log))
-    state.rounds.add_(active.long())
+    state.accept_log.scatter_(1, rounds[:, None], torch.where(logged[:, None], made[:, None].to(log.dtype), log))
+    state.rounds.add_(logged.long())
     state.seq_lens.add_(torch.where(active, count, torch.zeros_like(count)))
     limit = (state.seq_lens - state.prompt_lens) >= state.max_new
     state.done.logical_or_(hit_eos | limit)

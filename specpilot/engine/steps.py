@@ -12,6 +12,7 @@ import torch
 from specpilot.engine import tree as tree_ops
 from specpilot.engine.faults import Fault, FaultKind, apply_logit_bias
 from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.segments import finish_segments, segment_tree
 from specpilot.engine.state import DecodeState, commit_tokens
 from specpilot.engine.tree import DraftTree
 from specpilot.engine.verify import Acceptance, commit, greedy_accept
@@ -134,13 +135,18 @@ def ar_step(model: Transformer, cache: KVCache, state: DecodeState, fault: Fault
 
 def verify_step(
     model: Transformer, cache: KVCache, state: DecodeState, tree: DraftTree, fault: Fault | None = None,
-    capture: tuple[int, ...] = (),
+    capture: tuple[int, ...] = (), segment: int = 0,
 ) -> Acceptance:
     """Verify a draft tree in one target forward, commit the accepted path and the bonus token.
 
     With `capture`, `acc.features [B,K+1,nC]` holds the target features of the nodes along the
     accepted path (root first; entries past accept_len are junk), gathered on the device.
+    With `segment` = S > 0, rows whose root lies inside their prompt prefill up to S prompt tokens
+    in this forward instead of verifying drafts (`engine.segments`).
     """
+    forced = None
+    if segment:
+        tree, forced = segment_tree(tree, state, segment)
     prefix = state.cache_prefix()
     features = None
     generated_index = prefix[:, None] + tree.depths() + 1 - state.prompt_lens[:, None]
@@ -153,7 +159,9 @@ def verify_step(
             logits = tree_forward(model, cache, tree, prefix)  # [B,N,V]
         argmax = apply_logit_bias(fault, logits, generated_index).argmax(-1)
     unverified = fault is not None and fault.kind is FaultKind.ACCEPT_UNVERIFIED
-    acc = greedy_accept(tree, argmax, accept_unverified=unverified)
+    acc = greedy_accept(tree, argmax, accept_unverified=unverified, forced=forced)
+    if forced is not None:
+        finish_segments(acc, state, forced)
     if features is not None:
         idx = acc.path.clamp(min=0)[..., None].expand(-1, -1, features.shape[-1])
         acc.features = features.gather(1, idx)

@@ -38,8 +38,13 @@ class Acceptance:
     features: torch.Tensor | None = None  # [B,K+1,nC] target features along `path` (see `steps.verify_step`)
 
 
-def greedy_accept(tree: DraftTree, target_argmax: torch.Tensor, accept_unverified: bool = False) -> Acceptance:
-    """Apply the acceptance rule above. target_argmax [B,N] int64."""
+def greedy_accept(tree: DraftTree, target_argmax: torch.Tensor, accept_unverified: bool = False,
+                  forced: torch.Tensor | None = None) -> Acceptance:
+    """Apply the acceptance rule above. target_argmax [B,N] int64.
+
+    `forced [B]` (segment admission, `engine.segments`): a row with forced[b] = n >= 0 carries a
+    prompt segment as the chain of nodes 0..n and accepts exactly those, whatever the target says.
+    """
     B, N = tree.tokens.shape
     parent_argmax = target_argmax.gather(1, tree.parents.clamp(min=0))  # [B,N]
     correct = tree.tokens == parent_argmax
@@ -49,6 +54,9 @@ def greedy_accept(tree: DraftTree, target_argmax: torch.Tensor, accept_unverifie
     depth = tree.depths()
     if accept_unverified:
         correct |= depth == depth.max(dim=1, keepdim=True).values
+    if forced is not None:
+        node = torch.arange(N, device=correct.device)[None, :]
+        correct = torch.where((forced >= 0)[:, None], node <= forced[:, None], correct)
     anc = tree.ancestors()  # [B,N,N]
     accepted = ~(anc & ~correct[:, None, :]).any(-1)  # [B,N]
     score = torch.where(accepted, depth, torch.full_like(depth, -1))

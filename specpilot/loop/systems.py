@@ -22,9 +22,11 @@ from specpilot.memory.records import knob_diff, system_hash
 
 # knobs that interact, by group: a tree's shape, its drafter and window form one; kernels another
 KNOB_GROUPS: dict[str, tuple[str, ...]] = {
-    "tree": ("drafter", "depth", "topk", "tree_budget", "draft_window", "adaptive_depth", "ngram_min", "ngram_max"),
+    "tree": ("drafter", "depth", "topk", "tree_budget", "draft_window", "adaptive_depth", "ngram_min", "ngram_max",
+             "block_size", "tree_construction"),
     "kernels": ("kernel", "w12", "kernel_lm_head", "kernel_table"),
     "runtime": ("cuda_graphs", "sync_every"),
+    "batch": ("shared_budget", "row_depth_margin", "segment_tokens"),
     "fault": ("fault",),
 }
 PATCH_GROUP = "code"

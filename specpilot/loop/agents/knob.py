@@ -15,7 +15,8 @@ Each round it proposes, best first:
    measured ones (AR). From AR, the shapes the last speculative system's table predicts faster.
 3. *Exploratory moves*, which the model cannot price, ordered by the size of the gap they target:
    the other drafters (draft model <-> n-gram, and each feature-conditioned drafter the deployment
-   loads: EAGLE-3, DFlash), DFlash tree constructions and budgets, adaptive depth tiers, and on GPU CUDA graphs,
+   loads: EAGLE-3, DFlash), DFlash tree constructions and budgets, adaptive depth tiers, the batch
+   mechanisms for a batched regime (shared node budget, per-request depth, segment admission), and on GPU CUDA graphs,
    fewer host syncs (`sync_every`), Triton kernels, W12 weights, the Triton lm_head.
 Predicted and exploratory moves are interleaved 2:1 so a round times at least one of each when
 both exist. Knobs that change nothing on the device are never proposed (on CPU: CUDA graphs,
@@ -212,6 +213,7 @@ class KnobAgent(Proposer):
             tiers = sorted({max(1, inc.depth - 2), inc.depth + 2} - {inc.depth})
             moves.append((GapKind.ACCEPTANCE, {"adaptive_depth": tiers},
                           f"adaptive depth tiers {tiers} around {inc.depth}: deeper where drafts are accepted"))
+        moves += batch_moves(ctx.deployment.regime, inc)
         if ctx.on_gpu:
             if not inc.cuda_graphs:
                 moves.append((GapKind.OVERHEAD, {"cuda_graphs": True}, "replay each round as a CUDA graph"))
@@ -232,6 +234,28 @@ class KnobAgent(Proposer):
         moves.sort(key=lambda m: rank.get(m[0], len(rank)))
         out = [self._proposal(ctx, changes, gap, why) for gap, changes, why in moves]
         return [p for p in out if p is not None]
+
+
+def batch_moves(regime, inc: System) -> list[tuple[GapKind, dict, str]]:
+    """The batch mechanisms (engine/serving.py, drafters/best_first.py, engine/segments.py), for a
+    regime of several requests: the same node count over the batch split by path score, per-request
+    depth, and (under continuous batching) prompts prefilled inside the rounds."""
+    if regime.batch < 2 or inc.drafter not in (DrafterKind.MODEL, DrafterKind.EAGLE3, DrafterKind.DFLASH):
+        return []
+    out = []
+    if not inc.shared_budget and inc.tree_budget < 256:
+        wide = min(256, 2 * inc.tree_budget + 2)
+        out.append((GapKind.VERIFY_KERNELS, {"tree_budget": wide, "shared_budget": inc.tree_budget},
+                    f"{inc.tree_budget} nodes per request on average, split across the batch by path score "
+                    f"(up to {wide} for a confident request); verification projects only those"))
+    if not inc.row_depth_margin:
+        out.append((GapKind.ACCEPTANCE, {"row_depth_margin": 1},
+                    "per-request depth: each request drafts one level past what its recent rounds accepted"))
+    if regime.continuous and not inc.segment_tokens:
+        out.append((GapKind.OVERHEAD, {"segment_tokens": max(8, inc.tree_budget)},
+                    "segment admission: a new request's prompt rides in the verify rows instead of a prefill "
+                    "that stalls every running request"))
+    return out
 
 
 # Switching drafter: (gap it targets, knob changes, rationale). The draft model and EAGLE-3 keep the

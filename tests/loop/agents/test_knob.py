@@ -124,3 +124,22 @@ def test_drafter_switches_follow_what_the_deployment_loads():
     for p in out:  # depth and topk mean nothing to a DFlash block: never moved on their own
         s = p.candidate.system
         assert s.drafter is not DrafterKind.DFLASH or (s.depth, s.topk) == (dep.stock.depth, dep.stock.topk)
+
+
+def test_batch_mechanisms_are_proposed_for_batched_regimes_only():
+    from dataclasses import replace
+
+    from specpilot.config import Regime
+
+    def changed(regime):
+        dep = replace(context().deployment, regime=regime)
+        out = KnobAgent().propose(context(deployment=dep, device="cpu"))
+        return [{k: new for k, (_, new) in p.candidate.changes_from(Candidate(STOCK)).items()} for p in out]
+
+    assert not any({"shared_budget", "row_depth_margin", "segment_tokens"} & set(c) for c in changed(Regime()))
+    static = changed(Regime(batch=8))
+    assert {"tree_budget": 16, "shared_budget": 7} in [{k: c[k] for k in c if k in ("tree_budget", "shared_budget")}
+                                                       for c in static]
+    assert any("row_depth_margin" in c for c in static) and not any("segment_tokens" in c for c in static)
+    served = changed(Regime(batch=8, continuous=True))
+    assert any(c.get("segment_tokens") == 8 for c in served)

@@ -1,0 +1,43 @@
+"""The worker-side runners serve a block of prompts as the deployment's regime says."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from specpilot.config import shipped_deployments_dir
+from specpilot.engine.runner import SessionRunner, SystemRunner
+from specpilot.errors import ConfigError
+
+
+def deployment(tmp_path, regime: str) -> str:
+    text = (shipped_deployments_dir() / "fixture.toml").read_text().replace("[regime]\nbatch = 1\n", regime)
+    assert text.count("[regime]") == 1
+    path = tmp_path / "d.toml"
+    path.write_text(text)
+    return str(path)
+
+
+PROMPTS = [[5, 9, 11, 3], [7] * 20, [2], [100, 200, 300, 400, 500, 600], [42] * 9, [8, 8, 9, 9, 10]]
+
+
+def test_continuous_regime_serves_the_block_with_the_static_outputs(tmp_path):
+    static = SystemRunner(SimpleNamespace(deployment=deployment(tmp_path, "[regime]\nbatch = 2\n"), system={},
+                                          device="cpu"))
+    spec = SimpleNamespace(deployment=deployment(tmp_path, "[regime]\nbatch = 2\ncontinuous = true\n"), device="cpu",
+                           system={"segment_tokens": 6})
+    served = SystemRunner(spec)
+    assert served.session.deployment.regime.continuous
+    expected = static.generate(PROMPTS, 12)
+    assert served.generate(PROMPTS, 12) == expected
+    out = SessionRunner(spec).run({"segment_tokens": 6}, PROMPTS, 12)
+    assert out["outputs"] == expected
+    timing = out["timing"]
+    assert timing["gpu_s"] is None and timing["decode_s"] == timing["wall_s"] > 0
+    assert timing["tokens"] == sum(len(o) for o in expected)
+
+
+def test_continuous_must_be_a_boolean(tmp_path):
+    from specpilot.config import load_deployment
+
+    with pytest.raises(ConfigError):
+        load_deployment(deployment(tmp_path, "[regime]\nbatch = 2\ncontinuous = 1\n"))

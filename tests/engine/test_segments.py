@@ -1,0 +1,194 @@
+"""Segment admission is lossless and leaves every cache as a chunk prefill would.
+
+CPU float32. Requests admitted while others decode prefill inside the rounds (`engine.segments`);
+their outputs must equal single-request AR token for token, for each drafter that drafts on the
+device, and the caches a segment fills must match a chunk prefill's.
+"""
+
+import pytest
+import torch
+
+from specpilot.config import DrafterKind, System
+from specpilot.engine.drafters.dflash import DFlashDrafter
+from specpilot.engine.drafters.draft_model import DraftModelDrafter
+from specpilot.engine.drafters.ngram import NgramDrafter
+from specpilot.engine.generator import Generator
+from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.segments import segment_tree
+from specpilot.engine.serving import Request, ServingEngine
+from specpilot.engine.state import DecodeState
+from specpilot.engine.steps import prefill, verify_step
+from specpilot.engine.tree import DraftTree
+from specpilot.errors import ConfigError
+from specpilot.models.loading import load_model
+
+
+@pytest.fixture(scope="module")
+def target(target_dir):
+    return load_model(target_dir)
+
+
+@pytest.fixture(scope="module")
+def draft(drafter_dir):
+    return load_model(drafter_dir)
+
+
+@pytest.fixture(scope="module")
+def requests():
+    """8 requests, prompt lengths 1..40 and token limits 4..20; most arrive while others decode."""
+    g = torch.Generator().manual_seed(5)
+    out = []
+    for i in range(8):
+        L = 1 if i == 5 else int(torch.randint(2, 41, (1,), generator=g))
+        out.append(Request(tuple(torch.randint(1, 4096, (L,), generator=g).tolist()),
+                           max_new=int(torch.randint(4, 21, (1,), generator=g))))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ar_outputs(target, requests):
+    return [Generator(target).generate([list(r.prompt)], r.max_new).outputs[0] for r in requests]
+
+
+def serve(gen, requests, slots=3):
+    result = ServingEngine(gen, slots, prefill_chunk=16).run(requests)
+    by_segment = [r.by_segment for r in result.requests]
+    assert result.extra["segment_admissions"] == sum(by_segment) >= 3  # admitted while rows decoded
+    assert not any(by_segment[:slots])  # the first admissions find no row decoding: chunks
+    for req, r in zip(requests, result.requests):
+        assert len(r.accept_lengths) == r.rounds and sum(r.accept_lengths) >= len(r.output)  # decoding rounds only
+        assert r.admitted <= r.first_token <= r.finished
+    return result
+
+
+@pytest.mark.parametrize("segment", [1, 4, 7])
+@pytest.mark.parametrize("depth,topk,budget", [(4, 1, 4), (3, 3, 8)], ids=["chain", "tree"])
+def test_draft_model_segments_equal_ar(target, draft, requests, ar_outputs, segment, depth, topk, budget):
+    drafter = DraftModelDrafter(draft, depth, topk, budget, window=max(depth, segment) + 1)
+    gen = Generator(target, {depth: drafter}, segment_tokens=segment)
+    assert [r.output for r in serve(gen, requests).requests] == ar_outputs
+
+
+def test_dflash_segments_equal_ar(target, requests, ar_outputs, tmp_path_factory):
+    from specpilot.config import TreeConstruction
+    from specpilot.models.dflash import random_dflash
+    from specpilot.models.dflash_checkpoint import load_dflash, write_dflash
+
+    out = tmp_path_factory.mktemp("dflash")
+    write_dflash(random_dflash(target.config, num_layers=2, block_size=6, mask_token_id=5, seed=3), out,
+                 dtype=torch.float32)
+    for construction in (TreeConstruction.CHAIN, TreeConstruction.BEST_FIRST):
+        drafter = DFlashDrafter(load_dflash(out, target), target, 6, 8, construction)
+        gen = Generator(target, {5: drafter}, segment_tokens=6)
+        assert [r.output for r in serve(gen, requests).requests] == ar_outputs
+
+
+def test_per_request_depth_segments_equal_ar(target, draft, requests, ar_outputs):
+    drafter = DraftModelDrafter(draft, 3, 3, 8, window=9, row_depth_margin=1)
+    gen = Generator(target, {3: drafter}, segment_tokens=8)
+    assert [r.output for r in serve(gen, requests).requests] == ar_outputs
+    with pytest.raises(ConfigError):  # a shared budget would starve the prefilling rows
+        Generator(target, {3: DraftModelDrafter(draft, 3, 3, 8, window=9, shared_budget=4)}, segment_tokens=8)
+
+
+def _drafters(kind, target, draft, out, window):
+    from specpilot.config import TreeConstruction
+    from specpilot.engine.drafters.eagle3 import Eagle3Drafter
+    from specpilot.models.dflash import random_dflash
+    from specpilot.models.dflash_checkpoint import load_dflash, write_dflash
+    from specpilot.models.eagle3 import random_eagle3
+    from specpilot.models.eagle3_checkpoint import load_eagle3, write_eagle3
+
+    if kind == "model":
+        return DraftModelDrafter(draft, 3, 2, 6, window=window)
+    if kind == "dflash":
+        write_dflash(random_dflash(target.config, num_layers=2, block_size=6, mask_token_id=5, seed=3), out,
+                     dtype=torch.float32)
+        return DFlashDrafter(load_dflash(out, target), target, 6, 8, TreeConstruction.BEST_FIRST)
+    write_eagle3(random_eagle3(target.config, seed=3), out, dtype=torch.float32)
+    return Eagle3Drafter(load_eagle3(out, target), target, 3, 2, 6)
+
+
+def _draft_kv(drafter):
+    cache = getattr(drafter.cache, "kv", drafter.cache)  # EAGLE-3 keeps its K/V beside the root hidden
+    return cache.k, cache.v
+
+
+@pytest.mark.parametrize("kind", ["model", "dflash", "eagle3"])
+def test_drafter_caches_follow_the_prompt(target, draft, tmp_path, kind):
+    """After a 30-token prompt went in by 8-token segments, the drafter's own cache holds the
+    prompt's entries as its prefill of the prompt writes them (a draft model whose catch-up
+    window misses segment tokens fails this)."""
+    torch.manual_seed(1)
+    prompt = torch.randint(1, 4096, (30,)).tolist()
+    other = torch.randint(1, 4096, (9,)).tolist()
+    drafter = _drafters(kind, target, draft, tmp_path, window=9)
+    gen = Generator(target, {drafter.depth: drafter}, segment_tokens=8)
+    ws = gen._workspace(2, gen.capacity_for(30, 16), 16)
+    ws.state.reset([[prompt[0]], other], (), max_new=16)
+    gen._start_drafter(drafter.depth, [[prompt[0]], other], ws.state, gen._prefill(ws, [[prompt[0]], other]))
+    ws.state.tokens[0, :30] = torch.tensor(prompt)
+    ws.state.prompt_lens[0] = 30  # row 0: admitted by segments, one token committed
+    while int(ws.state.seq_lens[0]) <= 30:
+        gen._round(ws, drafter.depth)
+    gen._round(ws, drafter.depth)  # the draft model catches up at the start of a round
+    seg_k, seg_v = [[t[0, :, :29].clone() for t in kv] for kv in _draft_kv(drafter)]
+
+    ref = Generator(target, {drafter.depth: drafter})
+    ws2 = ref._workspace(1, gen.capacity_for(30, 16) + 256, 16)
+    ws2.state.reset([prompt], (), max_new=16)
+    ref._start_drafter(drafter.depth, [prompt], ws2.state, ref._prefill(ws2, [prompt]))
+    ref_k, ref_v = [[t[0, :, :29] for t in kv] for kv in _draft_kv(drafter)]
+    for a, b in zip(seg_k + seg_v, ref_k + ref_v):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_segment_fills_the_cache_like_a_prefill(target):
+    """One round of a 5-token segment writes the same K/V as a chunk prefill of those tokens, and
+    advances the row by the segment plus the next prompt token; a decoding row beside it is verified
+    as usual."""
+    torch.manual_seed(0)
+    prompt = torch.randint(1, 4096, (12,)).tolist()
+    other = torch.randint(1, 4096, (6,)).tolist()
+    cap = 64
+    ref = KVCache.allocate(target.config, 1, cap, target.device, target.dtype)
+    prefill(target, ref, [prompt])  # slots 0..10
+
+    cache = KVCache.allocate(target.config, 2, cap, target.device, target.dtype)
+    state = DecodeState.allocate(2, cap, 16, target.device)
+    state.reset([prompt, other], (), max_new=8)
+    prefill(target, cache, [[prompt[0]], other])
+    state.seq_lens[0] = 1  # row 0 admitted by segments: only its first token committed
+    tokens = torch.tensor([[prompt[0], 7, 8, 9, 10, 11, 12], [other[-1], 1, 2, 3, 4, 5, 6]])
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 2]] * 2)
+    tree = DraftTree(tokens, parents, max_depth=2)
+    seg_tree, forced = segment_tree(tree, state, 5)
+    assert forced.tolist() == [5, -1] and seg_tree.max_depth == 5
+    assert seg_tree.tokens[0, :6].tolist() == prompt[:6] and seg_tree.parents[0].tolist() == [-1, 0, 1, 2, 3, 4, 0]
+    assert seg_tree.depths()[0].tolist() == [0, 1, 2, 3, 4, 5, 1]
+    assert torch.equal(seg_tree.tokens[1], tokens[1]) and torch.equal(seg_tree.depths()[1], tree.depths()[1])
+    acc = verify_step(target, cache, state, tree, segment=5)
+    assert state.seq_lens.tolist()[0] == 7 and int(acc.accept_len[0]) == 5
+    assert state.tokens[0, :12].tolist() == prompt  # the prompt is untouched
+    assert state.rounds.tolist()[0] == 0 and int(state.rounds[1]) == 1  # a prompt-only round is not logged
+    for k, k_ref in zip(cache.k, ref.k):
+        torch.testing.assert_close(k[0, :, :6], k_ref[0, :, :6], rtol=1e-5, atol=1e-5)
+    for _ in range(2):  # the next segment (tokens 6..11) ends the prompt: its last token is generated
+        verify_step(target, cache, state, tree, segment=5)
+    assert int(state.seq_lens[0]) >= 13 and int(state.rounds[0]) >= 1
+    expected = Generator(target).generate([prompt], 8, stop_at_eos=False).outputs[0]
+    assert int(state.tokens[0, 12]) == expected[0]
+
+
+def test_segment_needs_a_device_drafter(target, draft):
+    with pytest.raises(ConfigError):
+        Generator(target, segment_tokens=4)
+    with pytest.raises(ConfigError):
+        Generator(target, {4: NgramDrafter(4, 2, 6)}, segment_tokens=4)
+    with pytest.raises(ConfigError):
+        System("x", drafter=DrafterKind.NONE, segment_tokens=4)
+    with pytest.raises(ConfigError):
+        System("x", segment_tokens=-1)
+    with pytest.raises(ConfigError):
+        System("x", tree_budget=16, shared_budget=7, segment_tokens=8)
+    assert System("x", depth=3, segment_tokens=8).window == 9 and System("x", depth=3).window == 4
