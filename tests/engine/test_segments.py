@@ -192,3 +192,16 @@ def test_segment_needs_a_device_drafter(target, draft):
     with pytest.raises(ConfigError):
         System("x", tree_budget=16, shared_budget=7, segment_tokens=8)
     assert System("x", depth=3, segment_tokens=8).window == 9 and System("x", depth=3).window == 4
+
+
+def test_lazy_sync_tiers_eos_inside_prompts(target, draft, requests, ar_outputs):
+    """Rows leave their prompt between host syncs, depth tiers share the segment, and an EOS id
+    inside a prompt stops nothing (only generated tokens do)."""
+    tiers = {d: DraftModelDrafter(draft, d, 2, 2 * d, window=9) for d in (2, 4)}
+    gen = Generator(target, tiers, sync_every=3, segment_tokens=8)
+    assert [r.output for r in serve(gen, requests).requests] == ar_outputs
+    eos = requests[6].prompt[3]  # a token of a prompt admitted by segments
+    expected = [Generator(target, eos_ids=(eos,)).generate([list(r.prompt)], r.max_new).outputs[0] for r in requests]
+    spec = Generator(target, {3: DraftModelDrafter(draft, 3, 2, 6, window=9)}, eos_ids=(eos,), segment_tokens=8)
+    result = serve(spec, requests)
+    assert result.requests[6].by_segment and [r.output for r in result.requests] == expected
