@@ -23,10 +23,10 @@ shapes), `commit_tokens` leaves it alone, and what the round writes is never rea
   spread over several rounds while the other rows decode.
 - *decoding*: `done` cleared after the last chunk; from then on the row is exactly a
   single-request decode (what tests/engine/test_serving.py checks, token for token).
-- *by segments* (`segment_tokens` > 0, a request admitted while other rows decode): seq_len 1 and
-  active at once; the rounds carry its prompt, `segment_tokens` per round, and turn it into a
-  decoding row on the device (`engine.segments`). With no row decoding, chunks stall no one and
-  are used instead.
+- *by segments* (`segment_tokens` > 0, a request admitted while other rows decode and whose
+  prompt costs less that way, `by_segments`): seq_len 1 and active at once; the rounds carry its
+  prompt, `segment_tokens` per round, and turn it into a decoding row on the device
+  (`engine.segments`).
 
 Does not own what a round computes (`steps.py`, `drafters/`) or the serving benchmark
 (`specpilot.bench.serving`).
@@ -119,6 +119,19 @@ class _Slot:
     first_token: float | None = None
 
 
+def by_segments(prompt_len: int, segment_tokens: int, running: int) -> bool:
+    """Admit a prompt by segments when that costs the batch less than a chunk prefill would.
+
+    A chunk prefill stalls the `running` decoding rows for one forward over the prompt, which reads
+    every weight at least once, so it costs them at least one round each: >= `running` row-rounds.
+    By segments the new row alone spends about prompt_len / (segment_tokens + 1) rounds in its
+    prompt. With no row decoding a chunk stalls no one, and a long prompt is cheaper in chunks.
+    """
+    if segment_tokens < 1 or prompt_len < 2 or running < 1:
+        return False
+    return (prompt_len - 1) / (segment_tokens + 1) < running
+
+
 class ServingEngine:
     """Continuous batching over one `Generator` (its target, drafters, graphs) with `slots` rows.
 
@@ -126,7 +139,8 @@ class ServingEngine:
     differing requests (a benchmark's units, its warm-up) share one workspace and its graphs.
     """
 
-    def __init__(self, generator: Generator, slots: int, prefill_chunk: int = PREFILL_CHUNK):
+    def __init__(self, generator: Generator, slots: int, prefill_chunk: int = PREFILL_CHUNK,
+                 always_segments: bool = False):
         if slots < 1:
             raise ConfigError(f"serving needs at least one slot (got {slots})")
         if prefill_chunk < 1:
@@ -134,6 +148,9 @@ class ServingEngine:
         self.generator = generator
         self.slots = slots
         self.prefill_chunk = prefill_chunk
+        # with the generator's segment_tokens: every prompt admitted while rows decode goes in by
+        # segments, not only those `by_segments` finds cheaper (tests, measurements of the rule)
+        self.always_segments = always_segments
         self._envelope = (0, 1)  # (capacity, max_new) at least
 
     def reserve(self, prompt_len: int, max_new: int) -> None:
@@ -253,8 +270,7 @@ class ServingEngine:
         t0 = time.perf_counter()
         now = 0.0
         while True:
-            # segments only while other rows decode: with none, a chunk prefill stalls no one
-            by_segment = gen.segment_tokens > 0 and any(s is not None and s.decoding for s in slots)
+            running = sum(1 for s in slots if s is not None and s.decoding)
             for b in range(B):  # admission: free slots take the requests that have arrived
                 if slots[b] is None and queue and (requests[queue[0]].arrival or 0.0) <= now:
                     i = queue.popleft()
@@ -262,7 +278,9 @@ class ServingEngine:
                     st.load_row(b, list(requests[i].prompt), requests[i].max_new)
                     if host is not None:
                         host[b] = list(requests[i].prompt)
-                    if by_segment and len(requests[i].prompt) > 1:
+                    n = len(requests[i].prompt)
+                    if by_segments(n, gen.segment_tokens, running) or (
+                            self.always_segments and gen.segment_tokens and running and n > 1):
                         self._admit_by_segments(ws, b, requests[i].prompt)
                         slots[b].decoding = slots[b].by_segment = True
             self._advance_prefill(ws, slots, requests)

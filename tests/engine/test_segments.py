@@ -51,7 +51,7 @@ def ar_outputs(target, requests):
 
 
 def serve(gen, requests, slots=3):
-    result = ServingEngine(gen, slots, prefill_chunk=16).run(requests)
+    result = ServingEngine(gen, slots, prefill_chunk=16, always_segments=True).run(requests)
     by_segment = [r.by_segment for r in result.requests]
     assert result.extra["segment_admissions"] == sum(by_segment) >= 3  # admitted while rows decoded
     assert not any(by_segment[:slots])  # the first admissions find no row decoding: chunks
@@ -178,6 +178,14 @@ def test_segment_fills_the_cache_like_a_prefill(target):
     assert int(state.seq_lens[0]) >= 13 and int(state.rounds[0]) >= 1
     expected = Generator(target).generate([prompt], 8, stop_at_eos=False).outputs[0]
     assert int(state.tokens[0, 12]) == expected[0]
+
+
+def test_the_admission_rule_weighs_the_stall_against_the_prompt():
+    from specpilot.engine.serving import by_segments
+
+    assert by_segments(40, 7, 8) and not by_segments(80, 7, 8)  # 39/8 < 8 rows stalled; 79/8 > 8
+    assert by_segments(200, 64, 4) and not by_segments(200, 7, 4)
+    assert not by_segments(10, 7, 0) and not by_segments(1, 7, 8) and not by_segments(10, 0, 8)
 
 
 def test_segment_needs_a_device_drafter(target, draft):
