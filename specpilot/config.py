@@ -42,6 +42,11 @@ class Kernel(enum.Enum):
     TRITON = "triton"  # our Triton GEMV/GEMM (BF16, or W12 when w12 = true)
 
 
+# Drafters that take shared_budget and row_depth_margin (`System._check_batch_mechanisms`); NONE
+# too, so that AR of such a system is one knob away.
+BATCH_DRAFTERS = (DrafterKind.MODEL, DrafterKind.EAGLE3, DrafterKind.DFLASH, DrafterKind.NONE)
+
+
 @dataclass(frozen=True)
 class System:
     """The engine's knobs. Defaults mirror SGLang's documented speculative defaults
@@ -70,11 +75,13 @@ class System:
     # from the target's features, so draft_window does not apply to it.
     block_size: int = 16  # DFlash: positions per drafted block (the root + block_size - 1 drafts)
     tree_construction: TreeConstruction = TreeConstruction.BEST_FIRST  # DFlash: chain or tree shape
-    # Draft-model drafter in a batch: the rows share B x shared_budget draft nodes, split by path
-    # score (each row up to tree_budget), and verification projects only those; 0 = tree_budget each.
+    # In a batch (draft model, EAGLE-3, DFlash best-first or chain trees): the rows share
+    # B x shared_budget draft nodes, split by path score (each row up to tree_budget), and
+    # verification projects only those; 0 = tree_budget each.
     shared_budget: int = 0
-    # Draft-model drafter: per-request depth, each row drafting no deeper than the mean accepted
-    # drafts of its last rounds + this margin (drafters/draft_model.py); 0 = off.
+    # Per-request depth (draft model, EAGLE-3, DFlash): each row drafts no deeper than the mean
+    # accepted drafts of its last rounds + this margin (engine/selection.py; DFlash rounds it up to
+    # a tier of 1/2, 3/4 or the whole block); 0 = off.
     row_depth_margin: int = 0
     # Continuous batching: a request admitted while others decode prefills inside the rounds, this
     # many prompt tokens per round in its verify rows (engine/segments.py); 0 = chunk prefills.
@@ -108,15 +115,12 @@ class System:
                 raise ConfigError(f"system {self.name!r}: adaptive depth tiers must be >= 1")
         if self.shared_budget < 0:
             raise ConfigError(f"system {self.name!r}: shared_budget must be >= 0 (got {self.shared_budget})")
-        if self.shared_budget and self.drafter not in (DrafterKind.MODEL, DrafterKind.NONE):
-            raise ConfigError(f"system {self.name!r}: shared_budget needs drafter = 'model'")
         if self.shared_budget > self.tree_budget:
             raise ConfigError(f"system {self.name!r}: shared_budget {self.shared_budget} > tree_budget "
                               f"{self.tree_budget} (a row's most)")
         if self.row_depth_margin < 0:
             raise ConfigError(f"system {self.name!r}: row_depth_margin must be >= 0 (got {self.row_depth_margin})")
-        if self.row_depth_margin and self.drafter not in (DrafterKind.MODEL, DrafterKind.NONE):
-            raise ConfigError(f"system {self.name!r}: row_depth_margin needs drafter = 'model'")
+        self._check_batch_mechanisms()
         if not (0 <= self.segment_tokens <= 256):
             raise ConfigError(f"system {self.name!r}: segment_tokens must be in 0..256 (got {self.segment_tokens})")
         if self.segment_tokens and self.drafter in (DrafterKind.NONE, DrafterKind.NGRAM):
@@ -127,6 +131,16 @@ class System:
                               "prefilling request would get only the nodes its drafts win)")
         if not (2 <= self.block_size <= 64):
             raise ConfigError(f"system {self.name!r}: block_size must be in 2..64 (got {self.block_size})")
+
+    def _check_batch_mechanisms(self) -> None:
+        """shared_budget and row_depth_margin need a drafter whose trees are selected by path score:
+        the draft model, EAGLE-3 or DFlash (shared_budget: not with spine-first trees)."""
+        spine = self.drafter is DrafterKind.DFLASH and self.tree_construction is TreeConstruction.SPINE_FIRST
+        for knob in ("shared_budget", "row_depth_margin"):
+            if getattr(self, knob) and (self.drafter not in BATCH_DRAFTERS or (knob == "shared_budget" and spine)):
+                got = f"drafter = {self.drafter.value!r}" + (", tree_construction = 'spine_first'" if spine else "")
+                raise ConfigError(f"system {self.name!r}: {knob} needs drafter = 'model', 'eagle3' or 'dflash' "
+                                  f"(dflash: shared_budget with a best_first or chain tree); got {got}")
 
     @property
     def window(self) -> int:

@@ -14,6 +14,16 @@ log-probs, so the best prefixes can be found exactly without a heap:
   then the most probable remaining prefixes; the tree contains the chain, so it accepts at least
   as much as the chain.
 
+The candidates of every construction (the chain's K, the beams' nodes) are laid out depth by
+depth with their scores and go through `selection.select`, which also does the batch mechanisms:
+- a *shared budget* (`shared` = s > 0, best-first and chain): the batch's rows split B x s draft
+  nodes by path score (a chain then stops where its row's share ends);
+- *per-row depth caps* (`capped`): the drafter sets log-probs of depths beyond a row's cap to
+  -inf. Best-first beams then score those prefixes -inf and select them only when a row has fewer
+  finite prefixes than its budget; the chain's argmax there is an arbitrary token; a spine stops
+  at the cap. Either way such nodes are marked invalid, never accepted, so the chain just stops
+  earlier and the trees stay prefix-closed.
+
 Every shape is fixed by (B, K, V, budget) and nothing syncs with the host, so a round that builds
 its tree here stays one CUDA graph. Does not own drafting the distributions or verifying the tree.
 """
@@ -23,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from specpilot.config import TreeConstruction
+from specpilot.engine.selection import select
 from specpilot.engine.tree import DraftTree
 
 
@@ -42,13 +53,20 @@ def num_draft_nodes(construction: TreeConstruction, K: int, V: int, budget: int)
     return min(budget, sum(beam_sizes(K, V, budget)))
 
 
-def chain_tree(logprobs: torch.Tensor, roots: torch.Tensor, budget: int) -> DraftTree:
+def chain_tree(logprobs: torch.Tensor, roots: torch.Tensor, budget: int, shared: int = 0,
+               done: torch.Tensor | None = None, capped: bool = False) -> DraftTree:
     """logprobs [B,K,V]; the argmax chain of min(budget, K) drafts under roots [B]."""
     n = min(budget, logprobs.shape[1])
-    return DraftTree.chain(torch.cat([roots[:, None], logprobs[:, :n].argmax(-1)], 1))
+    tokens = logprobs[:, :n].argmax(-1)  # [B,n]
+    if not (shared or capped):
+        return DraftTree.chain(torch.cat([roots[:, None], tokens], 1))
+    scores = logprobs[:, :n].gather(2, tokens[..., None])[..., 0].cumsum(1)  # [B,n] path scores
+    parents = (torch.arange(n, device=tokens.device) - 1).expand_as(tokens)  # -1: the root
+    return select(roots, tokens, scores, parents, n, n, shared, done, capped)
 
 
-def block_tree(logprobs: torch.Tensor, roots: torch.Tensor, budget: int, spine_first: bool = False) -> DraftTree:
+def block_tree(logprobs: torch.Tensor, roots: torch.Tensor, budget: int, spine_first: bool = False,
+               shared: int = 0, done: torch.Tensor | None = None, capped: bool = False) -> DraftTree:
     """logprobs [B,K,V] -> the best-first (or spine-first) tree of `num_draft_nodes` drafts."""
     B, K, V = logprobs.shape
     dev = logprobs.device
@@ -66,29 +84,25 @@ def block_tree(logprobs: torch.Tensor, roots: torch.Tensor, budget: int, spine_f
         scores.append(s)
         tokens.append(idx[:, d].gather(1, rank))
         parents.append(torch.full_like(j, -1) if d == 0 else offset + parent_local)
-        is_spine = (rank == 0) & prev_spine.gather(1, parent_local)
+        is_spine = (rank == 0) & prev_spine.gather(1, parent_local) & (s > float("-inf"))  # ends at a cap
         spine.append(is_spine)
         offset = 0 if d == 0 else offset + prev.shape[1]
         prev, prev_spine = s, is_spine
     scores, tokens = torch.cat(scores, 1), torch.cat(tokens, 1)  # [B,M]
     parents, spine = torch.cat(parents, 1), torch.cat(spine, 1)
-    M = scores.shape[1]
-    n = min(budget, M)
-    # Stable sort over candidates laid out depth by depth: a parent precedes an equal-score child.
+    n = min(budget, scores.shape[1])
+    # Candidates are laid out depth by depth: `select`'s stable sort puts a parent before an
+    # equal-score child; the spine (+inf) ranks first.
     key = torch.where(spine, torch.full_like(scores, float("inf")), scores) if spine_first else scores
-    chosen = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :n]
-    chosen = chosen.sort(dim=1).values  # depth order = topological order
-    inv = torch.full((B, M), -1, dtype=torch.int64, device=dev)
-    inv.scatter_(1, chosen, torch.arange(1, n + 1, device=dev).expand(B, n))
-    p = parents.gather(1, chosen)
-    node_parent = torch.where(p < 0, torch.zeros_like(p), inv.gather(1, p.clamp(min=0)))
-    tree_tokens = torch.cat([roots[:, None], tokens.gather(1, chosen)], 1)
-    tree_parents = torch.cat([torch.full((B, 1), -1, dtype=torch.int64, device=dev), node_parent], 1)
-    return DraftTree(tree_tokens, tree_parents, max_depth=K)
+    return select(roots, tokens, key, parents, n, K, shared, done, capped)
 
 
-def build_tree(construction: TreeConstruction, logprobs: torch.Tensor, roots: torch.Tensor, budget: int) -> DraftTree:
-    """The draft tree of `construction` over logprobs [B,K,V] (float32 log-softmax) under roots [B]."""
+def build_tree(construction: TreeConstruction, logprobs: torch.Tensor, roots: torch.Tensor, budget: int,
+               shared: int = 0, done: torch.Tensor | None = None, capped: bool = False) -> DraftTree:
+    """The draft tree of `construction` over logprobs [B,K,V] (float32 log-softmax) under roots [B];
+    `shared`, `done` and `capped` as in the module docstring (no shared budget for spine-first)."""
     if construction is TreeConstruction.CHAIN:
-        return chain_tree(logprobs, roots, budget)
-    return block_tree(logprobs, roots, budget, spine_first=construction is TreeConstruction.SPINE_FIRST)
+        return chain_tree(logprobs, roots, budget, shared, done, capped)
+    if shared and construction is TreeConstruction.SPINE_FIRST:
+        raise ValueError("a shared budget splits nodes by path score: spine-first trees rank by spine")
+    return block_tree(logprobs, roots, budget, construction is TreeConstruction.SPINE_FIRST, shared, done, capped)

@@ -34,7 +34,7 @@ def segment_tree(tree: DraftTree, state: DecodeState, length: int) -> tuple[Draf
     """The round's tree with every prefilling row's next prompt segment in place of its drafts.
 
     Returns the tree (max_depth >= length) and `forced [B]`: how many chain nodes a prefilling row
-    accepts (-1: a decoding row, verified as usual). With a shared budget (`tree.valid`) a row's
+    accepts (-1: a decoding row, verified as usual). With a shared budget (`tree.num_valid`) a row's
     segment keeps to the nodes its drafter was given, so the batch's packed count stays put.
     """
     B, N = tree.tokens.shape
@@ -43,7 +43,7 @@ def segment_tree(tree: DraftTree, state: DecodeState, length: int) -> tuple[Draf
     L, P = state.seq_lens, state.prompt_lens
     seg = L < P  # [B] the root lies inside the prompt
     n = (P - L).clamp(min=0, max=S)
-    if tree.valid is not None:
+    if tree.num_valid:  # packed: keep to the row's share of the batch's nodes
         n = torch.minimum(n, tree.valid.sum(1) - 1)
     forced = torch.where(seg, n, torch.full_like(n, -1))  # [B]
     i = torch.arange(N, device=dev)

@@ -163,7 +163,8 @@ class Session:
                     f"has drafter = {self.deployment.drafter!r}, not a DFlash drafter directory"
                 )
             drafters[system.block_size - 1] = DFlashDrafter(
-                self.dflash_model, target, system.block_size, system.tree_budget, system.tree_construction
+                self.dflash_model, target, system.block_size, system.tree_budget, system.tree_construction,
+                system.shared_budget, system.row_depth_margin,
             )
         elif system.drafter is DrafterKind.EAGLE3:
             if self.eagle3_model is None:
@@ -172,7 +173,8 @@ class Session:
                     f"has drafter = {self.deployment.drafter!r}, not an EAGLE-3 head directory"
                 )
             for d in tiers:  # the tiers share one head cache (`Generator._start_drafter`)
-                drafters[d] = Eagle3Drafter(self.eagle3_model, target, d, system.topk, system.tree_budget)
+                drafters[d] = Eagle3Drafter(self.eagle3_model, target, d, system.topk, system.tree_budget,
+                                            system.shared_budget, system.row_depth_margin)
         elif system.drafter is DrafterKind.NGRAM:
             for d in tiers:
                 drafters[d] = NgramDrafter(d, system.topk, system.tree_budget, system.ngram_min, system.ngram_max)

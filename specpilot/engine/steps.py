@@ -108,16 +108,18 @@ def tree_forward(model: Transformer, cache: KVCache, tree: DraftTree, prefix: to
 
 
 def packed_argmax(model: Transformer, cache: KVCache, tree: DraftTree, prefix: torch.Tensor,
-                  generated_index: torch.Tensor, fault: Fault | None) -> torch.Tensor:
+                  generated_index: torch.Tensor, fault: Fault | None, capture: tuple[int, ...] = ()):
     """The target's argmax [B,N] at a shared-budget tree's valid nodes (-1 elsewhere), from one
-    forward whose projections run on the `tree.num_valid` valid nodes only."""
+    forward whose projections run on the `tree.num_valid` valid nodes only; with `capture`, also
+    the features [B,N,nC] of those nodes (zeros elsewhere), else None."""
     B, N = tree.tokens.shape
     # the valid nodes' flat indices, in order: a static count, so no host sync and one graph
     pack = torch.sort(tree.valid.reshape(-1).to(torch.int32), descending=True, stable=True).indices[: tree.num_valid]
-    logits = tree_forward(model, cache, tree, prefix, pack=pack)  # [1,M,V]
+    out = tree_forward(model, cache, tree, prefix, capture, pack=pack)  # [1,M,V] (, [B,N,nC])
+    logits, features = out if capture else (out, None)
     logits = apply_logit_bias(fault, logits, generated_index.reshape(-1)[pack][None])
-    out = torch.full((B * N,), -1, dtype=torch.int64, device=pack.device)
-    return out.index_copy_(0, pack, logits[0].argmax(-1)).view(B, N)
+    argmax = torch.full((B * N,), -1, dtype=torch.int64, device=pack.device)
+    return argmax.index_copy_(0, pack, logits[0].argmax(-1)).view(B, N), features
 
 
 def ar_step(model: Transformer, cache: KVCache, state: DecodeState, fault: Fault | None = None) -> None:
@@ -150,8 +152,8 @@ def verify_step(
     prefix = state.cache_prefix()
     features = None
     generated_index = prefix[:, None] + tree.depths() + 1 - state.prompt_lens[:, None]
-    if tree.valid is not None and not capture:
-        argmax = packed_argmax(model, cache, tree, prefix, generated_index, fault)  # [B,N]
+    if tree.num_valid:
+        argmax, features = packed_argmax(model, cache, tree, prefix, generated_index, fault, capture)  # [B,N]
     else:
         if capture:
             logits, features = tree_forward(model, cache, tree, prefix, capture)  # [B,N,V], [B,N,nC]

@@ -14,8 +14,9 @@ number of committed entries already in the cache (the root goes to slot `prefix`
 - `path_nodes`: for a chosen node, the node indices along its root path, by depth (what is
   retrieved to commit tokens and KV entries).
 All are tensor ops without host syncs, so they can run inside a captured CUDA graph.
-Trees of one batch may carry a `valid` mask (a shared node budget): nodes outside it are padding,
-never accepted (`verify.greedy_accept`) and left out of the verify forward's projections.
+Trees of one batch may carry a `valid` mask (a shared node budget, per-row depth caps): nodes
+outside it are padding, never accepted (`verify.greedy_accept`) and, when the tree gives a static
+count (`num_valid`), left out of the verify forward's projections.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ class DraftTree:
     tokens: torch.Tensor  # [B,N] int64, node 0 = root
     parents: torch.Tensor  # [B,N] int64, parents[:,0] = -1, parents[:,j] < j
     max_depth: int  # static upper bound on depth (for fixed-shape loops)
-    # Trees sharing one node budget across the batch (`drafters/draft_model.py`): which nodes count
-    # [B,N] bool (the root always; per row a prefix-closed set), and how many do over the batch
-    # (static, so the verify forward can pack them). None: every node counts.
+    # Which nodes count [B,N] bool (the root always; per row a prefix-closed set), for trees sharing
+    # one node budget across the batch or capped in depth per row (`selection.py`).
+    # None: every node counts.
     valid: torch.Tensor | None = None
+    # > 0: a static count of nodes over the batch, at least the valid ones, that the verify forward
+    # packs (valid first) and projects alone; 0: it runs every node (padding is still never accepted).
     num_valid: int = 0
     _ancestors: torch.Tensor | None = field(default=None, repr=False)
     _depths: torch.Tensor | None = field(default=None, repr=False)

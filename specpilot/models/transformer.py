@@ -196,7 +196,8 @@ class Transformer(nn.Module):
         pack: torch.Tensor | None = None,  # [M] flat indices into B*T: compute only these rows
     ):
         """Logits [B,T,V] (or [B,T',V]) of a chunk attending to the static cache; with `pack`,
-        logits [1,M,V] of the packed rows only (see `Packing`).
+        logits [1,M,V] of the packed rows only (see `Packing`), and features, if captured, still
+        [B,T,nC] with zeros at the rows left out.
 
         With `capture`, returns (logits, features [B,T,len(capture)*C]): the residual stream after
         each listed layer (HF's `hidden_states[i + 1]`; the last layer's is final-normed as in HF),
@@ -218,8 +219,8 @@ class Transformer(nn.Module):
         rows = torch.arange(B, device=dev)[:, None].expand(B, T)
         packing = None
         if pack is not None:
-            if capture or logits_for is not None:
-                raise ValueError("pack excludes capture and logits_for")
+            if logits_for is not None:
+                raise ValueError("pack excludes logits_for")
             packing = Packing(pack, B, T)
             h = packing.pack(h)  # [1,M,C]
         x = norm(h, self.layers[0].input_layernorm.weight, eps)
@@ -237,7 +238,8 @@ class Transformer(nn.Module):
         if logits_for is not None:
             x = torch.gather(x, 1, logits_for[..., None].expand(-1, -1, x.shape[-1]))
         if capture:
-            return self.lm_head(x), torch.cat([kept[i] for i in capture], dim=-1)
+            features = torch.cat([kept[i] for i in capture], dim=-1)
+            return self.lm_head(x), packing.unpack(features) if packing is not None else features
         return self.lm_head(x)
 
     def forward_causal(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ from specpilot.config import DrafterKind, System
 from specpilot.engine.drafters.draft_model import DraftModelDrafter
 from specpilot.engine.generator import Generator
 from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.selection import row_caps
 from specpilot.engine.serving import Request, ServingEngine
 from specpilot.engine.state import DecodeState
 from specpilot.engine.steps import prefill
@@ -140,11 +141,10 @@ def test_knob_checks():
         System(shared_budget=-1)
     assert System(row_depth_margin=1).fingerprint() != System().fingerprint()
     with pytest.raises(ConfigError, match="row_depth_margin"):
-        System(drafter=DrafterKind.DFLASH, row_depth_margin=1)
+        System(drafter=DrafterKind.NGRAM, row_depth_margin=1)
 
 
-def test_row_caps_follow_recent_acceptance(draft):
-    drafter = DraftModelDrafter(draft, depth=5, topk=2, tree_budget=8, row_depth_margin=1)
+def test_row_caps_follow_recent_acceptance():
     state = DecodeState.allocate(4, 64, 16, "cpu")
     state.reset([[1, 2]] * 4, (), 16)
     logs = {1: [6, 6, 6, 6], 2: [3, 1, 2, 1, 1, 1], 3: [1]}  # row 0: no round yet
@@ -152,7 +152,7 @@ def test_row_caps_follow_recent_acceptance(draft):
         state.rounds[b] = len(counts)
         state.accept_log[b, : len(counts)] = torch.tensor(counts)
     # row 1: 5 drafts accepted -> capped at depth 5; row 2: last 4 rounds 0.25 -> 1 + 1; row 3: 0 -> 1
-    assert drafter.row_caps(state).tolist() == [5, 5, 2, 1]
+    assert row_caps(state, depth=5, margin=1).tolist() == [5, 5, 2, 1]
 
 
 def test_per_request_depth_caps_each_rows_tree(target, draft, prompts):

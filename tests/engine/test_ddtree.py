@@ -1,9 +1,12 @@
-"""The static-shape DDTree beam equals the heap of `liranringel/ddtree` (re-derived here), and the
-chain / spine-first constructions keep their guarantees."""
+"""The static-shape DDTree beam equals the heap of `liranringel/ddtree` (re-derived here), the
+chain / spine-first constructions keep their guarantees, and the batch mechanisms on block trees:
+per-row depth caps (-inf log-probs) stop every construction at the cap, and a shared budget
+splits the batch's nodes by score into prefix-closed sets."""
 
 import heapq
 import random
 
+import pytest
 import torch
 
 from specpilot.config import TreeConstruction
@@ -67,3 +70,60 @@ def test_spine_first_contains_the_chain_and_chain_is_argmax():
         # the rest are the most probable non-spine prefixes
         best = heap_prefixes(lp[0], budget)
         assert len(got) == len(best)
+
+
+def capped(lp: torch.Tensor, caps: list[int]) -> torch.Tensor:
+    """lp [B,K,V] with the depths beyond each row's cap at -inf (what DFlash's per-request depth does)."""
+    beyond = torch.arange(1, lp.shape[1] + 1)[None] > torch.tensor(caps)[:, None]
+    return lp.masked_fill(beyond[..., None], float("-inf"))
+
+
+def valid_depths(tree) -> list[int]:
+    """Per row, the deepest node that can be accepted."""
+    valid = tree.valid if tree.valid is not None else torch.ones_like(tree.tokens, dtype=torch.bool)
+    return torch.where(valid, tree.depths(), torch.zeros_like(tree.depths())).max(1).values.tolist()
+
+
+def test_depth_caps_stop_every_construction_at_the_cap():
+    lp = torch.log_softmax(torch.randn(3, 9, 40, generator=torch.Generator().manual_seed(5)) * 3, -1)
+    roots, caps = torch.tensor([1, 2, 3]), [2, 9, 5]
+    for c in TreeConstruction:
+        tree = build_tree(c, capped(lp, caps), roots, 12, capped=True)
+        assert prefix_closed(tree)
+        assert all(d <= cap for d, cap in zip(valid_depths(tree), caps)), c
+        free = build_tree(c, lp, roots, 12)
+        assert valid_depths(free)[0] > 2, c  # without the cap row 0 drafts deeper: the cap is what stops it
+    chain = build_tree(TreeConstruction.CHAIN, capped(lp, caps), roots, 12, capped=True)
+    assert valid_depths(chain) == caps  # the chain stops at the cap; its nodes below are padding
+    assert torch.equal(chain.tokens[:, :3], build_tree(TreeConstruction.CHAIN, lp, roots, 12).tokens[:, :3])
+    # best-first below the cap is the tree of the truncated block (enough prefixes above the cap)
+    best = block_tree(capped(lp, caps), roots, 12, capped=True)
+    assert best.valid.all()
+    alone = block_tree(lp[:1, :2], roots[:1], 12)
+    assert tree_prefixes(best.tokens[0].tolist(), best.parents[0].tolist()) == \
+        tree_prefixes(alone.tokens[0].tolist(), alone.parents[0].tolist())
+
+
+def test_too_few_prefixes_above_the_cap_leave_invalid_padding():
+    lp = torch.log_softmax(torch.randn(1, 6, 3, generator=torch.Generator().manual_seed(2)), -1)  # V = 3
+    tree = block_tree(capped(lp, [1]), torch.tensor([0]), 8, capped=True)  # 3 prefixes above the cap, 8 nodes
+    assert tree.valid.sum() == 1 + 3 and valid_depths(tree) == [1] and tree.num_valid == 0
+    spine = build_tree(TreeConstruction.SPINE_FIRST, capped(lp, [2]), torch.tensor([0]), 8, capped=True)
+    assert valid_depths(spine) == [2]  # the spine (+inf) ends at the cap
+
+
+def test_shared_budget_splits_block_trees_by_score():
+    g = torch.Generator().manual_seed(9)
+    lp = torch.log_softmax(torch.randn(4, 7, 30, generator=g) * torch.tensor([6.0, 1, 3, 0.5])[:, None, None], -1)
+    roots = torch.tensor([4, 5, 6, 7])
+    for c in (TreeConstruction.BEST_FIRST, TreeConstruction.CHAIN):
+        alone = build_tree(c, lp, roots, 7)
+        tree = build_tree(c, lp, roots, 7, shared=3, done=torch.tensor([False, False, True, False]))
+        assert torch.equal(tree.tokens, alone.tokens) and torch.equal(tree.parents, alone.parents)
+        assert tree.num_valid == 4 * (1 + 3) and int(tree.valid.sum()) == 4 * (1 + 3)
+        assert int(tree.valid[2, 1:].sum()) == 0  # a done row gives its share away
+        parents_valid = tree.valid.gather(1, tree.parents[:, 1:].clamp(min=0))
+        assert (parents_valid | ~tree.valid[:, 1:]).all()  # prefix-closed
+        assert len(set(tree.valid.sum(1).tolist())) > 1  # confident rows get more nodes
+    with pytest.raises(ValueError, match="spine"):  # spine-first ranks by spine, not by score
+        build_tree(TreeConstruction.SPINE_FIRST, lp, roots, 7, shared=3)

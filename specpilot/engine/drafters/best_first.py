@@ -14,12 +14,16 @@ Given the log-probs of depth-1 tokens after each row's root:
 With topk = 1 this is a greedy chain of `depth` tokens. Every shape is fixed by
 (batch, depth, topk, budget), so a round can be captured in a CUDA graph.
 
+Selection and the batch mechanisms on it (a shared node budget, per-row depth caps: `depth_cap`,
+`shared`, `done`) are `engine/selection.py`'s.
+
 Where the frontier lives in the draft cache: the depth-d frontier is written at slots
 `base + (d-1)*topk + [0, topk)` (the *tree region*) at RoPE position `base - 1 + d`; it sees the
 committed draft slots `< base` and the region slots of its own ancestors and itself. Region slots
 are past what the drafter has committed, so later writes overwrite them (the stale-slot rule).
 
-Owns: expansion and selection. Does not own the forward of a level (`step`) or the caches.
+Owns: expansion. Does not own selection (`engine/selection.py`), the forward of a level (`step`)
+or the caches.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from specpilot.engine.selection import select
 from specpilot.engine.tree import DraftTree
 
 # step(tokens [B,k], carry [B,k,...] | None, positions [B,k], slots [B,k], mask [B,1,k,S])
@@ -103,39 +108,5 @@ def expand(
         levels = [torch.full((k if d == 1 else k * k,), d, device=dev) for d in range(1, K + 1)]
         cand_depth = torch.cat(levels)  # [M] each candidate's depth, in candidate order
         scores = torch.where(cand_depth[None, :] > depth_cap[:, None], float("-inf"), scores)
-    return select(roots, tokens, scores, parents, budget, depth, shared, done)
+    return select(roots, tokens, scores, parents, budget, depth, shared, done, capped=depth_cap is not None)
 
-
-def select(roots: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor,
-           budget: int, depth: int, shared: int = 0, done: torch.Tensor | None = None) -> DraftTree:
-    """The `budget` best candidates (tokens, scores, parents [B,M]; parent -1 = the root) as a tree.
-
-    With `shared` = s > 0 the batch's rows split B x s draft nodes by path score: each row ranks
-    its best `budget` candidates (a prefix-closed ranking: parents first), all B x budget ranked
-    scores are sorted together (stable, so within a row a parent stays before an equal-score
-    child) and the best B x s are kept. A row's kept nodes are a prefix of its ranking, hence
-    prefix-closed; the rest are padding (`DraftTree.valid`), never accepted and left out of the
-    verify forward's projections. Rows `done` rank last, so their share goes to the others.
-    """
-    B, M = tokens.shape
-    n = budget
-    dev = tokens.device
-    ranked = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :n]  # [B,n] best first
-    chosen, rank = ranked.sort(dim=1)  # topological order (parents have smaller ids)
-    valid = None
-    if shared:
-        r = scores.gather(1, ranked)
-        if done is not None:
-            r = torch.where(done[:, None], torch.full_like(r, float("-inf")), r)
-        best = torch.sort(r.reshape(-1), descending=True, stable=True).indices[: B * shared]
-        kept = torch.zeros(B * n, dtype=torch.bool, device=dev).index_fill_(0, best, True).view(B, n)
-        valid = torch.cat([torch.ones(B, 1, dtype=torch.bool, device=dev), kept.gather(1, rank)], 1)
-    inv = torch.full((B, M), -1, dtype=torch.int64, device=dev)
-    inv.scatter_(1, chosen, torch.arange(1, n + 1, device=dev).expand(B, n))
-    p = parents.gather(1, chosen)
-    node_parent = torch.where(p < 0, torch.zeros_like(p), inv.gather(1, p.clamp(min=0)))
-    tree_tokens = torch.cat([roots[:, None], tokens.gather(1, chosen)], 1)
-    tree_parents = torch.cat([torch.full((B, 1), -1, dtype=torch.int64, device=dev), node_parent], 1)
-    if valid is None:
-        return DraftTree(tree_tokens, tree_parents, max_depth=depth)
-    return DraftTree(tree_tokens, tree_parents, max_depth=depth, valid=valid, num_valid=B * (1 + shared))

@@ -14,6 +14,18 @@ Each round, with P = the root's slot (`state.cache_prefix()`):
    K/V written in step 1 lie in the same region and are overwritten the same way.
 The prompt's context K/V come from the features captured during the target's prefill (`start`).
 
+Batch mechanisms (`engine/selection.py`):
+- *per-request block depth* (`row_depth_margin` = m > 0): a row drafts no deeper than its cap,
+  ceil(mean accepted drafts of its last rounds) + m rounded UP to a depth tier
+  (`depth_tiers`: block_size, 3/4 and 1/2 of it in positions, root included — the 16/12/8
+  positions of a block of 16, i.e. depths 15/11/7); log-probs of deeper positions become -inf
+  before the tree builder, so best-first trees spend their nodes above the cap and a chain stops
+  there (its nodes below are padding, never accepted: `ddtree.py`). The draft forward itself
+  still runs the whole block (one static shape).
+- *shared budget* (`shared_budget` = s > 0; best-first and chain trees): the batch's rows split
+  B x s of the tree's nodes by path score; the verify forward packs the valid nodes and still
+  captures their features (every node of an accepted path is valid, hence packed).
+
 The draft cache holds context K/V only at committed slots, so it needs no catch-up and no per-row
 bookkeeping; every shape is fixed by (batch, capacity, block_size, tree budget), so the round is
 graph-capturable with the generator's single host sync.
@@ -27,6 +39,7 @@ from specpilot.config import TreeConstruction
 from specpilot.engine.ddtree import build_tree, num_draft_nodes
 from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.selection import row_caps
 from specpilot.engine.state import DecodeState
 from specpilot.engine.tree import DraftTree
 from specpilot.engine.verify import Acceptance
@@ -38,7 +51,8 @@ from specpilot.models.transformer import Transformer
 @register("dflash")
 class DFlashDrafter(Drafter):
     def __init__(self, model: DFlashModel, target: Transformer, block_size: int = 16, tree_budget: int = 32,
-                 construction: TreeConstruction = TreeConstruction.BEST_FIRST):
+                 construction: TreeConstruction = TreeConstruction.BEST_FIRST, shared_budget: int = 0,
+                 row_depth_margin: int = 0):
         if block_size < 2:
             raise ConfigError(f"DFlash block_size must be >= 2 (got {block_size})")
         if model.config.hidden_size != target.config.hidden_size:
@@ -49,6 +63,12 @@ class DFlashDrafter(Drafter):
         self.construction = construction
         self.budget = tree_budget
         self._drafts = num_draft_nodes(construction, self.depth, target.config.vocab_size, tree_budget)
+        if shared_budget and construction is TreeConstruction.SPINE_FIRST:
+            raise ConfigError("DFlash shared_budget needs tree_construction 'best_first' or 'chain'")
+        self.shared = min(shared_budget, self._drafts)  # mean draft nodes per row; 0 = no sharing
+        self.row_depth_margin = row_depth_margin  # 0 = every row drafts the whole block
+        # ascending, the last is `depth`; on the device, as a graph capture cannot copy from the host
+        self.tiers = torch.tensor(depth_tiers(block_size), device=target.device)
         self.caches: dict[tuple[int, int], KVCache] = {}  # one per generator workspace, as draft_model
         self.cache: KVCache | None = None
 
@@ -102,7 +122,18 @@ class DFlashDrafter(Drafter):
         self._write_context(self.cache, acc.features.to(self.model.dtype), pos.clamp(max=self.cache.capacity - 1))
 
     def propose(self, state: DecodeState, host_tokens=None) -> DraftTree:
-        return build_tree(self.construction, self.block_logprobs(state), state.roots(), self.budget)
+        lp = self.block_logprobs(state)  # [B,K,V]
+        if self.row_depth_margin:
+            cap = self.depth_caps(state)  # [B]
+            beyond = torch.arange(1, self.depth + 1, device=cap.device)[None] > cap[:, None]  # [B,K]
+            lp = lp.masked_fill(beyond[..., None], float("-inf"))
+        return build_tree(self.construction, lp, state.roots(), self.budget, shared=self.shared,
+                          done=state.done if self.shared else None, capped=bool(self.row_depth_margin))
+
+    def depth_caps(self, state: DecodeState) -> torch.Tensor:
+        """[B] each row's deepest draft depth: its recent acceptance + margin, rounded up to a tier."""
+        cap = row_caps(state, self.depth, self.row_depth_margin)
+        return self.tiers[torch.searchsorted(self.tiers, cap).clamp(max=len(self.tiers) - 1)]
 
     def block_logprobs(self, state: DecodeState) -> torch.Tensor:
         """Float32 log-probs [B,K,V] of the drafts at depths 1..K after each row's root."""
@@ -118,3 +149,9 @@ class DFlashDrafter(Drafter):
         hidden = self.model.block_forward(noise, pos, self.cache, pos, visible)  # [B,T,C]
         logits = self.target.lm_head(hidden[:, 1:])  # [B,K,V]
         return torch.log_softmax(logits.float(), dim=-1)
+
+
+def depth_tiers(block_size: int) -> tuple[int, ...]:
+    """Per-request block depths, ascending: blocks of 1/2, 3/4 and all of `block_size` positions
+    (root included), so 7, 11, 15 for a block of 16."""
+    return tuple(sorted({max(1, block_size * q // 4 - 1) for q in (2, 3, 4)}))

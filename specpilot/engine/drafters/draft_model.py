@@ -13,13 +13,12 @@ With topk = 1 this is a greedy chain of `depth` tokens. Every shape is fixed by
 *Shared budget* (`shared_budget` = s > 0): the batch's rows split B x s draft nodes by path score
 instead of taking `tree_budget` each. Each row ranks its best `tree_budget` candidates as above
 (a prefix-closed ranking: parents first); all B x tree_budget ranked scores are sorted together
-(`best_first.select` says how the split stays prefix-closed).
+(`selection.select` says how the split stays prefix-closed).
 
-*Per-request depth* (`row_depth_margin` = m > 0): a row whose last ROW_DEPTH_WINDOW rounds accepted
-a drafts on average gets candidates only down to depth ceil(a) + m (all depths before it has a
-round): deeper candidates score -inf before selection, which keeps every set prefix-closed (a
-child never outscores its parent) and, with a shared budget, hands their nodes to other rows.
-It reads the acceptance log in the decoding state, so it needs no state of its own.
+*Per-request depth* (`row_depth_margin` = m > 0): a row whose last rounds accepted a drafts on
+average gets candidates only down to depth ceil(a) + m (`selection.row_caps`; all depths before
+it has a round): deeper candidates score -inf before selection, which keeps every set
+prefix-closed and, with a shared budget, hands their nodes to other rows.
 """
 
 from __future__ import annotations
@@ -29,12 +28,11 @@ import torch
 from specpilot.engine.drafters import best_first
 from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.selection import row_caps
 from specpilot.engine.state import DecodeState
 from specpilot.engine.steps import prefill, prefill_chunk
 from specpilot.engine.tree import DraftTree
 from specpilot.models.transformer import Transformer
-
-ROW_DEPTH_WINDOW = 4  # recent rounds whose mean acceptance sets a row's depth cap
 
 
 @register("model")
@@ -98,18 +96,7 @@ class DraftModelDrafter(Drafter):
             return torch.log_softmax(logits.float(), dim=-1), None
 
         # the draft model read the root itself (slot L - 1): its tree region starts at L
-        caps = self.row_caps(state) if self.row_depth_margin else None
+        caps = row_caps(state, self.depth, self.row_depth_margin) if self.row_depth_margin else None
         return best_first.expand(state.roots(), root_lp, step, self.depth, self.topk, self.budget,
                                  base=state.seq_lens, capacity=self.cache.capacity,
                                  depth_cap=caps, shared=self.shared, done=state.done if self.shared else None)
-
-    def row_caps(self, state: DecodeState) -> torch.Tensor:
-        """[B] deepest candidate depth per row: ceil(mean accepted drafts of its last rounds) + margin."""
-        R = state.accept_log.shape[1]
-        j = state.rounds[:, None] - 1 - torch.arange(ROW_DEPTH_WINDOW, device=state.rounds.device)[None]  # [B,W]
-        seen = j >= 0
-        drafts = state.accept_log.gather(1, j.clamp(0, R - 1)).long() - 1  # accepted drafts of those rounds
-        n = seen.sum(1)
-        mean = (drafts * seen).sum(1) / n.clamp(min=1)
-        cap = (torch.ceil(mean).long() + self.row_depth_margin).clamp(1, self.depth)
-        return torch.where(n > 0, cap, torch.full_like(cap, self.depth))

@@ -17,6 +17,12 @@ committed tokens (root at L - 1) slots 0..L-2 are filled and the output at slot 
 The prompt's slots are filled in `start` from the features captured during the target's prefill.
 Every shape is fixed by (batch, capacity, depth, topk, budget): the round is graph-capturable with
 the generator's single host sync.
+
+The batch mechanisms work as for the draft model (`engine/selection.py`): `shared_budget` splits
+B x s nodes over the batch by path score, `row_depth_margin` caps each row's depth by its recent
+acceptance. A shared budget's verify forward packs the valid nodes and still captures their
+features (`steps.packed_argmax`): every node of an accepted path is valid, hence packed, so the
+catch-up reads the same features as from an unpacked forward.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 from specpilot.engine.drafters import best_first
 from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.selection import row_caps
 from specpilot.engine.state import DecodeState
 from specpilot.engine.tree import DraftTree
 from specpilot.engine.verify import Acceptance
@@ -48,7 +55,8 @@ class Eagle3Cache:
 
 @register("eagle3")
 class Eagle3Drafter(Drafter):
-    def __init__(self, model: Eagle3Model, target: Transformer, depth: int, topk: int, tree_budget: int):
+    def __init__(self, model: Eagle3Model, target: Transformer, depth: int, topk: int, tree_budget: int,
+                 shared_budget: int = 0, row_depth_margin: int = 0):
         if min(depth, topk, tree_budget) < 1:
             raise ConfigError(f"EAGLE-3 needs depth, topk and tree_budget >= 1 (got {depth}, {topk}, {tree_budget})")
         if model.spec.target_hidden_size != target.config.hidden_size:
@@ -57,6 +65,8 @@ class Eagle3Drafter(Drafter):
         self.depth, self.topk = depth, topk
         self.num_candidates = best_first.num_candidates(depth, topk)  # M
         self.budget = min(tree_budget, self.num_candidates)
+        self.shared = min(shared_budget, self.budget)  # mean draft nodes per row; 0 = no sharing
+        self.row_depth_margin = row_depth_margin  # 0 = every row drafts to `depth`
         self.window = depth + 1  # slots a catch-up writes (the generator sizes its slack with this)
         self.embed = model.embed_tokens if model.embed_tokens is not None else target.embed_tokens
         self.token_ids = model.token_ids()  # [Vd] target id per draft id, None if the same vocabulary
@@ -132,10 +142,12 @@ class Eagle3Drafter(Drafter):
         B, k = state.batch, self.topk
         root = self.cache.root_hidden  # [B,C]
         root_lp = torch.log_softmax(self.model.logits(root).float(), dim=-1)  # [B,Vd]
+        caps = row_caps(state, self.depth, self.row_depth_margin) if self.row_depth_margin else None
         # the root's own slot (L - 1) is filled by the next catch-up: the tree region starts there
         return best_first.expand(state.roots(), root_lp, self._step, self.depth, k, self.budget,
                                  base=state.cache_prefix(), capacity=self.cache.kv.capacity,
-                                 carry=root[:, None].expand(B, k, -1), token_ids=self.token_ids)
+                                 carry=root[:, None].expand(B, k, -1), token_ids=self.token_ids,
+                                 depth_cap=caps, shared=self.shared, done=state.done if self.shared else None)
 
     def _step(self, tokens, carry, positions, slots, mask):
         """One frontier level: (log-probs [B,k,Vd], the nodes' output hidden states [B,k,C])."""
