@@ -126,9 +126,6 @@ class System:
         if self.segment_tokens and self.drafter in (DrafterKind.NONE, DrafterKind.NGRAM):
             raise ConfigError(f"system {self.name!r}: segment_tokens rides in the verify forward: it needs drafter "
                               "= 'model', 'dflash' or 'eagle3'")
-        if self.segment_tokens and self.shared_budget:
-            raise ConfigError(f"system {self.name!r}: segment_tokens with a shared_budget is not supported (a "
-                              "prefilling request would get only the nodes its drafts win)")
         if not (2 <= self.block_size <= 64):
             raise ConfigError(f"system {self.name!r}: block_size must be in 2..64 (got {self.block_size})")
 

@@ -54,7 +54,7 @@ def num_draft_nodes(construction: TreeConstruction, K: int, V: int, budget: int)
 
 
 def chain_tree(logprobs: torch.Tensor, roots: torch.Tensor, budget: int, shared: int = 0,
-               done: torch.Tensor | None = None, capped: bool = False) -> DraftTree:
+               rows: torch.Tensor | None = None, capped: bool = False) -> DraftTree:
     """logprobs [B,K,V]; the argmax chain of min(budget, K) drafts under roots [B]."""
     n = min(budget, logprobs.shape[1])
     tokens = logprobs[:, :n].argmax(-1)  # [B,n]
@@ -62,11 +62,11 @@ def chain_tree(logprobs: torch.Tensor, roots: torch.Tensor, budget: int, shared:
         return DraftTree.chain(torch.cat([roots[:, None], tokens], 1))
     scores = logprobs[:, :n].gather(2, tokens[..., None])[..., 0].cumsum(1)  # [B,n] path scores
     parents = (torch.arange(n, device=tokens.device) - 1).expand_as(tokens)  # -1: the root
-    return select(roots, tokens, scores, parents, n, n, shared, done, capped)
+    return select(roots, tokens, scores, parents, n, n, shared, rows, capped)
 
 
 def block_tree(logprobs: torch.Tensor, roots: torch.Tensor, budget: int, spine_first: bool = False,
-               shared: int = 0, done: torch.Tensor | None = None, capped: bool = False) -> DraftTree:
+               shared: int = 0, rows: torch.Tensor | None = None, capped: bool = False) -> DraftTree:
     """logprobs [B,K,V] -> the best-first (or spine-first) tree of `num_draft_nodes` drafts."""
     B, K, V = logprobs.shape
     dev = logprobs.device
@@ -94,15 +94,15 @@ def block_tree(logprobs: torch.Tensor, roots: torch.Tensor, budget: int, spine_f
     # Candidates are laid out depth by depth: `select`'s stable sort puts a parent before an
     # equal-score child; the spine (+inf) ranks first.
     key = torch.where(spine, torch.full_like(scores, float("inf")), scores) if spine_first else scores
-    return select(roots, tokens, key, parents, n, K, shared, done, capped)
+    return select(roots, tokens, key, parents, n, K, shared, rows, capped)
 
 
 def build_tree(construction: TreeConstruction, logprobs: torch.Tensor, roots: torch.Tensor, budget: int,
-               shared: int = 0, done: torch.Tensor | None = None, capped: bool = False) -> DraftTree:
+               shared: int = 0, rows: torch.Tensor | None = None, capped: bool = False) -> DraftTree:
     """The draft tree of `construction` over logprobs [B,K,V] (float32 log-softmax) under roots [B];
-    `shared`, `done` and `capped` as in the module docstring (no shared budget for spine-first)."""
+    `shared`, `rows` and `capped` as in the module docstring (no shared budget for spine-first)."""
     if construction is TreeConstruction.CHAIN:
-        return chain_tree(logprobs, roots, budget, shared, done, capped)
+        return chain_tree(logprobs, roots, budget, shared, rows, capped)
     if shared and construction is TreeConstruction.SPINE_FIRST:
         raise ValueError("a shared budget splits nodes by path score: spine-first trees rank by spine")
-    return block_tree(logprobs, roots, budget, construction is TreeConstruction.SPINE_FIRST, shared, done, capped)
+    return block_tree(logprobs, roots, budget, construction is TreeConstruction.SPINE_FIRST, shared, rows, capped)

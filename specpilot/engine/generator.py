@@ -115,9 +115,8 @@ class Generator:
         if segment_tokens and (not self.drafters or host):
             raise ConfigError("segment admission rides in the verify forward: it needs a drafter that drafts on "
                               "the device (not AR, not n-gram)")
-        if segment_tokens and any(getattr(d, "shared", 0) for d in self.drafters.values()):
-            raise ConfigError("segment admission with a shared node budget is not supported: a prefilling row "
-                              "would get only the nodes its drafts win")
+        for d in self.drafters.values():
+            d.segment_tokens = segment_tokens
         # prompt tokens a prefilling row carries per round under continuous batching (`engine.segments`)
         self.segment_tokens = segment_tokens
         self.sync_every = 1 if host else sync_every

@@ -35,7 +35,8 @@ def segment_tree(tree: DraftTree, state: DecodeState, length: int) -> tuple[Draf
 
     Returns the tree (max_depth >= length) and `forced [B]`: how many chain nodes a prefilling row
     accepts (-1: a decoding row, verified as usual). With a shared budget (`tree.num_valid`) a row's
-    segment keeps to the nodes its drafter was given, so the batch's packed count stays put.
+    segment keeps to the nodes its drafter kept for it (`selection.share_rows`: a segment's nodes
+    first), so the batch's packed count stays put.
     """
     B, N = tree.tokens.shape
     S = min(length, N - 1)

@@ -41,8 +41,16 @@ def row_caps(state: DecodeState, depth: int, margin: int) -> torch.Tensor:
     return torch.where(n > 0, cap, torch.full_like(cap, depth))
 
 
+def share_rows(state: DecodeState, segment_tokens: int = 0) -> torch.Tensor:
+    """[B] int64, how each row takes part in a shared budget (`select`'s `rows`): -1 for a row that
+    is done (it ranks last); for a row still in its prompt under segment admission
+    (`engine.segments`), the nodes its next segment needs (they are kept first); 0 otherwise."""
+    need = (state.prompt_lens - state.seq_lens).clamp(min=0, max=segment_tokens)
+    return torch.where(state.done, torch.full_like(need, -1), need)
+
+
 def select(roots: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor,
-           budget: int, depth: int, shared: int = 0, done: torch.Tensor | None = None,
+           budget: int, depth: int, shared: int = 0, rows: torch.Tensor | None = None,
            capped: bool = False) -> DraftTree:
     """The `budget` best candidates (tokens, scores, parents [B,M]; parent -1 = the root) as a tree.
     Candidates must be laid out parents first (a stable sort then ranks a parent before an
@@ -53,7 +61,9 @@ def select(roots: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, pare
     scores are sorted together (stable, so within a row a parent stays before an equal-score
     child) and the best B x s are kept. A row's kept nodes are a prefix of its ranking, hence
     prefix-closed; the rest are padding (`DraftTree.valid`), never accepted and left out of the
-    verify forward's projections. Rows `done` rank last, so their share goes to the others.
+    verify forward's projections. `rows` ([B], `share_rows`): a row at -1 (done) ranks last, so
+    its share goes to the others; a row at r > 0 keeps its r best candidates first (a prompt
+    segment's nodes, whatever their scores).
 
     With `capped` (or `shared`), selected candidates scored -inf (beyond a row's depth cap) are
     invalid too; without `shared` every node is still verified (`num_valid` = 0: nothing packed).
@@ -66,10 +76,13 @@ def select(roots: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, pare
     valid = None
     if shared or capped:
         r = scores.gather(1, ranked)  # [B,n] ranked scores
+        if shared and rows is not None:
+            first = torch.arange(n, device=dev)[None] < rows[:, None]  # [B,n] a segment's nodes
+            r = torch.where(first, torch.full_like(r, float("inf")), r)
         kept = r > float("-inf")  # beyond a depth cap: never valid (a parent's score is never lower)
         if shared:
-            if done is not None:
-                r = torch.where(done[:, None], torch.full_like(r, float("-inf")), r)
+            if rows is not None:
+                r = torch.where(rows[:, None] < 0, torch.full_like(r, float("-inf")), r)
             best = torch.sort(r.reshape(-1), descending=True, stable=True).indices[: B * shared]
             kept &= torch.zeros(B * n, dtype=torch.bool, device=dev).index_fill_(0, best, True).view(B, n)
         valid = torch.cat([torch.ones(B, 1, dtype=torch.bool, device=dev), kept.gather(1, rank)], 1)

@@ -118,7 +118,7 @@ def test_shared_budget_splits_block_trees_by_score():
     roots = torch.tensor([4, 5, 6, 7])
     for c in (TreeConstruction.BEST_FIRST, TreeConstruction.CHAIN):
         alone = build_tree(c, lp, roots, 7)
-        tree = build_tree(c, lp, roots, 7, shared=3, done=torch.tensor([False, False, True, False]))
+        tree = build_tree(c, lp, roots, 7, shared=3, rows=torch.tensor([0, 0, -1, 0]))
         assert torch.equal(tree.tokens, alone.tokens) and torch.equal(tree.parents, alone.parents)
         assert tree.num_valid == 4 * (1 + 3) and int(tree.valid.sum()) == 4 * (1 + 3)
         assert int(tree.valid[2, 1:].sum()) == 0  # a done row gives its share away

@@ -83,12 +83,40 @@ def test_dflash_segments_equal_ar(target, requests, ar_outputs, tmp_path_factory
         assert [r.output for r in serve(gen, requests).requests] == ar_outputs
 
 
-def test_per_request_depth_segments_equal_ar(target, draft, requests, ar_outputs):
-    drafter = DraftModelDrafter(draft, 3, 3, 8, window=9, row_depth_margin=1)
+@pytest.mark.parametrize("shared,margin", [(0, 1), (4, 0), (3, 1)])
+def test_batch_mechanisms_with_segments_equal_ar(target, draft, requests, ar_outputs, shared, margin):
+    drafter = DraftModelDrafter(draft, 3, 3, 8, window=9, shared_budget=shared, row_depth_margin=margin)
     gen = Generator(target, {3: drafter}, segment_tokens=8)
-    assert [r.output for r in serve(gen, requests).requests] == ar_outputs
-    with pytest.raises(ConfigError):  # a shared budget would starve the prefilling rows
-        Generator(target, {3: DraftModelDrafter(draft, 3, 3, 8, window=9, shared_budget=4)}, segment_tokens=8)
+    result = serve(gen, requests)
+    assert [r.output for r in result.requests] == ar_outputs
+    if shared:  # a prefilling row keeps its segment's nodes first: whole segments, never 1 token a round
+        for req, r in zip(requests, result.requests):
+            assert not r.by_segment or len(r.accept_lengths) == r.rounds
+
+
+def test_a_shared_budget_keeps_a_segments_nodes_first(target, draft):
+    """Under a shared budget a prefilling row gets the nodes its next segment needs, whatever its
+    drafts score; its segment then fills them (the others share the rest)."""
+    from specpilot.engine.selection import share_rows
+
+    torch.manual_seed(2)
+    prompts = [torch.randint(1, 4096, (n,)).tolist() for n in (20, 7, 9, 12)]
+    drafter = DraftModelDrafter(draft, 3, 3, 8, window=9, shared_budget=2)
+    drafter.segment_tokens = 6
+    state = DecodeState.allocate(4, 128, 8, "cpu")
+    state.reset(prompts, (), 16)
+    state.seq_lens[0] = 3  # row 0 in its prompt: 17 tokens to go, 6 per round
+    state.done[3] = True
+    assert share_rows(state, 6).tolist() == [6, 0, 0, -1]
+    cache = KVCache.allocate(target.config, 4, 128, "cpu", torch.float32)
+    prefill(target, cache, prompts)
+    drafter.start(prompts, state)
+    with torch.no_grad():
+        tree = drafter.propose(state)
+    counts = tree.valid.sum(1).tolist()
+    assert counts[0] == 7 and counts[3] == 1 and sum(counts) <= tree.num_valid == 4 * 3
+    seg, forced = segment_tree(tree, state, 6)
+    assert forced.tolist() == [6, -1, -1, -1] and seg.valid[0].tolist() == [True] * 7 + [False] * 2
 
 
 def _drafters(kind, target, draft, out, window):
@@ -197,8 +225,6 @@ def test_segment_needs_a_device_drafter(target, draft):
         System("x", drafter=DrafterKind.NONE, segment_tokens=4)
     with pytest.raises(ConfigError):
         System("x", segment_tokens=-1)
-    with pytest.raises(ConfigError):
-        System("x", tree_budget=16, shared_budget=7, segment_tokens=8)
     assert System("x", depth=3, segment_tokens=8).window == 9 and System("x", depth=3).window == 4
 
 

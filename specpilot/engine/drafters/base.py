@@ -28,6 +28,9 @@ class Drafter(abc.ABC):
     name: ClassVar[str]
     needs_host_tokens: ClassVar[bool] = False
     feature_layers: tuple[int, ...] = ()  # target layers whose outputs this drafter reads (-1: embedding)
+    # prompt tokens a prefilling row carries per round (`engine.segments`), set by the generator: a
+    # drafter sharing one node budget across the batch keeps that many nodes for such a row first
+    segment_tokens: int = 0
 
     @abc.abstractmethod
     def start(self, prompts: list[list[int]], state: DecodeState) -> None: ...

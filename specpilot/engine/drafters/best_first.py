@@ -15,7 +15,7 @@ With topk = 1 this is a greedy chain of `depth` tokens. Every shape is fixed by
 (batch, depth, topk, budget), so a round can be captured in a CUDA graph.
 
 Selection and the batch mechanisms on it (a shared node budget, per-row depth caps: `depth_cap`,
-`shared`, `done`) are `engine/selection.py`'s.
+`shared`, `rows`) are `engine/selection.py`'s.
 
 Where the frontier lives in the draft cache: the depth-d frontier is written at slots
 `base + (d-1)*topk + [0, topk)` (the *tree region*) at RoPE position `base - 1 + d`; it sees the
@@ -58,7 +58,7 @@ def expand(
     token_ids: torch.Tensor | None = None,  # [V'] target token of each draft-vocabulary index (None: same)
     depth_cap: torch.Tensor | None = None,  # [B] deepest candidate depth per row (None: depth)
     shared: int = 0,  # > 0: the batch's rows split B x shared draft nodes (see `select`)
-    done: torch.Tensor | None = None,  # [B] bool rows not decoding (their share goes to the others)
+    rows: torch.Tensor | None = None,  # [B] each row's part in a shared budget (`selection.share_rows`)
 ) -> DraftTree:
     """The best-first tree of `budget` draft nodes (+ the root) described in the module docstring."""
     B, k, K = roots.shape[0], topk, depth
@@ -108,5 +108,5 @@ def expand(
         levels = [torch.full((k if d == 1 else k * k,), d, device=dev) for d in range(1, K + 1)]
         cand_depth = torch.cat(levels)  # [M] each candidate's depth, in candidate order
         scores = torch.where(cand_depth[None, :] > depth_cap[:, None], float("-inf"), scores)
-    return select(roots, tokens, scores, parents, budget, depth, shared, done, capped=depth_cap is not None)
+    return select(roots, tokens, scores, parents, budget, depth, shared, rows, capped=depth_cap is not None)
 

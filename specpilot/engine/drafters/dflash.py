@@ -39,7 +39,7 @@ from specpilot.config import TreeConstruction
 from specpilot.engine.ddtree import build_tree, num_draft_nodes
 from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
-from specpilot.engine.selection import row_caps
+from specpilot.engine.selection import row_caps, share_rows
 from specpilot.engine.state import DecodeState
 from specpilot.engine.tree import DraftTree
 from specpilot.engine.verify import Acceptance
@@ -128,7 +128,8 @@ class DFlashDrafter(Drafter):
             beyond = torch.arange(1, self.depth + 1, device=cap.device)[None] > cap[:, None]  # [B,K]
             lp = lp.masked_fill(beyond[..., None], float("-inf"))
         return build_tree(self.construction, lp, state.roots(), self.budget, shared=self.shared,
-                          done=state.done if self.shared else None, capped=bool(self.row_depth_margin))
+                          rows=share_rows(state, self.segment_tokens) if self.shared else None,
+                          capped=bool(self.row_depth_margin))
 
     def depth_caps(self, state: DecodeState) -> torch.Tensor:
         """[B] each row's deepest draft depth: its recent acceptance + margin, rounded up to a tier."""

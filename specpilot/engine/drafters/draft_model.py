@@ -28,7 +28,7 @@ import torch
 from specpilot.engine.drafters import best_first
 from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
-from specpilot.engine.selection import row_caps
+from specpilot.engine.selection import row_caps, share_rows
 from specpilot.engine.state import DecodeState
 from specpilot.engine.steps import prefill, prefill_chunk
 from specpilot.engine.tree import DraftTree
@@ -99,4 +99,5 @@ class DraftModelDrafter(Drafter):
         caps = row_caps(state, self.depth, self.row_depth_margin) if self.row_depth_margin else None
         return best_first.expand(state.roots(), root_lp, step, self.depth, self.topk, self.budget,
                                  base=state.seq_lens, capacity=self.cache.capacity,
-                                 depth_cap=caps, shared=self.shared, done=state.done if self.shared else None)
+                                 depth_cap=caps, shared=self.shared,
+                                 rows=share_rows(state, self.segment_tokens) if self.shared else None)

@@ -34,7 +34,7 @@ import torch
 from specpilot.engine.drafters import best_first
 from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
-from specpilot.engine.selection import row_caps
+from specpilot.engine.selection import row_caps, share_rows
 from specpilot.engine.state import DecodeState
 from specpilot.engine.tree import DraftTree
 from specpilot.engine.verify import Acceptance
@@ -147,7 +147,8 @@ class Eagle3Drafter(Drafter):
         return best_first.expand(state.roots(), root_lp, self._step, self.depth, k, self.budget,
                                  base=state.cache_prefix(), capacity=self.cache.kv.capacity,
                                  carry=root[:, None].expand(B, k, -1), token_ids=self.token_ids,
-                                 depth_cap=caps, shared=self.shared, done=state.done if self.shared else None)
+                                 depth_cap=caps, shared=self.shared,
+                                 rows=share_rows(state, self.segment_tokens) if self.shared else None)
 
     def _step(self, tokens, carry, positions, slots, mask):
         """One frontier level: (log-probs [B,k,Vd], the nodes' output hidden states [B,k,C])."""
