@@ -6,8 +6,9 @@ concurrency level and engine:
   while serving, admissions and prefills included);
 - speedup = a system's throughput / AR's, paired unit by unit (AR's time per token over the
   system's, `stats.per_token_bootstrap`), i.e. what the batch benchmark reports, per unit of
-  requests instead of per batch; *scaling* = an engine's throughput / AR's at the run's lowest
-  concurrency (e.g. AR at 8 slots over single-request AR), from independent resamples;
+  requests instead of per batch; *gain* = a later system's throughput / the first system's (the
+  baseline, e.g. stock), paired the same way; *scaling* = an engine's throughput / AR's at the
+  run's lowest concurrency (e.g. AR at 8 slots over single-request AR), from independent resamples;
 - latency (arrival to return, queueing included), time to first token, and time per output token
   ((return - first token) / (tokens - 1)) at the 50/90/99th percentiles of the level's requests.
 Intervals: bootstrap over units (one `Resampling` per level shared by its engines, so speedups are
@@ -58,8 +59,10 @@ class EngineSummary:
     identical: int  # requests whose tokens equal AR's
     throughput: Interval  # tokens per second
     speedup: Interval | None  # over AR at this level; None for AR
+    gain: Interval | None  # throughput over the baseline's (the first system), paired by unit; None for AR and it
     scaling: Interval | None  # throughput over AR's at the run's lowest concurrency; None there for AR
     quantiles: dict  # metric -> {q: Interval} (seconds), see QUANTILES
+    baseline: str | None = None  # the system `gain` is over
 
     @property
     def mean_accepted_length(self) -> float:
@@ -72,6 +75,7 @@ class EngineSummary:
             "tokens": self.tokens, "seconds": self.seconds, "rounds": self.rounds, "identical": self.identical,
             "mean_accepted_length": self.mean_accepted_length, "tokens_per_second": self.throughput.to_dict(),
             "speedup": self.speedup.to_dict() if self.speedup else None,
+            "gain": self.gain.to_dict() if self.gain else None, "baseline": self.baseline,
             "scaling": self.scaling.to_dict() if self.scaling else None,
             **{m: {f"p{round(100 * q)}": iv.to_dict() for q, iv in qs.items()} for m, qs in self.quantiles.items()},
         }
@@ -101,10 +105,19 @@ def _matrix(runs, metric: str) -> np.ndarray:
     return np.array([[getattr(r, metric) for r in run.requests] for run in runs], dtype=np.float64)
 
 
+def paired_throughput_ratio(reference: list, runs: list, indices) -> LogBootstrap:
+    """The runs' throughput over the reference's (`UnitRun`s of the same units, in order), paired by
+    unit and bootstrapped on `indices`: the reference's time per token over the runs'."""
+    return per_token_bootstrap([r.seconds for r in reference], [r.tokens for r in reference],
+                               [r.seconds for r in runs], [r.tokens for r in runs], indices)
+
+
 def summarise(measurements: tuple[UnitMeasurement, ...], systems: tuple[System, ...], config: ServingConfig,
               pool_size: int) -> tuple[LevelSummary, ...]:
-    """Every engine's throughput, speedup, scaling and latency percentiles per level, with intervals."""
+    """Every engine's throughput, speedup (and gain over systems[0]), scaling and latency percentiles
+    per level, with intervals."""
     names = [AR_NAME] + [s.name for s in systems]
+    baseline = systems[0].name if systems else None
     by_name = {s.name: s for s in systems}
     levels, base = [], None
     for i, c in enumerate(config.concurrency):
@@ -122,10 +135,11 @@ def summarise(measurements: tuple[UnitMeasurement, ...], systems: tuple[System, 
             runs = [m.run(name) for m in ms]
             seconds, tokens = [r.seconds for r in runs], [r.tokens for r in runs]
             rates[name] = throughput_bootstrap(seconds, tokens, idx)
-            speedup = None
+            speedup = gain = None
             if name != AR_NAME:
-                speedup = interval(per_token_bootstrap([r.seconds for r in ar], [r.tokens for r in ar],
-                                                       seconds, tokens, idx))
+                speedup = interval(paired_throughput_ratio(ar, runs, idx))
+            if name not in (AR_NAME, baseline):
+                gain = interval(paired_throughput_ratio([m.run(baseline) for m in ms], runs, idx))
             scaling = None
             if base is not None:
                 scaling = interval(ratio_of_independent(rates[name], base))
@@ -136,7 +150,8 @@ def summarise(measurements: tuple[UnitMeasurement, ...], systems: tuple[System, 
             requests = [q for r in runs for q in r.requests]
             engines.append(EngineSummary(
                 name, by_name.get(name), len(requests), sum(tokens), sum(seconds), sum(r.rounds for r in runs),
-                sum(q.identical for q in requests), interval(rates[name]), speedup, scaling, quantiles,
+                sum(q.identical for q in requests), interval(rates[name]), speedup, gain, scaling, quantiles,
+                baseline if gain else None,
             ))
         if base is None:
             base = rates[AR_NAME]
@@ -186,7 +201,8 @@ def describe(result: ServingBenchResult) -> list[str]:
         f"deployment `{result.deployment.name}` on {where}, {env_.get('dtype')}; commit {commit}; {result.created}",
         f"continuous batching, {arrivals}; {prompts} per set (seed {c.seed}), the sets in turn; {length}, greedy",
         f"throughput = output tokens / serving time over the level's units; speedup = a system's throughput / AR's "
-        f"(paired by unit); scaling = throughput / AR's at concurrency {c.concurrency[0]}; latency from arrival; "
+        f"(paired by unit), and over the first system likewise; scaling = throughput / AR's at concurrency "
+        f"{c.concurrency[0]}; latency from arrival; "
         f"[{round(100 * c.level)}% {c.interval.value} bootstrap intervals over units; n/a under {MIN_UNITS} units]",
     ]
 
@@ -201,12 +217,14 @@ def _fmt(iv: Interval | None, digits: int = 2, scale: float = 1.0, unit: str = "
 
 
 def level_rows(level: LevelSummary) -> tuple[list[str], list[list[str]]]:
-    header = ["engine", "tok/s", "speedup", "scaling", "latency p50 s", "p90 s", "p99 s", "TTFT p50 s",
-              "TPOT p50 ms", "accepted length", "identical"]
+    baseline = next((e.baseline for e in level.engines if e.baseline), None)  # a column only with two systems
+    header = ["engine", "tok/s", "speedup", *([f"over {baseline}"] if baseline else []), "scaling", "latency p50 s",
+              "p90 s", "p99 s", "TTFT p50 s", "TPOT p50 ms", "accepted length", "identical"]
     rows = []
     for e in level.engines:
         q = e.quantiles
-        rows.append([e.name, _fmt(e.throughput, 0), _fmt(e.speedup), _fmt(e.scaling),
+        rows.append([e.name, _fmt(e.throughput, 0), _fmt(e.speedup), *([_fmt(e.gain)] if baseline else []),
+                     _fmt(e.scaling),
                      _fmt(q["latency"][0.5]), _fmt(q["latency"][0.9]), _fmt(q["latency"][0.99]),
                      _fmt(q["time_to_first_token"][0.5], 3), _fmt(q["time_per_output_token"][0.5], 1, 1e3),
                      f"{e.mean_accepted_length:.2f}", f"{e.identical}/{e.requests}"])

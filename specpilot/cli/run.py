@@ -184,7 +184,9 @@ def summary(report: dict) -> str:
              f"{len(report['rounds'])} round(s), stopped: {report['run']['stop']}"]
     if final:
         over = f", final / stock {format_speedup(final['final_gain'])}" if final["final_gain"] else ""
-        lines.append(f"  speedup over AR (one run, 95% CI): stock {format_speedup(final['stock_speedup'])}, "
+        level = ((final.get("bench") or {}).get("levels") or [None])[0]  # a serving run has one level
+        how = f"one serving run at concurrency {level['concurrency']}" if level else "one run"
+        lines.append(f"  speedup over AR ({how}, 95% CI): stock {format_speedup(final['stock_speedup'])}, "
                      f"final {format_speedup(final['final_speedup'])}{over}")
     lines.append(f"  final system {fs['name']!r}: {describe(fs['changes_from_stock'], fs.get('patch_summary'))}")
     for p in report["promotions"]:

@@ -11,7 +11,11 @@ what is left, so it stops cleanly and still measures and reports. The estimates:
   + the winner's re-measurement) evaluations, a wave being as many candidates as the backend
   times at once;
 - the final measurement: AR, stock and the final system over every prompt at their measured (AR
-  and incumbent) ms per token, plus warm-up (CUDA graphs and compilation on GPU).
+  and incumbent) ms per token, plus warm-up (CUDA graphs and compilation on GPU). Served by
+  continuous batching in C slots, a unit of R x C requests of at most T tokens ends within
+  (R + 1 - 1/C) x T token times (its last request starts once the others' work, at most
+  (R x C - 1) x T, is spread over the slots), which is the estimate: slots draining at its end
+  and outputs ending early both fit in it.
 
 Owns: `Budget` and the three estimates. Does not own what runs.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 
+from specpilot.bench.serving import ServingConfig
 from specpilot.control.config import ControllerConfig
 
 GUESS_EVALUATION_S = {"cpu": 20.0, "cuda": 90.0}
@@ -66,8 +71,14 @@ def round_seconds(past: list[float], per_evaluation: float, candidates: int, par
 
 
 def final_seconds(cost, bench, batch: int, device: str) -> float:
-    """The final measurement's time for a `BenchConfig` `bench`, from the incumbent's cost table."""
+    """The final measurement's time for its `BenchConfig` or `ServingConfig` `bench`, from the
+    incumbent's cost table (ms per token of one sequence, `batch` decoded together)."""
     ar = cost.predict_ms_per_token(None)
     per_token = (ar if math.isfinite(ar) else cost.ms_per_token) + 2 * cost.ms_per_token  # AR, stock, final
-    tokens = len(bench.sets) * bench.n_prompts * bench.max_new_tokens / batch
+    if isinstance(bench, ServingConfig):  # token times of each unit (see the module docstring), summed
+        pool = len(bench.sets) * bench.n_prompts
+        tokens = sum(min(bench.units or pool, pool // bench.unit_size(c)) * (bench.requests_per_slot + 1 - 1 / c)
+                     for c in bench.concurrency) * bench.max_new_tokens
+    else:
+        tokens = len(bench.sets) * bench.n_prompts * bench.max_new_tokens / batch
     return 1.2 * per_token * tokens / 1e3 + WARMUP_S[device]

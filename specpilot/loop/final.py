@@ -1,17 +1,26 @@
 """The final measurement: stock and the final system against AR, in one benchmark run, with intervals.
 
 The controller measured each promotion as a gain over its incumbent; users care about speedup over
-AR. At the end of a run the benchmark procedure of `specpilot.bench` (AR and the systems
-interleaved batch by batch in one process, paired stratified bootstrap intervals; see
-`specpilot.bench.runner` and `specpilot.bench.stats`) times AR, stock and the final system on the deployment's
-benchmark sets, so both speedups — and the final system's gain over stock — come from the same
-run, with intervals.
+AR. At the end of a run the benchmark procedure of `specpilot.bench` times AR, stock and the final
+system in one process, so both speedups — and the final system's gain over stock — come from the
+same run, with intervals. Which procedure is the deployment's regime's:
+
+- static batches (`regime.continuous` false): the batch benchmark (AR and the systems interleaved
+  batch by batch, paired stratified bootstrap intervals; `specpilot.bench.runner`, `.stats`);
+- continuous batching: the serving benchmark at concurrency `regime.batch`, closed loop, as the
+  controller timed its blocks (`specpilot.bench.serving`, `.serving_results`): AR and the systems
+  serve the same units of requests back to back; speedups are throughputs over AR's and the gain
+  final / stock is final's throughput over stock's, each paired by unit. A timed unit is
+  `FINAL_REQUESTS_PER_SLOT` requests per slot, and there are at least MIN_UNITS units (an
+  interval needs them), more when the loop's `final_prompts` per set ask for more requests.
 
 A knob-only final system is measured in this process on the loop's loaded session. A final system
-carrying a patch is measured by `specpilot bench` in a subprocess that imports its worktree, so
-its code is what runs; AR and stock then run on the patched code too (noted in the result).
+carrying a patch is measured by `specpilot bench` (with `--regime serving` for a continuous
+deployment) in a subprocess that imports its worktree, so its code is what runs; AR and stock then
+run on the patched code too (noted in the result).
 
-Owns: `FinalMeasurement`, `bench_config`, `measure_final`. Does not own the benchmark.
+Owns: `FinalMeasurement`, `bench_config`, `measure_final`, and the serving run's summary lines
+(`serving_line`, `format_rate`). Does not own the benchmarks.
 """
 
 from __future__ import annotations
@@ -25,53 +34,134 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specpilot.bench.runner import BenchConfig
+from specpilot.bench.serving import ServingConfig
+from specpilot.bench.stats import MIN_UNITS
 from specpilot.config import Deployment
-from specpilot.errors import SpecPilotError
+from specpilot.errors import ConfigError, SpecPilotError
 from specpilot.loop.systems import Candidate
 
 FINAL_NAME = "final"
+# a serving unit: two requests per slot, so requests are admitted while others decode (one per
+# slot would be a static batch that drains); results/serving/ was measured so too
+FINAL_REQUESTS_PER_SLOT = 2
+
+
+def is_serving(bench: dict) -> bool:
+    """Whether a final benchmark document (results.json) is the serving benchmark's."""
+    return bench.get("config", {}).get("regime") == "serving"
 
 
 @dataclass(frozen=True)
 class FinalMeasurement:
-    bench: dict  # `BenchResult.to_dict()`: every number of the run
+    bench: dict  # `BenchResult.to_dict()` or `ServingBenchResult.to_dict()`: every number of the run
     stock: str  # names of the two systems in it
     final: str | None  # None when the final system is stock itself (only stock was timed)
     note: str = ""  # e.g. AR and stock ran on patched code
     seconds: float = 0.0
 
+    @property
+    def serving(self) -> bool:
+        return is_serving(self.bench)
+
     def system(self, name: str) -> dict:
+        """A system's summary: the batch benchmark's, or its engine at the serving run's one level."""
+        if self.serving:
+            (level,) = self.bench["levels"]
+            return next(e for e in level["engines"] if e["name"] == name)
         return next(s for s in self.bench["systems"] if s["name"] == name)
+
+    def _speedup(self, name: str) -> dict:
+        return self.system(name)["speedup" if self.serving else "geomean_speedup"]
 
     @property
     def stock_speedup(self) -> dict:
-        return self.system(self.stock)["geomean_speedup"]
+        return self._speedup(self.stock)
 
     @property
     def final_speedup(self) -> dict:
-        return self.system(self.final or self.stock)["geomean_speedup"]
+        return self._speedup(self.final or self.stock)
 
     @property
     def final_gain(self) -> dict | None:
-        """Final over stock (geometric mean over sets of the ratio of times), with its interval."""
-        return self.system(self.final)["geomean_gain"] if self.final else None
+        """Final over stock, with its interval: the geometric mean over sets of the ratio of times per
+        token (batch), or final's throughput over stock's paired by unit (serving)."""
+        if not self.final:
+            return None
+        return self.system(self.final)["gain" if self.serving else "geomean_gain"]
 
     def to_dict(self) -> dict:
         return {"stock": self.stock, "final": self.final, "note": self.note, "seconds": self.seconds,
+                "regime": "serving" if self.serving else "batch",
                 "stock_speedup": self.stock_speedup, "final_speedup": self.final_speedup,
                 "final_gain": self.final_gain, "bench": self.bench}
 
 
-def bench_config(deployment: Deployment, prompts_per_set: int, max_new_tokens: int, seed: int = 0) -> BenchConfig:
-    """The deployment's sets, `prompts_per_set` rounded up to at least two whole batches of its regime."""
+def bench_config(deployment: Deployment, prompts_per_set: int, max_new_tokens: int,
+                 seed: int = 0) -> BenchConfig | ServingConfig:
+    """The final benchmark's settings for the deployment's regime: static batches, `prompts_per_set`
+    rounded up to at least two whole batches per set; continuous batching, concurrency
+    `regime.batch`, closed loop, units of `FINAL_REQUESTS_PER_SLOT` requests per slot, as many as
+    the sets x `prompts_per_set` requests fill and at least MIN_UNITS, the sets' prompts in turn."""
     b = deployment.regime.batch
-    n = b * max(2, -(-prompts_per_set // b))
     tokens = min(max_new_tokens, deployment.max_new_tokens)
+    if deployment.regime.continuous:
+        size = FINAL_REQUESTS_PER_SLOT * b
+        units = max(MIN_UNITS, -(-len(deployment.sets) * prompts_per_set // size))
+        n = -(-units * size // len(deployment.sets))  # per set; the pool's remainder is left out
+        return ServingConfig.for_deployment(deployment, n_prompts=n, max_new_tokens=tokens, concurrency=(b,),
+                                            requests_per_slot=FINAL_REQUESTS_PER_SLOT, units=units, seed=seed)
+    n = b * max(2, -(-prompts_per_set // b))
     return BenchConfig.for_deployment(deployment, n_prompts=n, max_new_tokens=tokens, seed=seed)
 
 
+def describe_config(config: BenchConfig | ServingConfig) -> str:
+    """What the final benchmark runs, for the journal line announcing it."""
+    if isinstance(config, ServingConfig):
+        c = config.concurrency[0]
+        return (f"served at concurrency {c}, closed loop: {config.units} units of {config.unit_size(c)} requests "
+                f"from {len(config.sets)} sets x {config.n_prompts} prompts, {config.max_new_tokens} tokens, "
+                "interleaved unit by unit")
+    return (f"on {len(config.sets)} sets x {config.n_prompts} prompts x {config.max_new_tokens} tokens "
+            f"(batch {config.batch}), interleaved")
+
+
+def serving_engines(final: dict) -> list[tuple[str, dict]]:
+    """(label, engine summary) of AR, stock and the final system at a serving final benchmark's one
+    level, from `FinalMeasurement.to_dict()`."""
+    (level,) = final["bench"]["levels"]
+    by = {e["name"]: e for e in level["engines"]}
+    names = [("AR", "ar"), ("stock", final["stock"])] + ([("final", final["final"])] if final["final"] else [])
+    return [(label, by[name]) for label, name in names]
+
+
+def format_rate(interval: dict | None) -> str:
+    """Tokens per second with its interval (an `Interval.to_dict()`), e.g. '1,969 [1,901, 2,040]'."""
+    if not interval or interval.get("estimate") is None:
+        return "n/a"
+    est = f"{interval['estimate']:,.0f}"
+    if interval.get("low") is None or interval.get("high") is None:
+        return est + " [n/a]"
+    return f"{est} [{interval['low']:,.0f}, {interval['high']:,.0f}]"
+
+
+def serving_line(final: dict) -> str:
+    """A serving final benchmark in one line: each engine's throughput, and outputs equal to AR's."""
+    (level,) = final["bench"]["levels"]
+    engines = serving_engines(final)
+    rates = ", ".join(f"{label} {format_rate(e['tokens_per_second'])} tok/s" for label, e in engines)
+    same = ", ".join(f"{label} {e['identical']}/{e['requests']}" for label, e in engines[1:])
+    return (f"concurrency {level['concurrency']}, {level['units']} units of {level['unit_requests']} requests: "
+            f"{rates}; outputs identical to AR: {same}")
+
+
 def measure_final(session, deployment: Deployment, deployment_file: str, stock: Candidate, final: Candidate,
-                  config: BenchConfig, scratch: Path, progress=None) -> FinalMeasurement:
+                  config: BenchConfig | ServingConfig, scratch: Path, progress=None) -> FinalMeasurement:
+    """AR, stock and the final system in one run of the benchmark `config` names (`bench_config`)."""
+    serving = isinstance(config, ServingConfig)
+    if serving != deployment.regime.continuous:  # the regime the loop optimised for is the one reported
+        want = "the serving" if deployment.regime.continuous else "the batch"
+        raise ConfigError(f"deployment {deployment.name!r}: its final measurement takes {want} benchmark's "
+                          "settings (loop.final.bench_config)")
     start = time.monotonic()
     same = final.hash == stock.hash
     final_system = final.system.with_changes(name=FINAL_NAME)
@@ -79,6 +169,9 @@ def measure_final(session, deployment: Deployment, deployment_file: str, stock: 
     if final.patch and not same:
         bench = _bench_in_worktree(final.workdir, deployment_file, final_system, config, scratch)
         note = "AR and stock ran on the final system's patched code (one process per benchmark run)"
+    elif serving:
+        bench = _serve_here(session, deployment, systems, config, progress)
+        note = ""
     else:
         bench = _bench_here(session, deployment, systems, config, progress)
         note = ""
@@ -104,20 +197,54 @@ def _bench_here(session, deployment: Deployment, systems, config: BenchConfig, p
     return result.to_dict()
 
 
+def _serve_here(session, deployment: Deployment, systems, config: ServingConfig, progress) -> dict:
+    from specpilot.bench import provenance
+    from specpilot.bench.prompts import prompt_ids
+    from specpilot.bench.serving import run_serving
+    from specpilot.bench.serving_results import ServingBenchResult, summarise
+
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    start = time.perf_counter()
+    environment = provenance.capture(session.device, session.target.dtype)
+    prompts = prompt_ids(deployment, session.tokenizer, config.sets, config.n_prompts, config.seed)
+    measurements = run_serving(session, systems, prompts, config, progress=progress)
+    result = ServingBenchResult(deployment=deployment, config=config,
+                                levels=summarise(measurements, systems, config, len(prompts)),
+                                measurements=measurements, environment=environment, created=created,
+                                command=("specpilot", "run"), chat_template=any(p.chat for p in prompts),
+                                wall_seconds=time.perf_counter() - start)
+    return result.to_dict()
+
+
 def torch_cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
 
 
-def _bench_in_worktree(workdir: str, deployment_file: str, final_system, config: BenchConfig, scratch: Path) -> dict:
-    out = scratch / f"final-bench-{int(time.time())}"
-    system_file = scratch / f"{FINAL_NAME}.toml"
-    system_file.write_text(final_system.to_toml())
+def bench_argv(deployment_file: str, system_file: Path, config: BenchConfig | ServingConfig, out: Path) -> list[str]:
+    """`specpilot bench` flags running `config` on stock and the system in `system_file`."""
     argv = ["--deployment", deployment_file, "--system", "stock", "--system", str(system_file),
             "--sets", *config.sets, "--n-prompts", str(config.n_prompts),
             "--max-new-tokens", str(config.max_new_tokens), "--seed", str(config.seed), "--out", str(out),
-            "--interval", config.interval.value, "--no-progress", *(["--ignore-eos"] if config.ignore_eos else [])]
+            "--warmup-tokens", str(config.warmup_tokens), "--resamples", str(config.resamples),
+            "--level", str(config.level), "--interval", config.interval.value, "--no-progress",
+            *(["--ignore-eos"] if config.ignore_eos else [])]
+    if isinstance(config, ServingConfig):
+        argv += ["--regime", "serving", "--concurrency", *map(str, config.concurrency),
+                 "--requests-per-slot", str(config.requests_per_slot), "--units", str(config.units),
+                 *(["--arrival-rate", str(config.arrival_rate)] if config.arrival_rate > 0 else [])]
+    else:
+        argv += ["--batch", str(config.batch)]
+    return argv
+
+
+def _bench_in_worktree(workdir: str, deployment_file: str, final_system, config: BenchConfig | ServingConfig,
+                       scratch: Path) -> dict:
+    out = scratch / f"final-bench-{int(time.time())}"
+    system_file = scratch / f"{FINAL_NAME}.toml"
+    system_file.write_text(final_system.to_toml())
+    argv = bench_argv(deployment_file, system_file, config, out)
     code = (f"import sys; sys.path.insert(0, {str(Path(workdir).resolve())!r}); "
             f"from specpilot.cli.bench import main; sys.exit(main({argv!r}))")
     env = dict(os.environ)

@@ -7,7 +7,7 @@
     with its interval (promoted green, rejected red, undecided grey), guard failures as crosses at
     the incumbent's level (never timed), and the round's promotion threshold;
     right: the final benchmark — AR, stock and the final system's speedup over AR, same run, with
-    95% intervals.
+    95% intervals (throughput ratios at the deployment's concurrency for a serving run).
 `gaps.png`
     where a token's time goes before (first round's incumbent) and after (final system): verify,
     draft and overhead per token, each forward split into its floor and the part above it, and the
@@ -103,7 +103,9 @@ def plot_trajectory(report: dict, path: Path) -> Path:
         bx.set_xticks(range(len(bars)), [b[0] for b in bars])
         bx.axhline(1.0, color="black", linestyle="--", linewidth=0.8)
         bx.set_ylabel("speedup over AR (x), 95% CI")
-        bx.set_title("final benchmark (one run)", fontsize=8)
+        level = ((final.get("bench") or {}).get("levels") or [None])[0]  # a serving run has one level
+        bx.set_title(f"final serving run, concurrency {level['concurrency']}" if level else
+                     "final benchmark (one run)", fontsize=8)
     else:
         bx.text(0.5, 0.5, "no final benchmark", ha="center", va="center", transform=bx.transAxes)
         bx.set_axis_off()

@@ -3,7 +3,8 @@
 Built from data only: the journal's records (this run's, including the part before a resume),
 the memory's chain of promotions from stock to the final system (each change with its
 re-measured, stored gain and interval; their compounded gain), the final benchmark (stock and
-final system against AR in one run, with intervals) and the cost tables before and after.
+final system against AR in one run, with intervals: the batch benchmark, or the serving benchmark
+for a deployment served by continuous batching) and the cost tables before and after.
 
     report.json       schema "specpilot.loop/1": settings, noise floor, seeds from similar
                       deployments, rounds (cost table, the slot split by gap, every decision with
@@ -198,6 +199,45 @@ def format_speedup(interval: dict | None) -> str:
     return format_gain(interval["estimate"], interval.get("low"), interval.get("high"), "{:.2f}x")
 
 
+def render_final(r: dict) -> list[str]:
+    """The final benchmark's table and how it was measured (by the batch or the serving benchmark)."""
+    final, bench = r["final"], r["final"]["bench"]
+    c, note = bench["config"], (f" Note: {final['note']}." if final["note"] else "")
+    header = ["system", "speedup over AR (95% CI)", "over stock (95% CI)"]
+    rows = [["AR", "1.00x", ""], [f"stock (`{final['stock']}`)", format_speedup(final["stock_speedup"]), ""]]
+    if final["final"]:
+        rows.append([f"final `{r['final_system']['name']}`", format_speedup(final["final_speedup"]),
+                     format_speedup(final["final_gain"])])
+    if c.get("regime") != "serving":
+        old = bench.get("schema", "").startswith("specpilot.bench/1")  # before per-token speedups
+        per_set = ("total AR time / total system time" if old
+                   else "AR time per generated token / system time per generated token")
+        return _table(header, rows) + [
+            "", f"Measured in one run: AR and the systems interleaved batch by batch on {len(c['sets'])} sets x "
+                f"{c['n_prompts']} prompts x {c['max_new_tokens']} new tokens (batch {c['batch']}); per set "
+                f"{per_set}, geometric mean over sets, {c['interval']} bootstrap intervals.{note}"]
+    from specpilot.loop.final import format_rate, serving_engines
+
+    (level,) = bench["levels"]
+    for row, (label, e) in zip(rows, serving_engines(final)):
+        tpot = e["time_per_output_token"]["p50"]["estimate"]
+        row += [format_rate(e["tokens_per_second"]), "n/a" if tpot is None else f"{1e3 * tpot:.2f}",
+                "-" if label == "AR" else f"{e['identical']}/{e['requests']}"]
+    arrivals = (f"Poisson arrivals at {c['arrival_rate']:g} requests/s" if c["arrival_rate"] > 0
+                else "closed loop (each finished request replaced at once)")
+    length = (f"exactly {c['max_new_tokens']} new tokens (EOS ignored)" if c["ignore_eos"]
+              else f"up to {c['max_new_tokens']} new tokens (stopping at EOS)")
+    left = f", {level['dropped_requests']} of the pool left out" if level["dropped_requests"] else ""
+    return _table(header + ["tok/s (95% CI)", "TPOT p50 ms", "identical to AR"], rows) + [
+        "", f"Measured in one serving run, as the deployment serves requests: continuous batching at concurrency "
+            f"{level['concurrency']}, {arrivals}; AR and the systems serve the same {level['units']} units of "
+            f"{level['unit_requests']} requests ({c['requests_per_slot']} per slot) back to back, the order "
+            f"rotating; requests from {len(c['sets'])} sets x {c['n_prompts']} prompts taken in turn{left}, "
+            f"{length}, greedy. Throughput = output tokens / serving time over the units; speedups and the gain "
+            f"over stock are throughput ratios paired by unit, {c['interval']} bootstrap intervals over units; "
+            f"TPOT = time per output token after the first.{note}"]
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
             *("| " + " | ".join(str(c).replace("|", "/") for c in r) + " |" for r in rows)]
@@ -210,20 +250,7 @@ def render_markdown(r: dict) -> str:
              f"{len(r['rounds'])} round(s), stopped: {run['stop']}; {run['wall_seconds']:.0f} s"
              + (" (resumed run)" if run["resumed"] else "") + ".", "", "## Result", ""]
     if final:
-        rows = [["AR", "1.00x", ""], [f"stock (`{final['stock']}`)", format_speedup(final["stock_speedup"]), ""]]
-        if final["final"]:
-            rows.append([f"final `{r['final_system']['name']}`", format_speedup(final["final_speedup"]),
-                         format_speedup(final["final_gain"])])
-        bench = final["bench"]["config"]
-        lines += _table(["system", "speedup over AR (95% CI)", "over stock (95% CI)"], rows)
-        note = f" Note: {final['note']}." if final["note"] else ""
-        old = final["bench"].get("schema", "").startswith("specpilot.bench/1")  # before per-token speedups
-        per_set = ("total AR time / total system time" if old
-                   else "AR time per generated token / system time per generated token")
-        lines += ["", f"Measured in one run: AR and the systems interleaved batch by batch on {len(bench['sets'])} "
-                      f"sets x {bench['n_prompts']} prompts x {bench['max_new_tokens']} new tokens (batch "
-                      f"{bench['batch']}); per set {per_set}, geometric mean over sets, "
-                      f"{bench['interval']} bootstrap intervals.{note}", ""]
+        lines += render_final(r) + [""]
     else:
         lines += ["No final benchmark in this run (interrupted, or disabled).", ""]
     fs = r["final_system"]

@@ -321,22 +321,23 @@ class _Run:
         return incumbent, outcomes, stop, cost
 
     def _final(self, incumbent: Incumbent):
-        from specpilot.loop.final import bench_config, measure_final
+        from specpilot.loop.final import bench_config, describe_config, measure_final, serving_line
         from specpilot.loop.report import format_speedup
 
         c = self.config
         cfg = bench_config(self.deployment, c.final_prompts, c.final_tokens, c.seed)
         also = "" if incumbent.candidate.hash == self.stock.hash else f" and {incumbent.name!r}"
-        self.journal.say(f"final measurement: AR, stock{also} on {len(cfg.sets)} sets x {cfg.n_prompts} prompts x "
-                         f"{cfg.max_new_tokens} tokens, interleaved")
+        self.journal.say(f"final measurement: AR, stock{also} {describe_config(cfg)}")
         final = measure_final(self.session, self.deployment, self.deployment_file, self.stock, incumbent.candidate,
                               cfg, self.paths.scratch)
         s, f, g = final.stock_speedup, final.final_speedup, final.final_gain
         over = f"; final / stock {format_speedup(g)}" if g else " (the final system is stock)"
+        rates = f"\n  {serving_line(final.to_dict())}" if final.serving else ""
         note = f"\n  note: {final.note}" if final.note else ""
         self.journal.emit(EventKind.FINAL, f"speedup over AR (same run, 95% intervals): stock {format_speedup(s)}; "
-                          f"final {format_speedup(f)}{over}{note}", 0, stock_speedup=s, final_speedup=f, final_gain=g,
-                          note=final.note, seconds=final.seconds)
+                          f"final {format_speedup(f)}{over}{rates}{note}", 0, stock_speedup=s, final_speedup=f,
+                          final_gain=g, regime="serving" if final.serving else "batch", note=final.note,
+                          seconds=final.seconds)
         return final
 
 

@@ -63,6 +63,30 @@ def test_serving_statistics():
     assert quantile_bootstrap(values, 0.5, idx).estimate == pytest.approx(13.0)
 
 
+def test_a_later_system_gets_its_gain_over_the_first_paired_by_unit():
+    from specpilot.bench.runner import PromptInfo
+    from specpilot.bench.serving import ServedRequest, UnitMeasurement, UnitRun
+    from specpilot.bench.serving_results import level_rows, summarise
+    from specpilot.config import System
+
+    def run(name, seconds, tokens):  # one request per unit
+        return UnitRun(name, seconds, (ServedRequest(tokens, 1, seconds, 0.1, 0.01, True, None),))
+
+    # final is 1.5x stock's throughput on every unit, whatever the unit's own speed
+    units = [UnitMeasurement(1, k, (PromptInfo(k, f"p{k}", 3),), (None,), ("ar", "stock", "final"),
+                             run("ar", 2.0 * t, 100), (run("stock", t, 100), run("final", t, 150)))
+             for k, t in enumerate((1.0, 2.0, 1.5, 3.0, 1.2, 2.5))]
+    systems = (System(name="stock"), System(name="final", depth=3))
+    config = ServingConfig(("gsm8k",), 6, 8, (1,), requests_per_slot=1, resamples=200)
+    (level,) = summarise(tuple(units), systems, config, 6)
+    ar, stock, final = level.engines
+    assert ar.gain is None and stock.gain is None and stock.baseline is None and final.baseline == "stock"
+    assert final.gain.estimate == pytest.approx(1.5) and final.gain.low == pytest.approx(1.5)  # no spread
+    assert final.speedup.estimate == pytest.approx(3.0) and final.to_dict()["gain"]["estimate"] == pytest.approx(1.5)
+    header, rows = level_rows(level)
+    assert header[3] == "over stock" and rows[2][3].startswith("1.50 [1.50, 1.50]") and rows[1][3] == ""
+
+
 def test_cli_serving_run_writes_json_and_markdown(tiny_deployment_toml, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--deployment", str(tiny_deployment_toml), "--regime", "serving", "--concurrency", "1", "2",

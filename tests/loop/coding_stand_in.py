@@ -30,11 +30,11 @@ FAULT = '''
 _checked_greedy_accept = greedy_accept
 
 
-def greedy_accept(tree, target_argmax, accept_unverified=False):
+def greedy_accept(tree, target_argmax, accept_unverified=False, forced=None):
     trusted = target_argmax.clone()
     for j in range(tree.num_nodes - 1, 0, -1):  # the first child of a node writes last: it wins
         trusted.scatter_(1, tree.parents[:, j : j + 1], tree.tokens[:, j : j + 1])
-    return _checked_greedy_accept(tree, trusted, accept_unverified)
+    return _checked_greedy_accept(tree, trusted, accept_unverified, forced)
 '''
 SLEEP = "        time.sleep(fault.value / 1e3)\n"
 NO_SLEEP = "        pass  # the sleep bought nothing: removed by a coding agent\n"

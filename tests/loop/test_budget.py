@@ -1,10 +1,12 @@
 """The budget and the estimates a run spends it by."""
 
 import time
+from dataclasses import replace
 
 import pytest
 from loop_fixtures import CONFIG, DEPLOYMENT, STOCK, cost_table, evaluation, fingerprint
 
+from specpilot.config import Regime
 from specpilot.control.controller import Costs
 from specpilot.loop.budget import Budget, evaluation_seconds, final_seconds, round_seconds
 from specpilot.loop.final import bench_config
@@ -39,3 +41,17 @@ def test_rounds_and_the_final_measurement():
     tokens = 5 * 4 * 512
     expected = 1.2 * (cost.predict_ms_per_token(None) + 2 * cost.ms_per_token) * tokens / 1e3 + 60.0
     assert final_seconds(cost, bench, 1, "cuda") == pytest.approx(expected)
+
+
+def test_the_final_serving_run_is_estimated_by_its_units():
+    """At concurrency 8 the final measurement serves 5 units of 16 requests (2 per slot): each unit
+    within (2 + 1 - 1/8) request lengths, the same 80 requests the batch benchmark would time."""
+    cost = cost_table(STOCK)
+    per_token = cost.predict_ms_per_token(None) + 2 * cost.ms_per_token
+    served = replace(DEPLOYMENT, regime=Regime(batch=8, continuous=True))
+    bench = bench_config(served, 5, 512)
+    assert (bench.units, bench.unit_size(8), bench.n_prompts, bench.max_new_tokens) == (5, 16, 16, 512)
+    expected = 1.2 * per_token * 5 * (3 - 1 / 8) * 512 / 1e3 + 60.0
+    assert final_seconds(cost, bench, 8, "cuda") == pytest.approx(expected)
+    static = bench_config(replace(DEPLOYMENT, regime=Regime(batch=8)), 5, 512)  # 2 batches of 8 per set
+    assert final_seconds(cost, static, 8, "cuda") == pytest.approx(1.2 * per_token * 5 * 2 * 512 / 1e3 + 60.0)

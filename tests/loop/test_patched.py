@@ -1,5 +1,7 @@
 """A system carrying a patch is measured from its worktree: the profile and the final benchmark run its code."""
 
+from pathlib import Path
+
 import pytest
 
 from specpilot.config import Deployment
@@ -22,6 +24,7 @@ def analyze(*args, **kwargs):
     return replace(table, system=table.system + " (patched)")
 '''
 BENCH_MARK = '\nSCHEMA = "specpilot.bench/1+patched"\n'
+SERVING_MARK = '\nSCHEMA = "specpilot.serving/1+patched"\n'
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,8 @@ def patched(tmp_path_factory, target_dir, drafter_dir):
     dep_file.write_text(f'name = "tiny"\ntarget = "{target_dir}"\ndrafter = "{drafter_dir}"\nmax_new_tokens = 8\n'
                         "[stock]\ndepth = 2\ntopk = 2\ntree_budget = 3\n")
     wt = Checkout.capture(root).create(tmp / "wt")
-    for rel, text in (("specpilot/loop/cost_model.py", COST_MARK), ("specpilot/bench/results.py", BENCH_MARK)):
+    for rel, text in (("specpilot/loop/cost_model.py", COST_MARK), ("specpilot/bench/results.py", BENCH_MARK),
+                      ("specpilot/bench/serving_results.py", SERVING_MARK)):
         path = wt.path / rel
         path.write_text(path.read_text() + text)
     yield Deployment.from_toml(dep_file), str(dep_file), wt, tmp
@@ -57,3 +61,21 @@ def test_the_final_benchmark_of_a_patched_system_runs_its_code(patched):
     result = measure_final(None, dep, dep_file, stock, final, config, tmp)
     assert result.bench["schema"] == "specpilot.bench/1+patched" and "patched code" in result.note
     assert [s["name"] for s in result.bench["systems"]] == ["stock", "final"] and result.final_gain is not None
+
+
+def test_the_final_serving_run_of_a_patched_system_runs_its_code(patched):
+    """A continuous deployment's final measurement from the worktree is `specpilot bench --regime
+    serving` at the regime's concurrency, read back from its results.json."""
+    dep, dep_file, wt, tmp = patched
+    served = tmp / "served.toml"
+    served.write_text(Path(dep_file).read_text().replace("[stock]", "[regime]\nbatch = 2\ncontinuous = true\n[stock]"))
+    dep = Deployment.from_toml(served)
+    stock = Candidate(dep.stock)
+    final = Candidate(dep.stock.with_changes(name="mine", topk=1), wt.diff(), str(wt.path))
+    result = measure_final(None, dep, str(served), stock, final, bench_config(dep, 2, 6), tmp)
+    assert result.bench["schema"] == "specpilot.serving/1+patched" and result.serving and "patched code" in result.note
+    command = result.bench["command"]
+    assert command[command.index("--regime") + 1] == "serving" and command[command.index("--concurrency") + 1] == "2"
+    (level,) = result.bench["levels"]
+    assert [e["name"] for e in level["engines"]] == ["ar", "stock", "final"] and level["units"] == 5
+    assert result.final_gain is not None and result.final_gain["estimate"] > 0

@@ -1,0 +1,124 @@
+"""The final measurement runs the benchmark of the deployment's regime: static batches, or the
+serving benchmark at the regime's concurrency for a continuous deployment (CPU, float32)."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from specpilot.bench.runner import BenchConfig
+from specpilot.bench.serving import ServingConfig
+from specpilot.config import Deployment
+from specpilot.errors import ConfigError
+from specpilot.loop.final import bench_argv, bench_config, measure_final, serving_line
+from specpilot.loop.journal import plain_json
+from specpilot.loop.report import render_final
+from specpilot.loop.systems import Candidate
+
+SETS = '["gsm8k", "mbpp"]'
+
+
+def write_deployment(path, target_dir, drafter_dir, regime: str) -> Deployment:
+    path.write_text(f'name = "tiny-final"\ntarget = "{target_dir}"\ndrafter = "{drafter_dir}"\nsets = {SETS}\n'
+                    f"max_new_tokens = 6\nn_prompts = 2\n[regime]\n{regime}\n"
+                    "[stock]\ndepth = 3\ntopk = 2\ntree_budget = 4\n")
+    return Deployment.from_toml(path)
+
+
+@pytest.fixture(scope="module")
+def deployments(tmp_path_factory, target_dir, drafter_dir):
+    tmp = tmp_path_factory.mktemp("final")
+    continuous = write_deployment(tmp / "continuous.toml", target_dir, drafter_dir, "batch = 2\ncontinuous = true")
+    static = write_deployment(tmp / "static.toml", target_dir, drafter_dir, "batch = 2")
+    return continuous, static, tmp
+
+
+@pytest.fixture(scope="module")
+def session(deployments):
+    from specpilot.engine.session import Session
+
+    return Session.load(deployments[1], device="cpu")  # the same models; measure_final takes the deployment apart
+
+
+def candidates(dep: Deployment):
+    return Candidate(dep.stock), Candidate(dep.stock.with_changes(name="chain", depth=3, topk=1, tree_budget=3))
+
+
+def test_the_final_benchmark_follows_the_regime(deployments):
+    continuous, static, tmp = deployments
+    batch = bench_config(static, 3, 64)
+    assert isinstance(batch, BenchConfig) and (batch.batch, batch.n_prompts, batch.max_new_tokens) == (2, 4, 6)
+    serve = bench_config(continuous, 3, 64)
+    # at least 5 units (an interval) of 2 requests per slot at concurrency 2: 20 requests from 2 sets
+    assert isinstance(serve, ServingConfig)
+    assert (serve.concurrency, serve.requests_per_slot, serve.units, serve.n_prompts) == ((2,), 2, 5, 10)
+    assert serve.arrival_rate == 0 and serve.max_new_tokens == 6
+    big = bench_config(replace(continuous, sets=("gsm8k",)), 30, 6)
+    assert (big.units, big.n_prompts) == (8, 32)  # 30 requests ask for ceil(30 / 4) = 8 units
+    argv = bench_argv("d.toml", tmp / "f.toml", serve, tmp / "out")
+    assert argv[argv.index("--regime") + 1] == "serving" and argv[argv.index("--concurrency") + 1] == "2"
+    assert argv[argv.index("--units") + 1] == "5" and "--batch" not in argv
+    argv = bench_argv("d.toml", tmp / "f.toml", batch, tmp / "out")
+    assert "--regime" not in argv and argv[argv.index("--batch") + 1] == "2"
+
+
+def test_a_continuous_deployment_is_measured_by_the_serving_benchmark(deployments, session):
+    continuous, _, tmp = deployments
+    stock, final = candidates(continuous)
+    result = measure_final(session, continuous, continuous.source, stock, final, bench_config(continuous, 2, 6), tmp)
+    bench = result.bench
+    assert result.serving and bench["schema"] == "specpilot.serving/1" and bench["config"]["concurrency"] == [2]
+    (level,) = bench["levels"]
+    assert (level["concurrency"], level["units"], level["unit_requests"]) == (2, 5, 4)
+    ar, s, f = level["engines"]
+    assert [e["name"] for e in (ar, s, f)] == ["ar", "stock", "final"]
+    assert s["identical"] == f["identical"] == f["requests"] == 20  # float32 CPU: every output equals AR's
+    for iv in (result.stock_speedup, result.final_speedup, result.final_gain):
+        assert set(iv) == {"estimate", "low", "high", "level", "method", "no_interval"}
+        assert iv["low"] is not None and iv["low"] <= iv["estimate"] <= iv["high"]  # 5 units: an interval
+    rate = {e["name"]: e["tokens"] / e["seconds"] for e in (ar, s, f)}
+    assert result.stock_speedup["estimate"] == pytest.approx(rate["stock"] / rate["ar"])
+    assert result.final_gain["estimate"] == pytest.approx(rate["final"] / rate["stock"])  # paired, same units
+    assert s["gain"] is None and f["baseline"] == "stock"
+    doc = result.to_dict()
+    assert doc["regime"] == "serving" and doc["final_gain"] == result.final_gain
+    json.dumps(plain_json(doc), allow_nan=False)  # what report.json holds
+
+    # the report says what ran: the serving run, not the batch benchmark
+    md = "\n".join(render_final({"final": doc, "final_system": {"name": "chain"}}))
+    assert "continuous batching at concurrency 2, closed loop" in md and "5 units of 4 requests" in md
+    assert "batch by batch" not in md and "| tok/s (95% CI) | TPOT p50 ms | identical to AR |" in md
+    assert "| final `chain` |" in md and md.count("| 20/20 |") == 2
+    line = serving_line(doc)
+    assert line.startswith("concurrency 2, 5 units of 4 requests: AR ") and "stock 20/20, final 20/20" in line
+
+
+def test_the_report_plot_and_summary_of_a_serving_run(deployments, session, tmp_path):
+    from specpilot.cli.run import summary
+    from specpilot.loop.plots import plot_trajectory
+
+    continuous, _, tmp = deployments
+    stock, _ = candidates(continuous)
+    result = measure_final(session, continuous, continuous.source, stock, stock, bench_config(continuous, 2, 6), tmp)
+    assert result.final is None and result.final_gain is None and result.serving
+    doc = plain_json(result.to_dict())
+    md = "\n".join(render_final({"final": doc, "final_system": {"name": "stock"}}))
+    assert "| final" not in md and md.count("| 20/20 |") == 1
+    report = {"deployment": {"name": "tiny-final", "device": "cpu"}, "run": {"stop": "rounds", "out": str(tmp_path)},
+              "final": doc, "rounds": [], "start": {"cumulative_gain": 0.0}, "promotions": [],
+              "final_system": {"name": "stock", "changes_from_stock": {}}}
+    assert "speedup over AR (one serving run at concurrency 2, 95% CI): stock " in summary(report)
+    assert plot_trajectory(report, tmp_path / "t.png").stat().st_size > 0
+
+
+def test_a_static_deployment_keeps_the_batch_benchmark(deployments, session):
+    continuous, static, tmp = deployments
+    stock, final = candidates(static)
+    result = measure_final(session, static, static.source, stock, final, bench_config(static, 2, 6), tmp)
+    assert not result.serving and result.bench["schema"] == "specpilot.bench/2"
+    assert [s["name"] for s in result.bench["systems"]] == ["stock", "final"]
+    assert result.final_gain == result.system("final")["geomean_gain"] and result.to_dict()["regime"] == "batch"
+    md = "\n".join(render_final({"final": plain_json(result.to_dict()), "final_system": {"name": "chain"}}))
+    assert "interleaved batch by batch on 2 sets x 4 prompts x 6 new tokens (batch 2)" in md
+    with pytest.raises(ConfigError, match="serving benchmark"):  # never the regime the loop did not optimise for
+        measure_final(session, continuous, continuous.source, stock, final, bench_config(static, 2, 6), tmp)
