@@ -66,6 +66,15 @@ def home(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session", autouse=True)
+def session_home(tmp_path_factory):
+    """Every test process (each xdist worker) its own SpecPilot home: no test reads or writes the
+    user's ~/.specpilot, and parallel workers never share timing locks or a memory."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECPILOT_HOME", str(tmp_path_factory.mktemp("specpilot-home")))
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def one_thread():
     """CI and dev machines have two cores; intra-op threads on these tiny models only contend."""
     before = torch.get_num_threads()

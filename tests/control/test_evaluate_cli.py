@@ -55,8 +55,13 @@ def test_promote_reject_and_record(files, capsys):
     verdict = Outcome(out["verdict"])
     assert code == verdict.exit_code and out["noise_measured"] is True
     ev = out["evaluation"]
-    assert ev["candidate"]["system"]["depth"] == 8 and ev["estimate"]["n"] == 8
-    assert (ev["decision"]["lower_bound"] > ev["decision"]["threshold"]) == (verdict is Outcome.PROMOTE)
+    assert ev["candidate"]["system"]["depth"] == 8
+    if ev["estimate"] is None:  # new processes of another test (pytest -n 2) voided the blocks: never promoted
+        assert verdict is Outcome.NEED_MORE_DATA and ev["decision"]["reasons"] == ["contaminated"]
+        assert ev["census"]["void_blocks"] > 0
+    else:
+        assert ev["estimate"]["n"] == 8
+        assert (ev["decision"]["lower_bound"] > ev["decision"]["threshold"]) == (verdict is Outcome.PROMOTE)
     code = evaluate(files, "shallow.toml")  # the stored noise floor is reused
     verdict2 = next(v for v in Outcome if v.exit_code == code)
     text = capsys.readouterr().out
