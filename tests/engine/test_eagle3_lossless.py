@@ -137,3 +137,30 @@ def test_long_accepted_paths_stay_exact_and_keep_the_cache_right(target, heads, 
     assert_identical(target, rows, ar_outputs[:6], result)
     assert result.mean_accepted_length > 5
     assert_matches_scratch(target, heads["full"], drafter, next(iter(gen.workspaces.values())).state)
+
+
+def test_bucketed_prompt_forwards_fill_the_head_as_unpadded_ones(target, heads, prompts, ar_outputs):
+    """With prompt forwards padded to a bucket (as on a GPU: a bounded set of attention shapes), the
+    head's prompt slots and root hidden equal the unpadded ones, and outputs stay AR's, batched
+    and under continuous batching (prompts admitted in chunks mid-decode)."""
+    from specpilot.engine.serving import Request, ServingEngine
+
+    head = heads["reduced"]
+    few = prompts[:6]
+    states = []
+    for bucket in (0, 16):
+        d = Eagle3Drafter(head, target, 4, 3, 12)
+        gen = Generator(target, {4: d}, prefill_bucket=bucket)
+        assert d.prefill_bucket == bucket
+        ws = gen._workspace(len(few), gen.capacity_for(max(map(len, few)), 8), 8)
+        ws.state.reset(few, (), max_new=8)
+        gen._start_drafter(4, few, ws.state, gen._prefill(ws, few))
+        L = [len(p) - 1 for p in few]  # filled slots per row
+        states.append(([d.cache.kv.k[0][b, :, : L[b]].clone() for b in range(len(few))], d.cache.root_hidden.clone()))
+        assert gen.generate(prompts, NEW_TOKENS).outputs == ar_outputs
+        served = ServingEngine(gen, 3, prefill_chunk=5).run([Request(tuple(p), NEW_TOKENS) for p in prompts[:8]])
+        assert [r.output for r in served.requests] == ar_outputs[:8]
+    (k0, h0), (k1, h1) = states
+    for a, b in zip(k0, k1):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(h0, h1, rtol=1e-5, atol=1e-5)

@@ -14,7 +14,11 @@ committed tokens (root at L - 1) slots 0..L-2 are filled and the output at slot 
    verified root's slot) in one causal forward; the output at P + accept_len is the next root
    hidden. Entries past the accepted length land at slots >= the new root's and are overwritten
    before anything sees them (the engine's stale-slot rule), as are the tree region's.
-The prompt's slots are filled in `start` from the features captured during the target's prefill.
+The prompt's slots are filled in `start` (and, under continuous batching, `prefill_row`) from the
+features captured during the target's prefill, in forwards padded to a multiple of
+`prefill_bucket` positions as the target's are (the generator sets it: a bounded set of shapes, so
+an attention backend that plans per shape, cuDNN's, plans each once, not each prompt length); the
+padding's entries land at slots >= the root's and are overwritten before anything sees them.
 Every shape is fixed by (batch, capacity, depth, topk, budget): the round is graph-capturable with
 the generator's single host sync.
 
@@ -36,6 +40,7 @@ from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.selection import row_caps, share_rows
 from specpilot.engine.state import DecodeState
+from specpilot.engine.steps import padded_length
 from specpilot.engine.tree import DraftTree
 from specpilot.engine.verify import Acceptance
 from specpilot.errors import ConfigError
@@ -72,6 +77,7 @@ class Eagle3Drafter(Drafter):
         self.token_ids = model.token_ids()  # [Vd] target id per draft id, None if the same vocabulary
         self.caches: dict[tuple[int, int], Eagle3Cache] = {}  # per workspace, shared by depth tiers
         self.cache: Eagle3Cache | None = None
+        self.prefill_bucket = 0  # prompt forwards padded to a multiple of this (set by the generator)
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -102,10 +108,7 @@ class Eagle3Drafter(Drafter):
             nxt = torch.tensor(p[1:], dtype=torch.int64, device=dev)  # token t + 1 of slot t
             for s in range(0, f.shape[0], PROMPT_CHUNK):
                 e = min(s + PROMPT_CHUNK, f.shape[0])
-                pos = torch.arange(s, e, device=dev)[None]  # [1,T]
-                mask = (torch.arange(row.capacity, device=dev)[None, None, :] <= pos[..., None])[:, None]
-                out = self._forward(row, f[None, s:e].to(m.dtype), nxt[None, s:e], pos, mask)
-                self.cache.root_hidden[b] = out[0, -1]
+                self.cache.root_hidden[b] = self._prompt_forward(row, f[s:e], nxt[s:e], s)
 
     def prefill_row(self, row: int, tokens: list[int], start: int, state: DecodeState,
                     features: torch.Tensor | None = None) -> None:
@@ -116,13 +119,22 @@ class Eagle3Drafter(Drafter):
             self.cache.root_hidden[row].zero_()
         if features is None or features.shape[0] == 0:
             return
+        T = features.shape[0]
+        nxt = state.tokens[row, start + 1 : start + T + 1]  # [T] token t + 1 of slot t
+        self.cache.root_hidden[row] = self._prompt_forward(self.cache.kv.row(row), features, nxt, start)
+
+    def _prompt_forward(self, row: KVCache, features: torch.Tensor, nxt: torch.Tensor, start: int) -> torch.Tensor:
+        """Slots start..start+T-1 of a one-row head cache from features [T,nC] and next tokens [T],
+        padded to the bucket; the output [C] at the last real slot."""
         m, T = self.model, features.shape[0]
-        kv = self.cache.kv.row(row)
-        nxt = state.tokens[row, start + 1 : start + T + 1][None]  # [1,T] token t + 1 of slot t
-        pos = torch.arange(start, start + T, device=m.device)[None]  # [1,T]
-        mask = (torch.arange(kv.capacity, device=m.device)[None, None, :] <= pos[..., None])[:, None]
-        out = self._forward(kv, features[None].to(m.dtype), nxt, pos, mask)
-        self.cache.root_hidden[row] = out[0, -1]
+        Tp = padded_length(T, start, row.capacity, self.prefill_bucket)
+        if Tp > T:
+            features = torch.cat([features, features.new_zeros(Tp - T, features.shape[1])])
+            nxt = torch.cat([nxt, nxt.new_zeros(Tp - T)])
+        pos = torch.arange(start, start + Tp, device=m.device)[None]  # [1,Tp]
+        mask = (torch.arange(row.capacity, device=m.device)[None, None, :] <= pos[..., None])[:, None]
+        out = self._forward(row, features[None].to(m.dtype), nxt[None], pos, mask)  # [1,Tp,C]
+        return out[0, T - 1]
 
     def _forward(self, kv: KVCache, features, tokens, positions, mask) -> torch.Tensor:
         """Head outputs [B,T,C] of slots (features [B,T,n*C], next tokens [B,T]) at positions = slots."""
