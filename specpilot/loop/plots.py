@@ -87,7 +87,8 @@ def plot_trajectory(report: dict, path: Path) -> Path:
     ax.set_ylabel("estimated gain over stock (%)")
     ax.set_title("incumbent by round; candidates vs it (green promoted, red rejected, grey undecided, "
                  "x guard); dotted: threshold", fontsize=8)
-    ax.legend(fontsize=7, loc="best")
+    if ax.get_legend_handles_labels()[0]:  # a run of no rounds has nothing labelled
+        ax.legend(fontsize=7, loc="best")
     final = report.get("final")
     if final:
         bars = [("AR", {"estimate": 1.0, "low": 1.0, "high": 1.0}), ("stock", final["stock_speedup"])]
@@ -145,7 +146,8 @@ def plot_gaps(report: dict, path: Path) -> Path:
     ax.set_xlim(-0.7, max(len(columns), 2) - 0.3)
     ax.set_ylabel("ms per token")
     ax.set_title("where a token's time goes (per round / tokens per round)", fontsize=9)
-    ax.legend(fontsize=7, loc="upper right")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

@@ -93,6 +93,7 @@ def test_a_continuous_deployment_is_measured_by_the_serving_benchmark(deployment
     assert line.startswith("concurrency 2, 5 units of 4 requests: AR ") and "stock 20/20, final 20/20" in line
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # a plot of no rounds warns of an empty legend
 def test_the_report_plot_and_summary_of_a_serving_run(deployments, session, tmp_path):
     from specpilot.cli.run import summary
     from specpilot.loop.plots import plot_trajectory
