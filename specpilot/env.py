@@ -89,9 +89,14 @@ WORKER_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICA
 def worker_environment(device: str | None) -> dict[str, str]:
     """Environment of an isolated worker pinned to `device`: this process's, multicast off, and
     `CUDA_VISIBLE_DEVICES` narrowed to that one GPU ("cuda:N" is the N-th GPU visible here;
-    "cpu" hides every GPU; None leaves visibility as it is)."""
+    "cpu" hides every GPU; None leaves visibility as it is). The folder holding this `specpilot`
+    package comes first on `PYTHONPATH`, so a worker imports the controller's code also when it
+    runs from a checkout that is not installed (`python -m specpilot` in the repository)."""
     out = dict(os.environ)
     out.update(WORKER_MULTICAST_OFF)
+    root = str(Path(__file__).resolve().parents[1])
+    rest = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    out["PYTHONPATH"] = os.pathsep.join([root, *rest])
     if device is None:
         return out
     if device == "cpu":

@@ -71,6 +71,24 @@ def test_worker_environment_pins_one_gpu_and_turns_multicast_off(monkeypatch):
     assert env.worker_environment("cuda:3")["CUDA_VISIBLE_DEVICES"] == "3"
 
 
+def test_a_worker_imports_the_controllers_package_without_an_install(monkeypatch, tmp_path):
+    """`python -m specpilot run` in a checkout that is not installed: workers (started from their
+    own folder, without site-packages here) still import this very package."""
+    import subprocess
+    import sys
+
+    import specpilot
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    e = env.worker_environment(None)
+    assert e["PYTHONPATH"].split(os.pathsep) == [str(Path(specpilot.__file__).resolve().parents[1]), "/elsewhere"]
+    probe = [sys.executable, "-S", "-c", "import specpilot; print(specpilot.__file__)"]  # -S: no installed copy
+    out = subprocess.run(probe, env=e, cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0 and Path(out.stdout.strip()).resolve() == Path(specpilot.__file__).resolve()
+    bare = {k: v for k, v in e.items() if k != "PYTHONPATH"}
+    assert subprocess.run(probe, env=bare, cwd=tmp_path, capture_output=True).returncode != 0
+
+
 @pytest.mark.slow
 def test_alternate_times_a_faster_candidate_from_outside():
     e = evaluate(arm(name="fast", seconds=0.006))
