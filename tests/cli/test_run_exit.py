@@ -3,10 +3,13 @@ leaves no run directory behind (exit 2, one line)."""
 
 from __future__ import annotations
 
+import pytest
+
 from specpilot.cli import INTERRUPTED, main
 from specpilot.control.stats import GainEstimate, NoiseFloor
 from specpilot.loop import run as loop_run
 
+pytestmark = pytest.mark.serial  # real workers timed under the process census; CI runs these after the parallel part
 
 
 def quiet_setup(monkeypatch):

@@ -23,7 +23,7 @@ from specpilot.control.rule import Outcome, Reason
 from specpilot.control.stats import GainEstimate, NoiseFloor
 from specpilot.control.worker import Worker
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="containment reads /proc")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="containment reads /proc"), pytest.mark.serial]
 
 # requests long enough that a burner running while the incumbent is timed shows in every block
 CONFIG = ControllerConfig(blocks=6, requests_per_block=4, extra_blocks=0, noise_blocks=6, max_new_tokens=8,

@@ -14,6 +14,8 @@ from specpilot.control.arm import ArmSpec
 from specpilot.control.stats import GainEstimate
 from specpilot.errors import ConfigError
 
+pytestmark = pytest.mark.serial  # real workers timed under the process census; CI runs these after the parallel part
+
 CONFIG = ControllerConfig(resamples=1999, requests_per_block=4, max_new_tokens=8)
 
 

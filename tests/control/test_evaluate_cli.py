@@ -9,6 +9,8 @@ from specpilot.cli import main as specpilot_main
 from specpilot.control.rule import Outcome
 from specpilot.memory.store import Memory
 
+pytestmark = pytest.mark.serial  # real workers timed under the process census; CI runs these after the parallel part
+
 
 def run_cli(argv) -> int:
     """The real `specpilot` entry point (parsing, dispatch, errors as one line on stderr)."""

@@ -19,6 +19,8 @@ from specpilot.control.arm import ArmSpec
 from specpilot.control.stats import GainEstimate, NoiseFloor
 from specpilot.control.worker import FailureKind, Worker, WorkerError
 
+pytestmark = pytest.mark.serial  # real workers timed under the process census; CI runs these after the parallel part
+
 CONFIG = ControllerConfig(blocks=6, requests_per_block=2, extra_blocks=0, noise_blocks=6, max_new_tokens=8,
                           resamples=999, warmup_requests=1, request_timeout_s=20, startup_timeout_s=60)
 # a quiet stand-in noise floor (measuring one costs seconds; its own test measures it)
@@ -101,7 +103,6 @@ def test_alternate_times_a_faster_candidate_from_outside():
 RENDEZVOUS_RUNNER = """
 import time
 from pathlib import Path
-
 
 class Runner:
     \"\"\"Each request of one arm waits (up to 5 s) for the same request of the other arm to start.\"\"\"

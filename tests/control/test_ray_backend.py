@@ -17,7 +17,7 @@ from specpilot.control.rule import Reason  # noqa: E402
 from specpilot.control.arm import ArmSpec  # noqa: E402
 from specpilot.control.stats import GainEstimate, NoiseFloor  # noqa: E402
 
-pytestmark = pytest.mark.slow  # a local Ray instance and its actors
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # a local Ray instance and its actors
 
 CONFIG = ControllerConfig(blocks=6, requests_per_block=2, extra_blocks=0, max_new_tokens=8, resamples=999,
                           warmup_requests=1, request_timeout_s=30, startup_timeout_s=120)

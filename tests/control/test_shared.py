@@ -17,6 +17,8 @@ from specpilot.control.gate import ALWAYS_PASS
 from specpilot.control.shared import SharedPair, settle, shareable
 from specpilot.engine.runner import SessionRunner
 
+pytestmark = pytest.mark.serial  # real workers timed under the process census; CI runs these after the parallel part
+
 RUNNER = "specpilot.engine.runner:SystemRunner"
 
 
