@@ -189,6 +189,7 @@ def run_bench(args) -> int:
     if given:
         raise ConfigError(f"{', '.join(given)} needs --regime serving")
     config = config_from_args(args, deployment)
+    print(plan_line(config, len(systems)), file=sys.stderr)
     out = Path(args.out) if args.out else default_out_dir(deployment.name)
     command = tuple(getattr(args, "argv", None) or sys.argv)
     with removed_if_left_empty(out):  # interrupted or failed before writing: no empty directory left behind
@@ -202,6 +203,13 @@ def run_bench(args) -> int:
               file=sys.stderr)
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
+
+
+def plan_line(config, n_systems: int) -> str:
+    """What a run will decode, before it starts: the scale a user can still cut with flags."""
+    prompts = f"{config.n_prompts} prompts per set" if config.n_prompts else "every prompt of each set"
+    return (f"bench: {len(config.sets)} sets x {prompts} x up to {config.max_new_tokens} new tokens, "
+            f"AR and {n_systems} system(s) each (--n-prompts and --max-new-tokens make it shorter)")
 
 
 def run_serving_bench(args, deployment: Deployment, systems: tuple[System, ...]) -> int:

@@ -30,7 +30,9 @@ def bench_run(tiny_deployment_toml, tmp_path_factory):
 def test_one_command_writes_table_json_and_plots(bench_run, capsys):
     argv, out = bench_run
     assert cli.main(argv) == 0
-    table = capsys.readouterr().out
+    captured = capsys.readouterr()
+    table = captured.out
+    assert "bench: 5 sets x 2 prompts per set x up to 4 new tokens, AR and 1 system(s)" in captured.err
     assert "geomean" in table and "stock speedup" in table and "identical to AR" in table
     assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUT_FILES)
     for png in ("speedup.png", "accept_hist.png"):
