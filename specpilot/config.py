@@ -86,6 +86,9 @@ class System:
     # Continuous batching: a request admitted while others decode prefills inside the rounds, this
     # many prompt tokens per round in its verify rows (engine/segments.py); 0 = chunk prefills.
     segment_tokens: int = 0
+    # Continuous batching: a round's target attention reads only the cache slots any row can reach
+    # in it, rounded up to a multiple of this (a captured graph per span); 0 = the whole cache.
+    attention_span: int = 256
 
     def __post_init__(self):
         if self.drafter is not DrafterKind.NONE:
@@ -121,6 +124,9 @@ class System:
         if self.row_depth_margin < 0:
             raise ConfigError(f"system {self.name!r}: row_depth_margin must be >= 0 (got {self.row_depth_margin})")
         self._check_batch_mechanisms()
+        if self.attention_span < 0 or self.attention_span % 64:
+            raise ConfigError(f"system {self.name!r}: attention_span must be 0 or a positive multiple of 64 "
+                              f"(got {self.attention_span})")
         if not (0 <= self.segment_tokens <= 256):
             raise ConfigError(f"system {self.name!r}: segment_tokens must be in 0..256 (got {self.segment_tokens})")
         if self.segment_tokens and self.drafter in (DrafterKind.NONE, DrafterKind.NGRAM):
@@ -210,7 +216,7 @@ class System:
 
 
 _LATER_KNOBS = {"block_size": 16, "tree_construction": TreeConstruction.BEST_FIRST.value, "kernel_table": "",
-                "shared_budget": 0, "row_depth_margin": 0, "segment_tokens": 0}
+                "shared_budget": 0, "row_depth_margin": 0, "segment_tokens": 0, "attention_span": 256}
 
 
 @dataclass(frozen=True)

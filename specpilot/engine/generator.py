@@ -94,6 +94,7 @@ class Generator:
         fault: Fault | str | None = None,
         prefill_bucket: int | None = None,
         segment_tokens: int = 0,
+        attention_span: int = 0,
     ):
         self.target = target
         self.drafters = drafters or {}
@@ -119,6 +120,11 @@ class Generator:
             d.segment_tokens = segment_tokens
         # prompt tokens a prefilling row carries per round under continuous batching (`engine.segments`)
         self.segment_tokens = segment_tokens
+        if attention_span < 0:
+            raise ConfigError(f"attention_span must be >= 0 (got {attention_span})")
+        # continuous batching (engine/serving.py): a round attends over the cache's first slots any
+        # row can reach, rounded up to a multiple of this; 0 = the whole cache
+        self.attention_span = attention_span
         self.sync_every = 1 if host else sync_every
         # target layers whose outputs the drafter reads (DFlash); every tier drafts the same way
         self.feature_layers = tuple(next(iter(self.drafters.values())).feature_layers) if self.drafters else ()
@@ -172,29 +178,33 @@ class Generator:
         return ws
 
     # ---- rounds ------------------------------------------------------------------------
-    def _round(self, ws: Workspace, tier: int, tree: DraftTree | None = None):
+    def _round(self, ws: Workspace, tier: int, tree: DraftTree | None = None, span: int | None = None):
+        """One round; with `span`, the target attends over cache slots 0..span-1 only (every slot
+        any row reads or writes this round must lie below it: the caller's bound)."""
+        cache = ws.cache if span is None else ws.cache.span(span)
         if not self.speculative:
-            ar_step(self.target, ws.cache, ws.state, self.fault)
+            ar_step(self.target, cache, ws.state, self.fault)
             return None
         drafter = self.drafters[tier]
         if tree is None:
             tree = drafter.propose(ws.state)
         if not self.feature_layers:
-            return verify_step(self.target, ws.cache, ws.state, tree, self.fault, segment=self.segment_tokens)
+            return verify_step(self.target, cache, ws.state, tree, self.fault, segment=self.segment_tokens)
         prefix = ws.state.cache_prefix().clone()  # the root's slot, before commit moves it
-        acc = verify_step(self.target, ws.cache, ws.state, tree, self.fault, capture=self.feature_layers,
+        acc = verify_step(self.target, cache, ws.state, tree, self.fault, capture=self.feature_layers,
                           segment=self.segment_tokens)
         drafter.observe(acc, prefix)  # the accepted path's features, still inside the round
         return acc
 
-    def _graphed_round(self, ws: Workspace, tier: int, host_tree: tuple | None):
-        g = ws.graphs.get(tier)
+    def _graphed_round(self, ws: Workspace, tier: int, host_tree: tuple | None, span: int | None = None):
+        key = tier if span is None else (tier, span)
+        g = ws.graphs.get(key)
         if g is None:
-            g = self._capture(ws, tier)
-            ws.graphs[tier] = g
+            g = self._capture(ws, tier, span)
+            ws.graphs[key] = g
         return g(*host_tree) if host_tree is not None else g()
 
-    def _capture(self, ws: Workspace, tier: int) -> GraphedCallable:
+    def _capture(self, ws: Workspace, tier: int, span: int | None = None) -> GraphedCallable:
         drafter = self.drafters.get(tier)
         B = ws.state.batch
         dummy = [[0, 0] for _ in range(B)]
@@ -210,10 +220,10 @@ class Generator:
 
             def fn(tok, par):
                 tree = DraftTree(tok, par, max_depth=drafter.depth)
-                return self._round(ws, tier, tree)
+                return self._round(ws, tier, tree, span)
 
             return GraphedCallable(fn, static_inputs=(tokens, parents))
-        return GraphedCallable(lambda: self._round(ws, tier))
+        return GraphedCallable(lambda: self._round(ws, tier, span=span))
 
     def _warm_prefill(self, ws: Workspace, tier: int) -> None:
         """Run every padded prefill shape of this workspace once (up to WARM_PREFILL_TOKENS), target

@@ -42,6 +42,11 @@ class KVCache:
         """A view of row `b` (writes go to the shared buffers)."""
         return KVCache([t[b : b + 1] for t in self.k], [t[b : b + 1] for t in self.v])
 
+    def span(self, n: int) -> "KVCache":
+        """A view of slots 0..n-1 of every row (writes go to the shared buffers): attention over it
+        reads n slots, not the whole capacity."""
+        return KVCache([t[:, :, :n] for t in self.k], [t[:, :, :n] for t in self.v])
+
     def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """For each row b and j: entry at slot src[b,j] -> slot dst[b,j]. src, dst [B,J] int64.
 

@@ -171,9 +171,11 @@ class ServingEngine:
         tiers = sorted(gen.drafters) or [0]
         tier = tiers[0] if len(tiers) == 1 else gen._initial_tier(tiers)
         if gen.use_graphs:
-            for t in tiers:  # capture before the clock starts
-                if t not in ws.graphs:
-                    ws.graphs[t] = gen._capture(ws, t)
+            for t in tiers:  # capture before the clock starts: every tier at every attention span
+                for span in self._spans(ws):
+                    key = t if span is None else (t, span)
+                    if key not in ws.graphs:
+                        ws.graphs[key] = gen._capture(ws, t, span)
         if not ws.prefill_warm:
             gen._warm_prefill(ws, tier)
             ws.prefill_warm = True
@@ -183,6 +185,23 @@ class ServingEngine:
         if gen.speculative:
             gen._start_drafter(tier, idle, ws.state)  # binds the draft state; rows fill on admission
         return ws, tiers, tier
+
+    def _spans(self, ws: Workspace) -> list[int | None]:
+        """The attention spans a round may use: multiples of the generator's `attention_span`
+        below the cache's capacity, and None (the whole cache)."""
+        step, cap = self.generator.attention_span, ws.cache.capacity
+        return (list(range(step, cap, step)) if step else []) + [None]
+
+    def _span(self, ws: Workspace, reach: list[int], rounds: int) -> int | None:
+        """The smallest span that holds every slot any row can read or write in the next `rounds`
+        rounds: each row's furthest known length (`reach`) plus, per round and once more for the
+        last round's tree, the generator's slack (at least a round's growth and its nodes)."""
+        step = self.generator.attention_span
+        if not step:
+            return None
+        need = max(reach) + (rounds + 1) * self.generator._slack()
+        span = -(-need // step) * step
+        return span if span < ws.cache.capacity else None
 
     def _row_drafters(self) -> list:
         """One drafter per distinct per-row state: tiers of one draft model share a cache."""
@@ -265,6 +284,8 @@ class ServingEngine:
         results: list[RequestResult | None] = [None] * len(requests)
         recent: list[float] = []
         rounds = 0
+        reach = [1] * B  # per slot, the furthest length the host knows its row has or will have
+        spans: dict[str, int] = {}  # rounds per attention span ("all": the whole cache)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
@@ -279,6 +300,7 @@ class ServingEngine:
                     if host is not None:
                         host[b] = list(requests[i].prompt)
                     n = len(requests[i].prompt)
+                    reach[b] = n  # its prompt: by chunks before it decodes, or by segments inside rounds
                     if by_segments(n, gen.segment_tokens, running) or (
                             self.always_segments and gen.segment_tokens and running and n > 1):
                         self._admit_by_segments(ws, b, requests[i].prompt)
@@ -293,8 +315,10 @@ class ServingEngine:
             decoding = [b for b, s in enumerate(slots) if s and s.decoding]
             acc = None
             if decoding:
+                span = self._span(ws, reach, sync_every)
+                spans[str(span or "all")] = spans.get(str(span or "all"), 0) + sync_every
                 for _ in range(sync_every):
-                    acc = self._round(ws, tier, host)
+                    acc = self._round(ws, tier, host, span)
                     rounds += 1
             # ---- the one host sync of the loop ----
             packed = [st.done.long(), st.seq_lens, st.rounds]
@@ -303,6 +327,8 @@ class ServingEngine:
             fields = torch.cat([t.reshape(-1, B) for t in packed]).tolist()
             now = time.perf_counter() - t0
             done, lens, row_rounds = fields[0], fields[1], fields[2]
+            for b in decoding:
+                reach[b] = max(reach[b], lens[b])
             if host is not None and acc is not None:
                 counts = fields[3]
                 for b in decoding:
@@ -320,21 +346,23 @@ class ServingEngine:
                 for b in finished:
                     slots[b] = None
                     self._idle(ws, b)
+                    reach[b] = 1
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         segments = sum(1 for r in results if r is not None and r.by_segment)
-        return ServingResult(results, time.perf_counter() - t0, rounds, {"segment_admissions": segments})
+        return ServingResult(results, time.perf_counter() - t0, rounds,
+                             {"segment_admissions": segments, "attention_spans": spans})
 
-    def _round(self, ws: Workspace, tier: int, host: list[list[int]] | None):
+    def _round(self, ws: Workspace, tier: int, host: list[list[int]] | None, span: int | None = None):
         gen = self.generator
         host_tree = None
         if host is not None:
             t = gen.drafters[tier].propose(ws.state, host)
             host_tree = (t.tokens, t.parents)
         if gen.use_graphs:
-            return gen._graphed_round(ws, tier, host_tree)
+            return gen._graphed_round(ws, tier, host_tree, span)
         tree = DraftTree(*host_tree, max_depth=gen.drafters[tier].depth) if host_tree else None
-        return gen._round(ws, tier, tree)
+        return gen._round(ws, tier, tree, span)
 
     def _retire(self, ws: Workspace, rows: list[int], slots, requests, results, lens, row_rounds, eos_ids,
                 now: float) -> None:

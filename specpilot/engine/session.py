@@ -186,6 +186,7 @@ class Session:
             sync_every=system.sync_every,
             fault=system.fault or None,
             segment_tokens=system.segment_tokens,
+            attention_span=system.attention_span,
         )
 
     def encode_prompt(self, text: str) -> list[int]:

@@ -26,7 +26,7 @@ KNOB_GROUPS: dict[str, tuple[str, ...]] = {
              "block_size", "tree_construction"),
     "kernels": ("kernel", "w12", "kernel_lm_head", "kernel_table"),
     "runtime": ("cuda_graphs", "sync_every"),
-    "batch": ("shared_budget", "row_depth_margin", "segment_tokens"),
+    "batch": ("shared_budget", "row_depth_margin", "segment_tokens", "attention_span"),
     "fault": ("fault",),
 }
 PATCH_GROUP = "code"

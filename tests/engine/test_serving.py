@@ -171,3 +171,37 @@ def test_eagle3_serving(requests):
     assert [r.output for r in result.requests] == [a.outputs[0] for a in single(Generator(target), requests)]
     assert [r.accept_lengths for r in result.requests] == [a.accept_lengths[0] for a in alone]
     assert max(max(r.accept_lengths) for r in result.requests) > 1  # the head drafts something
+
+
+@pytest.mark.parametrize("kind", ["ar", "tree", "tree-segments-shared"])
+def test_attention_spans_keep_every_output(target, draft, requests, ar_outputs, kind):
+    """With `attention_span` each round attends over the cache slots the rows can reach (a
+    multiple of the span below the capacity) and the outputs stay AR's; with 0, the whole cache."""
+    def gen(span):
+        if kind == "ar":
+            return Generator(target, attention_span=span)
+        shared, segment = (4, 8) if kind == "tree-segments-shared" else (0, 0)
+        d = DraftModelDrafter(draft, 3, 3, 8, window=9, shared_budget=shared)
+        return Generator(target, {3: d}, attention_span=span, segment_tokens=segment)
+
+    spanned = served(gen(64), requests)
+    assert [r.output for r in spanned.requests] == ar_outputs
+    spans = spanned.extra["attention_spans"]
+    assert any(k != "all" and int(k) < 256 for k in spans) and sum(spans.values()) == spanned.rounds
+    whole = served(gen(0), requests)
+    assert whole.extra["attention_spans"] == {"all": whole.rounds}
+
+
+def test_the_span_holds_every_row_for_the_rounds_until_the_next_sync(target):
+    """A span is the smallest multiple of `attention_span` holding each row's known length plus a
+    slack per round to come and one more; at or past the capacity, the whole cache."""
+    gen = Generator(target, attention_span=64)
+    engine = ServingEngine(gen, 3, prefill_chunk=16)
+    ws = gen._workspace(3, gen.capacity_for(60, 30), 30)
+    slack = gen._slack()
+    assert ws.cache.capacity == 256 and engine._spans(ws) == [64, 128, 192, None]
+    assert engine._span(ws, [1, 1, 1], 1) == 64
+    for reach, rounds in (([61, 5, 1], 1), ([100, 3, 1], 4)):
+        need = max(reach) + (rounds + 1) * slack
+        assert engine._span(ws, reach, rounds) == -(-need // 64) * 64 >= need
+    assert engine._span(ws, [250, 1, 1], 1) is None

@@ -1,6 +1,7 @@
 """Continuous batching on a CUDA GPU (`pytest -m gpu`): with CUDA graphs on and each batch mechanism
-(segment admission, a shared node budget, per-request depth) every request's output equals its
-single-request AR output token for token in float32 (TF32 off), for the draft model and EAGLE-3."""
+(segment admission, a shared node budget, per-request depth), rounds attending over spans of the
+cache, every request's output equals its single-request AR output token for token in float32
+(TF32 off), for the draft model and EAGLE-3."""
 
 import pytest
 import torch
@@ -45,9 +46,10 @@ def test_graphed_serving_equals_ar(target_dir, drafter_dir, requests, full_preci
     ar = Generator(target, cuda_graphs=False)
     expected = [ar.generate([list(r.prompt)], r.max_new).outputs[0] for r in requests]
     d = drafter(kind, target, drafter_dir, shared, margin)
-    gen = Generator(target, {d.depth: d}, cuda_graphs=True, segment_tokens=segment)
+    gen = Generator(target, {d.depth: d}, cuda_graphs=True, segment_tokens=segment, attention_span=64)
     assert gen.use_graphs
     result = ServingEngine(gen, 4, prefill_chunk=16, always_segments=bool(segment)).run(requests)
     assert [r.output for r in result.requests] == expected
+    assert any(k != "all" for k in result.extra["attention_spans"])  # rounds replayed a span's graph
     if segment:
         assert result.extra["segment_admissions"] >= 3
