@@ -189,6 +189,9 @@ def run_bench(args) -> int:
     if given:
         raise ConfigError(f"{', '.join(given)} needs --regime serving")
     config = config_from_args(args, deployment)
+    from specpilot.env import resolve_device
+
+    resolve_device(args.device)  # a device this torch cannot use is one `error:` line, before the plan
     print(plan_line(config, len(systems)), file=sys.stderr)
     out = Path(args.out) if args.out else default_out_dir(deployment.name)
     command = tuple(getattr(args, "argv", None) or sys.argv)
