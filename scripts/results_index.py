@@ -24,8 +24,10 @@ SOURCES = (
     ("fixture/*", "fixture: loss, acceptance, decode", "tools/fixture_report.py"),
     ("drafters/*", "acceptance: DFlash, EAGLE-3, draft model (x1)", "train_drafters.sh"),
     ("serving/mechanisms/*", "batch mechanisms, draft model and EAGLE-3", "serving_mechanisms.sh"),
+    ("serving/profile/*", "one serving unit per system: rounds, top kernels (stdout)", "serving_round_profile.py"),
     ("serving/*", "continuous batching: throughput, latency", "specpilot bench --regime serving"),
     ("guard/*", "token-forcing guard", "guard_report.py"),
+    ("loop/fixture-x16-batch/*", "the optimization loop, continuous regime", "specpilot run"),
     ("loop/*", "the optimization loop", "loop_fixture.py"),
     ("speed/summary*", "speed headline table", "speed_fixture.py"),
     ("speed/*", "speedup over AR", "speed_fixture.py"),
@@ -39,6 +41,8 @@ SOURCES = (
 ERRATA = (
     ("controller/first_request_*.json", "-", "ran at 4505547 (compile, no-compile) and 2db4fec (padded)"),
     ("w12/w12_escape_cost.{json,md}", "b0c0d4e", "ran at 70e2a89 (b0c0d4e was a typo of the run command)"),
+    ("loop/fixture-x16-batch/", "ba4d55d+dirty", "ran on the working tree of cfaee14 (the device copy's base was the "
+     "session's first commit)"),
 )
 
 W12_TARGETS = ((1, 1.25), (32, 1.15))  # issue 3: W12 over cuBLAS at M=1 and M=32 (scripts/w12_kernels.py)
