@@ -115,6 +115,20 @@ def random_prompts(n: int, seed: int = 0, lo: int = 1, hi: int = 40, vocab: int 
     return [torch.randint(1, vocab, (int(L),), generator=g).tolist() for L in lens]
 
 
+def random_requests(n: int, seed: int, max_len: int, new_tokens: tuple[int, int], one_token_at: int):
+    """n serving `Request`s: prompts of 2..max_len tokens (request `one_token_at` a 1-token prompt),
+    token limits in new_tokens[0]..new_tokens[1]."""
+    from specpilot.engine.serving import Request
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        L = 1 if i == one_token_at else int(torch.randint(2, max_len + 1, (1,), generator=g))
+        out.append(Request(tuple(torch.randint(1, 4096, (L,), generator=g).tolist()),
+                           max_new=int(torch.randint(new_tokens[0], new_tokens[1] + 1, (1,), generator=g))))
+    return out
+
+
 @pytest.fixture
 def make_prompts():
     """random_prompts(n, seed=0, lo=1, hi=40): token-id prompts of random lengths."""

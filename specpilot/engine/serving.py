@@ -316,7 +316,8 @@ class ServingEngine:
             acc = None
             if decoding:
                 span = self._span(ws, reach, sync_every)
-                spans[str(span or "all")] = spans.get(str(span or "all"), 0) + sync_every
+                key = str(span or "all")
+                spans[key] = spans.get(key, 0) + sync_every
                 for _ in range(sync_every):
                     acc = self._round(ws, tier, host, span)
                     rounds += 1

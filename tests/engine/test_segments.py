@@ -15,12 +15,14 @@ from specpilot.engine.drafters.ngram import NgramDrafter
 from specpilot.engine.generator import Generator
 from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.segments import segment_tree
-from specpilot.engine.serving import Request, ServingEngine
+from specpilot.engine.serving import ServingEngine
 from specpilot.engine.state import DecodeState
 from specpilot.engine.steps import prefill, verify_step
 from specpilot.engine.tree import DraftTree
 from specpilot.errors import ConfigError
 from specpilot.models.loading import load_model
+
+from tests.conftest import random_requests
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +38,7 @@ def draft(drafter_dir):
 @pytest.fixture(scope="module")
 def requests():
     """8 requests, prompt lengths 1..40 and token limits 4..20; most arrive while others decode."""
-    g = torch.Generator().manual_seed(5)
-    out = []
-    for i in range(8):
-        L = 1 if i == 5 else int(torch.randint(2, 41, (1,), generator=g))
-        out.append(Request(tuple(torch.randint(1, 4096, (L,), generator=g).tolist()),
-                           max_new=int(torch.randint(4, 21, (1,), generator=g))))
-    return out
+    return random_requests(8, seed=5, max_len=40, new_tokens=(4, 20), one_token_at=5)
 
 
 @pytest.fixture(scope="module")

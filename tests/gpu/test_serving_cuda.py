@@ -9,9 +9,11 @@ import torch
 from specpilot.engine.drafters.draft_model import DraftModelDrafter
 from specpilot.engine.drafters.eagle3 import Eagle3Drafter
 from specpilot.engine.generator import Generator
-from specpilot.engine.serving import Request, ServingEngine
+from specpilot.engine.serving import ServingEngine
 from specpilot.models.eagle3 import random_eagle3
 from specpilot.models.loading import load_model
+
+from tests.conftest import random_requests
 
 pytestmark = pytest.mark.gpu
 
@@ -19,13 +21,7 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def requests():
     """10 requests, prompt lengths 1..60, token limits 8..40: most are admitted while others decode."""
-    g = torch.Generator().manual_seed(9)
-    out = []
-    for i in range(10):
-        L = 1 if i == 4 else int(torch.randint(2, 61, (1,), generator=g))
-        out.append(Request(tuple(torch.randint(1, 4096, (L,), generator=g).tolist()),
-                           max_new=int(torch.randint(8, 41, (1,), generator=g))))
-    return out
+    return random_requests(10, seed=9, max_len=60, new_tokens=(8, 40), one_token_at=4)
 
 
 def drafter(kind, target, drafter_dir, shared, margin):

@@ -251,12 +251,11 @@ def batch_moves(regime, inc: System) -> list[tuple[GapKind, dict, str]]:
     if not inc.row_depth_margin:
         out.append((GapKind.ACCEPTANCE, {"row_depth_margin": 1},
                     "per-request depth: each request drafts one level past what its recent rounds accepted"))
-    if regime.continuous and inc.attention_span:
-        finer = inc.attention_span // 2 if inc.attention_span >= 128 else 0
-        if finer:
-            out.append((GapKind.VERIFY_KERNELS, {"attention_span": finer},
-                        f"attention over the cache in steps of {finer} slots, not {inc.attention_span}: fewer "
-                        "slots read past the longest row (one captured graph per step)"))
+    if regime.continuous and inc.attention_span >= 128:  # halved, still a multiple of 64
+        finer = inc.attention_span // 2
+        out.append((GapKind.VERIFY_KERNELS, {"attention_span": finer},
+                    f"attention over the cache in steps of {finer} slots, not {inc.attention_span}: fewer "
+                    "slots read past the longest row (one captured graph per step)"))
     if regime.continuous and not inc.segment_tokens:
         out.append((GapKind.OVERHEAD, {"segment_tokens": max(8, inc.tree_budget)},
                     "segment admission: a new request's prompt rides in the verify rows instead of a prefill "
