@@ -4,12 +4,13 @@ Times the loop's procedure in one process, without workers: blocks of `--request
 `regime.batch` prompts (drawn as the controller draws them), each served by continuous batching
 with EOS ignored, the two arms - both stock, one generator - in ABBA order. Per variant it prints
 the block log-ratio spread and the A/A noise floor (`control.stats.NoiseFloor`), and per request
-the wall seconds of its first and second run, the prefill share (admission to the last row's
-first token) and the wall-vs-CUDA-event gap:
+the wall seconds of its first and second run and the prefill share (admission to the last row's
+first token):
 
 * `per-request`: each request gets the workspace its own longest prompt needs (the runner today);
 * `one-pool`: every request is served in one workspace reserved for the longest prompt of the
-  deployment's sets (a server's fixed KV pool).
+  deployment's sets (a server's fixed KV pool);
+* `one-pool-2x`: as `one-pool`, with twice `--max-new-tokens` (a smaller prefill share).
 
 Usage: python scripts/serving_timing_noise.py [--deployment fixture-x16-batch] [--blocks 12]
            [--requests 2] [--max-new-tokens 128] [--out DIR]
@@ -38,34 +39,26 @@ from specpilot.engine.session import Session  # noqa: E402
 
 
 def serve(engine: ServingEngine, prompts, max_new: int, cuda: bool) -> dict:
-    """One timed request: wall seconds of the serving run, its prefill part and its CUDA-event span."""
+    """One timed request: wall seconds of the serving run and its prefill part."""
     gc.collect()
     gc.disable()
     try:
-        if cuda:
-            torch.cuda.synchronize()
-            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-            ev[0].record()
         res = engine.run([Request(tuple(p), max_new) for p in prompts], stop_at_eos=False)
-        gpu = float("nan")
-        if cuda:
-            ev[1].record()
-            torch.cuda.synchronize()
-            gpu = ev[0].elapsed_time(ev[1]) / 1e3
     finally:
         gc.enable()
     prefill = max(r.first_token - r.admitted for r in res.requests)
-    return {"wall": res.seconds, "gpu": gpu, "prefill": prefill, "rounds": res.rounds,
+    return {"wall": res.seconds, "prefill": prefill, "rounds": res.rounds,
             "capacity": list(engine.generator.workspaces)[-1][1]}  # the workspace just used (LRU order)
 
 
 def variant(name: str, generator, batch: int, source, longest: int, a) -> dict:
     cuda = generator.target.device.type == "cuda"
     engine = ServingEngine(generator, batch)
-    if name == "one-pool":
-        engine.reserve(longest, a.max_new_tokens)
+    max_new = 2 * a.max_new_tokens if name == "one-pool-2x" else a.max_new_tokens
+    if name.startswith("one-pool"):
+        engine.reserve(longest, max_new)
     for seed in range(3):  # warm-up on prompts of their own
-        serve(engine, source(batch, 10_000 + seed), a.max_new_tokens, cuda)
+        serve(engine, source(batch, 10_000 + seed), max_new, cuda)
     logs, rows = [], []
     for block in range(a.blocks):
         t = {"A": 0.0, "B": 0.0}
@@ -74,7 +67,7 @@ def variant(name: str, generator, batch: int, source, longest: int, a) -> dict:
             order = ("A", "B") if (block + r) % 2 == 0 else ("B", "A")  # ABBA
             runs = []
             for arm in order:
-                x = serve(engine, prompts, a.max_new_tokens, cuda)
+                x = serve(engine, prompts, max_new, cuda)
                 t[arm] += x["wall"]
                 runs.append(x)
             rows.append({"block": block, "longest": max(len(p) for p in prompts), "first": runs[0], "second": runs[1]})
@@ -82,10 +75,9 @@ def variant(name: str, generator, batch: int, source, longest: int, a) -> dict:
     est = GainEstimate(tuple(logs))
     firsts = [math.log(r["first"]["wall"] / r["second"]["wall"]) for r in rows]
     return {
-        "variant": name, "noise_floor": NoiseFloor(est).value, "block_std": statistics.stdev(logs),
+        "variant": name, "max_new_tokens": max_new, "noise_floor": NoiseFloor(est).value, "block_std": statistics.stdev(logs),
         "first_over_second_mean": statistics.mean(firsts), "first_over_second_std": statistics.stdev(firsts),
         "prefill_share": statistics.mean(r["first"]["prefill"] / r["first"]["wall"] for r in rows),
-        "wall_over_gpu": (statistics.mean(r["first"]["wall"] / r["first"]["gpu"] for r in rows) if cuda else None),
         "log_ratios": logs, "requests": rows,
     }
 
@@ -97,7 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--blocks", type=int, default=12)
     ap.add_argument("--requests", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--variant", action="append", choices=("per-request", "one-pool"), default=[])
+    ap.add_argument("--variant", action="append", choices=("per-request", "one-pool", "one-pool-2x"), default=[])
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
@@ -117,17 +109,17 @@ def main(argv=None) -> int:
         report["variants"].append(v)
         print(f"{name:12s} noise floor {100 * v['noise_floor']:.2f}%  block std {100 * v['block_std']:.2f}%  "
               f"first/second run {100 * v['first_over_second_mean']:+.2f}% (std {100 * v['first_over_second_std']:.2f}%)  "
-              f"prefill share {100 * v['prefill_share']:.1f}%  wall/gpu {v['wall_over_gpu']}  ({v['seconds']:.0f} s)",
+              f"prefill share {100 * v['prefill_share']:.1f}%  ({v['seconds']:.0f} s)",
               flush=True)
         for r in v["requests"]:
             f, s = r["first"], r["second"]
             print(f"  block {r['block']:2d} longest {r['longest']:4d} cap {f['capacity']:5d} "
                   f"first {f['wall']:.4f} second {s['wall']:.4f} s  prefill {f['prefill']:.4f}/{s['prefill']:.4f}  "
-                  f"gpu {f['gpu']:.4f}/{s['gpu']:.4f}  rounds {f['rounds']}/{s['rounds']}")
+                  f"rounds {f['rounds']}/{s['rounds']}")
         session.forget(system.fingerprint())  # the next variant starts without this one's workspaces
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "serving_timing_noise.json").write_text(json.dumps(report, indent=1))
+        if a.out:  # after every variant, so a cut-off run keeps what it measured
+            a.out.mkdir(parents=True, exist_ok=True)
+            (a.out / "serving_timing_noise.json").write_text(json.dumps(report, indent=1))
     return 0
 
 
