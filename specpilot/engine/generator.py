@@ -19,6 +19,7 @@ from specpilot.engine.drafters.base import Drafter
 from specpilot.engine.faults import Fault, FaultKind, parse_fault
 from specpilot.engine.graphs import GraphedCallable
 from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.packed_prefill import PackingCache
 from specpilot.engine.state import DecodeState, extract_outputs
 from specpilot.engine.steps import ar_step, prefill, verify_step
 from specpilot.engine.tree import DraftTree
@@ -71,6 +72,7 @@ class Workspace:
     state: DecodeState
     graphs: dict = field(default_factory=dict)  # tier depth (or 0 for AR) -> GraphedCallable
     prefill_warm: bool = False  # every padded prefill shape has run once (`Generator._warm_prefill`)
+    packing: PackingCache | None = None  # continuous batching's packed prefill cache (`engine.packed_prefill`)
 
 
 def _round_up(x: int, m: int) -> int:

@@ -2,7 +2,8 @@
 
 Owns: admission (at the host sync, a waiting request that has arrived takes a free slot: its prompt
 goes into that row of the shared target cache, and of the drafter's own state, in chunks of at
-most `prefill_chunk` prompt tokens per sync over all admitted rows), retirement (a row that emitted
+most `prefill_chunk` prompt tokens per sync over all admitted rows, the chunks of one sync packed
+into one forward, `engine.packed_prefill`), retirement (a row that emitted
 EOS or reached its request's max_new leaves at the next sync with its output read back, and its
 slot takes the next request at once), per-request timing, and the loop with its one host sync.
 
@@ -41,8 +42,9 @@ from dataclasses import dataclass, field
 import torch
 
 from specpilot.engine.generator import Generator, Workspace
+from specpilot.engine.packed_prefill import PACK_ROWS, Chunk, PackingCache, packed_forward
+from specpilot.engine.packed_prefill import warm as warm_packed
 from specpilot.engine.state import cut_output
-from specpilot.engine.steps import prefill_chunk
 from specpilot.engine.tree import DraftTree
 from specpilot.errors import ConfigError
 
@@ -184,6 +186,13 @@ class ServingEngine:
         ws.state.done.fill_(True)
         if gen.speculative:
             gen._start_drafter(tier, idle, ws.state)  # binds the draft state; rows fill on admission
+        if ws.packing is None:  # packed prefill: its cache, and every packed length run once (rows are idle)
+            ws.packing = PackingCache(ws.cache, min(self.slots, PACK_ROWS), gen.prefill_bucket)
+            limit = min(self.prefill_chunk, ws.cache.capacity)
+            warm_packed(gen.target, ws.cache, ws.packing, gen.prefill_bucket, limit, 0, gen.feature_layers)
+            if gen.speculative:
+                for d in self._row_drafters():
+                    d.warm_rows(limit)
         return ws, tiers, tier
 
     def _spans(self, ws: Workspace) -> list[int | None]:
@@ -216,38 +225,51 @@ class ServingEngine:
     # ---- admission ---------------------------------------------------------------------
     def _prefill(self, ws: Workspace, b: int, prompt: tuple[int, ...], start: int, n: int) -> None:
         """Prompt body tokens start..start+n-1 of row b into the target cache and the drafter."""
+        self._prefill_chunks(ws, [Chunk(b, tuple(prompt[start : start + n]), start)])
+
+    def _prefill_chunks(self, ws: Workspace, chunks: list[Chunk]) -> None:
+        """One sync's prompt chunks into the target cache (packed, `PACK_ROWS` to a forward) and the
+        drafters (a chunk without tokens only begins its row in the drafters, at start 0)."""
         gen = self.generator
-        tokens = list(prompt[start : start + n])
-        features = None
-        if tokens:
-            features = prefill_chunk(gen.target, ws.cache.row(b), tokens, start, gen.prefill_bucket,
-                                     gen.feature_layers)
-        if gen.speculative and (tokens or start == 0):
+        full = [i for i, c in enumerate(chunks) if c.tokens]
+        features: list = [None] * len(chunks)
+        for j in range(0, len(full), PACK_ROWS):
+            group = full[j : j + PACK_ROWS]
+            out = packed_forward(gen.target, ws.cache, ws.packing, [chunks[i] for i in group], gen.prefill_bucket,
+                                 gen.feature_layers)
+            if out is not None:
+                for i, f in zip(group, out):
+                    features[i] = f
+        if gen.speculative:
+            todo = [i for i, c in enumerate(chunks) if c.tokens or c.start == 0]
             for d in self._row_drafters():
-                d.prefill_row(b, tokens, start, ws.state, features)
+                d.prefill_rows([chunks[i] for i in todo], ws.state, [features[i] for i in todo])
 
     def _advance_prefill(self, ws: Workspace, slots: list[_Slot | None], requests: list[Request]) -> list[int]:
-        """Spend up to `prefill_chunk` prompt tokens on prefilling rows, oldest admission first;
-        the rows whose prompt is now in (their `done` cleared)."""
+        """Spend up to `prefill_chunk` prompt tokens on prefilling rows, oldest admission first, in
+        one packed prefill; the rows whose prompt is now in (their `done` cleared)."""
         budget = self.prefill_chunk
-        started = []
+        chunks, started = [], []
         for b in sorted((b for b, s in enumerate(slots) if s and not s.decoding), key=lambda b: slots[b].admitted):
             s = slots[b]
             prompt = requests[s.index].prompt
             body = len(prompt) - 1
-            while s.prefilled < body and budget > 0:
+            if body == 0:
+                chunks.append(Chunk(b, (), 0))  # a one-token prompt still starts the drafter's row
+            elif s.prefilled < body and budget > 0:
                 n = min(budget, body - s.prefilled)
-                self._prefill(ws, b, prompt, s.prefilled, n)
+                chunks.append(Chunk(b, tuple(prompt[s.prefilled : s.prefilled + n]), s.prefilled))
                 s.prefilled += n
                 budget -= n
             if s.prefilled == body:
-                if body == 0:
-                    self._prefill(ws, b, prompt, 0, 0)  # a one-token prompt still starts the drafter's row
-                ws.state.done[b] = False
-                s.decoding = True
                 started.append(b)
             if budget <= 0:
                 break
+        if chunks:
+            self._prefill_chunks(ws, chunks)
+        for b in started:
+            ws.state.done[b] = False
+            slots[b].decoding = True
         return started
 
     def _admit_by_segments(self, ws: Workspace, b: int, prompt: tuple[int, ...]) -> None:

@@ -11,7 +11,9 @@ Drafters conditioned on the target's hidden states (DFlash, EAGLE-3) name the ta
 each verification (`acc.features`: the accepted path's, inside the graphed round).
 Under continuous batching (`engine.serving`) a request enters one row of a running batch:
 `prefill_row(row, tokens, start, state, features)` gets its prompt chunk by chunk (the first call
-has start 0 and begins the request in that row), after `start` has set the drafter up.
+has start 0 and begins the request in that row), after `start` has set the drafter up;
+`prefill_rows(chunks, state, features)` gets the chunks of one sync together (row by row unless a
+drafter packs them into one forward, `engine.packed_prefill`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,15 @@ class Drafter(abc.ABC):
         """Continuous batching: prompt body tokens at slots start.. of the request entering `row`
         (`features [T,nC]` of them for a feature-conditioned drafter); start 0 resets the row."""
         raise ConfigError(f"drafter {self.name!r} does not support continuous batching")
+
+    def prefill_rows(self, chunks: list, state: DecodeState, features: list | None = None) -> None:
+        """The prompt chunks of one sync (`packed_prefill.Chunk`s; `features[i]` [T,nC] of chunk i,
+        None for a chunk without tokens), in order: row by row here."""
+        for i, c in enumerate(chunks):
+            self.prefill_row(c.row, list(c.tokens), c.start, state, None if features is None else features[i])
+
+    def warm_rows(self, limit: int) -> None:
+        """Run the shapes `prefill_rows` will run for chunks of up to `limit` tokens (after `start`)."""
 
     @property
     def num_nodes(self) -> int:

@@ -28,6 +28,7 @@ import torch
 from specpilot.engine.drafters import best_first
 from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.packed_prefill import PACK_ROWS, PackingCache, packed_forward, warm
 from specpilot.engine.selection import row_caps, share_rows
 from specpilot.engine.state import DecodeState
 from specpilot.engine.steps import prefill, prefill_chunk
@@ -51,6 +52,7 @@ class DraftModelDrafter(Drafter):
         # one draft cache per (batch, capacity) workspace of the generator: a captured graph keeps
         # pointing at the cache it was captured with, so caches are never reallocated in place
         self.caches: dict[tuple[int, int], KVCache] = {}
+        self.packings: dict[tuple[int, int], PackingCache] = {}  # per cache: packed prefill (`prefill_rows`)
         self.cache: KVCache | None = None
         self.prefill_bucket = 0  # set by the generator (see `steps.prefill`)
 
@@ -68,6 +70,24 @@ class DraftModelDrafter(Drafter):
     def release(self, key: tuple[int, int]) -> None:
         """Forget the cache of a workspace the generator dropped."""
         self.caches.pop(key, None)
+        self.packings.pop(key, None)
+
+    def _packing(self) -> PackingCache:
+        key = (self.cache.batch, self.cache.capacity)
+        if key not in self.packings:
+            self.packings[key] = PackingCache(self.cache, min(self.cache.batch, PACK_ROWS), self.prefill_bucket)
+        return self.packings[key]
+
+    def prefill_rows(self, chunks: list, state: DecodeState, features=None) -> None:
+        """One sync's prompt chunks into the draft cache, packed `PACK_ROWS` to a forward."""
+        full = [c for c in chunks if c.tokens]
+        packing = self._packing() if full else None
+        for i in range(0, len(full), PACK_ROWS):
+            packed_forward(self.model, self.cache, packing, full[i : i + PACK_ROWS], self.prefill_bucket)
+
+    def warm_rows(self, limit: int) -> None:
+        if self.prefill_bucket > 0:
+            warm(self.model, self.cache, self._packing(), self.prefill_bucket, limit)
 
     def prefill_row(self, row: int, tokens: list[int], start: int, state: DecodeState, features=None) -> None:
         """One prompt chunk of the request entering `row` into the draft cache (as `start` does for

@@ -1,0 +1,137 @@
+"""Packed prefill: the prompt chunks of several cache rows in one forward.
+
+Continuous batching admits requests one sync at a time, and each brings a prompt chunk for its own
+row of the shared cache. Run row by row, every chunk is a whole eager forward: on the H200 the
+fixture-x16 target spends ~10 ms of host time launching one, so eight admissions cost ~0.15 s of
+a serving unit in which the GPU mostly waits, and that host time is what varies from run to run
+(`scripts/serving_timing_noise.py`). Packed, the chunks of one sync are one forward over their
+concatenated tokens [1,S]:
+
+* Each chunk gets a region of a batch-1 *packing cache* (`PackingCache`): region r holds slots
+  [r*cap, (r+1)*cap) for the r-th chunk's row; its prompt prefix (slots < the chunk's start) is
+  copied in from the row first, so a chunk that continues a prompt sees the tokens before it.
+* Token t of chunk r sits at region slot start_r + t with RoPE position start_r + t, and its mask
+  admits exactly region r's slots <= start_r + t: the chunk's own causal attention over its row,
+  as a one-row chunk forward computes it. Masked slots add exact zeros, so no chunk sees another.
+* With a bucket (CUDA), S is padded to a multiple of it: the padding tokens sit in a scratch
+  region past the last row region and attend to themselves only. The packing cache's size is
+  fixed per row cache, so S is the only shape that varies (`warm`, one pass per padded length).
+* Afterwards the real tokens' K/V are copied from their region slots to their row's slots.
+
+Outputs equal the row-by-row chunk forwards up to float rounding: the projections see an [S,C]
+input instead of [T,C], and attention runs over the packing cache's slots, not the row's.
+
+Owns: the packing cache, the packed forward and its warm-up. Does not own which chunks run when
+(`engine.serving`) or the one-row chunk forward (`steps.prefill_chunk`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specpilot.engine.kv_cache import KVCache
+from specpilot.models.transformer import Transformer
+
+PACK_ROWS = 8  # chunks per packed forward at most (the packing cache holds this many row regions)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    row: int  # the cache row its tokens belong to
+    tokens: tuple[int, ...]  # prompt tokens at slots start..start+len-1 of that row
+    start: int
+
+
+class PackingCache:
+    """The batch-1 cache one packed forward attends over: `rows` regions of the row cache's
+    capacity, then a scratch region of `pad` slots for padding tokens. Zero-initialised once and
+    only ever written with K/V, so masked slots hold finite values."""
+
+    def __init__(self, like: KVCache, rows: int, pad: int):
+        self.rows, self.cap, self.pad = rows, like.capacity, pad
+        k0 = like.k[0]
+        shape = (1, k0.shape[1], rows * self.cap + pad, k0.shape[3])
+        self.cache = KVCache([torch.zeros(shape, dtype=k0.dtype, device=k0.device) for _ in like.k],
+                             [torch.zeros(shape, dtype=k0.dtype, device=k0.device) for _ in like.v])
+
+    @property
+    def slots(self) -> int:
+        return self.rows * self.cap + self.pad
+
+    def regions(self, t: torch.Tensor) -> torch.Tensor:
+        """[Hkv, rows, cap, D] view of one layer's row regions (t [1,Hkv,slots,D])."""
+        Hkv, D = t.shape[1], t.shape[3]
+        return t[0, :, : self.rows * self.cap].view(Hkv, self.rows, self.cap, D)
+
+
+def packed_forward(model: Transformer, cache: KVCache, packing: PackingCache, chunks: list[Chunk],
+                   bucket: int = 0, capture: tuple[int, ...] = ()) -> list[torch.Tensor] | None:
+    """Write every chunk's K/V into its row of `cache` from one forward (at most `packing.rows`
+    chunks, each with tokens); with `capture`, each chunk's features [T,nC] in order, else None."""
+    if not chunks or len(chunks) > packing.rows or any(not c.tokens for c in chunks):
+        raise ValueError(f"packed_forward takes 1..{packing.rows} non-empty chunks (got {len(chunks)})")
+    dev = model.device
+    cap = packing.cap
+    n = sum(len(c.tokens) for c in chunks)
+    S = -(-n // bucket) * bucket if bucket > 0 else n
+    if S - n > packing.pad:
+        raise ValueError(f"padding of {S - n} tokens exceeds the scratch region of {packing.pad}")
+    # host side, one transfer: per token (padding last) its token, position, region slot, first
+    # and last visible region slot, row and row slot; then the rows and regions of continued chunks
+    tok, pos, slot, lo, hi, row, row_slot = [], [], [], [], [], [], []
+    for r, c in enumerate(chunks):
+        T = len(c.tokens)
+        tok += c.tokens
+        pos += range(c.start, c.start + T)
+        slot += range(r * cap + c.start, r * cap + c.start + T)
+        lo += [r * cap] * T
+        hi += range(r * cap + c.start, r * cap + c.start + T)
+        row += [c.row] * T
+        row_slot += range(c.start, c.start + T)
+    scratch = packing.rows * cap
+    for j in range(S - n):  # padding: the scratch region, attending to itself
+        tok.append(0)
+        pos.append(j)
+        slot.append(scratch + j)
+        lo.append(scratch)
+        hi.append(scratch + j)
+        row.append(0)
+        row_slot.append(0)
+    cont = [(r, c) for r, c in enumerate(chunks) if c.start > 0]  # chunks that continue a prompt
+    flat = tok + pos + slot + lo + hi + row + row_slot + [c.row for _, c in cont] + [r for r, _ in cont]
+    host = torch.tensor(flat, dtype=torch.int64)
+    packed = (host.pin_memory() if dev.type == "cuda" else host).to(dev, non_blocking=True)
+    per_token = packed[: 7 * S].view(7, S)
+    tokens, positions, slots = per_token[0][None], per_token[1][None], per_token[2][None]  # [1,S]
+    s = torch.arange(packing.slots, device=dev)
+    mask = ((s[None] >= per_token[3][:, None]) & (s[None] <= per_token[4][:, None]))[None, None]  # [1,1,S,slots]
+    if cont:  # their prompt prefix, from their rows into their regions
+        span = max(c.start for _, c in cont)
+        src, dst = packed[7 * S :].view(2, len(cont))
+        for base, pk in zip(cache.k + cache.v, packing.cache.k + packing.cache.v):
+            packing.regions(pk)[:, dst, :span] = base[src, :, :span].transpose(0, 1)
+    empty = torch.zeros(1, 0, dtype=torch.int64, device=dev)
+    out = model(tokens, positions, packing.cache, slots, mask, logits_for=empty, capture=capture)
+    # the real tokens' K/V, from their region slots to their row's slots
+    row_idx, row_slots, region_slots = per_token[5, :n], per_token[6, :n], per_token[2, :n]  # [n]
+    for base, pk in zip(cache.k + cache.v, packing.cache.k + packing.cache.v):
+        base[row_idx, :, row_slots] = pk[0][:, region_slots].transpose(0, 1)  # [n,Hkv,D]
+    if not capture:
+        return None
+    features, out_features, offset = [], out[1][0], 0  # [S,nC]
+    for c in chunks:
+        features.append(out_features[offset : offset + len(c.tokens)])
+        offset += len(c.tokens)
+    return features
+
+
+def warm(model: Transformer, cache: KVCache, packing: PackingCache, bucket: int, limit: int, row: int = 0,
+         capture: tuple[int, ...] = ()) -> None:
+    """Run every padded packed length up to `limit` tokens once (a chunk of zeros in `row`, which
+    must be free: its slots 0..limit-1 are overwritten), so no request pays a shape's first run."""
+    if bucket <= 0:
+        return
+    for S in range(bucket, min(limit, packing.cap) + 1, bucket):
+        packed_forward(model, cache, packing, [Chunk(row, (0,) * S, 0)], bucket, capture)

@@ -1,0 +1,87 @@
+"""Packed prefill writes what row-by-row chunk prefills write (CPU, float32): each row's K/V and
+each chunk's features, for chunks that begin a prompt and chunks that continue one, with and
+without padding to a bucket; no chunk sees another's tokens; bad calls are refused."""
+
+import pytest
+import torch
+
+from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.packed_prefill import Chunk, PackingCache, packed_forward
+from specpilot.engine.steps import prefill_chunk
+from specpilot.models.loading import load_model
+
+B, CAP = 4, 64
+
+
+@pytest.fixture(scope="module")
+def target(target_dir):
+    return load_model(target_dir)
+
+
+def fresh(model) -> KVCache:
+    return KVCache.allocate(model.config, B, CAP, model.device, model.dtype)
+
+
+def prompts():
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(1, 4096, (n,), generator=g).tolist() for n in (30, 7, 19, 12)]
+
+
+def rowwise(model, chunks: list[Chunk], capture=()) -> tuple[KVCache, list]:
+    """Each chunk by the one-row chunk forward, after the chunks before it (row prefixes)."""
+    cache = fresh(model)
+    feats = [prefill_chunk(model, cache.row(c.row), list(c.tokens), c.start, 0, capture) for c in chunks]
+    return cache, feats
+
+
+def row_entries(cache: KVCache, row: int, n: int) -> list[torch.Tensor]:
+    return [t[row, :, :n] for t in cache.k + cache.v]
+
+
+@pytest.mark.parametrize("bucket", [0, 16])
+def test_packed_equals_rowwise(target, bucket):
+    """Rows 0 and 2 get their prompt in two chunks (the second packed with rows 1 and 3's only
+    chunks), so a packed chunk reads a prefix another forward wrote."""
+    p = prompts()
+    first = [Chunk(0, tuple(p[0][:20]), 0), Chunk(2, tuple(p[2][:8]), 0)]
+    second = [Chunk(0, tuple(p[0][20:]), 20), Chunk(1, tuple(p[1]), 0), Chunk(2, tuple(p[2][8:]), 8),
+              Chunk(3, tuple(p[3]), 0)]
+    capture = (0, 1)
+    expected, expected_feats = rowwise(target, first + second, capture)
+    cache = fresh(target)
+    packing = PackingCache(cache, 4, bucket)
+    feats = packed_forward(target, cache, packing, first, bucket, capture)
+    feats += packed_forward(target, cache, packing, second, bucket, capture)
+    for row, n in ((0, 30), (1, 7), (2, 19), (3, 12)):
+        for got, want in zip(row_entries(cache, row, n), row_entries(expected, row, n)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for got, want in zip(feats, expected_feats):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_chunks_do_not_see_each_other(target):
+    """Changing one chunk's tokens leaves every other row's K/V as it was, and writes nothing past
+    a row's chunk."""
+    p = prompts()
+    a = [Chunk(0, tuple(p[0]), 0), Chunk(1, tuple(p[1]), 0)]
+    b = [Chunk(0, tuple(p[3]), 0), Chunk(1, tuple(p[1]), 0)]
+    caches = []
+    for chunks in (a, b):
+        cache = fresh(target)
+        packed_forward(target, cache, PackingCache(cache, 2, 0), chunks, 0)
+        caches.append(cache)
+    assert all(torch.equal(x, y) for x, y in zip(row_entries(caches[0], 1, 7), row_entries(caches[1], 1, 7)))
+    assert not torch.equal(caches[0].k[0][0, :, :12], caches[1].k[0][0, :, :12])
+    assert all(t[1, :, 7:].abs().sum() == 0 and t[2:].abs().sum() == 0 for t in caches[0].k + caches[0].v)
+
+
+def test_bad_calls(target):
+    cache = fresh(target)
+    packing = PackingCache(cache, 2, 4)
+    with pytest.raises(ValueError, match="1..2 non-empty"):
+        packed_forward(target, cache, packing, [Chunk(r, (1,), 0) for r in range(3)], 4)
+    with pytest.raises(ValueError, match="non-empty"):
+        packed_forward(target, cache, packing, [Chunk(0, (), 0)], 4)
+    with pytest.raises(ValueError, match="scratch region"):
+        packed_forward(target, cache, packing, [Chunk(0, (1,), 0)], 8)
