@@ -25,6 +25,7 @@ SOURCES = (
     ("drafters/*", "acceptance: DFlash, EAGLE-3, draft model (x1)", "train_drafters.sh"),
     ("serving/mechanisms/*", "batch mechanisms, draft model and EAGLE-3", "serving_mechanisms.sh"),
     ("serving/profile/*", "one serving unit per system: rounds, top kernels (stdout)", "serving_round_profile.py"),
+    ("serving/timing_noise/*", "continuous timed blocks: A/A noise, prefill share", "serving_timing_noise.py"),
     ("serving/*", "continuous batching: throughput, latency", "specpilot bench --regime serving"),
     ("guard/*", "token-forcing guard", "guard_report.py"),
     ("loop/fixture-x16-batch/*", "the optimization loop, continuous regime", "specpilot run"),
@@ -34,6 +35,7 @@ SOURCES = (
     ("w12/w12_kernels_shipped*", "W12 GEMM vs cuBLAS, shipped configs", "w12_kernels.py --shipped"),
     ("w12/w12_escape_cost.*", "cost of W12 escapes", "w12_escape_cost.py"),
     ("w12/w12_refine*", "tuned table vs n128 twins", "w12_refine.py --confirm"),
+    ("w12/tree128/*", "W12 vs cuBLAS, 128-node tree, fixture-x16", "specpilot bench"),
 )
 
 # provenance a file records wrongly, from the run logs: (path, commit it records, note); shown
