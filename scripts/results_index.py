@@ -43,8 +43,10 @@ SOURCES = (
 ERRATA = (
     ("controller/first_request_*.json", "-", "ran at 4505547 (compile, no-compile) and 2db4fec (padded)"),
     ("w12/w12_escape_cost.{json,md}", "b0c0d4e", "ran at 70e2a89 (b0c0d4e was a typo of the run command)"),
-    ("loop/fixture-x16-batch/", "ba4d55d+dirty", "ran on the working tree of cfaee14 (the device copy's base was the "
+    ("loop/fixture-x16-batch/", "c907664+dirty", "ran on the working tree of d1b34c7 (the device copy's base was the "
      "session's first commit)"),
+    ("serving/packed-prefill-c8/", "c907664", "ran on the working tree of d1b34c7 (packed prefill; the device copy's "
+     "base was the session's first commit)"),
 )
 
 W12_TARGETS = ((1, 1.25), (32, 1.15))  # issue 3: W12 over cuBLAS at M=1 and M=32 (scripts/w12_kernels.py)
@@ -251,8 +253,8 @@ HEADLINES = (  # (file under results/, rows from it); a missing file is skipped
     ("speed/fixture-x16-eagle3/results.json", speed_rows),
     ("drafters/fixture-x1/results.json", acceptance_rows),
     ("serving/fixture-x16-batch/results.json", serving_rows),
-    ("serving/mechanisms/c8/results.json", serving_rows),
     ("serving/mechanisms/c32/results.json", serving_rows),
+    ("serving/packed-prefill-c8/results.json", serving_rows),
     ("loop/fixture-x16/report.json", loop_rows),
     ("engine/engine_ar.json", engine_rows),
     ("engine/engine_ar_kernels.json", engine_kernel_rows),
