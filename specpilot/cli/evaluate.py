@@ -27,7 +27,7 @@ HELP = "time a candidate system against an incumbent; promote, reject or ask for
 CONFIG_HELP = {
     "blocks": "paired blocks timed before the first decision",
     "requests_per_block": "requests each arm serves per block",
-    "request_size": "prompts per request (default: the deployment's regime batch)",
+    "request_size": "prompts per request (default: the regime batch; 2 per slot under continuous batching)",
     "max_new_tokens": "new tokens per prompt (default: the deployment's max_new_tokens)",
     "warmup_requests": "untimed warm-up requests per worker",
     "warmup_blocks": "paired blocks run and discarded before timing",

@@ -61,7 +61,7 @@ class ControllerConfig:
     # ---- the timing procedure ----------------------------------------------------------
     blocks: int = 20  # paired blocks measured before the first decision
     requests_per_block: int = 4  # requests each arm serves per block (per device swap)
-    request_size: int = 1  # prompts per request: the deployment's regime batch
+    request_size: int = 1  # prompts per request (`defaults.request_size`: the regime batch, 2 per slot if continuous)
     max_new_tokens: int = 256  # new tokens per prompt in timed requests
     warmup_requests: int = 2  # untimed runner.warmup calls per worker, on their own prompts
     warmup_blocks: int = 1  # paired blocks run and discarded before timing starts

@@ -27,8 +27,21 @@ def runner_spec(deployment: str, system: System, runner: str = DEFAULT_RUNNER,
     return ArmSpec(deployment, {"name": system.name, **system.knobs()}, workdir=workdir, factory=runner)
 
 
+SERVING_REQUESTS_PER_SLOT = 2  # a continuous regime's timed request: this many prompts per slot
+
+
+def request_size(deployment: Deployment) -> int:
+    """Prompts per timed request: one batch of a static regime; under continuous batching
+    `SERVING_REQUESTS_PER_SLOT` per slot, served closed-loop, so every timed request admits prompts
+    while other rows decode (what segment admission and the shared budget act on), as the serving
+    benchmark's units do."""
+    batch = deployment.regime.batch
+    return batch * SERVING_REQUESTS_PER_SLOT if deployment.regime.continuous else batch
+
+
 def default_config(deployment: Deployment, **changes) -> ControllerConfig:
-    """The defaults with the deployment's regime batch and token budget, then `changes` (field -> value)."""
-    base = {"request_size": deployment.regime.batch, "max_new_tokens": deployment.max_new_tokens}
+    """The defaults with the deployment's request size (`request_size`) and token budget, then
+    `changes` (field -> value)."""
+    base = {"request_size": request_size(deployment), "max_new_tokens": deployment.max_new_tokens}
     base.update(changes)
     return ControllerConfig.from_dict(base)

@@ -37,13 +37,14 @@ from specpilot.bench.runner import BenchConfig
 from specpilot.bench.serving import ServingConfig
 from specpilot.bench.stats import MIN_UNITS
 from specpilot.config import Deployment
+from specpilot.control.defaults import SERVING_REQUESTS_PER_SLOT
 from specpilot.errors import ConfigError, SpecPilotError
 from specpilot.loop.systems import Candidate
 
 FINAL_NAME = "final"
 # a serving unit: two requests per slot, so requests are admitted while others decode (one per
 # slot would be a static batch that drains); results/serving/ was measured so too
-FINAL_REQUESTS_PER_SLOT = 2
+FINAL_REQUESTS_PER_SLOT = SERVING_REQUESTS_PER_SLOT  # as the loop's timed requests (`control.defaults`)
 
 
 def is_serving(bench: dict) -> bool:

@@ -45,3 +45,20 @@ def test_flags_map_onto_the_config():
     assert args.func is cli.run_command
     with pytest.raises(ConfigError, match="FIELD=VALUE"):
         cli.controller_fields(["blocks"])
+
+
+def test_a_continuous_regime_times_two_prompts_per_slot():
+    """Each timed request of a continuous deployment is served closed-loop with two prompts per slot
+    (admissions while rows decode, as the final measurement's units); a static batch's is one batch."""
+    from dataclasses import replace
+
+    from specpilot.config import Regime, load_deployment
+    from specpilot.loop.final import FINAL_REQUESTS_PER_SLOT
+
+    served = load_deployment("fixture-x16-batch")
+    assert served.regime.continuous
+    gpu = for_device("cuda")
+    assert controller_config(gpu, served).request_size == 2 * served.regime.batch == FINAL_REQUESTS_PER_SLOT * 8
+    static = replace(served, regime=Regime(batch=8))
+    assert controller_config(gpu, static).request_size == 8
+    assert controller_config(gpu, DEPLOYMENT).request_size == DEPLOYMENT.regime.batch
