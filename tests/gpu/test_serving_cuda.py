@@ -49,3 +49,27 @@ def test_graphed_serving_equals_ar(target_dir, drafter_dir, requests, full_preci
     assert any(k != "all" for k in result.extra["attention_spans"])  # rounds replayed a span's graph
     if segment:
         assert result.extra["segment_admissions"] >= 3
+
+
+def test_packed_prefill_equals_rowwise_on_cuda(target_dir, full_precision):
+    """Packed prefill on CUDA (bucket 64, the fused attention kernels over the packing cache) writes
+    each row's K/V as the one-row chunk forwards do, to float32 rounding."""
+    from specpilot.engine.kv_cache import KVCache
+    from specpilot.engine.packed_prefill import Chunk, PackingCache, packed_forward
+    from specpilot.engine.steps import prefill_chunk
+
+    target = load_model(target_dir, device="cuda", dtype=torch.float32)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1, 4096, (n,), generator=g).tolist() for n in (90, 7, 40, 12)]
+    chunks = [Chunk(0, tuple(prompts[0][:50]), 0), Chunk(1, tuple(prompts[1]), 0), Chunk(2, tuple(prompts[2]), 0),
+              Chunk(3, tuple(prompts[3]), 0)]
+    rest = [Chunk(0, tuple(prompts[0][50:]), 50)]
+    caches = [KVCache.allocate(target.config, 4, 256, target.device, target.dtype) for _ in range(2)]
+    for c in chunks + rest:
+        prefill_chunk(target, caches[0].row(c.row), list(c.tokens), c.start, 64)
+    packing = PackingCache(caches[1], 4, 64)
+    packed_forward(target, caches[1], packing, chunks, 64)
+    packed_forward(target, caches[1], packing, rest, 64)
+    for row, n in ((0, 90), (1, 7), (2, 40), (3, 12)):
+        for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
+            torch.testing.assert_close(b[row, :, :n], a[row, :, :n], rtol=1e-4, atol=1e-4)
