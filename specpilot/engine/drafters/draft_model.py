@@ -28,10 +28,10 @@ import torch
 from specpilot.engine.drafters import best_first
 from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
-from specpilot.engine.packed_prefill import PACK_ROWS, PackingCache, packed_forward, warm
+from specpilot.engine.packed_prefill import PACK_ROWS, Chunk, PackingCache, packed_forward, warm
 from specpilot.engine.selection import row_caps, share_rows
 from specpilot.engine.state import DecodeState
-from specpilot.engine.steps import prefill, prefill_chunk
+from specpilot.engine.steps import prefill
 from specpilot.engine.tree import DraftTree
 from specpilot.models.transformer import Transformer
 
@@ -92,8 +92,7 @@ class DraftModelDrafter(Drafter):
     def prefill_row(self, row: int, tokens: list[int], start: int, state: DecodeState, features=None) -> None:
         """One prompt chunk of the request entering `row` into the draft cache (as `start` does for
         a whole batch; the first round's catch-up covers the root and what follows)."""
-        if tokens:
-            prefill_chunk(self.model, self.cache.row(row), tokens, start, self.prefill_bucket)
+        self.prefill_rows([Chunk(row, tuple(tokens), start)], state)
 
     def _catch_up(self, state: DecodeState) -> torch.Tensor:
         """Re-read the last W committed tokens; log-probs at the root [B,V] (float32)."""
