@@ -11,7 +11,10 @@ what is left, so it stops cleanly and still measures and reports. The estimates:
   + the winner's re-measurement) evaluations, a wave being as many candidates as the backend
   times at once;
 - the final measurement: AR, stock and the final system over every prompt at their measured (AR
-  and incumbent) ms per token, plus warm-up (CUDA graphs and compilation on GPU). Served by
+  and incumbent) ms per token, plus warm-up: a process's start, load and CUDA graphs where the
+  final system carries a patch (it is benched in its worktree's own process), else only each
+  system's graphs and warmed shapes in the loop's loaded process (an H200 run of fixture-x16-batch:
+  AR and stock warmed and served in 29 s against an estimate of 105 s with the whole start-up). Served by
   continuous batching in C slots, a unit of R x C requests of at most T tokens ends within
   (R + 1 - 1/C) x T token times (its last request starts once the others' work, at most
   (R x C - 1) x T, is spread over the slots), which is the estimate: slots draining at its end
@@ -29,7 +32,8 @@ from specpilot.bench.serving import ServingConfig
 from specpilot.control.config import ControllerConfig
 
 GUESS_EVALUATION_S = {"cpu": 20.0, "cuda": 90.0}
-WARMUP_S = {"cpu": 10.0, "cuda": 60.0}
+WARMUP_S = {"cpu": 10.0, "cuda": 60.0}  # the final benchmark in a process of its own (a patched final system)
+SYSTEM_WARMUP_S = {"cpu": 3.0, "cuda": 10.0}  # one system's warm-up in the loop's loaded process
 SHARED_OPEN_S = 6.0  # warming a new system in a running shared worker (graph capture), settling included
 
 
@@ -70,9 +74,10 @@ def round_seconds(past: list[float], per_evaluation: float, candidates: int, par
     return 5.0 + (math.ceil(candidates / max(1, parallelism)) + 1) * per_evaluation
 
 
-def final_seconds(cost, bench, batch: int, device: str) -> float:
+def final_seconds(cost, bench, batch: int, device: str, own_process: bool = True) -> float:
     """The final measurement's time for its `BenchConfig` or `ServingConfig` `bench`, from the
-    incumbent's cost table (ms per token of one sequence, `batch` decoded together)."""
+    incumbent's cost table (ms per token of one sequence, `batch` decoded together); `own_process`
+    False: it runs in the loop's loaded process (no patched final system is possible)."""
     ar = cost.predict_ms_per_token(None)
     per_token = (ar if math.isfinite(ar) else cost.ms_per_token) + 2 * cost.ms_per_token  # AR, stock, final
     if isinstance(bench, ServingConfig):  # token times of each unit (see the module docstring), summed
@@ -81,4 +86,5 @@ def final_seconds(cost, bench, batch: int, device: str) -> float:
                      for c in bench.concurrency) * bench.max_new_tokens
     else:
         tokens = len(bench.sets) * bench.n_prompts * bench.max_new_tokens / batch
-    return 1.2 * per_token * tokens / 1e3 + WARMUP_S[device]
+    warmup = WARMUP_S[device] if own_process else 3 * SYSTEM_WARMUP_S[device]
+    return 1.2 * per_token * tokens / 1e3 + warmup

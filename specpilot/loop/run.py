@@ -156,6 +156,7 @@ class _Run:
         self._announce()
         self.setup = LoopSetup(dep, self.device, self.backend.device_name(), self.checkout, self.paths.scratch)
         self.enabled = tuple(a for a in self.agents if self._agent_on(a))
+        self._patches_stored: bool | None = None  # the memory holds a patched candidate (`_final_may_patch`)
         self.seeds = self._seeds()
         self.lock.acquire()
         self.session = shared_session(self.deployment_file, dep, self.devices[0])
@@ -262,6 +263,15 @@ class _Run:
                                        self.config.profile_tokens, str(self.session.device))
         return measure(self.session, c.system, self.batches, self.config.profile_tokens)
 
+    def _final_may_patch(self, incumbent) -> bool:
+        """Whether the final system may carry a patch (then it is benched in a process of its own):
+        the incumbent has one, the coding agent is on, or the memory holds a patched candidate that
+        the integration or seeding could bring back."""
+        if self._patches_stored is None:
+            self._patches_stored = any(r.candidate.patch for r in self.memory.entries())
+        return (incumbent.candidate.patch is not None or self._patches_stored
+                or any(a.name == "coding" for a in self.enabled))
+
     def _rounds(self):
         from specpilot.loop.final import bench_config
 
@@ -275,7 +285,8 @@ class _Run:
                 cost = cost or self.measure(incumbent.candidate)
                 estimate = round_seconds([o.seconds for o in outcomes if not o.nothing_new], self.per_evaluation,
                                          c.max_candidates, self.backend.parallelism)
-                reserve = final_seconds(cost, bench, self.deployment.regime.batch, self.device) if c.final else 0.0
+                reserve = (final_seconds(cost, bench, self.deployment.regime.batch, self.device,
+                                         self._final_may_patch(incumbent)) if c.final else 0.0)
                 if not outcomes and self.budget.seconds is None:
                     j.say(f"no time budget: {c.rounds - done} round(s) of ~{estimate:.0f} s and the final measurement "
                           f"(~{reserve:.0f} s), about {((c.rounds - done) * estimate + reserve) / 60:.1f} min "

@@ -55,3 +55,39 @@ def test_the_final_serving_run_is_estimated_by_its_units():
     assert final_seconds(cost, bench, 8, "cuda") == pytest.approx(expected)
     static = bench_config(replace(DEPLOYMENT, regime=Regime(batch=8)), 5, 512)  # 2 batches of 8 per set
     assert final_seconds(cost, static, 8, "cuda") == pytest.approx(1.2 * per_token * 5 * 2 * 512 / 1e3 + 60.0)
+
+
+def test_the_final_measurement_in_the_loaded_process_warms_each_system_only():
+    """A final system without a patch is benched in the loop's loaded process: three systems' warm-up,
+    not a process start-up; one that may carry a patch keeps the start-up."""
+    cost = cost_table(STOCK)
+    bench = bench_config(DEPLOYMENT, 4, 512)
+    tokens_s = 1.2 * (cost.predict_ms_per_token(None) + 2 * cost.ms_per_token) * 5 * 4 * 512 / 1e3
+    assert final_seconds(cost, bench, 1, "cuda", own_process=False) == pytest.approx(tokens_s + 3 * 10.0)
+    assert final_seconds(cost, bench, 1, "cuda", own_process=True) == pytest.approx(tokens_s + 60.0)
+
+
+def test_the_final_may_carry_a_patch_when_any_source_of_one_is_there():
+    from types import SimpleNamespace
+
+    from specpilot.loop.run import _Run as LoopRun
+
+    class Memory:
+        def __init__(self, patches):
+            self.calls, self.patches = 0, patches
+
+        def entries(self):
+            self.calls += 1
+            return [SimpleNamespace(candidate=SimpleNamespace(patch=p)) for p in self.patches]
+
+    def run(patches=(), agents=("knob",)):
+        return SimpleNamespace(_patches_stored=None, memory=Memory(patches),
+                               enabled=tuple(SimpleNamespace(name=a) for a in agents))
+
+    plain, patched = (SimpleNamespace(candidate=SimpleNamespace(patch=p)) for p in (None, "diff"))
+    quiet = run()
+    assert not LoopRun._final_may_patch(quiet, plain) and not LoopRun._final_may_patch(quiet, plain)
+    assert quiet.memory.calls == 1  # the memory is read once per run
+    assert LoopRun._final_may_patch(quiet, patched)
+    assert LoopRun._final_may_patch(run(agents=("knob", "coding")), plain)
+    assert LoopRun._final_may_patch(run(patches=(None, "diff")), plain)
