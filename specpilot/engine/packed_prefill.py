@@ -21,7 +21,8 @@ concatenated tokens [1,S]:
 Outputs equal the row-by-row chunk forwards up to float rounding: the projections see an [S,C]
 input instead of [T,C], and attention runs over the packing cache's slots, not the row's.
 
-Owns: the packing cache, the packed forward and its warm-up. Does not own which chunks run when
+Owns: the packing cache, the packed layout (`pack`, for any model with a cached forward), the
+target's packed forward and its warm-up. Does not own which chunks run when
 (`engine.serving`) or the one-row chunk forward (`steps.prefill_chunk`).
 """
 
@@ -66,13 +67,34 @@ class PackingCache:
         return t[0, :, : self.rows * self.cap].view(Hkv, self.rows, self.cap, D)
 
 
-def packed_forward(model: Transformer, cache: KVCache, packing: PackingCache, chunks: list[Chunk],
-                   bucket: int = 0, capture: tuple[int, ...] = ()) -> list[torch.Tensor] | None:
-    """Write every chunk's K/V into its row of `cache` from one forward (at most `packing.rows`
-    chunks, each with tokens); with `capture`, each chunk's features [T,nC] in order, else None."""
+@dataclass
+class Packed:
+    """One packed forward's inputs on the device (`pack`): S tokens, the first n real, chunk i's
+    tokens at [offsets[i], offsets[i] + len); `rows`/`row_slots` [n] say where each real token's
+    K/V belongs in the row cache (`write_back`)."""
+
+    tokens: torch.Tensor  # [1,S] the chunks' tokens, then padding (0)
+    positions: torch.Tensor  # [1,S] RoPE positions
+    slots: torch.Tensor  # [1,S] packing-cache slots
+    mask: torch.Tensor  # [1,1,S,slots] bool
+    rows: torch.Tensor  # [n]
+    row_slots: torch.Tensor  # [n]
+    offsets: list[int]
+    n: int
+
+    def write_back(self, cache: KVCache, packing: PackingCache) -> None:
+        """The real tokens' K/V, from their region slots to their row's slots."""
+        region_slots = self.slots[0, : self.n]
+        for base, pk in zip(cache.k + cache.v, packing.cache.k + packing.cache.v):
+            base[self.rows, :, self.row_slots] = pk[0][:, region_slots].transpose(0, 1)  # [n,Hkv,D]
+
+
+def pack(cache: KVCache, packing: PackingCache, chunks: list[Chunk], bucket: int = 0) -> Packed:
+    """Lay out `chunks` (1..`packing.rows`, each with tokens) in the packing cache, their prompt
+    prefixes copied in from their rows; the model's forward over the result, then `write_back`."""
     if not chunks or len(chunks) > packing.rows or any(not c.tokens for c in chunks):
-        raise ValueError(f"packed_forward takes 1..{packing.rows} non-empty chunks (got {len(chunks)})")
-    dev = model.device
+        raise ValueError(f"a packed forward takes 1..{packing.rows} non-empty chunks (got {len(chunks)})")
+    dev = cache.k[0].device
     cap = packing.cap
     n = sum(len(c.tokens) for c in chunks)
     S = -(-n // bucket) * bucket if bucket > 0 else n
@@ -80,9 +102,10 @@ def packed_forward(model: Transformer, cache: KVCache, packing: PackingCache, ch
         raise ValueError(f"padding of {S - n} tokens exceeds the scratch region of {packing.pad}")
     # host side, one transfer: per token (padding last) its token, position, region slot, first
     # and last visible region slot, row and row slot; then the rows and regions of continued chunks
-    tok, pos, slot, lo, hi, row, row_slot = [], [], [], [], [], [], []
+    tok, pos, slot, lo, hi, row, row_slot, offsets = [], [], [], [], [], [], [], []
     for r, c in enumerate(chunks):
         T = len(c.tokens)
+        offsets.append(len(tok))
         tok += c.tokens
         pos += range(c.start, c.start + T)
         slot += range(r * cap + c.start, r * cap + c.start + T)
@@ -104,7 +127,6 @@ def packed_forward(model: Transformer, cache: KVCache, packing: PackingCache, ch
     host = torch.tensor(flat, dtype=torch.int64)
     packed = (host.pin_memory() if dev.type == "cuda" else host).to(dev, non_blocking=True)
     per_token = packed[: 7 * S].view(7, S)
-    tokens, positions, slots = per_token[0][None], per_token[1][None], per_token[2][None]  # [1,S]
     s = torch.arange(packing.slots, device=dev)
     mask = ((s[None] >= per_token[3][:, None]) & (s[None] <= per_token[4][:, None]))[None, None]  # [1,1,S,slots]
     if cont:  # their prompt prefix, from their rows into their regions
@@ -112,19 +134,22 @@ def packed_forward(model: Transformer, cache: KVCache, packing: PackingCache, ch
         src, dst = packed[7 * S :].view(2, len(cont))
         for base, pk in zip(cache.k + cache.v, packing.cache.k + packing.cache.v):
             packing.regions(pk)[:, dst, :span] = base[src, :, :span].transpose(0, 1)
-    empty = torch.zeros(1, 0, dtype=torch.int64, device=dev)
-    out = model(tokens, positions, packing.cache, slots, mask, logits_for=empty, capture=capture)
-    # the real tokens' K/V, from their region slots to their row's slots
-    row_idx, row_slots, region_slots = per_token[5, :n], per_token[6, :n], per_token[2, :n]  # [n]
-    for base, pk in zip(cache.k + cache.v, packing.cache.k + packing.cache.v):
-        base[row_idx, :, row_slots] = pk[0][:, region_slots].transpose(0, 1)  # [n,Hkv,D]
+    return Packed(per_token[0][None], per_token[1][None], per_token[2][None], mask, per_token[5, :n],
+                  per_token[6, :n], offsets, n)
+
+
+def packed_forward(model: Transformer, cache: KVCache, packing: PackingCache, chunks: list[Chunk],
+                   bucket: int = 0, capture: tuple[int, ...] = ()) -> list[torch.Tensor] | None:
+    """Write every chunk's K/V into its row of `cache` from one forward of `model` (at most
+    `packing.rows` chunks, each with tokens); with `capture`, each chunk's features [T,nC] in
+    order, else None."""
+    p = pack(cache, packing, chunks, bucket)
+    empty = torch.zeros(1, 0, dtype=torch.int64, device=p.tokens.device)
+    out = model(p.tokens, p.positions, packing.cache, p.slots, p.mask, logits_for=empty, capture=capture)
+    p.write_back(cache, packing)
     if not capture:
         return None
-    features, out_features, offset = [], out[1][0], 0  # [S,nC]
-    for c in chunks:
-        features.append(out_features[offset : offset + len(c.tokens)])
-        offset += len(c.tokens)
-    return features
+    return [out[1][0, o : o + len(c.tokens)] for o, c in zip(p.offsets, chunks)]  # [T,nC] each
 
 
 def warm(model: Transformer, cache: KVCache, packing: PackingCache, bucket: int, limit: int, row: int = 0,

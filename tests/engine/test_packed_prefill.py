@@ -85,3 +85,43 @@ def test_bad_calls(target):
         packed_forward(target, cache, packing, [Chunk(0, (), 0)], 4)
     with pytest.raises(ValueError, match="scratch region"):
         packed_forward(target, cache, packing, [Chunk(0, (1,), 0)], 8)
+
+
+@pytest.mark.parametrize("bucket", [0, 16])
+def test_eagle3_head_packed_equals_rowwise(target, bucket):
+    """The EAGLE-3 head's packed prompt forwards fill each row's head slots and read each row's root
+    hidden at its chunk's last real slot, as the one-row forwards do (float32, random head; chunks
+    that begin and that continue a prompt)."""
+    from specpilot.engine.drafters.eagle3 import Eagle3Drafter
+    from specpilot.engine.state import DecodeState
+    from specpilot.models.eagle3 import random_eagle3
+
+    head = random_eagle3(target.config, seed=3).to(dtype=target.dtype).eval().requires_grad_(False)
+    p = prompts()
+    first = [Chunk(0, tuple(p[0][:20]), 0), Chunk(2, tuple(p[2][:8]), 0)]
+    second = [Chunk(0, tuple(p[0][20:29]), 20), Chunk(1, tuple(p[1][:6]), 0), Chunk(2, tuple(p[2][8:18]), 8),
+              Chunk(3, tuple(p[3][:11]), 0)]
+    g = torch.Generator().manual_seed(7)
+    width = len(head.feature_layers) * target.config.hidden_size
+    features = {id(c): torch.randn(len(c.tokens), width, generator=g) for c in first + second}
+    drafters = []
+    for _ in range(2):
+        state = DecodeState.allocate(B, CAP, 8, target.device)
+        for b, prompt in enumerate(p):
+            state.load_row(b, prompt, 4)
+        d = Eagle3Drafter(head, target, 3, 2, 4)
+        d.prefill_bucket = bucket
+        d.start([[0]] * B, state)  # allocates the head's cache, fills nothing
+        drafters.append((d, state))
+    (rowwise, s0), (packed, s1) = drafters
+    for c in first + second:  # one row at a time: the head's one-row prompt forward
+        f = features[id(c)]
+        nxt = s0.tokens[c.row, c.start + 1 : c.start + f.shape[0] + 1]  # token t + 1 of slot t
+        rowwise.cache.root_hidden[c.row] = rowwise._prompt_forward(rowwise.cache.kv.row(c.row), f, nxt, c.start)
+    for group in (first, second):
+        packed.prefill_rows(group, s1, [features[id(c)] for c in group])
+    for row, n in ((0, 29), (1, 6), (2, 18), (3, 11)):
+        for a, b in zip(rowwise.cache.kv.k + rowwise.cache.kv.v, packed.cache.kv.k + packed.cache.kv.v):
+            torch.testing.assert_close(b[row, :, :n], a[row, :, :n], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed.cache.root_hidden, rowwise.cache.root_hidden, rtol=1e-5, atol=1e-5)
+    assert rowwise.cache.root_hidden.abs().sum(1).min() > 0  # every row has a root hidden to compare

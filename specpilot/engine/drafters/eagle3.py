@@ -38,6 +38,7 @@ import torch
 from specpilot.engine.drafters import best_first
 from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.packed_prefill import PACK_ROWS, Chunk, PackingCache, pack
 from specpilot.engine.selection import row_caps, share_rows
 from specpilot.engine.state import DecodeState
 from specpilot.engine.steps import padded_length
@@ -76,6 +77,7 @@ class Eagle3Drafter(Drafter):
         self.embed = model.embed_tokens if model.embed_tokens is not None else target.embed_tokens
         self.token_ids = model.token_ids()  # [Vd] target id per draft id, None if the same vocabulary
         self.caches: dict[tuple[int, int], Eagle3Cache] = {}  # per workspace, shared by depth tiers
+        self.packings: dict[tuple[int, int], PackingCache] = {}  # per workspace: packed prompt forwards
         self.cache: Eagle3Cache | None = None
         self.prefill_bucket = 0  # prompt forwards padded to a multiple of this (set by the generator)
 
@@ -89,6 +91,7 @@ class Eagle3Drafter(Drafter):
 
     def release(self, key: tuple[int, int]) -> None:
         self.caches.pop(key, None)
+        self.packings.pop(key, None)
 
     def start(self, prompts: list[list[int]], state: DecodeState, features: list[torch.Tensor] | None = None) -> None:
         """Allocate this workspace's head cache and fill the prompts' slots from `features` (per row
@@ -115,13 +118,50 @@ class Eagle3Drafter(Drafter):
         """Continuous batching: the head's slots start..start+T-1 of the request entering `row` from
         the target features [T,nC] of that prompt chunk, each paired with the next prompt token
         (already in `state.tokens`); start 0 resets the row's root hidden."""
-        if start == 0:
-            self.cache.root_hidden[row].zero_()
-        if features is None or features.shape[0] == 0:
+        self.prefill_rows([Chunk(row, tuple(tokens), start)], state, [features])
+
+    def prefill_rows(self, chunks: list, state: DecodeState, features=None) -> None:
+        """One sync's prompt chunks (continuous batching): rows starting a prompt get their root
+        hidden reset; the chunks with features fill their head slots in packed forwards
+        (`engine.packed_prefill`), `PACK_ROWS` to a forward, each row's root hidden read at its
+        chunk's last slot, as `prefill_row` does one row at a time."""
+        for c in chunks:
+            if c.start == 0:
+                self.cache.root_hidden[c.row].zero_()
+        full = [(c, f) for c, f in zip(chunks, features or [None] * len(chunks)) if f is not None and f.shape[0]]
+        for i in range(0, len(full), PACK_ROWS):
+            self._packed_prompt_forward(full[i : i + PACK_ROWS], state)
+
+    def _packed_prompt_forward(self, group: list, state: DecodeState | None) -> None:
+        """Head slots of (chunk, features [T,nC]) pairs in one forward, each slot paired with the
+        prompt token after it (from `state.tokens`; zeros without a state: warm-up)."""
+        m, kv, packing = self.model, self.cache.kv, self._packing()
+        p = pack(kv, packing, [c for c, _ in group], self.prefill_bucket)
+        S = p.tokens.shape[1]
+        nxt = state.tokens[p.rows, p.row_slots + 1] if state is not None else p.tokens[0, : p.n]  # [n]
+        tokens = torch.cat([nxt, nxt.new_zeros(S - p.n)])[None]  # [1,S]
+        feats = torch.cat([f for _, f in group])
+        feats = torch.cat([feats, feats.new_zeros(S - p.n, feats.shape[1])])[None].to(m.dtype)  # [1,S,nC]
+        out = m.forward_cached(self.embed(tokens), m.fuse(feats), p.positions, packing.cache, p.slots, p.mask)
+        p.write_back(kv, packing)
+        for o, (c, f) in zip(p.offsets, group):
+            self.cache.root_hidden[c.row] = out[0, o + f.shape[0] - 1]
+
+    def _packing(self) -> PackingCache:
+        kv = self.cache.kv
+        key = (kv.batch, kv.capacity)
+        if key not in self.packings:
+            self.packings[key] = PackingCache(kv, min(kv.batch, PACK_ROWS), self.prefill_bucket)
+        return self.packings[key]
+
+    def warm_rows(self, limit: int) -> None:
+        """Every packed length up to `limit` once (row 0, free before admission), as the target's."""
+        if self.prefill_bucket <= 0:
             return
-        T = features.shape[0]
-        nxt = state.tokens[row, start + 1 : start + T + 1]  # [T] token t + 1 of slot t
-        self.cache.root_hidden[row] = self._prompt_forward(self.cache.kv.row(row), features, nxt, start)
+        width = len(self.feature_layers) * self.target.config.hidden_size
+        for S in range(self.prefill_bucket, min(limit, self.cache.kv.capacity) + 1, self.prefill_bucket):
+            f = torch.zeros(S, width, device=self.target.device, dtype=self.target.dtype)
+            self._packed_prompt_forward([(Chunk(0, (0,) * S, 0), f)], None)
 
     def _prompt_forward(self, row: KVCache, features: torch.Tensor, nxt: torch.Tensor, start: int) -> torch.Tensor:
         """Slots start..start+T-1 of a one-row head cache from features [T,nC] and next tokens [T],
