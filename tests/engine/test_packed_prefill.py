@@ -125,3 +125,32 @@ def test_eagle3_head_packed_equals_rowwise(target, bucket):
             torch.testing.assert_close(b[row, :, :n], a[row, :, :n], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(packed.cache.root_hidden, rowwise.cache.root_hidden, rtol=1e-5, atol=1e-5)
     assert rowwise.cache.root_hidden.abs().sum(1).min() > 0  # every row has a root hidden to compare
+
+
+def test_dflash_context_of_a_sync_equals_rowwise(target):
+    """DFlash writes one sync's context K/V in one call: each token at its own row and slot, as
+    the one-row writes do (float32, random drafter; chunks that begin and that continue a prompt)."""
+    from specpilot.engine.drafters.dflash import DFlashDrafter
+    from specpilot.engine.state import DecodeState
+    from specpilot.models.dflash import random_dflash
+
+    model = random_dflash(target.config, seed=2).to(dtype=target.dtype).eval().requires_grad_(False)
+    p = prompts()
+    chunks = [Chunk(0, tuple(p[0][20:29]), 20), Chunk(1, tuple(p[1][:6]), 0), Chunk(3, tuple(p[3][:11]), 0)]
+    g = torch.Generator().manual_seed(4)
+    width = len(model.feature_layers) * target.config.hidden_size
+    features = [torch.randn(len(c.tokens), width, generator=g) for c in chunks]
+    drafters = []
+    for _ in range(2):
+        state = DecodeState.allocate(B, CAP, 8, target.device)
+        d = DFlashDrafter(model, target, 4, 8)
+        d.start([[0]] * B, state)
+        drafters.append((d, state))
+    (rowwise, _), (packed, s1) = drafters
+    for c, f in zip(chunks, features):  # one row at a time
+        pos = c.start + torch.arange(f.shape[0])[None]
+        rowwise._write_context(rowwise.cache.row(c.row), f[None], pos)
+    packed.prefill_rows(chunks, s1, features)
+    for a, b in zip(rowwise.cache.k + rowwise.cache.v, packed.cache.k + packed.cache.v):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    assert rowwise.cache.k[0][0, :, 20:29].abs().sum() > 0 and rowwise.cache.k[0][0, :, :20].abs().sum() == 0

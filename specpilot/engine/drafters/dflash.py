@@ -39,6 +39,7 @@ from specpilot.config import TreeConstruction
 from specpilot.engine.ddtree import build_tree, num_draft_nodes
 from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
+from specpilot.engine.packed_prefill import Chunk
 from specpilot.engine.selection import row_caps, share_rows
 from specpilot.engine.state import DecodeState
 from specpilot.engine.tree import DraftTree
@@ -102,15 +103,28 @@ class DFlashDrafter(Drafter):
                     features: torch.Tensor | None = None) -> None:
         """Context K/V of one prompt chunk of the request entering `row`, from its target features
         [T,nC] (from the target's prefill of the chunk), at slots start..start+T-1."""
-        if features is None or features.shape[0] == 0:
-            return
-        pos = start + torch.arange(features.shape[0], device=features.device)[None]
-        self._write_context(self.cache.row(row), features[None].to(self.model.dtype), pos)
+        self.prefill_rows([Chunk(row, tuple(tokens), start)], state, [features])
 
-    def _write_context(self, cache: KVCache, features: torch.Tensor, positions: torch.Tensor) -> None:
-        """Context K/V of features [B,T,n*C] at slots = positions [B,T]."""
+    def prefill_rows(self, chunks: list, state: DecodeState, features=None) -> None:
+        """One sync's prompt chunks: the context K/V of every chunk with features in one call over
+        their concatenated features, each token written at its row's slot (start + t)."""
+        full = [(c, f) for c, f in zip(chunks, features or [None] * len(chunks)) if f is not None and f.shape[0]]
+        if not full:
+            return
+        rows = [c.row for c, f in full for _ in range(f.shape[0])]
+        slots = [c.start + t for c, f in full for t in range(f.shape[0])]
+        dev = full[0][1].device
+        host = torch.tensor([rows, slots], dtype=torch.int64)
+        index = (host.pin_memory() if dev.type == "cuda" else host).to(dev, non_blocking=True)  # [2,n]
+        feats = torch.cat([f for _, f in full])[None].to(self.model.dtype)  # [1,n,nC]
+        self._write_context(self.cache, feats, index[1][None], index[0][None])
+
+    def _write_context(self, cache: KVCache, features: torch.Tensor, positions: torch.Tensor,
+                       rows: torch.Tensor | None = None) -> None:
+        """Context K/V of features [B,T,n*C] at slots = positions [B,T] of rows [B,T] (default: row b)."""
         B, T = positions.shape
-        rows = torch.arange(B, device=positions.device)[:, None].expand(B, T)
+        if rows is None:
+            rows = torch.arange(B, device=positions.device)[:, None].expand(B, T)
         for i, (k, v) in enumerate(self.model.context_kv(features, positions)):
             cache.k[i][rows, :, positions] = k  # [B,T,Hkv,D]
             cache.v[i][rows, :, positions] = v
