@@ -21,6 +21,12 @@ concatenated tokens [1,S]:
 Outputs equal the row-by-row chunk forwards up to float rounding: the projections see an [S,C]
 input instead of [T,C], and attention runs over the packing cache's slots, not the row's.
 
+The cost of the fixed layout: attention reads all `rows` x capacity slots (plus the mask over
+them) in every packed forward, however few chunks it carries. For fixture-x16-batch (8 regions of
+1280 slots) that is ~56 GFLOP of attention in a 512-token forward (computed, not measured): small
+beside its projections; at long-context capacities (tens of thousands of slots) it is not, and a
+variable-length attention kernel over the rows' own slots is the fix.
+
 Owns: the packing cache, the packed layout (`pack`, for any model with a cached forward), the
 target's packed forward and its warm-up. Does not own which chunks run when
 (`engine.serving`) or the one-row chunk forward (`steps.prefill_chunk`).
