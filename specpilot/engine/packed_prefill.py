@@ -63,6 +63,15 @@ class PackingCache:
         self.cache = KVCache([torch.zeros(shape, dtype=k0.dtype, device=k0.device) for _ in like.k],
                              [torch.zeros(shape, dtype=k0.dtype, device=k0.device) for _ in like.v])
 
+    @classmethod
+    def of(cls, store: dict, cache: KVCache, bucket: int) -> "PackingCache":
+        """The packing cache of `cache` kept in `store` (by batch and capacity, as drafters keep their
+        caches per workspace): `PACK_ROWS` regions at most, a scratch region of one bucket."""
+        key = (cache.batch, cache.capacity)
+        if key not in store:
+            store[key] = cls(cache, min(cache.batch, PACK_ROWS), bucket)
+        return store[key]
+
     @property
     def slots(self) -> int:
         return self.rows * self.cap + self.pad
@@ -160,9 +169,9 @@ def packed_forward(model: Transformer, cache: KVCache, packing: PackingCache, ch
 
 def warm(model: Transformer, cache: KVCache, packing: PackingCache, bucket: int, limit: int, row: int = 0,
          capture: tuple[int, ...] = ()) -> None:
-    """Run every padded packed length up to `limit` tokens once (a chunk of zeros in `row`, which
+    """Run every padded packed length of up to `limit` real tokens once (a chunk of zeros in `row`, which
     must be free: its slots 0..limit-1 are overwritten), so no request pays a shape's first run."""
     if bucket <= 0:
         return
-    for S in range(bucket, min(limit, packing.cap) + 1, bucket):
+    for S in range(bucket, min(-(-limit // bucket) * bucket, packing.cap) + 1, bucket):
         packed_forward(model, cache, packing, [Chunk(row, (0,) * S, 0)], bucket, capture)

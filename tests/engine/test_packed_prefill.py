@@ -154,3 +154,22 @@ def test_dflash_context_of_a_sync_equals_rowwise(target):
     for a, b in zip(rowwise.cache.k + rowwise.cache.v, packed.cache.k + packed.cache.v):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
     assert rowwise.cache.k[0][0, :, 20:29].abs().sum() > 0 and rowwise.cache.k[0][0, :, :20].abs().sum() == 0
+
+
+def test_warm_runs_every_padded_length(target, monkeypatch):
+    """Every length a chunk budget of `limit` tokens pads to, up to the row capacity; none unpadded."""
+    import specpilot.engine.packed_prefill as pp
+
+    seen = []
+    monkeypatch.setattr(pp, "packed_forward", lambda model, cache, packing, chunks, bucket, capture=():
+                        seen.append(sum(len(c.tokens) for c in chunks)))
+    cache = fresh(target)
+    packing = PackingCache(cache, 2, 16)
+    pp.warm(target, cache, packing, 16, 24)
+    assert seen == [16, 32]  # 17..24 real tokens pad to 32
+    seen.clear()
+    pp.warm(target, cache, packing, 16, 200)
+    assert seen == [16, 32, 48, 64]  # the row's capacity bounds a chunk
+    seen.clear()
+    pp.warm(target, cache, packing, 0, 24)
+    assert seen == []

@@ -205,3 +205,20 @@ def test_the_span_holds_every_row_for_the_rounds_until_the_next_sync(target):
         need = max(reach) + (rounds + 1) * slack
         assert engine._span(ws, reach, rounds) == -(-need // 64) * 64 >= need
     assert engine._span(ws, [250, 1, 1], 1) is None
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle3"])
+def test_padded_packed_prefill_keeps_every_output(target, draft, requests, ar_outputs, kind):
+    """With a prefill bucket (as on a GPU) every packed prefill is padded into the scratch region and
+    every packed length is warmed first (target, draft model, EAGLE-3 head): outputs stay AR's."""
+    from specpilot.engine.drafters.eagle3 import Eagle3Drafter
+    from specpilot.models.eagle3 import random_eagle3
+
+    if kind == "model":
+        d = DraftModelDrafter(draft, 3, 3, 8, window=9)
+    else:
+        d = Eagle3Drafter(random_eagle3(target.config, seed=3).eval().requires_grad_(False), target, 3, 2, 6)
+    gen = Generator(target, {3: d}, prefill_bucket=16)
+    assert gen.prefill_bucket == 16 and d.prefill_bucket == 16
+    result = served(gen, requests, prefill_chunk=24)
+    assert [r.output for r in result.requests] == ar_outputs

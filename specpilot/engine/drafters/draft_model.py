@@ -73,10 +73,7 @@ class DraftModelDrafter(Drafter):
         self.packings.pop(key, None)
 
     def _packing(self) -> PackingCache:
-        key = (self.cache.batch, self.cache.capacity)
-        if key not in self.packings:
-            self.packings[key] = PackingCache(self.cache, min(self.cache.batch, PACK_ROWS), self.prefill_bucket)
-        return self.packings[key]
+        return PackingCache.of(self.packings, self.cache, self.prefill_bucket)
 
     def prefill_rows(self, chunks: list, state: DecodeState, features=None) -> None:
         """One sync's prompt chunks into the draft cache, packed `PACK_ROWS` to a forward."""

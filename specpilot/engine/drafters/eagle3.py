@@ -148,18 +148,15 @@ class Eagle3Drafter(Drafter):
             self.cache.root_hidden[c.row] = out[0, o + f.shape[0] - 1]
 
     def _packing(self) -> PackingCache:
-        kv = self.cache.kv
-        key = (kv.batch, kv.capacity)
-        if key not in self.packings:
-            self.packings[key] = PackingCache(kv, min(kv.batch, PACK_ROWS), self.prefill_bucket)
-        return self.packings[key]
+        return PackingCache.of(self.packings, self.cache.kv, self.prefill_bucket)
 
     def warm_rows(self, limit: int) -> None:
         """Every packed length up to `limit` once (row 0, free before admission), as the target's."""
         if self.prefill_bucket <= 0:
             return
         width = len(self.feature_layers) * self.target.config.hidden_size
-        for S in range(self.prefill_bucket, min(limit, self.cache.kv.capacity) + 1, self.prefill_bucket):
+        bucket = self.prefill_bucket
+        for S in range(bucket, min(-(-limit // bucket) * bucket, self.cache.kv.capacity) + 1, bucket):
             f = torch.zeros(S, width, device=self.target.device, dtype=self.target.dtype)
             self._packed_prompt_forward([(Chunk(0, (0,) * S, 0), f)], None)
 
