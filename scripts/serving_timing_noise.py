@@ -98,7 +98,13 @@ def main(argv=None) -> int:
     source = controller_prompt_source(dep)
     longest = max(len(p.ids) for p in prompt_ids(dep, session.tokenizer))
     batch = dep.regime.batch
-    report = {"deployment": dep.name, "system": a.system, "blocks": a.blocks, "requests": a.requests,
+    from datetime import datetime, timezone
+
+    from specpilot.bench.provenance import capture
+
+    report = {"created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "provenance": capture(session.device, session.target.dtype),
+              "deployment": dep.name, "system": a.system, "blocks": a.blocks, "requests": a.requests,
               "batch": batch, "max_new_tokens": a.max_new_tokens, "longest_prompt": longest, "variants": []}
     for name in a.variant or ["per-request", "one-pool"]:
         system = load_system(a.system, dep)

@@ -11,6 +11,7 @@ def test_variants_time_the_same_work_twice(bench_script, tmp_path, capsys):
     assert code == 0
     report = json.loads((tmp_path / "serving_timing_noise.json").read_text())
     assert [v["variant"] for v in report["variants"]] == ["per-request", "one-pool"]
+    assert report["created"] and "git_commit" in report["provenance"]  # the results index reads these
     for v in report["variants"]:
         assert len(v["log_ratios"]) == 2 and len(v["requests"]) == 4 and v["noise_floor"] >= 0
         for r in v["requests"]:
