@@ -82,6 +82,26 @@ class PackingCache:
         return t[0, :, : self.rows * self.cap].view(Hkv, self.rows, self.cap, D)
 
 
+def to_device(host: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A host tensor on `dev` without a host sync (pinned, asynchronous on CUDA)."""
+    return (host.pin_memory() if dev.type == "cuda" else host).to(dev, non_blocking=True)
+
+
+def with_features(chunks: list[Chunk], features: list | None) -> list[tuple[Chunk, torch.Tensor]]:
+    """The (chunk, features [T,nC]) pairs of the chunks that have features (a feature-conditioned
+    drafter's share of one sync's chunks)."""
+    pairs = zip(chunks, features or [None] * len(chunks))
+    return [(c, f) for c, f in pairs if f is not None and f.shape[0]]
+
+
+def padded_lengths(bucket: int, limit: int, capacity: int) -> range:
+    """Every packed length a chunk budget of `limit` real tokens pads to, up to a row's `capacity`
+    (none without a bucket): what a warm-up runs."""
+    if bucket <= 0:
+        return range(0)
+    return range(bucket, min(-(-limit // bucket) * bucket, capacity) + 1, bucket)
+
+
 @dataclass
 class Packed:
     """One packed forward's inputs on the device (`pack`): S tokens, the first n real, chunk i's
@@ -140,7 +160,7 @@ def pack(cache: KVCache, packing: PackingCache, chunks: list[Chunk], bucket: int
     cont = [(r, c) for r, c in enumerate(chunks) if c.start > 0]  # chunks that continue a prompt
     flat = tok + pos + slot + lo + hi + row + row_slot + [c.row for _, c in cont] + [r for r, _ in cont]
     host = torch.tensor(flat, dtype=torch.int64)
-    packed = (host.pin_memory() if dev.type == "cuda" else host).to(dev, non_blocking=True)
+    packed = to_device(host, dev)
     per_token = packed[: 7 * S].view(7, S)
     s = torch.arange(packing.slots, device=dev)
     mask = ((s[None] >= per_token[3][:, None]) & (s[None] <= per_token[4][:, None]))[None, None]  # [1,1,S,slots]
@@ -171,7 +191,5 @@ def warm(model: Transformer, cache: KVCache, packing: PackingCache, bucket: int,
          capture: tuple[int, ...] = ()) -> None:
     """Run every padded packed length of up to `limit` real tokens once (a chunk of zeros in `row`, which
     must be free: its slots 0..limit-1 are overwritten), so no request pays a shape's first run."""
-    if bucket <= 0:
-        return
-    for S in range(bucket, min(-(-limit // bucket) * bucket, packing.cap) + 1, bucket):
+    for S in padded_lengths(bucket, limit, packing.cap):
         packed_forward(model, cache, packing, [Chunk(row, (0,) * S, 0)], bucket, capture)

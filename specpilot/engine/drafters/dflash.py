@@ -39,7 +39,7 @@ from specpilot.config import TreeConstruction
 from specpilot.engine.ddtree import build_tree, num_draft_nodes
 from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
-from specpilot.engine.packed_prefill import Chunk
+from specpilot.engine.packed_prefill import Chunk, to_device, with_features
 from specpilot.engine.selection import row_caps, share_rows
 from specpilot.engine.state import DecodeState
 from specpilot.engine.tree import DraftTree
@@ -108,14 +108,14 @@ class DFlashDrafter(Drafter):
     def prefill_rows(self, chunks: list, state: DecodeState, features=None) -> None:
         """One sync's prompt chunks: the context K/V of every chunk with features in one call over
         their concatenated features, each token written at its row's slot (start + t)."""
-        full = [(c, f) for c, f in zip(chunks, features or [None] * len(chunks)) if f is not None and f.shape[0]]
+        full = with_features(chunks, features)
         if not full:
             return
         rows = [c.row for c, f in full for _ in range(f.shape[0])]
         slots = [c.start + t for c, f in full for t in range(f.shape[0])]
         dev = full[0][1].device
         host = torch.tensor([rows, slots], dtype=torch.int64)
-        index = (host.pin_memory() if dev.type == "cuda" else host).to(dev, non_blocking=True)  # [2,n]
+        index = to_device(host, dev)  # [2,n]
         feats = torch.cat([f for _, f in full])[None].to(self.model.dtype)  # [1,n,nC]
         self._write_context(self.cache, feats, index[1][None], index[0][None])
 

@@ -38,7 +38,7 @@ import torch
 from specpilot.engine.drafters import best_first
 from specpilot.engine.drafters.base import Drafter, register
 from specpilot.engine.kv_cache import KVCache
-from specpilot.engine.packed_prefill import PACK_ROWS, Chunk, PackingCache, pack
+from specpilot.engine.packed_prefill import PACK_ROWS, Chunk, PackingCache, pack, padded_lengths, with_features
 from specpilot.engine.selection import row_caps, share_rows
 from specpilot.engine.state import DecodeState
 from specpilot.engine.steps import padded_length
@@ -128,7 +128,7 @@ class Eagle3Drafter(Drafter):
         for c in chunks:
             if c.start == 0:
                 self.cache.root_hidden[c.row].zero_()
-        full = [(c, f) for c, f in zip(chunks, features or [None] * len(chunks)) if f is not None and f.shape[0]]
+        full = with_features(chunks, features)
         for i in range(0, len(full), PACK_ROWS):
             self._packed_prompt_forward(full[i : i + PACK_ROWS], state)
 
@@ -152,11 +152,8 @@ class Eagle3Drafter(Drafter):
 
     def warm_rows(self, limit: int) -> None:
         """Every packed length up to `limit` once (row 0, free before admission), as the target's."""
-        if self.prefill_bucket <= 0:
-            return
         width = len(self.feature_layers) * self.target.config.hidden_size
-        bucket = self.prefill_bucket
-        for S in range(bucket, min(-(-limit // bucket) * bucket, self.cache.kv.capacity) + 1, bucket):
+        for S in padded_lengths(self.prefill_bucket, limit, self.cache.kv.capacity):
             f = torch.zeros(S, width, device=self.target.device, dtype=self.target.dtype)
             self._packed_prompt_forward([(Chunk(0, (0,) * S, 0), f)], None)
 
