@@ -130,12 +130,15 @@ def target_features(target, tokens: torch.Tensor, layer_ids) -> torch.Tensor:
     return torch.cat([kept[i] for i in layer_ids], -1)
 
 
-def sample_anchors(S: int, starts: torch.Tensor, anchors: int, g: torch.Generator) -> torch.Tensor:
-    """[B,A] sorted anchor positions per row whose next token was generated (>= starts[b] - 1)."""
-    A = min(anchors, S - int(starts.max()))
+def sample_anchors(S: int, starts: torch.Tensor, anchors: int, g: torch.Generator, window: int = 0) -> torch.Tensor:
+    """[B,A] sorted anchor positions per row whose next token was generated (>= starts[b] - 1),
+    with `window` > 0 only among the first `window` of them (the early part of a continuation)."""
+    A = min(anchors, S - int(starts.max()), window or S)
     rows = []
     for start in starts.tolist():
         lo, hi = start - 1, S - 2
+        if window:
+            hi = min(hi, lo + window - 1)
         rows.append(lo + torch.randperm(hi - lo + 1, generator=g)[:A])
     return torch.stack(rows).sort(1).values
 
@@ -169,7 +172,7 @@ def block_logits(draft, target, tokens: torch.Tensor, feats: torch.Tensor, ancho
 def block_loss(draft, target, tokens, starts, feats, args, g):
     """(weighted CE, simulated acceptance length) of one batch of sequences whose generated part
     begins at `starts [B]`."""
-    anchors = sample_anchors(tokens.shape[1], starts, args.anchors, g).to(tokens.device)
+    anchors = sample_anchors(tokens.shape[1], starts, args.anchors, g, args.anchor_window).to(tokens.device)
     logits, labels, offset = block_logits(draft, target, tokens, feats, anchors, args.block_size)
     B, Q = labels.shape
     valid = (labels >= 0) & (offset > 0)
@@ -180,6 +183,52 @@ def block_loss(draft, target, tokens, starts, feats, args, g):
         hit = ((logits.argmax(-1) == labels) & valid).view(B, -1, args.block_size)[..., 1:]
         acc_len = 1 + hit.long().cumprod(-1).sum(-1).float().mean()
     return loss, float(acc_len)
+
+
+def make_data(target, args):
+    """((train tokens, starts), (held tokens, starts), held prompts): read from --data when that
+    file exists, else generated (and written to --data when given), so side-by-side runs share it."""
+    if args.data and Path(args.data).is_file():
+        d = torch.load(args.data)
+        log(f"data: read {args.data}")
+        return (d["data"], d["starts"]), (d["held"], d["held_starts"]), d["held_prompts"]
+    if args.smoke:
+        g = torch.Generator().manual_seed(args.seed)
+        make = lambda n: torch.randint(1, target.config.vocab_size, (n, args.prompt_len), generator=g).tolist()  # noqa: E731
+        train_prompts, held_prompts = make(args.prompts), make(args.eval_prompts)
+    else:
+        train_prompts, held_prompts = corpus_prompts(args, args.prompts)
+    (data, starts), (held, held_starts) = generate(target, train_prompts, args), generate(target, held_prompts, args)
+    if args.data:
+        tmp = Path(args.data).with_suffix(".tmp")
+        torch.save({"data": data, "starts": starts, "held": held, "held_starts": held_starts,
+                    "held_prompts": held_prompts}, tmp)
+        tmp.replace(args.data)
+    return (data, starts), (held, held_starts), held_prompts
+
+
+def bench_check(target, drafter_dir, args, device) -> dict:
+    """Mean accepted length per round of the shipped benchmark sets' prompts (--bench-eval per set,
+    seeded as `specpilot bench`, --gen-tokens each): chain and DDTree at budgets 32 and 64."""
+    from specpilot.bench.datasets import select
+    from specpilot.bench.prompts import encode_example
+    from specpilot.models.fixture import resolve_checkpoint
+    from specpilot.models.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(resolve_checkpoint(args.target, "target"))
+    sets = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
+    prompts = [list(encode_example(e, tok).ids) for e in select(sets, args.bench_eval, 0)]
+    loaded = load_dflash(drafter_dir, target, device=device, dtype=target.dtype)
+    ar = Generator(target).generate(prompts, args.gen_tokens).outputs
+    out = {}
+    for c, budget in ((TreeConstruction.CHAIN, args.block_size - 1), (TreeConstruction.BEST_FIRST, 32),
+                      (TreeConstruction.BEST_FIRST, 64)):
+        drafter = DFlashDrafter(loaded, target, args.block_size, budget, c)
+        r = Generator(target, {args.block_size - 1: drafter}).generate(prompts, args.gen_tokens)
+        same = sum(a == b for a, b in zip(r.outputs, ar))
+        out[f"{c.value}-{budget}"] = {"mean_accepted_length": r.mean_accepted_length, "identical_to_ar": same,
+                                      "prompts": len(prompts)}
+    return out
 
 
 def main(argv=None) -> int:
@@ -207,6 +256,12 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=6e-4, help="peak AdamW learning rate")
     p.add_argument("--gamma", type=float, default=7.0, help="offset k weighs exp(-(k-1)/gamma)")
     p.add_argument("--seed", type=int, default=0, help="seed of prompts, anchors and initialisation")
+    p.add_argument("--anchor-window", type=int, default=0,
+                   help="anchors only among the first N generated positions (0: all of them)")
+    p.add_argument("--data", help="sequences file: read when it exists, else generated and written there")
+    p.add_argument("--data-only", action="store_true", help="make --data and stop")
+    p.add_argument("--bench-eval", type=int, default=0,
+                   help="also measure acceptance on N prompts per benchmark set (0: skip)")
     args = p.parse_args(argv)
     if args.smoke:
         args.prompts, args.eval_prompts, args.prompt_len, args.min_prompt_len, args.gen_tokens = 12, 4, 16, 16, 24
@@ -219,16 +274,12 @@ def main(argv=None) -> int:
     target = load_target(args, device).requires_grad_(False)
     L = target.config.num_layers
     ids = tuple(int(x) for x in args.feature_layers.split(",")) if args.feature_layers else build_target_layer_ids(L, args.features)
-    if args.smoke:
-        g = torch.Generator().manual_seed(args.seed)
-        make = lambda n: torch.randint(1, target.config.vocab_size, (n, args.prompt_len), generator=g).tolist()  # noqa: E731
-        train_prompts, held_prompts = make(args.prompts), make(args.eval_prompts)
-    else:
-        train_prompts, held_prompts = corpus_prompts(args, args.prompts)
     t0 = time.perf_counter()
-    (data, starts), (held, held_starts) = generate(target, train_prompts, args), generate(target, held_prompts, args)
+    (data, starts), (held, held_starts), held_prompts = make_data(target, args)
     gen_s = time.perf_counter() - t0
     log(f"data: {len(data)} + {len(held)} sequences of {data.shape[1]} tokens in {gen_s:.1f}s")
+    if args.data_only:
+        return 0
 
     draft = random_dflash(target.config, args.layers, args.block_size, ids, mask_token_id=None, seed=args.seed)
     if args.init == "target":  # start from the target's last blocks: a language model's layers, not noise
@@ -291,11 +342,12 @@ def main(argv=None) -> int:
         r = Generator(target, {args.block_size - 1: drafter}).generate(prompts, args.gen_tokens)
         check[c.value] = {"identical_to_ar": r.outputs == ar, "mean_accepted_length": r.mean_accepted_length,
                           "budget": budget}
+    bench = bench_check(target, out / "dflash", args, device) if args.bench_eval else None
     record = {
         "status": "ok", "args": vars(args), "device": str(device), "target_layer_ids": list(ids),
         "data": {"sequences": len(data), "held_out": len(held), "seq_len": int(data.shape[1]), "seconds": gen_s},
         "training": {"steps": step, "seconds": train_s, "curve": curve},
-        "heldout_simulated_acc_len": held_acc, "engine_check": check,
+        "heldout_simulated_acc_len": held_acc, "engine_check": check, "bench_check": bench,
         "total_seconds": time.perf_counter() - START,
     }
     (out / "training_log.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -62,3 +62,31 @@ def test_smoke_run(tmp_path):
     assert all(0 < p["loss"] < 30 for p in record["training"]["curve"])
     target = random_model(tiny_config(max_position_embeddings=512), seed=0)
     assert load_dflash(tmp_path / "out" / "dflash", target).mask_embedding.shape == (64,)
+
+
+def test_anchor_window_keeps_anchors_early_in_the_continuation():
+    g = torch.Generator().manual_seed(0)
+    starts = torch.tensor([5, 20, 40])
+    a = train_dflash.sample_anchors(100, starts, 8, g, window=12)
+    assert a.shape == (3, 8)
+    for row, start in zip(a.tolist(), starts.tolist()):
+        assert row == sorted(row) and len(set(row)) == 8
+        assert all(start - 1 <= x < start - 1 + 12 for x in row)
+    whole = train_dflash.sample_anchors(100, starts, 50, g)
+    assert whole.shape == (3, 50) and int(whole.max()) > 40 + 12  # no window: the whole continuation
+
+
+def test_bench_check_measures_the_benchmark_sets_losslessly():
+    """The shipped fixture target and DFlash drafter on one prompt of each benchmark set (float32)."""
+    from argparse import Namespace
+
+    from specpilot.models.fixture import resolve_checkpoint
+
+    target = load_model(resolve_checkpoint("fixture", "target"), dtype=torch.float32)
+    args = Namespace(target="fixture", bench_eval=1, gen_tokens=8, block_size=16)
+    with torch.inference_mode():
+        out = train_dflash.bench_check(target, resolve_checkpoint("fixture-dflash", "dflash"), args, target.device)
+    assert set(out) == {"chain-15", "best_first-32", "best_first-64"}
+    for r in out.values():
+        assert r["prompts"] == 5 and r["identical_to_ar"] == 5
+        assert 1.0 <= r["mean_accepted_length"] <= 9.0
