@@ -130,6 +130,7 @@ def main(argv=None) -> int:
     p.add_argument("--minutes", type=float, default=3.5, help="training wall-clock budget when --steps is 0")
     p.add_argument("--lr", type=float, default=6e-4, help="peak AdamW learning rate")
     p.add_argument("--seed", type=int, default=0, help="seed of prompts, batches and initialisation")
+    p.add_argument("--data", help="sequences file (train_dflash.py --data): read when it exists, else written")
     args = p.parse_args(argv)
     if args.smoke:
         args.prompts, args.eval_prompts, args.prompt_len, args.min_prompt_len, args.gen_tokens = 12, 4, 16, 16, 24
@@ -142,15 +143,8 @@ def main(argv=None) -> int:
     target = train_dflash.load_target(args, device).requires_grad_(False)
     L = target.config.num_layers
     ids = tuple(int(x) for x in args.feature_layers.split(",")) if args.feature_layers else default_layer_ids(L)
-    if args.smoke:
-        g = torch.Generator().manual_seed(args.seed)
-        make = lambda n: torch.randint(1, target.config.vocab_size, (n, args.prompt_len), generator=g).tolist()  # noqa: E731
-        train_prompts, held_prompts = make(args.prompts), make(args.eval_prompts)
-    else:
-        train_prompts, held_prompts = train_dflash.corpus_prompts(args, args.prompts)
     t0 = time.perf_counter()
-    (data, starts), (held, held_starts) = (train_dflash.generate(target, train_prompts, args),
-                                           train_dflash.generate(target, held_prompts, args))
+    (data, starts), (held, held_starts), held_prompts = train_dflash.make_data(target, args)
     gen_s = time.perf_counter() - t0
     log(f"data: {len(data)} + {len(held)} sequences of {data.shape[1]} tokens in {gen_s:.1f}s")
 
