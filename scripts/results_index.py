@@ -22,6 +22,7 @@ SOURCES = (
     ("engine/engine_ar_kernels.*", "AR decode: cuBLAS, Triton BF16, W12", "engine_ar.py --skip hf curve"),
     ("engine/engine_ar.*", "AR decode vs byte floor, verify cost", "engine_ar.py"),
     ("fixture/*", "fixture: loss, acceptance, decode", "tools/fixture_report.py"),
+    ("drafters/recipe/*", "DFlash training recipes side by side: acceptance", "dflash_recipe.py"),
     ("drafters/*", "acceptance: DFlash, EAGLE-3, draft model (x1)", "train_drafters.sh"),
     ("serving/mechanisms/*", "batch mechanisms, draft model and EAGLE-3", "serving_mechanisms.sh"),
     ("serving/profile/*", "one serving unit per system: rounds, top kernels (stdout)", "serving_round_profile.py"),
@@ -45,6 +46,8 @@ ERRATA = (
     ("w12/w12_escape_cost.{json,md}", "b0c0d4e", "ran at 70e2a89 (b0c0d4e was a typo of the run command)"),
     ("loop/fixture-x16-batch/", "c907664+dirty", "ran on the working tree of d1b34c7 (the device copy's base was the "
      "session's first commit)"),
+    ("drafters/recipe/dflash_recipe.{json,md}", "1de71ff", "ran on the working tree of 7997336 (the device copy's base "
+     "was the session's first commit)"),
     ("serving/packed-prefill-c8/", "c907664", "ran on the working tree of d1b34c7 (packed prefill; the device copy's "
      "base was the session's first commit)"),
 )
