@@ -1,0 +1,46 @@
+"""models/ops.py: the compiled elementwise ops survive the many variants one process runs."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch._dynamo
+
+from specpilot.models import ops
+
+
+def _variants():
+    """Ranks 3 and 4, batch and token counts of 1 and more (Dynamo specializes size 1), three
+    dtypes: more entries than Dynamo's default limit of 8."""
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    for rank, B, T, dtype in itertools.product((3, 4), (1, 2), (1, 3), dtypes):
+        shape = (B, T, 8) if rank == 3 else (B, T, 2, 8)
+        yield torch.randn(shape, dtype=dtype), torch.ones(8, dtype=dtype), 1e-6
+
+
+@pytest.mark.slow
+def test_compiled_norm_survives_more_variants_than_torchs_default_limit():
+    """Dynamo's default keeps 8 entries per function; fullgraph=True makes the 9th a hard error,
+    which the whole GPU test folder hit. `allow_recompiles` (run by `fused` on CUDA) lifts it."""
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=8, accumulated_recompile_limit=256):
+        fn = torch.compile(ops.rms_norm, dynamic=True, fullgraph=True, backend="eager")
+        with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):  # the failure this guards against
+            for x, w, eps in _variants():
+                fn(x, w, eps)
+        torch._dynamo.reset()
+        ops.allow_recompiles()
+        assert torch._dynamo.config.recompile_limit == ops.RECOMPILE_LIMIT
+        fn = ops._compiled("rms_norm", "eager")
+        for x, w, eps in _variants():
+            assert torch.equal(fn(x, w, eps), ops.rms_norm(x, w, eps))
+    torch._dynamo.reset()
+
+
+def test_allow_recompiles_never_lowers_the_limit():
+    with torch._dynamo.config.patch(recompile_limit=1000, accumulated_recompile_limit=10_000):
+        ops.allow_recompiles()
+        assert torch._dynamo.config.recompile_limit == 1000
+        assert torch._dynamo.config.accumulated_recompile_limit == 10_000
