@@ -30,6 +30,8 @@ SOURCES = (
     ("serving/*", "continuous batching: throughput, latency", "specpilot bench --regime serving"),
     ("guard/*", "token-forcing guard", "guard_report.py"),
     ("loop/fixture-x16-batch/*", "the optimization loop, continuous regime", "specpilot run"),
+    ("loop/fixture-x16-nonedit/*", "loop from a non-editable install, kernel agent only (stdout)",
+     "specpilot run (pip install --target)"),
     ("loop/*", "the optimization loop", "loop_fixture.py"),
     ("speed/summary*", "speed headline table", "speed_fixture.py"),
     ("speed/*", "speedup over AR", "speed_fixture.py"),
