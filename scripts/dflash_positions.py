@@ -30,16 +30,12 @@ os.environ.setdefault("SPECPILOT_COMPILE", "0")
 import torch  # noqa: E402
 import train_dflash  # noqa: E402
 
-from specpilot.bench.datasets import select  # noqa: E402
-from specpilot.bench.prompts import encode_example  # noqa: E402
 from specpilot.bench.provenance import capture  # noqa: E402
 from specpilot.engine.generator import Generator  # noqa: E402
 from specpilot.models.dflash_checkpoint import load_dflash  # noqa: E402
 from specpilot.models.fixture import resolve_checkpoint  # noqa: E402
 from specpilot.models.loading import load_model  # noqa: E402
-from specpilot.models.tokenizer import Tokenizer  # noqa: E402
 
-SETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
 LOOP_NGRAM = 8
 
 
@@ -103,8 +99,7 @@ def main(argv=None) -> int:
     target = load_model(resolve_checkpoint(args.target, "target"), device=device, dtype=dtype)
     draft = load_dflash(resolve_checkpoint(args.drafter, "dflash"), target, device=device, dtype=dtype)
     block = draft.spec.block_size
-    tok = Tokenizer.from_dir(resolve_checkpoint(args.target, "target"))
-    prompts = [list(encode_example(e, tok).ids) for e in select(SETS, args.n_prompts, 0)]
+    prompts = train_dflash.bench_prompt_ids(args.target, args.n_prompts)
     outs = Generator(target).generate(prompts, args.tokens, stop_at_eos=False).outputs
     split = {"all": [], "looping": [], "fresh": [], "root_ablated": []}
     with torch.inference_mode():

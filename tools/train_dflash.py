@@ -207,28 +207,42 @@ def make_data(target, args):
     return (data, starts), (held, held_starts), held_prompts
 
 
-def bench_check(target, drafter_dir, args, device) -> dict:
-    """Mean accepted length per round of the shipped benchmark sets' prompts (--bench-eval per set,
-    seeded as `specpilot bench`, --gen-tokens each): chain and DDTree at budgets 32 and 64."""
+BENCH_SETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
+
+
+def bench_prompt_ids(target_spec: str, n: int) -> list[list[int]]:
+    """Token ids of n prompts per benchmark set, seeded and formatted as `specpilot bench` draws them."""
     from specpilot.bench.datasets import select
     from specpilot.bench.prompts import encode_example
     from specpilot.models.fixture import resolve_checkpoint
     from specpilot.models.tokenizer import Tokenizer
 
-    tok = Tokenizer.from_dir(resolve_checkpoint(args.target, "target"))
-    sets = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
-    prompts = [list(encode_example(e, tok).ids) for e in select(sets, args.bench_eval, 0)]
-    loaded = load_dflash(drafter_dir, target, device=device, dtype=target.dtype)
-    ar = Generator(target).generate(prompts, args.gen_tokens).outputs
+    tok = Tokenizer.from_dir(resolve_checkpoint(target_spec, "target"))
+    return [list(encode_example(e, tok).ids) for e in select(BENCH_SETS, n, 0)]
+
+
+def acceptance(target, drafter_model, prompts, tokens: int, block: int, trees) -> dict:
+    """Per (construction, budget) of `trees`: the engine's mean accepted length per round drafting
+    with `drafter_model`, and how many outputs equal AR's (`tokens` new tokens per prompt)."""
+    ar = Generator(target).generate(prompts, tokens).outputs
     out = {}
-    for c, budget in ((TreeConstruction.CHAIN, args.block_size - 1), (TreeConstruction.BEST_FIRST, 32),
-                      (TreeConstruction.BEST_FIRST, 64)):
-        drafter = DFlashDrafter(loaded, target, args.block_size, budget, c)
-        r = Generator(target, {args.block_size - 1: drafter}).generate(prompts, args.gen_tokens)
-        same = sum(a == b for a, b in zip(r.outputs, ar))
-        out[f"{c.value}-{budget}"] = {"mean_accepted_length": r.mean_accepted_length, "identical_to_ar": same,
-                                      "prompts": len(prompts)}
+    for c, budget in trees:
+        drafter = DFlashDrafter(drafter_model, target, block, budget, c)
+        r = Generator(target, {block - 1: drafter}).generate(prompts, tokens)
+        out[(c, budget)] = {"mean_accepted_length": r.mean_accepted_length,
+                            "identical_to_ar": sum(a == b for a, b in zip(r.outputs, ar)), "prompts": len(prompts)}
     return out
+
+
+def bench_check(target, drafter_dir, args, device) -> dict:
+    """Mean accepted length per round of the shipped benchmark sets' prompts (--bench-eval per set,
+    seeded as `specpilot bench`, --gen-tokens each): chain and DDTree at budgets 32 and 64."""
+    loaded = load_dflash(drafter_dir, target, device=device, dtype=target.dtype)
+    trees = ((TreeConstruction.CHAIN, args.block_size - 1), (TreeConstruction.BEST_FIRST, 32),
+             (TreeConstruction.BEST_FIRST, 64))
+    found = acceptance(target, loaded, bench_prompt_ids(args.target, args.bench_eval), args.gen_tokens,
+                       args.block_size, trees)
+    return {f"{c.value}-{budget}": r for (c, budget), r in found.items()}
 
 
 def main(argv=None) -> int:
@@ -333,15 +347,11 @@ def main(argv=None) -> int:
     write_dflash(draft, out / "dflash", dtype=dtype)
     # engine check: the shipped layout loads and drafts losslessly
     loaded = load_dflash(out / "dflash", target, device=device, dtype=target.dtype)
-    prompts = [p for p in held_prompts[:8]]
-    ar = Generator(target).generate(prompts, args.gen_tokens).outputs
-    check = {}
-    for c in (TreeConstruction.CHAIN, TreeConstruction.BEST_FIRST):
-        budget = args.block_size - 1 if c is TreeConstruction.CHAIN else 32
-        drafter = DFlashDrafter(loaded, target, args.block_size, budget, c)
-        r = Generator(target, {args.block_size - 1: drafter}).generate(prompts, args.gen_tokens)
-        check[c.value] = {"identical_to_ar": r.outputs == ar, "mean_accepted_length": r.mean_accepted_length,
-                          "budget": budget}
+    trees = ((TreeConstruction.CHAIN, args.block_size - 1), (TreeConstruction.BEST_FIRST, 32))
+    found = acceptance(target, loaded, held_prompts[:8], args.gen_tokens, args.block_size, trees)
+    check = {c.value: {"identical_to_ar": r["identical_to_ar"] == r["prompts"],
+                       "mean_accepted_length": r["mean_accepted_length"], "budget": budget}
+             for (c, budget), r in found.items()}
     bench = bench_check(target, out / "dflash", args, device) if args.bench_eval else None
     record = {
         "status": "ok", "args": vars(args), "device": str(device), "target_layer_ids": list(ids),
