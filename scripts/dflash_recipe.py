@@ -30,6 +30,8 @@ VARIANTS = {  # name -> extra arguments of tools/train_dflash.py
     "window128": ["--anchor-window", "128"],
     "layers4": ["--layers", "4"],
     "layers4-window128": ["--layers", "4", "--anchor-window", "128"],
+    "distill": ["--distill", "0.5"],  # half CE on the target's token, half KL from its distribution
+    "distill1": ["--distill", "1.0"],
 }
 
 
@@ -38,7 +40,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--minutes", type=float, default=3.0, help="training minutes per variant")
     p.add_argument("--bench-eval", type=int, default=3, help="prompts per benchmark set")
-    p.add_argument("--variant", action="append", choices=sorted(VARIANTS), help="default: all")
+    p.add_argument("--variant", action="append", choices=sorted(VARIANTS),
+                   help="repeat for several (default: all, which share the GPU and each get fewer steps)")
     p.add_argument("--smoke", action="store_true", help="a random tiny target on CPU, no benchmark sets (tests)")
     args = p.parse_args(argv)
     out = Path(args.out)

@@ -14,10 +14,13 @@ Recipe (`shared/research/mechanisms.md` 1.4, after SpecForge's `OnlineDFlashMode
    `--anchors` anchor positions per sequence among those whose next token was generated; block b
    = [token[a], MASK x (block-1)] at positions a..a+block-1, label at offset k = token[a+k];
    block tokens see context keys at positions < a and their own block (the SpecForge mask); loss =
-   CE at offsets 1..block-1 weighted exp(-(k-1)/gamma). AdamW, warmup 4 %, cosine, clip 1.0.
-   The draft layers start as the target's last layers (--init). Continuations are short (128
-   tokens): a small target's long greedy continuations fall into loops that are easy to draft
-   and would dominate the data, while users' outputs are mostly in the early, harder regime.
+   CE at offsets 1..block-1 weighted exp(-(k-1)/gamma) (--distill w: (1 - w) CE + w KL from the
+   target's distribution at the position that predicted the token). AdamW, warmup 4 %, cosine,
+   clip 1.0. The draft layers start as the target's last layers (--init). Every sequence is
+   --prompt-len + --gen-tokens long, so a short prompt gets a long continuation; the fixture's
+   greedy text repeats itself (the next 8 tokens occurred before at most positions past the 64th
+   generated token: `scripts/dflash_positions.py`); --anchor-window N keeps the anchors among the
+   first N generated positions.
 4. out: the drafter in the public DFlash layout (learned mask embedding: the fixture vocabulary
    has no spare token), `training_log.json` with the loss curve and the held-out simulated
    acceptance length (SpecForge's `simulated_acc_len`), and an engine check: DFlash outputs equal
@@ -114,9 +117,10 @@ def generate(target, prompts: list[list[int]], args) -> tuple[torch.Tensor, torc
     return torch.tensor(rows, dtype=torch.int64), torch.tensor(starts, dtype=torch.int64)
 
 
-def target_features(target, tokens: torch.Tensor, layer_ids) -> torch.Tensor:
+def target_features(target, tokens: torch.Tensor, layer_ids, logits: bool = False):
     """[B,S,n*C] outputs of `layer_ids` from a causal forward of tokens [B,S] (HF hidden_states[i+1];
-    id -1: the embedding), as `Transformer.forward(capture=layer_ids)` returns them."""
+    id -1: the embedding), as `Transformer.forward(capture=layer_ids)` returns them; with `logits`,
+    (features, the target's logits [B,S,V] at every position)."""
     B, S = tokens.shape
     pos = torch.arange(S, device=tokens.device).expand(B, S)
     h = target.embed_tokens(tokens)
@@ -127,7 +131,8 @@ def target_features(target, tokens: torch.Tensor, layer_ids) -> torch.Tensor:
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         if i in layer_ids:
             kept[i] = target.norm(h) if i + 1 == len(target.layers) else h
-    return torch.cat([kept[i] for i in layer_ids], -1)
+    feats = torch.cat([kept[i] for i in layer_ids], -1)
+    return (feats, target.lm_head(target.norm(h))) if logits else feats
 
 
 def sample_anchors(S: int, starts: torch.Tensor, anchors: int, g: torch.Generator, window: int = 0) -> torch.Tensor:
@@ -169,14 +174,28 @@ def block_logits(draft, target, tokens: torch.Tensor, feats: torch.Tensor, ancho
     return target.lm_head(hidden).float(), labels, offset
 
 
-def block_loss(draft, target, tokens, starts, feats, args, g):
-    """(weighted CE, simulated acceptance length) of one batch of sequences whose generated part
-    begins at `starts [B]`."""
+def teacher_logits(logits: torch.Tensor, anchors: torch.Tensor, block: int) -> torch.Tensor:
+    """[B,Q,V] the target's logits that predicted each block token: position anchor + k - 1 for
+    offset k (offset 0, unsupervised, takes the anchor's own row), from logits [B,S,V]."""
+    B, S, V = logits.shape
+    k = torch.arange(block, device=anchors.device)
+    src = (anchors[..., None] + k - 1).clamp(min=0, max=S - 1).reshape(B, -1)  # [B,Q]
+    return logits.gather(1, src[..., None].expand(-1, -1, V))
+
+
+def block_loss(draft, target, tokens, starts, feats, args, g, teacher=None):
+    """(weighted loss, simulated acceptance length) of one batch of sequences whose generated part
+    begins at `starts [B]`. The loss per block token is CE against the target's token, or with
+    --distill w and the target's logits `teacher [B,S,V]`, (1 - w) CE + w KL(target || drafter)."""
     anchors = sample_anchors(tokens.shape[1], starts, args.anchors, g, args.anchor_window).to(tokens.device)
     logits, labels, offset = block_logits(draft, target, tokens, feats, anchors, args.block_size)
     B, Q = labels.shape
     valid = (labels >= 0) & (offset > 0)
     ce = F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none").view(B, Q)
+    if teacher is not None and args.distill > 0:
+        p = torch.log_softmax(teacher_logits(teacher, anchors, args.block_size).float(), -1)  # [B,Q,V]
+        kl = F.kl_div(torch.log_softmax(logits, -1), p, log_target=True, reduction="none").sum(-1)
+        ce = (1 - args.distill) * ce + args.distill * kl
     w = torch.exp(-(offset - 1).clamp(min=0).float() / args.gamma) * valid
     loss = (ce * w).sum() / w.sum()
     with torch.no_grad():
@@ -269,6 +288,8 @@ def main(argv=None) -> int:
     p.add_argument("--minutes", type=float, default=3.5, help="training wall-clock budget when --steps is 0")
     p.add_argument("--lr", type=float, default=6e-4, help="peak AdamW learning rate")
     p.add_argument("--gamma", type=float, default=7.0, help="offset k weighs exp(-(k-1)/gamma)")
+    p.add_argument("--distill", type=float, default=0.0,
+                   help="weight w of KL(target || drafter) in the loss, (1 - w) CE (0: CE on the target's tokens)")
     p.add_argument("--seed", type=int, default=0, help="seed of prompts, anchors and initialisation")
     p.add_argument("--anchor-window", type=int, default=0,
                    help="anchors only among the first N generated positions (0: all of them)")
@@ -321,9 +342,10 @@ def main(argv=None) -> int:
         rows = torch.randint(0, len(data), (args.batch,), generator=g)
         tokens = data[rows].to(device)
         with torch.no_grad(), amp:
-            feats = target_features(target, tokens, ids)
+            feats = target_features(target, tokens, ids, logits=args.distill > 0)
+            feats, teacher = feats if args.distill > 0 else (feats, None)
         with amp:
-            loss, acc = block_loss(draft, target, tokens, starts[rows], feats, args, g)
+            loss, acc = block_loss(draft, target, tokens, starts[rows], feats, args, g, teacher)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)

@@ -90,3 +90,42 @@ def test_bench_check_measures_the_benchmark_sets_losslessly():
     for r in out.values():
         assert r["prompts"] == 5 and r["identical_to_ar"] == 5
         assert 1.0 <= r["mean_accepted_length"] <= 9.0
+
+
+def test_teacher_logits_are_the_targets_prediction_of_each_block_token(target_dir):
+    """On greedy text the target's argmax at the position that predicted offset k is the label."""
+    from specpilot.engine.generator import Generator
+
+    target = load_model(target_dir)
+    prompt = torch.randint(1, 4096, (12,), generator=torch.Generator().manual_seed(3)).tolist()
+    seq = prompt + Generator(target).generate([prompt], 20, stop_at_eos=False).outputs[0]
+    tokens = torch.tensor([seq])
+    anchors = torch.tensor([[11, 15, 20]])  # 11: the last prompt token, a root
+    block = 4
+    with torch.no_grad():
+        _, logits = train_dflash.target_features(target, tokens, (1,), logits=True)
+    teacher = train_dflash.teacher_logits(logits, anchors, block)  # [1,12,V]
+    labels = torch.tensor([seq[a : a + block] for a in anchors[0].tolist()]).view(1, -1)
+    k = torch.arange(block).repeat(3)
+    assert torch.equal(teacher.argmax(-1)[0, k > 0], labels[0, k > 0])
+
+
+def test_distill_loss_is_ce_at_zero_and_changes_with_the_weight(target_dir):
+    from argparse import Namespace
+
+    target = load_model(target_dir)
+    draft = random_dflash(target.config, num_layers=1, block_size=4, seed=1)
+    tokens = torch.randint(1, 4096, (2, 24), generator=torch.Generator().manual_seed(0))
+    starts = torch.tensor([8, 10])
+    with torch.no_grad():
+        feats, logits = train_dflash.target_features(target, tokens, draft.feature_layers, logits=True)
+        losses = []
+        for w in (0.0, 0.5, 1.0):
+            args = Namespace(anchors=4, anchor_window=0, block_size=4, gamma=7.0, distill=w)
+            losses.append(train_dflash.block_loss(draft, target, tokens, starts, feats, args,
+                                                  torch.Generator().manual_seed(5), logits)[0])
+        args = Namespace(anchors=4, anchor_window=0, block_size=4, gamma=7.0, distill=0.0)
+        plain = train_dflash.block_loss(draft, target, tokens, starts, feats, args, torch.Generator().manual_seed(5))[0]
+    assert torch.equal(losses[0], plain)
+    assert torch.isclose(losses[1], (losses[0] + losses[2]) / 2, rtol=1e-5)  # linear in w
+    assert not torch.isclose(losses[2], losses[0])
