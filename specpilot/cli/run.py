@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                "agents that cannot run here say why and stay off)")
     p.add_argument("--budget-minutes", type=float,
                    help="wall-clock budget of the whole run, final measurement included; the loop stops before a "
-                        "round that would not fit (default: 4 on CPU, none on GPU)")
+                        "round that would not fit (default: none; the run is sized by --rounds and prints "
+                        "its estimate before the first round)")
     p.add_argument("--out", help="report directory (default: $SPECPILOT_HOME/runs/loop/<UTC time>-<deployment>); "
                                  "one that holds files is refused unless --resume")
     p.add_argument("--resume", action="store_true", help="continue the run in --out (its journal, its round numbers)")
