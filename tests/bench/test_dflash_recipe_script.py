@@ -4,22 +4,15 @@ results file with a row per variant (--smoke: a random tiny target on CPU)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "dflash_recipe.py"
-
 
 @pytest.mark.slow
-def test_variants_share_one_data_file(tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path), "--variant", "base", "--variant", "window128"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_variants_share_one_data_file(bench_script, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the variants' processes run side by side
+    script = bench_script("dflash_recipe")
+    assert script.main(["--smoke", "--out", str(tmp_path), "--variant", "base", "--variant", "window128"]) == 0
     doc = json.loads((tmp_path / "dflash_recipe.json").read_text())
     assert [r["variant"] for r in doc["variants"]] == ["base", "window128"]
     assert all(r["rc"] == 0 and r["steps"] == 6 for r in doc["variants"])
