@@ -61,12 +61,12 @@ def looping(seq: list[int], n: int = LOOP_NGRAM) -> list[bool]:
     return out
 
 
-def block_hits(draft, target, seq: list[int], start: int, block: int, ablate_root: bool = False) -> torch.Tensor:
-    """[A, block-1] bool: the drafter's argmax == the text at offsets 1.. for every anchor from
-    start-1 (the last prompt token) on whose whole block lies inside the text."""
-    tokens = torch.tensor([seq], device=target.device)
-    anchors = torch.arange(start - 1, len(seq) - block + 1, device=target.device)[None]
-    feats = train_dflash.target_features(target, tokens, draft.feature_layers)
+def block_hits(draft, target, tokens: torch.Tensor, feats: torch.Tensor, start: int, block: int,
+               ablate_root: bool = False) -> torch.Tensor:
+    """[A, block-1] bool: the drafter's argmax == the text tokens [1,S] at offsets 1.. for every
+    anchor from start-1 (the last prompt token) on whose whole block lies inside the text, given
+    the target's features [1,S,nC] of the text."""
+    anchors = torch.arange(start - 1, tokens.shape[1] - block + 1, device=target.device)[None]
     embed = target.embed_tokens
     if ablate_root:
         target._modules["embed_tokens"] = _MaskAsRoot(draft.mask_embedding)
@@ -105,12 +105,14 @@ def main(argv=None) -> int:
     with torch.inference_mode():
         for prompt, out in zip(prompts, outs):
             seq = prompt + out
-            hits = block_hits(draft, target, seq, len(prompt), block)
+            tokens = torch.tensor([seq], device=target.device)
+            feats = train_dflash.target_features(target, tokens, draft.feature_layers)
+            hits = block_hits(draft, target, tokens, feats, len(prompt), block)
             loop = torch.tensor(looping(seq)[len(prompt) : len(prompt) + hits.shape[0]], device=hits.device)
             split["all"].append(hits)
             split["looping"].append(hits[loop])
             split["fresh"].append(hits[~loop])
-            split["root_ablated"].append(block_hits(draft, target, seq, len(prompt), block, ablate_root=True))
+            split["root_ablated"].append(block_hits(draft, target, tokens, feats, len(prompt), block, ablate_root=True))
     doc = {"benchmark": "DFlash accuracy per block offset on the benchmark sets' AR text",
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "provenance": capture(device, dtype),
            "drafter": args.drafter, "prompts": len(prompts), "tokens": args.tokens, "block_size": block,

@@ -6,7 +6,8 @@ Generates the training sequences once (`tools/train_dflash.py --data-only`), the
 variant at the same time from them (each `tools/train_dflash.py --data ... --bench-eval N`, so
 they share the GPU and each gets fewer steps than alone), and collects each run's held-out
 simulated acceptance and its engine acceptance on N prompts per benchmark set (chain, DDTree at
-budgets 32 and 64) and its accuracy per block offset (`dflash_positions.py`). Writes DIR/dflash_recipe.json and .md; every drafter stays in DIR/<variant>/dflash.
+budgets 32 and 64) and its accuracy per block offset (`dflash_positions.py`). Writes
+DIR/dflash_recipe.json and .md; every drafter stays in DIR/<variant>/dflash.
 """
 
 from __future__ import annotations
@@ -55,19 +56,19 @@ def main(argv=None) -> int:
     names = args.variant or list(VARIANTS)
     procs = {}
     for name in names:
-        log = open(out / f"{name}.log", "w")
         cmd = tool + ["--out", str(out / name), "--data", str(data), "--minutes", str(args.minutes),
                       "--bench-eval", str(args.bench_eval)] + VARIANTS[name]
-        procs[name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), cmd)
+        with open(out / f"{name}.log", "w") as log:  # the child keeps its own copy of the descriptor
+            procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     rows = []
-    for name, (proc, cmd) in procs.items():
+    for name, proc in procs.items():
         rc = proc.wait()
         rec = {"variant": name, "args": VARIANTS[name], "rc": rc}
         file = out / name / "training_log.json"
         if rc == 0 and file.is_file():
-            log = json.loads(file.read_text())
-            rec.update(steps=log["training"]["steps"], heldout_simulated_acc_len=log["heldout_simulated_acc_len"],
-                       heldout_engine=log["engine_check"], bench=log["bench_check"])
+            trained = json.loads(file.read_text())
+            rec.update(steps=trained["training"]["steps"], heldout_simulated_acc_len=trained["heldout_simulated_acc_len"],
+                       heldout_engine=trained["engine_check"], bench=trained["bench_check"])
             if not args.smoke:  # per-offset accuracy on the benchmark text (scripts/dflash_positions.py)
                 pos = out / name / "positions"
                 subprocess.run([sys.executable, str(ROOT / "scripts" / "dflash_positions.py"), "--out", str(pos),
