@@ -48,8 +48,10 @@ ERRATA = (
     ("w12/w12_escape_cost.{json,md}", "b0c0d4e", "ran at 70e2a89 (b0c0d4e was a typo of the run command)"),
     ("loop/fixture-x16-batch/", "c907664+dirty", "ran on the working tree of d1b34c7 (the device copy's base was the "
      "session's first commit)"),
-    ("drafters/recipe/dflash_recipe.{json,md}", "1de71ff", "ran on the working tree of 7997336 (the device copy's base "
-     "was the session's first commit)"),
+    ("drafters/recipe/dflash_recipe.{json,md}", "5674dcb", "ran on the working tree of fc8981e (the device copy's "
+     "base was the session's first commit)"),
+    ("serving/fixture-x16-batch/", "5674dcb", "ran on the working tree of fc8981e (the device copy's base was the "
+     "session's first commit)"),
     ("serving/packed-prefill-c8/", "c907664", "ran on the working tree of d1b34c7 (packed prefill; the device copy's "
      "base was the session's first commit)"),
 )
