@@ -174,10 +174,11 @@ def deployment_shapes(target, drafter, system: System, batch: int, tree_nodes: i
 
 def tune(shapes: list[ProjectionShape], bench: KernelBench, budget_s: float,
          log=lambda line: None) -> list[ShapeTiming]:
-    """Rank shapes by excess over their floor, then, in that order within the budget, search the
-    kernel configs of those the kernels take (`kernels.search.tune`, up to GEMM_MAX_M rows) and
-    time cuBLAS on the decoded weight (each `Fallback`; plain weights need no decoding, so one);
-    a shape reached after the budget keeps today's choice."""
+    """Rank shapes by excess over their floor, then, in that order within the budget, time cuBLAS on
+    the decoded weight (each `Fallback`; plain weights need no decoding, so one) and, with what
+    budget is left, search the kernel configs of those the kernels take (`kernels.search.tune`, up
+    to GEMM_MAX_M rows); a shape reached after the budget keeps today's choice. The fallbacks come
+    first: a timing each, and above GEMM_MAX_M rows the only other choices there are."""
     start = time.monotonic()
     problem = {s: Problem(bench.weight_format, s.n, s.k, s.m) for s in shapes}
 
@@ -195,10 +196,14 @@ def tune(shapes: list[ProjectionShape], bench: KernelBench, budget_s: float,
     for s, cur, first, _ in baseline:
         if s.m <= GEMM_MAX_M:  # two shapes of one size are searched once
             known.setdefault(problem[s], [Trial(cur, us=first)] if isinstance(cur, LaunchConfig) else [])
-    settings = SearchSettings(budget_s=budget_s, sm_count=bench.sm_count, out_of_budget=OutOfBudget.SKIP)
-    found = {r.problem: r for r in search(list(known), bench.time, settings, known=known, started=start)}
     fallbacks = list(Fallback) if bench.weight_format is WeightFormat.W12 else [Fallback.UNPACK_CUBLAS]
     fallback_us: dict[tuple[Problem, Fallback], float | None] = {}
+    for s, cur, _, _ in baseline:
+        for fb in fallbacks:
+            if fb is not cur and (problem[s], fb) not in fallback_us and time.monotonic() - start < budget_s:
+                fallback_us[problem[s], fb] = bench.time_fallback(problem[s], fb)
+    settings = SearchSettings(budget_s=budget_s, sm_count=bench.sm_count, out_of_budget=OutOfBudget.SKIP)
+    found = {r.problem: r for r in search(list(known), bench.time, settings, known=known, started=start)}
     out = []
     for s, cur, first, floor in baseline:
         p = problem[s]
@@ -206,12 +211,7 @@ def tune(shapes: list[ProjectionShape], bench: KernelBench, budget_s: float,
         result = found.get(p)
         if result is not None and result.best is not None:
             options.append((result.best.config, result.best.us))
-        for fb in fallbacks:
-            if fb is not cur and time.monotonic() - start < budget_s:
-                if (p, fb) not in fallback_us:
-                    fallback_us[p, fb] = bench.time_fallback(p, fb)
-                if fallback_us[p, fb] is not None:
-                    options.append((fb, fallback_us[p, fb]))
+        options += [(fb, fallback_us[p, fb]) for fb in fallbacks if fallback_us.get((p, fb)) is not None]
         # today's choice once more: its first timing can be a transient (on a GPU that has just
         # been idle, several times the next one) and must not pass for a gain of the tuned table
         cur_us = first

@@ -200,3 +200,24 @@ def test_w12_above_the_kernels_rows_takes_the_faster_decoded_path():
     assert all(t.current == {"path": "unpack_cublas"} and t.tried == 0 for t in above)  # no kernel search there
     doc = table_document("NVIDIA H200", "w12", {}, timings)
     assert {(e["m"], e["path"]) for e in doc["entries"]} == {(256, "decoded_cublas"), (8, "decoded_cublas")}
+
+
+def test_the_fallbacks_are_timed_before_the_search_spends_the_budget(monkeypatch):
+    """A search that uses up the budget (each config timing a second on the agent's clock) leaves
+    every shape its decoded-cuBLAS timing: above 64 rows the only choice besides today's."""
+    from specpilot.loop.agents import kernel as agent
+
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(agent, "time", SimpleNamespace(monotonic=lambda: clock.now))
+
+    class SlowSearchBench(W12Bench):
+        def time(self, problem, config):
+            clock.now += 1.0
+            return super().time(problem, config)
+
+    config = tiny_config(hidden_size=256, intermediate_size=1024, num_layers=4)
+    bench = SlowSearchBench()
+    timings = tune(projection_shapes(config, rows=129, lm_head=False) + projection_shapes(config, 8, False),
+                   bench, budget_s=6)
+    assert clock.now > 6  # the search ran past the budget
+    assert {t.best["path"] for t in timings} == {"decoded_cublas"}
