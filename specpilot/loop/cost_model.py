@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from specpilot.engine.profile import StepProfile
 from specpilot.loop.acceptance import AcceptanceModel, TreeShape
@@ -137,6 +137,9 @@ class CostTable:
     gaps: tuple[Gap, ...]  # largest saving first
     ar_ms_per_token: float | None = None  # plain AR decoding measured on the same prompts (None: not measured)
     format_floors: tuple[FormatFloor, ...] = ()  # one per FORMAT_BITS entry (the room each format gives)
+    # drafter kind -> ms/token of the incumbent with that drafter switched in, measured on the same
+    # prompts (each other drafter the session loads; `loop.measure.switch_ms_per_token`)
+    switch_ms_per_token: dict[str, float] = field(default_factory=dict)
 
     # ---- measured ----------------------------------------------------------------------------
     @property
@@ -264,6 +267,7 @@ class CostTable:
             "acceptance": self.acceptance.to_dict() if self.acceptance else None,
             "draft_kv_bytes_per_token": self.draft_kv_bytes_per_token,
             "ar_ms_per_token": self.ar_ms_per_token,
+            "switch_ms_per_token": dict(self.switch_ms_per_token),
             "gaps": [g.to_dict() for g in self.gaps],
             "format_floors": [f.to_dict() for f in self.format_floors],
             "profile": _profile_dict(self.profile),
@@ -276,7 +280,8 @@ class CostTable:
                    d["draft_kv_bytes_per_token"], d["ceiling_ms_per_token"],
                    TreeShape(**d["ceiling_shape"]) if d["ceiling_shape"] else None,
                    tuple(Gap.from_dict(g) for g in d["gaps"]), d.get("ar_ms_per_token"),
-                   tuple(FormatFloor.from_dict(f) for f in d.get("format_floors", ())))
+                   tuple(FormatFloor.from_dict(f) for f in d.get("format_floors", ())),
+                   dict(d.get("switch_ms_per_token") or {}))
 
     def render(self) -> str:
         ceiling = self.ceiling_shape.label() if self.ceiling_shape else "AR decoding"
@@ -284,7 +289,8 @@ class CostTable:
             f"{self.system}: {self.ms_per_token:.3f} ms/token measured ({self.tokens_per_round:.2f} tokens/round, "
             f"{self.round_ms:.3f} ms/round = draft {self.draft_ms:.3f} + verify {self.verify_ms:.3f} "
             f"+ overhead {self.overhead_ms:.3f}); ceiling {self.ceiling_ms_per_token:.3f} ms/token ({ceiling})"
-            + (f"; AR {self.ar_ms_per_token:.3f} ms/token" if self.ar_ms_per_token is not None else ""),
+            + (f"; AR {self.ar_ms_per_token:.3f} ms/token" if self.ar_ms_per_token is not None else "")
+            + "".join(f"; {kind} drafter {t:.3f} ms/token" for kind, t in sorted(self.switch_ms_per_token.items())),
             f"  {'gap':<16}{'measured ms':>12}{'floor ms':>10}{'saves ms/tok':>14}{'share':>8}",
         ]
         for g in self.gaps:
@@ -325,9 +331,11 @@ def tree_shapes(max_depth: int = MAX_DEPTH):
 
 
 def analyze(p: StepProfile, shape: TreeShape | None = None, system: str = "", draft_kv_bytes_per_token: int = 0,
-            max_depth: int = MAX_DEPTH, ar_ms_per_token: float | None = None) -> CostTable:
+            max_depth: int = MAX_DEPTH, ar_ms_per_token: float | None = None,
+            switch_ms_per_token: dict[str, float] | None = None) -> CostTable:
     """The cost table of one measured system; `shape` is its tree (None: inferred, AR if no acceptance);
-    `ar_ms_per_token`, when measured, is what plain AR decoding costs on the same prompts."""
+    `ar_ms_per_token`, when measured, is what plain AR decoding costs on the same prompts, and
+    `switch_ms_per_token` what the system costs with each other loaded drafter switched in."""
     if shape is None and p.accept_at_depth and p.tree_nodes > 1:
         depth = len(p.accept_at_depth)
         shape = TreeShape(depth, max(1, -(-(p.tree_nodes - 1) // depth)), p.tree_nodes - 1)
@@ -354,7 +362,7 @@ def analyze(p: StepProfile, shape: TreeShape | None = None, system: str = "", dr
         gaps.append(Gap(GapKind.ACCEPTANCE, at_floor_now, best, max(at_floor_now - best, 0.0), estimated=True))
     gaps.sort(key=lambda g: g.saving_ms_per_token, reverse=True)
     return CostTable(system, p, shape, acceptance, draft_kv_bytes_per_token, best, best_shape, tuple(gaps),
-                     ar_ms_per_token, tuple(formats))
+                     ar_ms_per_token, tuple(formats), dict(switch_ms_per_token or {}))
 
 
 def _ceiling(table: CostTable, shape: TreeShape | None, at_floor_now: float, max_depth: int,

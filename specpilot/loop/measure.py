@@ -12,10 +12,12 @@ the patched code. The tree shape the cost model reads is the one the running dra
 (`shape_run`), not the one the knobs name: a patch may change what a knob means. On CPU both run torch single-threaded, like the loop's workers (`runner.py`).
 
 Plain AR decoding of the same batches is timed too (what drafting has to beat; the knob agent's
-estimate for switching drafting off).
+estimate for switching drafting off), and so is the system with each other drafter the session
+loads switched in (`DRAFTER_SWITCHES`: the draft model, EAGLE-3, DFlash), so the knob agent ranks
+a drafter switch by its measured time rather than exploring it blind.
 
-Owns: `measure`, `measure_in_worktree`, `shape_run`, pooling, `ar_ms_per_token`. Does not own profiling (engine) or the cost
-model's arithmetic (`cost_model.py`).
+Owns: `measure`, `measure_in_worktree`, `shape_run`, pooling, `ar_ms_per_token`,
+`switch_ms_per_token`. Does not own profiling (engine) or the cost model's arithmetic (`cost_model.py`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from specpilot.config import DrafterKind, System
 from specpilot.errors import SpecPilotError
 from specpilot.loop.acceptance import TreeShape
 from specpilot.loop.cost_model import CostTable, analyze
+from specpilot.loop.systems import switched
 
 
 def shape_run(gen, system: System) -> TreeShape | None:
@@ -68,9 +71,10 @@ def measure(session, system: System, batches: list[list[list[int]]], max_new_tok
     drafter = session.drafter_model if system.drafter.value == "model" else None
     kv = kv_bytes_per_token(drafter) if drafter is not None else 0
     ar_ms = ar_ms_per_token(session, system, batches, max_new_tokens) if system.speculative else p.ms_per_token
+    switches = switch_ms_per_token(session, system, batches, max_new_tokens) if system.speculative else {}
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return analyze(p, shape_run(gen, system), system.name, kv, ar_ms_per_token=ar_ms)
+    return analyze(p, shape_run(gen, system), system.name, kv, ar_ms_per_token=ar_ms, switch_ms_per_token=switches)
 
 
 def ar_ms_per_token(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> float:
@@ -82,6 +86,33 @@ def ar_ms_per_token(session, system: System, batches: list[list[list[int]]], max
         r = gen.generate(batch, max_new_tokens)
         per_token.append((r.seconds - r.prefill_seconds) / max(max(r.rounds), 1) * 1e3)
     return sum(per_token) / len(per_token)
+
+
+def loaded_drafters(session) -> list[DrafterKind]:
+    """The drafters other than n-gram that `session` holds a model for."""
+    held = ((DrafterKind.MODEL, session.drafter_model), (DrafterKind.EAGLE3, session.eagle3_model),
+            (DrafterKind.DFLASH, session.dflash_model))
+    return [kind for kind, model in held if model is not None]
+
+
+def switch_ms_per_token(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> dict[str, float]:
+    """{drafter kind: ms per token} of `system` with each other drafter the session loads switched
+    in (`loop.systems.switched`), decoded on the same batches and reckoned as the profile reckons
+    the system's own (decode time per round over tokens per round)."""
+    out = {}
+    for kind in loaded_drafters(session):
+        other = switched(system, kind) if kind is not system.drafter else None
+        if other is None:
+            continue
+        gen = session.generator(other)
+        gen.generate(batches[0], min(max_new_tokens, 8))  # warm-up: graphs, compilation
+        per_token = []
+        for batch in batches:
+            r = gen.generate(batch, max_new_tokens)
+            round_ms = (r.seconds - r.prefill_seconds) / max(max(r.rounds), 1) * 1e3
+            per_token.append(round_ms / max(r.num_tokens / max(sum(r.rounds), 1), 1e-9))
+        out[kind.value] = sum(per_token) / len(per_token)
+    return out
 
 
 def measure_in_worktree(workdir: str, deployment: str, system: System, batches: list[list[list[int]]],

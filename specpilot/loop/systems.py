@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specpilot.config import System
+from specpilot.config import DrafterKind, System
+from specpilot.errors import ConfigError
 from specpilot.control.arm import ArmSpec
 from specpilot.loop.patches import PatchSummary, summarize
 from specpilot.memory.records import knob_diff, system_hash
@@ -30,6 +31,23 @@ KNOB_GROUPS: dict[str, tuple[str, ...]] = {
     "fault": ("fault",),
 }
 PATCH_GROUP = "code"
+
+# Switching drafter, as knob changes: the draft model and EAGLE-3 keep the system's tree shape;
+# DFlash starts from a DDTree of 32 nodes over its trained block.
+DRAFTER_SWITCHES: dict[DrafterKind, dict] = {
+    DrafterKind.MODEL: {"drafter": DrafterKind.MODEL.value},
+    DrafterKind.EAGLE3: {"drafter": DrafterKind.EAGLE3.value},
+    DrafterKind.DFLASH: {"drafter": DrafterKind.DFLASH.value, "tree_construction": "best_first", "tree_budget": 32},
+}
+
+
+def switched(system: System, kind: DrafterKind) -> System | None:
+    """`system` drafting with `kind` (DRAFTER_SWITCHES; its other knobs kept), or None where the
+    knobs do not combine."""
+    try:
+        return System.from_dict({**system.knobs(), **DRAFTER_SWITCHES[kind]}, name=f"{system.name}+{kind.value}")
+    except ConfigError:
+        return None
 
 
 def group_of(knob: str) -> str:

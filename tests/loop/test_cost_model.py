@@ -70,11 +70,14 @@ def test_ar_has_no_acceptance_gap_and_its_floor_is_the_ceiling():
 
 
 def test_round_trip_and_render():
-    t = cost_table()
+    from dataclasses import replace
+
+    t = replace(cost_table(), switch_ms_per_token={"eagle3": 2.5})
     again = CostTable.from_dict(json.loads(json.dumps(t.to_dict())))
     assert again.to_dict() == t.to_dict() and again.render() == t.render()
     text = t.render()
     assert "ceiling" in text and all(k.value in text for k in GapKind) and "(estimate)" in text
+    assert "eagle3 drafter 2.500 ms/token" in text
 
 
 def test_format_floors_show_the_room_of_every_weight_format():

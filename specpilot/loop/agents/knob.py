@@ -9,10 +9,12 @@ Each round it proposes, best first:
 2. *Predicted moves*, ranked by the cost model's estimated ms/token (`CostTable.
    predict_ms_per_token`, measured costs + the fitted acceptance model): tree shapes within two
    steps of the incumbent's (depth +-2, topk one step in 1/2/4/8, node budget two steps on its
-   ladder), the model's best shape anywhere, the ceiling's shape, and plain AR decoding when it
-   was measured faster than drafting. Only moves predicted faster than the measurement are kept;
+   ladder), the model's best shape anywhere, the ceiling's shape, plain AR decoding when it was
+   measured faster than drafting, and each other loaded drafter measured faster switched in
+   (`CostTable.switch_ms_per_token`). Only moves predicted faster than the measurement are kept;
    savings the acceptance model extrapolates are ranked at `MODEL_TRUST` of their size against
-   measured ones (AR). From AR, the shapes the last speculative system's table predicts faster.
+   measured ones (AR, drafter switches). From AR, the shapes the last speculative system's table
+   predicts faster.
 3. *Exploratory moves*, which the model cannot price, ordered by the size of the gap they target:
    the other drafters (draft model <-> n-gram, and each feature-conditioned drafter the deployment
    loads: EAGLE-3, DFlash), DFlash tree constructions and budgets, adaptive depth tiers, the batch
@@ -38,7 +40,7 @@ from specpilot.errors import ConfigError
 from specpilot.loop.acceptance import TreeShape
 from specpilot.loop.agents.base import Proposal, Proposer, ProposerContext, register
 from specpilot.loop.cost_model import BUDGETS, MAX_DEPTH, TOPKS, GapKind, tree_shapes
-from specpilot.loop.systems import Candidate, describe, short_name
+from specpilot.loop.systems import DRAFTER_SWITCHES, Candidate, describe, short_name
 
 GPU_ONLY = frozenset({"cuda_graphs", "sync_every", "kernel", "w12", "kernel_lm_head", "kernel_table"})
 MIN_PREDICTED_SAVING = 0.005  # a predicted move must be at least 0.5% faster than the measurement
@@ -153,6 +155,13 @@ class KnobAgent(Proposer):
             consider(None, {"drafter": DrafterKind.NONE.value}, "plain AR decoding (drafting does not pay here)")
         elif inc.drafter is DrafterKind.NONE:
             self._reenter(ctx, moves)
+        for kind, t in sorted(cost.switch_ms_per_token.items()):  # measured: ranked at full trust, like AR
+            if kind in SWITCHES_BY_NAME and math.isfinite(t) and t < measured * (1 - MIN_PREDICTED_SAVING):
+                gap, changes, why = SWITCHES_BY_NAME[kind]
+                p = self._proposal(ctx, changes, gap, f"{why}: measured {t:.3f} ms/token vs {measured:.3f} "
+                                   f"({1 - t / measured:.0%} less)", t)
+                if p is not None:
+                    moves.append((rank_key(measured, t, False), p))
         moves.sort(key=lambda m: (m[0], m[1].candidate.name))
         return [p for _, p in moves]
 
@@ -263,17 +272,16 @@ def batch_moves(regime, inc: System) -> list[tuple[GapKind, dict, str]]:
     return out
 
 
-# Switching drafter: (gap it targets, knob changes, rationale). The draft model and EAGLE-3 keep the
-# incumbent's tree shape; DFlash starts from a DDTree of 32 nodes over its trained block.
+# Switching drafter: (gap it targets, knob changes (`loop.systems.DRAFTER_SWITCHES`), rationale).
 SWITCHES = {
-    DrafterKind.MODEL: (GapKind.ACCEPTANCE, {"drafter": DrafterKind.MODEL.value},
+    DrafterKind.MODEL: (GapKind.ACCEPTANCE, DRAFTER_SWITCHES[DrafterKind.MODEL],
                         "the deployment's draft model instead of the current drafter"),
-    DrafterKind.EAGLE3: (GapKind.ACCEPTANCE, {"drafter": DrafterKind.EAGLE3.value},
+    DrafterKind.EAGLE3: (GapKind.ACCEPTANCE, DRAFTER_SWITCHES[DrafterKind.EAGLE3],
                          "the deployment's EAGLE-3 head: drafts from the target's own features"),
-    DrafterKind.DFLASH: (GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.DFLASH.value, "tree_construction": "best_first",
-                                                 "tree_budget": 32},
+    DrafterKind.DFLASH: (GapKind.DRAFT_KERNELS, DRAFTER_SWITCHES[DrafterKind.DFLASH],
                          "the deployment's DFlash drafter: one draft forward per round for the whole block"),
 }
+SWITCHES_BY_NAME = {kind.value: switch for kind, switch in SWITCHES.items()}
 DFLASH_TREES = (("best_first", 32), ("best_first", 64), ("spine_first", 32), ("best_first", 16), ("chain", 15))
 
 

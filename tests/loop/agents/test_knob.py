@@ -143,3 +143,28 @@ def test_batch_mechanisms_are_proposed_for_batched_regimes_only():
     assert any("row_depth_margin" in c for c in static) and not any("segment_tokens" in c for c in static)
     served = changed(Regime(batch=8, continuous=True))
     assert any(c.get("segment_tokens") == 8 for c in served)
+
+
+def test_a_drafter_measured_faster_switched_in_is_a_predicted_move_ranked_by_its_measurement():
+    """The cost table carries each loaded drafter's measured ms/token at the incumbent's knobs: one
+    measured faster is proposed among the predicted moves, at full trust; one measured slower only
+    as exploration."""
+    from dataclasses import replace
+
+    from specpilot.config import load_deployment
+
+    dep = load_deployment("fixture-dflash")  # loads the draft model, EAGLE-3 and DFlash
+    stock = dep.stock.with_changes(name="model", drafter=DrafterKind.MODEL, depth=5, topk=4, tree_budget=7)
+    base = cost_table(stock)
+
+    def propose(switches):
+        table = replace(base, switch_ms_per_token=switches)
+        return KnobAgent().propose(context(table, Incumbent(Candidate(stock)), deployment=dep, limit=10))
+
+    fast = propose({"eagle3": base.ms_per_token * 0.3, "dflash": base.ms_per_token * 1.5})
+    assert fast[0].candidate.system.drafter is DrafterKind.EAGLE3  # beats every modelled tree move
+    assert fast[0].predicted_ms_per_token == base.ms_per_token * 0.3 and "measured" in fast[0].rationale
+    assert all(p.predicted_ms_per_token is None for p in fast if p.candidate.system.drafter is DrafterKind.DFLASH)
+    slow = propose({"eagle3": base.ms_per_token * 1.2})
+    eagle = [p for p in slow if p.candidate.system.drafter is DrafterKind.EAGLE3]
+    assert eagle and all(p.predicted_ms_per_token is None for p in eagle)  # still explored, not predicted

@@ -1,0 +1,24 @@
+"""The incumbent's measurement times each other drafter the session loads, switched in."""
+
+import torch
+
+from specpilot.config import DrafterKind, load_deployment
+from specpilot.engine.session import Session
+from specpilot.loop.measure import loaded_drafters, measure
+from specpilot.loop.systems import switched
+
+
+def test_each_other_loaded_drafter_is_timed_with_the_incumbents_other_knobs():
+    dep = load_deployment("fixture-dflash")  # the draft model, EAGLE-3 and DFlash
+    session = Session.load(dep, "cpu", torch.float32)
+    assert loaded_drafters(session) == [DrafterKind.MODEL, DrafterKind.EAGLE3, DrafterKind.DFLASH]
+    system = dep.stock.with_changes(name="m", drafter=DrafterKind.MODEL, depth=3, topk=2, tree_budget=4)
+    prompt = session.encode_prompt("def add(a, b):")
+    table = measure(session, system, [[prompt], [prompt[:3]]], 6)
+    assert set(table.switch_ms_per_token) == {"eagle3", "dflash"}
+    assert all(t > 0 for t in table.switch_ms_per_token.values())
+    eagle3 = switched(system, DrafterKind.EAGLE3)
+    assert (eagle3.drafter, eagle3.depth, eagle3.topk, eagle3.tree_budget) == (DrafterKind.EAGLE3, 3, 2, 4)
+    assert eagle3.fingerprint() in session._generators  # what was timed is that system
+    ar = system.with_changes(name="ar", drafter=DrafterKind.NONE)
+    assert measure(session, ar, [[prompt]], 6).switch_ms_per_token == {}  # from AR: none (the agent re-enters)
