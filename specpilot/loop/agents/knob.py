@@ -17,7 +17,7 @@ Each round it proposes, best first:
    predicts faster.
 3. *Exploratory moves*, which the model cannot price, ordered by the size of the gap they target:
    the other drafters (draft model <-> n-gram, and each feature-conditioned drafter the deployment
-   loads: EAGLE-3, DFlash), DFlash tree constructions and budgets, adaptive depth tiers, the batch
+   loads: EAGLE-3, DFlash, unless measured more than 10% slower switched in), DFlash tree constructions and budgets, adaptive depth tiers, the batch
    mechanisms for a batched regime (shared node budget, per-request depth, segment admission), and on GPU CUDA graphs,
    fewer host syncs (`sync_every`), Triton kernels, W12 weights, the Triton lm_head.
 Predicted and exploratory moves are interleaved 2:1 so a round times at least one of each when
@@ -49,7 +49,8 @@ MIN_PREDICTED_SAVING = 0.005  # a predicted move must be at least 0.5% faster th
 # were measured ~9% faster.
 MODEL_TRUST = 0.5
 EXPLORE_EVERY = 3  # every third proposal is an exploratory one (when there are both kinds)
-AR_CLOSE = 1.10  # AR measured within 10% of the incumbent: worth timing directly (drafting barely pays)
+AR_CLOSE = 1.10  # AR (or a drafter switch) measured within 10% of the incumbent: worth timing directly;
+# a drafter switch measured further behind is not explored
 
 
 def _step(ladder: tuple[int, ...], value: int, steps: int) -> set[int]:
@@ -211,6 +212,9 @@ class KnobAgent(Proposer):
             moves.append((GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.NGRAM.value},
                           "prompt lookup instead of the draft model: no draft forwards at all"))
         for kind, (gap, changes, why) in SWITCHES.items():
+            switch_ms = ctx.cost.switch_ms_per_token.get(kind.value)
+            if switch_ms is not None and switch_ms > AR_CLOSE * measured:
+                continue  # measured well slower switched in: the measurement has answered it
             if kind in kinds and kind is not inc.drafter:
                 moves.append((gap, changes, why))
         if inc.drafter is DrafterKind.DFLASH:
