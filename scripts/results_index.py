@@ -32,6 +32,8 @@ SOURCES = (
     ("loop/fixture-x16-batch/*", "the optimization loop, continuous regime", "specpilot run"),
     ("loop/fixture-x16-nonedit/*", "loop from a non-editable install, kernel agent only (stdout)",
      "specpilot run (pip install --target)"),
+    ("loop/fixture-x16/*", "the optimization loop, knob agent, 2 candidates a round",
+     "specpilot run --agents knob --max-candidates 2"),
     ("loop/*", "the optimization loop", "loop_fixture.py"),
     ("speed/summary*", "speed headline table", "speed_fixture.py"),
     ("speed/*", "speedup over AR", "speed_fixture.py"),
@@ -39,6 +41,7 @@ SOURCES = (
     ("w12/w12_escape_cost.*", "cost of W12 escapes", "w12_escape_cost.py"),
     ("w12/w12_refine*", "tuned table vs n128 twins", "w12_refine.py --confirm"),
     ("w12/tree128/*", "W12 vs cuBLAS, 128-node tree, fixture-x16", "specpilot bench"),
+    ("w12/paths/*", "W12's fastest path per shape vs cuBLAS, tuned and installed", "w12_paths.py --install"),
 )
 
 # provenance a file records wrongly, from the run logs: (path, commit it records, note); shown
@@ -50,6 +53,10 @@ ERRATA = (
      "session's first commit)"),
     ("drafters/recipe/dflash_recipe.{json,md}", "5674dcb", "ran on the working tree of fc8981e (the device copy's "
      "base was the session's first commit)"),
+    ("w12/paths/w12_paths.{json,md}", "-", "ran on the working tree of 8e4176f on 2026-12-03, H200 (the script "
+     "recorded no provenance then)"),
+    ("w12/tree128/", "5674dcb", "ran on the working tree of 8e4176f, after w12_paths.py --install"),
+    ("loop/fixture-x16/", "5674dcb+dirty", "ran on the working tree of 8e4176f"),
     ("serving/fixture-x16-batch/", "5674dcb", "ran on the working tree of fc8981e (the device copy's base was the "
      "session's first commit)"),
     ("serving/packed-prefill-c8/", "c907664", "ran on the working tree of d1b34c7 (packed prefill; the device copy's "

@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specpilot.bench.provenance import capture  # noqa: E402
 from specpilot.kernels.configs import Fallback, WeightFormat, device_slug  # noqa: E402
 from specpilot.kernels.search import Problem  # noqa: E402
 from specpilot.loop.agents.kernel import (  # noqa: E402
@@ -108,7 +109,8 @@ def main(argv=None) -> int:
                         dep.regime.batch, tuple(args.rows))
     rows, timings = measure(shapes, w12, bf16, args.budget_s)
     meta = {"gpu": w12.device_name, "deployment": dep.name, "system": system.name, "torch": torch.__version__,
-            "versions": user_cache.versions(), "budget_s": args.budget_s}
+            "versions": user_cache.versions(), "budget_s": args.budget_s, "rows": list(args.rows),
+            "provenance": capture(session.device, session.target.dtype)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "w12_paths.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     (args.out / "w12_paths.md").write_text(render(rows, meta))
