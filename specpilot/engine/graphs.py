@@ -14,7 +14,7 @@ import torch
 
 
 class GraphedCallable:
-    def __init__(self, fn: Callable, static_inputs: tuple[torch.Tensor, ...] = (), warmup: int = 2):
+    def __init__(self, fn: Callable, static_inputs: tuple[torch.Tensor, ...] = (), warmup: int = 2, pool=None):
         self.static_inputs = static_inputs
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -23,7 +23,7 @@ class GraphedCallable:
                 fn(*static_inputs)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, pool=pool):  # graphs replayed one at a time may share a pool
             self.output = fn(*static_inputs)
 
     def __call__(self, *inputs: torch.Tensor):

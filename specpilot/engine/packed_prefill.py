@@ -17,6 +17,11 @@ concatenated tokens [1,S]:
   region past the last row region and attend to themselves only. The packing cache's size is
   fixed per row cache, so S is the only shape that varies (`warm`, one pass per padded length).
 * Afterwards the real tokens' K/V are copied from their region slots to their row's slots.
+* A graphed packing cache (`graphed`, on CUDA with a bucket) runs the forward as a CUDA graph, one
+  per padded length, captured on the length's first use (`warm` captures them all): the layout's
+  per-call tensors are copied into the graph's static inputs and the forward is one replay, where
+  the eager forward costs the x16 target ~10 ms of host launches. The copy-in of continued prompts
+  and the write-back stay eager (their sizes vary); the features come out cloned.
 
 Outputs equal the row-by-row chunk forwards up to float rounding: the projections see an [S,C]
 input instead of [T,C], and attention runs over the packing cache's slots, not the row's.
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specpilot.engine.graphs import GraphedCallable
 from specpilot.engine.kv_cache import KVCache
 from specpilot.models.transformer import Transformer
 
@@ -56,8 +62,11 @@ class PackingCache:
     capacity, then a scratch region of `pad` slots for padding tokens. Zero-initialised once and
     only ever written with K/V, so masked slots hold finite values."""
 
-    def __init__(self, like: KVCache, rows: int, pad: int):
+    def __init__(self, like: KVCache, rows: int, pad: int, graphed: bool = False):
         self.rows, self.cap, self.pad = rows, like.capacity, pad
+        self.graphed = graphed and pad > 0  # a bucket bounds the lengths, hence the graphs
+        self.graphs: dict = {}  # (model id, S, feature layers) -> GraphedCallable
+        self.pool = None  # the graphs' shared memory pool (they replay one at a time)
         k0 = like.k[0]
         shape = (1, k0.shape[1], rows * self.cap + pad, k0.shape[3])
         self.cache = KVCache([torch.zeros(shape, dtype=k0.dtype, device=k0.device) for _ in like.k],
@@ -179,12 +188,35 @@ def packed_forward(model: Transformer, cache: KVCache, packing: PackingCache, ch
     `packing.rows` chunks, each with tokens); with `capture`, each chunk's features [T,nC] in
     order, else None."""
     p = pack(cache, packing, chunks, bucket)
-    empty = torch.zeros(1, 0, dtype=torch.int64, device=p.tokens.device)
-    out = model(p.tokens, p.positions, packing.cache, p.slots, p.mask, logits_for=empty, capture=capture)
+    if packing.graphed:
+        out = _graph_of(model, packing, p.tokens.shape[1], tuple(capture))(p.tokens, p.positions, p.slots, p.mask)
+    else:
+        empty = torch.zeros(1, 0, dtype=torch.int64, device=p.tokens.device)
+        out = model(p.tokens, p.positions, packing.cache, p.slots, p.mask, logits_for=empty, capture=capture)
     p.write_back(cache, packing)
     if not capture:
         return None
-    return [out[1][0, o : o + len(c.tokens)] for o, c in zip(p.offsets, chunks)]  # [T,nC] each
+    return [out[1][0, o : o + len(c.tokens)].clone() for o, c in zip(p.offsets, chunks)]  # [T,nC] each
+
+
+def _graph_of(model: Transformer, packing: PackingCache, S: int, capture: tuple[int, ...]) -> GraphedCallable:
+    """The graph of `model`'s packed forward over `packing` at S tokens, captured on first use."""
+    key = (id(model), S, capture)
+    if key not in packing.graphs:
+        dev = packing.cache.k[0].device
+        empty = torch.zeros(1, 0, dtype=torch.int64, device=dev)
+
+        def forward(tokens, positions, slots, mask):
+            return model(tokens, positions, packing.cache, slots, mask, logits_for=empty, capture=capture)
+
+        static = (torch.zeros(1, S, dtype=torch.int64, device=dev), torch.zeros(1, S, dtype=torch.int64, device=dev),
+                  torch.full((1, S), packing.slots - 1, dtype=torch.int64, device=dev),
+                  torch.zeros(1, 1, S, packing.slots, dtype=torch.bool, device=dev))
+        static[3][..., -1] = True  # warm-up and capture: every token in the last scratch slot, seeing only it
+        if packing.pool is None and dev.type == "cuda":
+            packing.pool = torch.cuda.graph_pool_handle()
+        packing.graphs[key] = GraphedCallable(forward, static, pool=packing.pool)
+    return packing.graphs[key]
 
 
 def warm(model: Transformer, cache: KVCache, packing: PackingCache, bucket: int, limit: int, row: int = 0,

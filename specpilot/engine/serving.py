@@ -186,8 +186,8 @@ class ServingEngine:
         ws.state.done.fill_(True)
         if gen.speculative:
             gen._start_drafter(tier, idle, ws.state)  # binds the draft state; rows fill on admission
-        if ws.packing is None:  # packed prefill: its cache, and every packed length run once (rows are idle)
-            ws.packing = PackingCache(ws.cache, min(self.slots, PACK_ROWS), gen.prefill_bucket)
+        if ws.packing is None:  # packed prefill: its cache, and every packed length run (graphed) once (rows idle)
+            ws.packing = PackingCache(ws.cache, min(self.slots, PACK_ROWS), gen.prefill_bucket, gen.use_graphs)
             limit = min(self.prefill_chunk, ws.cache.capacity)
             warm_packed(gen.target, ws.cache, ws.packing, gen.prefill_bucket, limit, 0, gen.feature_layers)
             if gen.speculative:

@@ -173,3 +173,45 @@ def test_warm_runs_every_padded_length(target, monkeypatch):
     seen.clear()
     pp.warm(target, cache, packing, 0, 24)
     assert seen == []
+
+
+class ReplayOnCpu:
+    """Stands in for `GraphedCallable` off the GPU with a graph's semantics: the function runs on its
+    static inputs only, which each call overwrites in place; its output tensors are reused."""
+
+    captured = 0
+
+    def __init__(self, fn, static_inputs, warmup=2, pool=None):
+        self.fn, self.static_inputs = fn, static_inputs
+        ReplayOnCpu.captured += 1
+
+    def __call__(self, *inputs):
+        for dst, src in zip(self.static_inputs, inputs):
+            dst.copy_(src)
+        return self.fn(*self.static_inputs)
+
+
+def test_graphed_packed_forward_equals_eager(target, monkeypatch):
+    """A graphed packing cache runs one graph per padded length, fed through its static inputs:
+    chunks that pad to the same length reuse it and still write their own K/V and features."""
+    from specpilot.engine import packed_prefill
+
+    monkeypatch.setattr(packed_prefill, "GraphedCallable", ReplayOnCpu)
+    ReplayOnCpu.captured = 0
+    p = prompts()
+    first = [Chunk(0, tuple(p[0][:20]), 0), Chunk(2, tuple(p[2][:8]), 0)]  # 28 tokens: pads to 32
+    second = [Chunk(0, tuple(p[0][20:]), 20), Chunk(1, tuple(p[1]), 0), Chunk(2, tuple(p[2][8:]), 8),
+              Chunk(3, tuple(p[3]), 0)]  # 40 tokens: pads to 48
+    third = [Chunk(1, (5, 6, 7), 7)]  # continues row 1: pads to 16
+    capture = (0, 1)
+    eager, graphed = fresh(target), fresh(target)
+    plain, packing = PackingCache(eager, 4, 16), PackingCache(graphed, 4, 16, graphed=True)
+    assert packing.graphed and not plain.graphed and not PackingCache(eager, 4, 0, graphed=True).graphed
+    for chunks in (first, second, third, first):
+        want = packed_forward(target, eager, plain, chunks, 16, capture)
+        got = packed_forward(target, graphed, packing, chunks, 16, capture)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+    for g, w in zip(graphed.k + graphed.v, eager.k + eager.v):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    assert ReplayOnCpu.captured == 3 and len(packing.graphs) == 3  # lengths 32, 48, 16; the repeat reuses 32

@@ -51,9 +51,11 @@ def test_graphed_serving_equals_ar(target_dir, drafter_dir, requests, full_preci
         assert result.extra["segment_admissions"] >= 3
 
 
-def test_packed_prefill_equals_rowwise_on_cuda(target_dir, full_precision):
-    """Packed prefill on CUDA (bucket 64, the fused attention kernels over the packing cache) writes
-    each row's K/V as the one-row chunk forwards do, to float32 rounding."""
+@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "graphed"])
+def test_packed_prefill_equals_rowwise_on_cuda(target_dir, full_precision, graphed):
+    """Packed prefill on CUDA (bucket 64, the fused attention kernels over the packing cache), eager
+    or replayed as CUDA graphs, writes each row's K/V as the one-row chunk forwards do, to float32
+    rounding."""
     from specpilot.engine.kv_cache import KVCache
     from specpilot.engine.packed_prefill import Chunk, PackingCache, packed_forward
     from specpilot.engine.steps import prefill_chunk
@@ -67,9 +69,10 @@ def test_packed_prefill_equals_rowwise_on_cuda(target_dir, full_precision):
     caches = [KVCache.allocate(target.config, 4, 256, target.device, target.dtype) for _ in range(2)]
     for c in chunks + rest:
         prefill_chunk(target, caches[0].row(c.row), list(c.tokens), c.start, 64)
-    packing = PackingCache(caches[1], 4, 64)
+    packing = PackingCache(caches[1], 4, 64, graphed=graphed)
     packed_forward(target, caches[1], packing, chunks, 64)
     packed_forward(target, caches[1], packing, rest, 64)
+    assert len(packing.graphs) == (2 if graphed else 0)  # 149 tokens pad to 192, 40 to 64
     for row, n in ((0, 90), (1, 7), (2, 40), (3, 12)):
         for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
             torch.testing.assert_close(b[row, :, :n], a[row, :, :n], rtol=1e-4, atol=1e-4)
