@@ -98,7 +98,8 @@ def loaded_drafters(session) -> list[DrafterKind]:
 def switch_ms_per_token(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> dict[str, float]:
     """{drafter kind: ms per token} of `system` with each other drafter the session loads switched
     in (`loop.systems.switched`), decoded on the same batches and reckoned as the profile reckons
-    the system's own (decode time per round over tokens per round)."""
+    the system's own (decode time per round over tokens per round). Their generators are dropped
+    afterwards: the session keeps no graphs for systems it only measured."""
     out = {}
     for kind in loaded_drafters(session):
         other = switched(system, kind) if kind is not system.drafter else None
@@ -112,6 +113,7 @@ def switch_ms_per_token(session, system: System, batches: list[list[list[int]]],
             round_ms = (r.seconds - r.prefill_seconds) / max(max(r.rounds), 1) * 1e3
             per_token.append(round_ms / max(r.num_tokens / max(sum(r.rounds), 1), 1e-9))
         out[kind.value] = sum(per_token) / len(per_token)
+        session.forget(other.fingerprint())
     return out
 
 

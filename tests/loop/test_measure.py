@@ -14,11 +14,14 @@ def test_each_other_loaded_drafter_is_timed_with_the_incumbents_other_knobs():
     assert loaded_drafters(session) == [DrafterKind.MODEL, DrafterKind.EAGLE3, DrafterKind.DFLASH]
     system = dep.stock.with_changes(name="m", drafter=DrafterKind.MODEL, depth=3, topk=2, tree_budget=4)
     prompt = session.encode_prompt("def add(a, b):")
+    built, generator = [], session.generator
+    session.generator = lambda s: built.append(s) or generator(s)
     table = measure(session, system, [[prompt], [prompt[:3]]], 6)
     assert set(table.switch_ms_per_token) == {"eagle3", "dflash"}
     assert all(t > 0 for t in table.switch_ms_per_token.values())
     eagle3 = switched(system, DrafterKind.EAGLE3)
     assert (eagle3.drafter, eagle3.depth, eagle3.topk, eagle3.tree_budget) == (DrafterKind.EAGLE3, 3, 2, 4)
-    assert eagle3.fingerprint() in session._generators  # what was timed is that system
+    assert eagle3 in built and switched(system, DrafterKind.DFLASH) in built  # what was timed
+    assert eagle3.fingerprint() not in session._generators  # and not kept
     ar = system.with_changes(name="ar", drafter=DrafterKind.NONE)
     assert measure(session, ar, [[prompt]], 6).switch_ms_per_token == {}  # from AR: none (the agent re-enters)

@@ -17,9 +17,10 @@ Each round it proposes, best first:
    predicts faster.
 3. *Exploratory moves*, which the model cannot price, ordered by the size of the gap they target:
    the other drafters (draft model <-> n-gram, and each feature-conditioned drafter the deployment
-   loads: EAGLE-3, DFlash, unless measured more than 10% slower switched in), DFlash tree constructions and budgets, adaptive depth tiers, the batch
-   mechanisms for a batched regime (shared node budget, per-request depth, segment admission), and on GPU CUDA graphs,
-   fewer host syncs (`sync_every`), Triton kernels, W12 weights, the Triton lm_head.
+   loads: EAGLE-3, DFlash, unless measured more than 10% slower switched in), DFlash tree
+   constructions and budgets, adaptive depth tiers, the batch mechanisms for a batched regime
+   (shared node budget, per-request depth, segment admission), and on GPU CUDA graphs, fewer host
+   syncs (`sync_every`), Triton kernels, W12 weights, the Triton lm_head.
 Predicted and exploratory moves are interleaved 2:1 so a round times at least one of each when
 both exist. Knobs that change nothing on the device are never proposed (on CPU: CUDA graphs,
 sync_every, kernel choice and W12). A knob move on a patched incumbent keeps its patch.
