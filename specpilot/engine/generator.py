@@ -112,6 +112,8 @@ class Generator:
         for d in self.drafters.values():
             if hasattr(d, "prefill_bucket"):
                 d.prefill_bucket = self.prefill_bucket
+            if hasattr(d, "prefill_graphs"):
+                d.prefill_graphs = self.use_graphs
         host = any(d.needs_host_tokens for d in self.drafters.values())
         if segment_tokens < 0:
             raise ConfigError(f"segment_tokens must be >= 0 (got {segment_tokens})")

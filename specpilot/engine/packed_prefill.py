@@ -73,12 +73,12 @@ class PackingCache:
                              [torch.zeros(shape, dtype=k0.dtype, device=k0.device) for _ in like.v])
 
     @classmethod
-    def of(cls, store: dict, cache: KVCache, bucket: int) -> "PackingCache":
+    def of(cls, store: dict, cache: KVCache, bucket: int, graphed: bool = False) -> "PackingCache":
         """The packing cache of `cache` kept in `store` (by batch and capacity, as drafters keep their
         caches per workspace): `PACK_ROWS` regions at most, a scratch region of one bucket."""
         key = (cache.batch, cache.capacity)
         if key not in store:
-            store[key] = cls(cache, min(cache.batch, PACK_ROWS), bucket)
+            store[key] = cls(cache, min(cache.batch, PACK_ROWS), bucket, graphed)
         return store[key]
 
     @property

@@ -215,3 +215,31 @@ def test_graphed_packed_forward_equals_eager(target, monkeypatch):
     for g, w in zip(graphed.k + graphed.v, eager.k + eager.v):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
     assert ReplayOnCpu.captured == 3 and len(packing.graphs) == 3  # lengths 32, 48, 16; the repeat reuses 32
+
+
+def test_a_graphing_generator_has_the_draft_model_replay_its_packed_prefill(target, drafter_dir, monkeypatch):
+    """The generator hands its CUDA-graph setting to the draft model, whose packed prefill of one
+    sync's chunks then replays a graph per padded length and writes what the eager one writes."""
+    from specpilot.engine import packed_prefill
+    from specpilot.engine.drafters.draft_model import DraftModelDrafter
+    from specpilot.engine.generator import Generator
+    from specpilot.engine.state import DecodeState
+
+    monkeypatch.setattr(packed_prefill, "GraphedCallable", ReplayOnCpu)
+    draft = load_model(drafter_dir)
+    gen = Generator(target, {3: DraftModelDrafter(draft, 3, 2, 6)}, prefill_bucket=16)
+    assert gen.drafters[3].prefill_graphs is False  # CPU: no graphs
+    p = prompts()
+    chunks = [Chunk(0, tuple(p[0][:20]), 0), Chunk(1, tuple(p[1]), 0), Chunk(2, tuple(p[2]), 0)]
+    caches = []
+    for graphed in (False, True):
+        d = DraftModelDrafter(draft, 3, 2, 6)
+        d.prefill_bucket, d.prefill_graphs = 16, graphed
+        state = DecodeState.allocate(B, CAP, 8, draft.device)
+        d.start([[1, 2]] * B, state)
+        d.prefill_rows(chunks, state)
+        d.prefill_rows([Chunk(0, tuple(p[0][20:]), 20)], state)
+        caches.append(d.cache)
+        assert len(d._packing().graphs) == (2 if graphed else 0)  # 46 tokens pad to 48, 10 to 16
+    for g, w in zip(caches[1].k + caches[1].v, caches[0].k + caches[0].v):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)

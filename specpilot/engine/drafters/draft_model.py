@@ -55,6 +55,7 @@ class DraftModelDrafter(Drafter):
         self.packings: dict[tuple[int, int], PackingCache] = {}  # per cache: packed prefill (`prefill_rows`)
         self.cache: KVCache | None = None
         self.prefill_bucket = 0  # set by the generator (see `steps.prefill`)
+        self.prefill_graphs = False  # set by the generator: packed prefill replays CUDA graphs (`packed_prefill`)
 
     @property
     def num_nodes(self) -> int:
@@ -73,7 +74,7 @@ class DraftModelDrafter(Drafter):
         self.packings.pop(key, None)
 
     def _packing(self) -> PackingCache:
-        return PackingCache.of(self.packings, self.cache, self.prefill_bucket)
+        return PackingCache.of(self.packings, self.cache, self.prefill_bucket, self.prefill_graphs)
 
     def prefill_rows(self, chunks: list, state: DecodeState, features=None) -> None:
         """One sync's prompt chunks into the draft cache, packed `PACK_ROWS` to a forward."""
