@@ -44,7 +44,7 @@ os.environ.setdefault("SPECPILOT_COMPILE", "0")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from specpilot.config import TreeConstruction  # noqa: E402
+from specpilot.config import BENCHMARK_SETS, TreeConstruction  # noqa: E402
 from specpilot.engine.drafters.dflash import DFlashDrafter  # noqa: E402
 from specpilot.engine.generator import Generator  # noqa: E402
 from specpilot.models.dflash import build_target_layer_ids, random_dflash  # noqa: E402
@@ -226,9 +226,6 @@ def make_data(target, args):
     return (data, starts), (held, held_starts), held_prompts
 
 
-BENCH_SETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
-
-
 def bench_prompt_ids(target_spec: str, n: int) -> list[list[int]]:
     """Token ids of n prompts per benchmark set, seeded and formatted as `specpilot bench` draws them."""
     from specpilot.bench.datasets import select
@@ -237,7 +234,7 @@ def bench_prompt_ids(target_spec: str, n: int) -> list[list[int]]:
     from specpilot.models.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(resolve_checkpoint(target_spec, "target"))
-    return [list(encode_example(e, tok).ids) for e in select(BENCH_SETS, n, 0)]
+    return [list(encode_example(e, tok).ids) for e in select(BENCHMARK_SETS, n, 0)]
 
 
 def acceptance(target, drafter_model, prompts, tokens: int, block: int, trees) -> dict:
