@@ -81,13 +81,11 @@ def _compiled(name: str, backend: str = "inductor"):
     # dynamic=True: one compilation serves every batch size and token count (decode step, tree
     # verification, draft expansions, prefill); with static shapes each new (B, T) recompiles, and
     # a real workload soon hits torch.compile's recompile limit.
+    allow_recompiles()  # process-wide, so once, at the first compilation
     fn = globals()[name]
     return torch.compile(fn, dynamic=True, fullgraph=True, backend=backend)
 
 
 def fused(name: str, device: torch.device):
     """The op `name`, compiled on CUDA when fusion is enabled, plain otherwise."""
-    if not fusion_enabled(device):
-        return globals()[name]
-    allow_recompiles()
-    return _compiled(name)
+    return _compiled(name) if fusion_enabled(device) else globals()[name]

@@ -23,7 +23,7 @@ def _variants():
 @pytest.mark.slow
 def test_compiled_norm_survives_more_variants_than_torchs_default_limit():
     """Dynamo's default keeps 8 entries per function; fullgraph=True makes the 9th a hard error,
-    which the whole GPU test folder hit. `allow_recompiles` (run by `fused` on CUDA) lifts it."""
+    which the whole GPU test folder hit. `allow_recompiles` (run by the first compilation of an op) lifts it."""
     torch._dynamo.reset()
     with torch._dynamo.config.patch(recompile_limit=8, accumulated_recompile_limit=256):
         fn = torch.compile(ops.rms_norm, dynamic=True, fullgraph=True, backend="eager")
