@@ -80,12 +80,15 @@ def measure(session, system: System, batches: list[list[list[int]]], max_new_tok
 def ar_ms_per_token(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> float:
     """Plain AR decoding (the same engine and kernels, drafting off) on the same batches: ms per token."""
     gen = session.generator(system.with_changes(name="ar", drafter=DrafterKind.NONE, adaptive_depth=()))
-    gen.generate(batches[0], min(max_new_tokens, 8))  # warm-up: graphs, compilation
-    per_token = []
-    for batch in batches:
-        r = gen.generate(batch, max_new_tokens)
-        per_token.append((r.seconds - r.prefill_seconds) / max(max(r.rounds), 1) * 1e3)
+    per_token = [(r.seconds - r.prefill_seconds) / max(max(r.rounds), 1) * 1e3
+                 for r in _timed_generations(gen, batches, max_new_tokens)]
     return sum(per_token) / len(per_token)
+
+
+def _timed_generations(gen, batches: list[list[list[int]]], max_new_tokens: int) -> list:
+    """Each batch's `GenerationResult` after a short warm-up generation (graphs, compilation)."""
+    gen.generate(batches[0], min(max_new_tokens, 8))
+    return [gen.generate(batch, max_new_tokens) for batch in batches]
 
 
 def loaded_drafters(session) -> list[DrafterKind]:
@@ -105,11 +108,8 @@ def switch_ms_per_token(session, system: System, batches: list[list[list[int]]],
         other = switched(system, kind) if kind is not system.drafter else None
         if other is None:
             continue
-        gen = session.generator(other)
-        gen.generate(batches[0], min(max_new_tokens, 8))  # warm-up: graphs, compilation
         per_token = []
-        for batch in batches:
-            r = gen.generate(batch, max_new_tokens)
+        for r in _timed_generations(session.generator(other), batches, max_new_tokens):
             round_ms = (r.seconds - r.prefill_seconds) / max(max(r.rounds), 1) * 1e3
             per_token.append(round_ms / max(r.num_tokens / max(sum(r.rounds), 1), 1e-9))
         out[kind.value] = sum(per_token) / len(per_token)
