@@ -57,10 +57,6 @@ ERRATA = (
      "recorded no provenance then)"),
     ("w12/tree128/", "5674dcb", "ran on the working tree of 8e4176f, after w12_paths.py --install"),
     ("loop/fixture-x16/", "5674dcb+dirty", "ran on the working tree of 8e4176f"),
-    ("serving/fixture-x16-batch/", "5674dcb", "ran on the working tree of fc8981e (the device copy's base was the "
-     "session's first commit)"),
-    ("serving/packed-prefill-c8/", "c907664", "ran on the working tree of d1b34c7 (packed prefill; the device copy's "
-     "base was the session's first commit)"),
 )
 
 W12_TARGETS = ((1, 1.25), (32, 1.15))  # issue 3: W12 over cuBLAS at M=1 and M=32 (scripts/w12_kernels.py)
@@ -268,7 +264,6 @@ HEADLINES = (  # (file under results/, rows from it); a missing file is skipped
     ("drafters/fixture-x1/results.json", acceptance_rows),
     ("serving/fixture-x16-batch/results.json", serving_rows),
     ("serving/mechanisms/c32/results.json", serving_rows),
-    ("serving/packed-prefill-c8/results.json", serving_rows),
     ("loop/fixture-x16/report.json", loop_rows),
     ("engine/engine_ar.json", engine_rows),
     ("engine/engine_ar_kernels.json", engine_kernel_rows),
