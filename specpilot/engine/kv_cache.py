@@ -1,7 +1,10 @@
 """Static KV cache: one preallocated [B, Hkv, S, D] buffer per layer for keys and for values.
 
 Owns: allocation and the one cache mutation besides plain writes, `move_slots`, which commits an
-accepted tree path by copying its entries to contiguous slots. The model writes new entries itself
+accepted tree path by copying its entries to contiguous slots. `allocate` carves every layer's
+keys and values out of one [2, L, B, Hkv, S, D] buffer (`stack`), so a commit moves every layer's
+entries in one gather and one scatter instead of two per layer and tensor (each a kernel launch
+in every round). The model writes new entries itself
 (`Attention.attend_cached`); which slots are valid is told by the attention mask, so stale entries
 past a row's length are harmless and never cleared.
 """
@@ -15,17 +18,21 @@ import torch
 from specpilot.models.config import ModelConfig
 
 
+STACKED_MOVES = True  # move_slots over `stack` in one gather/scatter (False: per layer; measurements)
+
+
 @dataclass
 class KVCache:
     k: list[torch.Tensor]  # per layer [B, Hkv, S, D]
     v: list[torch.Tensor]  # per layer [B, Hkv, S, D]
+    # [2, L, B, Hkv, S', D] whose [0, i] is k[i] and [1, i] is v[i] (views of it), or None
+    stack: torch.Tensor | None = None
 
     @classmethod
     def allocate(cls, config: ModelConfig, batch: int, capacity: int, device, dtype) -> "KVCache":
-        shape = (batch, config.num_kv_heads, capacity, config.head_dim)
-        k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
-        v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_layers)]
-        return cls(k, v)
+        L = config.num_layers
+        stack = torch.zeros(2, L, batch, config.num_kv_heads, capacity, config.head_dim, device=device, dtype=dtype)
+        return cls([stack[0, i] for i in range(L)], [stack[1, i] for i in range(L)], stack)
 
     @property
     def batch(self) -> int:
@@ -40,12 +47,14 @@ class KVCache:
 
     def row(self, b: int) -> "KVCache":
         """A view of row `b` (writes go to the shared buffers)."""
-        return KVCache([t[b : b + 1] for t in self.k], [t[b : b + 1] for t in self.v])
+        stack = None if self.stack is None else self.stack[:, :, b : b + 1]
+        return KVCache([t[b : b + 1] for t in self.k], [t[b : b + 1] for t in self.v], stack)
 
     def span(self, n: int) -> "KVCache":
         """A view of slots 0..n-1 of every row (writes go to the shared buffers): attention over it
         reads n slots, not the whole capacity."""
-        return KVCache([t[:, :, :n] for t in self.k], [t[:, :, :n] for t in self.v])
+        stack = None if self.stack is None else self.stack[..., :n, :]
+        return KVCache([t[:, :, :n] for t in self.k], [t[:, :, :n] for t in self.v], stack)
 
     def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """For each row b and j: entry at slot src[b,j] -> slot dst[b,j]. src, dst [B,J] int64.
@@ -54,5 +63,9 @@ class KVCache:
         """
         B, J = src.shape
         rows = torch.arange(B, device=src.device)[:, None].expand(B, J)
+        if self.stack is not None and STACKED_MOVES:
+            s = self.stack  # [2,L,B,Hkv,S,D]
+            s[:, :, rows, :, dst] = s[:, :, rows, :, src]  # gathered [B,J,2,L,Hkv,D], then scattered
+            return
         for t in self.k + self.v:
             t[rows, :, dst] = t[rows, :, src]  # gathered copy [B,J,Hkv,D], then scattered
