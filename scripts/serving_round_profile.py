@@ -1,8 +1,9 @@
 """Where a continuous-batching round's time goes, per system: serve one closed-loop unit (C slots,
 2 requests per slot, the deployment's prompt sets in turn) after a warm-up, then report batch rounds,
 milliseconds per round, the device's kernels per round and idle share, and the top operators of a
-profiled run (CUDA time on a GPU, CPU time else). `--compare-moves` serves each system also with the
-per-layer commit moves, the two in turn, and prints per-layer / stacked seconds per run.
+profiled run (CUDA time on a GPU, CPU time else). `--compare` serves each system also with the
+round's glue as it was (per-layer commit moves, log-softmax + torch.topk), the two in turn, and prints
+old / new seconds per run.
 
 Usage: python scripts/serving_round_profile.py --deployment fixture-x16-batch --concurrency 8 \
            --system scripts/systems/eagle3-d5k4n7.toml --system scripts/systems/eagle3-segment-7.toml [--out DIR]
@@ -24,6 +25,7 @@ from specpilot.bench.prompts import prompt_ids  # noqa: E402
 from specpilot.bench.serving import request_pool  # noqa: E402
 from specpilot.config import load_deployment, load_system  # noqa: E402
 from specpilot.engine import kv_cache  # noqa: E402
+from specpilot.kernels import topk  # noqa: E402
 from specpilot.engine.serving import Request, ServingEngine  # noqa: E402
 from specpilot.engine.session import Session  # noqa: E402
 
@@ -53,8 +55,8 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--runs", type=int, default=3, help="timed runs per variant")
-    ap.add_argument("--compare-moves", action="store_true",
-                    help="also serve with per-layer commit moves (kv_cache.STACKED_MOVES off), runs alternating")
+    ap.add_argument("--compare", action="store_true",
+                    help="also serve with the old glue (kv_cache.STACKED_MOVES, kernels.topk.ENABLED off), in turn")
     a = ap.parse_args(argv)
     dep = load_deployment(a.deployment)
     session = Session.load(dep, a.device)
@@ -62,18 +64,18 @@ def main(argv=None) -> int:
     requests = [Request(tuple(p.ids), a.max_new_tokens) for p in pool[: 2 * a.concurrency]]
     cuda = session.device.type == "cuda"
     report = {"deployment": dep.name, "concurrency": a.concurrency, "systems": []}
-    variants = ["per-layer", "stacked"] if a.compare_moves else ["stacked"]
+    variants = ["old", "new"] if a.compare else ["new"]
     for spec in a.system or ["stock"]:
         system = load_system(spec, dep)
         engines = {}
-        for v in variants:  # each captures its graphs with its own commit (kv_cache.STACKED_MOVES)
-            kv_cache.STACKED_MOVES = v == "stacked"
+        for v in variants:  # each captures its graphs with its own glue
+            kv_cache.STACKED_MOVES = topk.ENABLED = v == "new"
             session.forget(system.fingerprint())
             engine = ServingEngine(session.generator(system), a.concurrency)
             engine.reserve(max(len(r.prompt) for r in requests), a.max_new_tokens)
             engine.run([Request(r.prompt, 32) for r in requests[: a.concurrency]])  # warm-up, capture
             engines[v] = engine
-        kv_cache.STACKED_MOVES = True
+        kv_cache.STACKED_MOVES = topk.ENABLED = True
         runs = {v: [] for v in variants}
         for _ in range(a.runs):  # the variants in turn, so drift hits both
             for v in variants:
@@ -86,7 +88,7 @@ def main(argv=None) -> int:
             key = "cuda_time_total" if cuda else "cpu_time_total"
             table = prof.key_averages().table(sort_by=key, row_limit=a.top)
             best = min(runs[v])
-            row = {"system": system.name, "moves": v, "seconds": [r[0] for r in runs[v]], "rounds": best[1],
+            row = {"system": system.name, "glue": v, "seconds": [r[0] for r in runs[v]], "rounds": best[1],
                    "tokens": best[2], "ms_per_round": 1e3 * best[0] / max(best[1], 1), "extra": best[3]}
             if cuda:
                 row["gpu"] = gpu_occupancy(prof, best[1])
@@ -95,10 +97,10 @@ def main(argv=None) -> int:
             print(json.dumps(row))
             print(table)
             sys.stdout.flush()
-        if a.compare_moves:  # paired by run: per-layer seconds / stacked seconds (same requests, same outputs)
-            ratios = sorted(p[0] / q[0] for p, q in zip(runs["per-layer"], runs["stacked"]))
-            report.setdefault("stacked_over_per_layer", {})[system.name] = ratios
-            print(json.dumps({"system": system.name, "stacked_speedup_per_run": ratios}))
+        if a.compare:  # paired by run: old seconds / new seconds (same requests, same outputs)
+            ratios = sorted(p[0] / q[0] for p, q in zip(runs["old"], runs["new"]))
+            report.setdefault("new_over_old", {})[system.name] = ratios
+            print(json.dumps({"system": system.name, "new_speedup_per_run": ratios}))
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "serving_round_profile.json").write_text(json.dumps(report, indent=1))

@@ -26,7 +26,7 @@ from tests.tools.conftest import TOOLS
 
 class TeacherForced(Eagle3Drafter):
     """A chain drafter that feeds the true next tokens (as training does) and records each
-    level's log-probs; positions, slots, masks and the carried hidden states are the engine's."""
+    level's logits; positions, slots, masks and the carried hidden states are the engine's."""
 
     def __init__(self, *args, truth, **kw):
         super().__init__(*args, **kw)
@@ -34,9 +34,9 @@ class TeacherForced(Eagle3Drafter):
 
     def _step(self, tokens, carry, positions, slots, mask):
         tokens = torch.full_like(tokens, self.truth[len(self.seen)])
-        lp, hidden = super()._step(tokens, carry, positions, slots, mask)
-        self.seen.append(lp)
-        return lp, hidden
+        logits, hidden = super()._step(tokens, carry, positions, slots, mask)
+        self.seen.append(torch.log_softmax(logits.float(), -1))
+        return logits, hidden
 
 
 def test_training_steps_equal_engine_drafting(target_dir):

@@ -2,7 +2,7 @@
 expand it one level per forward: the draft model (`draft_model.py`) and the EAGLE-3 head
 (`eagle3.py`).
 
-Given the log-probs of depth-1 tokens after each row's root:
+Given the logits of depth-1 tokens after each row's root:
 1. *Expansion*, `depth` levels: the frontier (the `topk` best nodes of the previous level by path
    score, the sum of draft log-probs) goes through one draft forward (`step`) with a tree mask;
    each frontier node contributes its `topk` most likely children as candidates. A drafter may
@@ -33,10 +33,12 @@ from typing import Callable
 import torch
 
 from specpilot.engine.selection import select
+from specpilot.kernels.topk import top_log_probs
 from specpilot.engine.tree import DraftTree
 
 # step(tokens [B,k], carry [B,k,...] | None, positions [B,k], slots [B,k], mask [B,1,k,S])
-#   -> (log-probs [B,k,V'] float32, carry of these nodes [B,k,...] | None)
+#   -> (logits [B,k,V'], carry of these nodes [B,k,...] | None); a node's children are the top k
+#   of its log-softmax (`kernels.topk`: one fused kernel on CUDA)
 Step = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 
 
@@ -47,7 +49,7 @@ def num_candidates(depth: int, topk: int) -> int:
 
 def expand(
     roots: torch.Tensor,  # [B] each row's root token
-    root_lp: torch.Tensor,  # [B,V'] float32 log-probs of depth-1 tokens
+    root_logits: torch.Tensor,  # [B,V'] logits of depth-1 tokens
     step: Step,
     depth: int,
     topk: int,
@@ -64,7 +66,7 @@ def expand(
     B, k, K = roots.shape[0], topk, depth
     dev = roots.device
     to_target = (lambda i: i) if token_ids is None else (lambda i: token_ids[i])  # noqa: E731
-    score, idx = root_lp.topk(k, dim=-1)  # [B,k] depth-1 candidates
+    score, idx = top_log_probs(root_logits, k)  # [B,k] depth-1 candidates and their log-probs
     tok = to_target(idx)
     cand_tokens, cand_scores = [tok], [score]
     cand_parent = [torch.full((B, k), -1, dtype=torch.int64, device=dev)]
@@ -84,8 +86,8 @@ def expand(
         pos = (base - 1 + d)[:, None].expand(B, k)
         vis = anc.gather(2, rel.clamp(0, tree_slots - 1)[:, None, :].expand(B, k, capacity))
         mask = ((s[None, None, :] < base[:, None, None]) | (in_region[:, None, :] & vis))[:, None]
-        lp, out = step(f_tok, carry, pos, slots, mask)  # [B,k,V'], [B,k,...]
-        c_lp, c_idx = lp.topk(k, dim=-1)  # [B,k,k]
+        logits, out = step(f_tok, carry, pos, slots, mask)  # [B,k,V'], [B,k,...]
+        c_lp, c_idx = top_log_probs(logits, k)  # [B,k,k]
         c_score = (f_score[..., None] + c_lp).reshape(B, k * k)
         c_tok = to_target(c_idx).reshape(B, k * k)
         c_from = torch.arange(k, device=dev).repeat_interleave(k).expand(B, k * k)  # frontier index

@@ -93,7 +93,7 @@ class DraftModelDrafter(Drafter):
         self.prefill_rows([Chunk(row, tuple(tokens), start)], state)
 
     def _catch_up(self, state: DecodeState) -> torch.Tensor:
-        """Re-read the last W committed tokens; log-probs at the root [B,V] (float32)."""
+        """Re-read the last W committed tokens; logits at the root [B,V]."""
         W = self.window
         L = state.seq_lens
         start = (L - W).clamp(min=0)  # [B]
@@ -103,18 +103,17 @@ class DraftModelDrafter(Drafter):
         mask = (s[None, None, :] <= idx[..., None])[:, None]  # [B,1,W,S]
         root_at = (L - 1 - start)[:, None]  # [B,1] index of the root inside the window
         logits = self.model(tokens, idx, self.cache, idx, mask, logits_for=root_at)  # [B,1,V]
-        return torch.log_softmax(logits[:, 0].float(), dim=-1)
+        return logits[:, 0]
 
     def propose(self, state: DecodeState, host_tokens=None) -> DraftTree:
-        root_lp = self._catch_up(state)
+        root_logits = self._catch_up(state)
 
         def step(tokens, carry, pos, slots, mask):
-            logits = self.model(tokens, pos, self.cache, slots, mask)  # [B,k,V]
-            return torch.log_softmax(logits.float(), dim=-1), None
+            return self.model(tokens, pos, self.cache, slots, mask), None  # [B,k,V]
 
         # the draft model read the root itself (slot L - 1): its tree region starts at L
         caps = row_caps(state, self.depth, self.row_depth_margin) if self.row_depth_margin else None
-        return best_first.expand(state.roots(), root_lp, step, self.depth, self.topk, self.budget,
+        return best_first.expand(state.roots(), root_logits, step, self.depth, self.topk, self.budget,
                                  base=state.seq_lens, capacity=self.cache.capacity,
                                  depth_cap=caps, shared=self.shared,
                                  rows=share_rows(state, self.segment_tokens) if self.shared else None)

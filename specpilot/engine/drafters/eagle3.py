@@ -187,16 +187,16 @@ class Eagle3Drafter(Drafter):
     def propose(self, state: DecodeState, host_tokens=None) -> DraftTree:
         B, k = state.batch, self.topk
         root = self.cache.root_hidden  # [B,C]
-        root_lp = torch.log_softmax(self.model.logits(root).float(), dim=-1)  # [B,Vd]
+        root_logits = self.model.logits(root)  # [B,Vd]
         caps = row_caps(state, self.depth, self.row_depth_margin) if self.row_depth_margin else None
         # the root's own slot (L - 1) is filled by the next catch-up: the tree region starts there
-        return best_first.expand(state.roots(), root_lp, self._step, self.depth, k, self.budget,
+        return best_first.expand(state.roots(), root_logits, self._step, self.depth, k, self.budget,
                                  base=state.cache_prefix(), capacity=self.cache.kv.capacity,
                                  carry=root[:, None].expand(B, k, -1), token_ids=self.token_ids,
                                  depth_cap=caps, shared=self.shared,
                                  rows=share_rows(state, self.segment_tokens) if self.shared else None)
 
     def _step(self, tokens, carry, positions, slots, mask):
-        """One frontier level: (log-probs [B,k,Vd], the nodes' output hidden states [B,k,C])."""
+        """One frontier level: (logits [B,k,Vd], the nodes' output hidden states [B,k,C])."""
         hidden = self.model.forward_cached(self.embed(tokens), carry, positions, self.cache.kv, slots, mask)
-        return torch.log_softmax(self.model.logits(hidden).float(), dim=-1), hidden
+        return self.model.logits(hidden), hidden
