@@ -25,7 +25,8 @@ SOURCES = (
     ("drafters/recipe/*", "DFlash training recipes side by side: acceptance", "dflash_recipe.py"),
     ("drafters/*", "acceptance: DFlash, EAGLE-3, draft model (x1)", "train_drafters.sh"),
     ("serving/mechanisms/*", "batch mechanisms, draft model and EAGLE-3", "serving_mechanisms.sh"),
-    ("serving/profile/*", "one serving unit per system: rounds, top kernels (stdout)", "serving_round_profile.py"),
+    ("serving/profile/*", "round glue old vs new in turn: ms per round, kernels, device idle",
+     "serving_round_profile.py --compare"),
     ("serving/timing_noise/*", "continuous timed blocks: A/A noise, prefill share", "serving_timing_noise.py"),
     ("serving/*", "continuous batching: throughput, latency", "specpilot bench --regime serving"),
     ("guard/*", "token-forcing guard", "guard_report.py"),
@@ -36,6 +37,7 @@ SOURCES = (
      "specpilot run --agents knob --max-candidates 2"),
     ("loop/*", "the optimization loop", "loop_fixture.py"),
     ("speed/summary*", "speed headline table", "speed_fixture.py"),
+    ("speed/fixture-x16-eagle3/*", "speedup over AR", "specpilot bench"),
     ("speed/*", "speedup over AR", "speed_fixture.py"),
     ("w12/w12_kernels_shipped*", "W12 GEMM vs cuBLAS, shipped configs", "w12_kernels.py --shipped"),
     ("w12/w12_escape_cost.*", "cost of W12 escapes", "w12_escape_cost.py"),
@@ -56,7 +58,13 @@ ERRATA = (
     ("w12/paths/w12_paths.{json,md}", "-", "ran on the working tree of 8e4176f on 2026-12-03, H200 (the script "
      "recorded no provenance then)"),
     ("w12/tree128/", "5674dcb", "ran on the working tree of 8e4176f, after w12_paths.py --install"),
-    ("loop/fixture-x16/", "5674dcb+dirty", "ran on the working tree of 8e4176f"),
+    ("loop/fixture-x16/", "684c516+dirty", "ran on the working tree of 4ddf19c (the device copy's base was the "
+     "session's first commit)"),
+    ("serving/fixture-x16-batch/", "684c516", "ran on the working tree of 4ddf19c"),
+    ("serving/fixture-x16-batch-c32/", "684c516", "ran on the working tree of 4ddf19c"),
+    ("speed/fixture-x16-eagle3/", "684c516", "ran on the working tree of 4ddf19c"),
+    ("serving/profile/serving_round_profile_*.json", "-", "ran on the working tree of 4ddf19c on 2026-12-03, "
+     "H200 (the script recorded no provenance then)"),
 )
 
 W12_TARGETS = ((1, 1.25), (32, 1.15))  # issue 3: W12 over cuBLAS at M=1 and M=32 (scripts/w12_kernels.py)
@@ -263,6 +271,7 @@ HEADLINES = (  # (file under results/, rows from it); a missing file is skipped
     ("speed/fixture-x16-eagle3/results.json", speed_rows),
     ("drafters/fixture-x1/results.json", acceptance_rows),
     ("serving/fixture-x16-batch/results.json", serving_rows),
+    ("serving/fixture-x16-batch-c32/results.json", serving_rows),
     ("serving/mechanisms/c32/results.json", serving_rows),
     ("loop/fixture-x16/report.json", loop_rows),
     ("engine/engine_ar.json", engine_rows),

@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specpilot.bench.prompts import prompt_ids  # noqa: E402
+from specpilot.bench.provenance import capture  # noqa: E402
 from specpilot.bench.serving import request_pool  # noqa: E402
 from specpilot.config import load_deployment, load_system  # noqa: E402
 from specpilot.engine import kv_cache  # noqa: E402
@@ -63,7 +64,8 @@ def main(argv=None) -> int:
     pool = request_pool(prompt_ids(dep, session.tokenizer))  # the serving benchmark's order: sets in turn
     requests = [Request(tuple(p.ids), a.max_new_tokens) for p in pool[: 2 * a.concurrency]]
     cuda = session.device.type == "cuda"
-    report = {"deployment": dep.name, "concurrency": a.concurrency, "systems": []}
+    report = {"deployment": dep.name, "concurrency": a.concurrency, "systems": [],
+              "environment": capture(session.device, session.target.dtype)}
     variants = ["old", "new"] if a.compare else ["new"]
     for spec in a.system or ["stock"]:
         system = load_system(spec, dep)
