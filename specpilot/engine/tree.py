@@ -70,7 +70,26 @@ class DraftTree:
 
 
 def ancestors_of(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """Ancestor-or-self matrix [B,N,N] by walking every node up `max_depth` times."""
+    """Ancestor-or-self matrix [B,N,N] of trees no deeper than `max_depth`, by path doubling: A
+    starts as "self or parent" (paths of <= 1 step) and each A <- A @ A doubles the path length it
+    covers, so ceil(log2(max_depth)) products cover every root path: a few kernels instead of a
+    gather/scatter walk per level. The products count paths of 0/1 entries (integers <= N in
+    float32, exact), and only their sign is kept."""
+    B, N = parents.shape
+    dev = parents.device
+    has_parent = parents >= 0  # [B,N]
+    a = torch.zeros(B, N, N, device=dev, dtype=torch.float32)
+    a.scatter_(2, parents.clamp(min=0)[..., None], has_parent[..., None].float())  # parent edges
+    a += torch.eye(N, device=dev, dtype=torch.float32)
+    reach = 1
+    while reach < max_depth:
+        a = (a @ a).clamp_(max=1.0)  # [B,N,N] paths of <= 2 * reach steps
+        reach *= 2
+    return a > 0
+
+
+def ancestors_walk(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """The same matrix by walking every node up `max_depth` times (the reference for tests)."""
     B, N = parents.shape
     idx = torch.arange(N, device=parents.device).expand(B, N)
     anc = torch.zeros(B, N, N, dtype=torch.bool, device=parents.device)

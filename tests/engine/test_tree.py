@@ -80,3 +80,26 @@ def test_batched_trees_are_independent():
     assert T.prefix_closed(t)
     bad = T.DraftTree(tokens[:1], torch.tensor([[-1, 0, 3, 1, 1, 2, 3]]), max_depth=3)
     assert not T.prefix_closed(bad)
+
+
+def random_trees(B: int, N: int, seed: int, max_depth: int | None = None) -> torch.Tensor:
+    """parents [B,N] of random prefix-closed trees (each node's parent precedes it), optionally no
+    deeper than max_depth."""
+    g = torch.Generator().manual_seed(seed)
+    parents = torch.full((B, N), -1, dtype=torch.int64)
+    depth = torch.zeros(B, N, dtype=torch.int64)
+    for b in range(B):
+        for j in range(1, N):
+            allowed = [i for i in range(j) if max_depth is None or depth[b, i] < max_depth]
+            p = allowed[int(torch.randint(len(allowed), (1,), generator=g))]
+            parents[b, j], depth[b, j] = p, depth[b, p] + 1
+    return parents
+
+
+def test_path_doubling_equals_walking_up():
+    for N, max_depth, seed in [(17, 6, 0), (33, 5, 1), (129, 7, 2), (12, 11, 3), (2, 1, 4), (9, None, 5)]:
+        parents = random_trees(4, N, seed, max_depth)
+        depth = max_depth if max_depth is not None else N - 1
+        assert torch.equal(T.ancestors_of(parents, depth), T.ancestors_walk(parents, depth)), (N, depth)
+    chain = (torch.arange(20) - 1)[None]  # the deepest tree of 20 nodes: a chain of depth 19
+    assert torch.equal(T.ancestors_of(chain, 19), torch.ones(20, 20).tril().bool()[None])

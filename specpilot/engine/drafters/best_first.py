@@ -28,6 +28,8 @@ or the caches.
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -45,6 +47,31 @@ Step = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 def num_candidates(depth: int, topk: int) -> int:
     """M: candidates an expansion produces (topk at depth 1, topk^2 per deeper level)."""
     return topk + (depth - 1) * topk * topk
+
+
+@dataclass(frozen=True)
+class _Constants:
+    """Index tensors an expansion of (topk, depth, capacity) uses every round: made once per device
+    (the first, eager call) instead of by kernels inside each captured round."""
+
+    no_parent: torch.Tensor  # [k] -1
+    first_ids: torch.Tensor  # [k] candidate ids of the depth-1 frontier
+    own: torch.Tensor  # [K-1,k] tree-region slots of the depth-d frontier (row d-1)
+    own_slot: torch.Tensor  # [K-1,1,k,R] bool: frontier node j of depth d holds region slot R
+    child_of: torch.Tensor  # [k*k] frontier index of each candidate of a level
+    cand_depth: torch.Tensor  # [M] depth of each candidate, in candidate order
+    slots: torch.Tensor  # [S] 0..capacity-1
+
+
+@functools.lru_cache(maxsize=64)
+def _constants(k: int, K: int, capacity: int, device: torch.device) -> _Constants:
+    tree_slots = max(K - 1, 1) * k
+    ids = torch.arange(k, device=device)
+    own = torch.arange(max(K - 1, 1) * k, device=device).view(-1, k)
+    own_slot = own[:, None, :, None] == torch.arange(tree_slots, device=device)[None, None, None, :]
+    levels = [torch.full((k if d == 1 else k * k,), d, device=device) for d in range(1, K + 1)]
+    return _Constants(torch.full((k,), -1, dtype=torch.int64, device=device), ids, own, own_slot,
+                      ids.repeat_interleave(k), torch.cat(levels), torch.arange(capacity, device=device))
 
 
 def expand(
@@ -69,28 +96,29 @@ def expand(
     score, idx = top_log_probs(root_logits, k)  # [B,k] depth-1 candidates and their log-probs
     tok = to_target(idx)
     cand_tokens, cand_scores = [tok], [score]
-    cand_parent = [torch.full((B, k), -1, dtype=torch.int64, device=dev)]
-    frontier = torch.arange(k, device=dev).expand(B, k)  # candidate ids of the frontier
+    c = _constants(k, K, capacity, dev)
+    cand_parent = [c.no_parent.expand(B, k)]
+    frontier = c.first_ids.expand(B, k)  # candidate ids of the frontier
     f_tok, f_score = tok, score
-    tree_slots = max(K - 1, 1) * k
+    tree_slots = c.own_slot.shape[-1]
     anc = torch.zeros(B, k, tree_slots, dtype=torch.bool, device=dev)  # frontier ancestors (tree region)
-    s = torch.arange(capacity, device=dev)
-    rel = s[None, :] - base[:, None]  # [B,S] tree-region slot index
+    rel = c.slots[None, :] - base[:, None]  # [B,S] tree-region slot index
     in_region = (rel >= 0) & (rel < tree_slots)
+    vis_index = rel.clamp(0, tree_slots - 1)[:, None, :].expand(B, k, capacity)
+    committed = (c.slots[None, :] < base[:, None])[:, None, :]  # [B,1,S]
     first = k
     for d in range(1, K):  # process the depth-d frontier, creating depth d+1 candidates
-        own = (d - 1) * k + torch.arange(k, device=dev)  # region slots of this frontier
-        # mark each frontier node's own slot (pure device ops: graph-capturable)
-        anc = anc | (torch.arange(tree_slots, device=dev)[None, None, :] == own[None, :, None])
+        own = c.own[d - 1]  # [k] region slots of this frontier
+        anc = anc | c.own_slot[d - 1]  # mark each frontier node's own slot
         slots = (base[:, None] + own[None, :]).clamp(max=capacity - 1)  # [B,k]
         pos = (base - 1 + d)[:, None].expand(B, k)
-        vis = anc.gather(2, rel.clamp(0, tree_slots - 1)[:, None, :].expand(B, k, capacity))
-        mask = ((s[None, None, :] < base[:, None, None]) | (in_region[:, None, :] & vis))[:, None]
+        vis = anc.gather(2, vis_index)
+        mask = (committed | (in_region[:, None, :] & vis))[:, None]
         logits, out = step(f_tok, carry, pos, slots, mask)  # [B,k,V'], [B,k,...]
         c_lp, c_idx = top_log_probs(logits, k)  # [B,k,k]
         c_score = (f_score[..., None] + c_lp).reshape(B, k * k)
         c_tok = to_target(c_idx).reshape(B, k * k)
-        c_from = torch.arange(k, device=dev).repeat_interleave(k).expand(B, k * k)  # frontier index
+        c_from = c.child_of.expand(B, k * k)  # frontier index of each candidate
         cand_tokens.append(c_tok)
         cand_scores.append(c_score)
         cand_parent.append(frontier.gather(1, c_from))
@@ -107,8 +135,6 @@ def expand(
     scores = torch.cat(cand_scores, 1)
     parents = torch.cat(cand_parent, 1)
     if depth_cap is not None:
-        levels = [torch.full((k if d == 1 else k * k,), d, device=dev) for d in range(1, K + 1)]
-        cand_depth = torch.cat(levels)  # [M] each candidate's depth, in candidate order
-        scores = torch.where(cand_depth[None, :] > depth_cap[:, None], float("-inf"), scores)
+        scores = torch.where(c.cand_depth[None, :] > depth_cap[:, None], float("-inf"), scores)
     return select(roots, tokens, scores, parents, budget, depth, shared, rows, capped=depth_cap is not None)
 
