@@ -1,0 +1,91 @@
+"""(CPU) The tensor operations one decoding round launches, by the engine function that issues them:
+serve a few requests by continuous batching, then count the non-view ATen operations of one more
+round (each a kernel on a GPU, where the model's elementwise pieces are fused: `[model]` rows count
+them unfused). Glue = everything outside the model forwards.
+
+Usage: python scripts/round_ops.py --system scripts/systems/eagle3-d6k4n16-segment-7.toml \
+           [--deployment fixture-x16-batch] [--concurrency 8] [--expand 1] [--top 30] [--detail best_first]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specpilot.bench.prompts import prompt_ids  # noqa: E402
+from specpilot.bench.serving import request_pool  # noqa: E402
+from specpilot.config import load_deployment, load_system  # noqa: E402
+from specpilot.engine.serving import Request, ServingEngine  # noqa: E402
+from specpilot.engine.session import Session  # noqa: E402
+
+VIEWS = {"view", "as_strided", "reshape", "slice", "transpose", "unsqueeze", "permute", "expand", "_reshape_alias",
+         "t", "select", "squeeze", "split", "split_with_sizes", "chunk", "_unsafe_view", "alias", "detach", "unbind",
+         "empty", "empty_strided", "empty_like", "lift_fresh", "narrow", "resolve_conj", "resolve_neg"}
+
+
+class Counter(TorchDispatchMode):
+    """Counts each non-view operation under (innermost engine frame, whether inside a model forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in VIEWS:
+            frames = [f for f in traceback.extract_stack() if "/specpilot/" in f.filename]
+            outside = [f for f in frames if "/specpilot/models/" not in f.filename]
+            f = (outside or frames)[-1]
+            where = f"{f.filename.split('specpilot/')[-1]}:{f.name}"
+            model = len(outside) < len(frames)
+            self.counts[(where + (" [model]" if model else ""), name)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--deployment", default="fixture-x16-batch")
+    ap.add_argument("--system", default="stock")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--expand", type=int, default=1, help="target/drafter width factor on CPU (default 1: narrow)")
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--detail", default="", help="also list the operations of functions whose name contains this")
+    a = ap.parse_args(argv)
+    dep = load_deployment(a.deployment)
+    dep = dataclasses.replace(dep, target_expand=a.expand, drafter_expand=a.expand)
+    session = Session.load(dep, "cpu")
+    system = load_system(a.system, dep)
+    gen = session.generator(system)
+    pool = request_pool(prompt_ids(dep, session.tokenizer))
+    ServingEngine(gen, a.concurrency).run([Request(tuple(p.ids), 24) for p in pool[: a.concurrency]])
+    ws = next(reversed(gen.workspaces.values()))
+    counter = Counter()
+    with torch.inference_mode(), counter:
+        gen._round(ws, sorted(gen.drafters)[0] if gen.drafters else 0)
+    by_fn: collections.Counter = collections.Counter()
+    for (where, _), n in counter.counts.items():
+        by_fn[where] += n
+    total = sum(by_fn.values())
+    glue = sum(n for w, n in by_fn.items() if not w.endswith("[model]"))
+    print(f"{system.name} on {dep.name} (x{a.expand}, CPU), concurrency {a.concurrency}: {total} operations in one "
+          f"round, {glue} outside the model forwards")
+    for where, n in by_fn.most_common(a.top):
+        print(f"{n:6d}  {where}")
+    if a.detail:
+        for (where, op), n in sorted(counter.counts.items(), key=lambda x: -x[1]):
+            if a.detail in where:
+                print(f"{n:6d}  {where}  {op}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
