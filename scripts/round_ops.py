@@ -51,6 +51,28 @@ class Counter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def count_round(deployment: str, system_spec: str, concurrency: int, expand: int = 1):
+    """((function, op) -> count) of one round after a short serving run; the system's and deployment's names."""
+    dep = dataclasses.replace(load_deployment(deployment), target_expand=expand, drafter_expand=expand)
+    session = Session.load(dep, "cpu")
+    system = load_system(system_spec, dep)
+    gen = session.generator(system)
+    pool = request_pool(prompt_ids(dep, session.tokenizer))
+    ServingEngine(gen, concurrency).run([Request(tuple(p.ids), 24) for p in pool[:concurrency]])
+    ws = next(reversed(gen.workspaces.values()))
+    counter = Counter()
+    with torch.inference_mode(), counter:
+        gen._round(ws, sorted(gen.drafters)[0] if gen.drafters else 0)
+    return counter.counts, system.name, dep.name
+
+
+def by_function(counts) -> collections.Counter:
+    out: collections.Counter = collections.Counter()
+    for (where, _), n in counts.items():
+        out[where] += n
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--deployment", default="fixture-x16-batch")
@@ -60,28 +82,16 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--detail", default="", help="also list the operations of functions whose name contains this")
     a = ap.parse_args(argv)
-    dep = load_deployment(a.deployment)
-    dep = dataclasses.replace(dep, target_expand=a.expand, drafter_expand=a.expand)
-    session = Session.load(dep, "cpu")
-    system = load_system(a.system, dep)
-    gen = session.generator(system)
-    pool = request_pool(prompt_ids(dep, session.tokenizer))
-    ServingEngine(gen, a.concurrency).run([Request(tuple(p.ids), 24) for p in pool[: a.concurrency]])
-    ws = next(reversed(gen.workspaces.values()))
-    counter = Counter()
-    with torch.inference_mode(), counter:
-        gen._round(ws, sorted(gen.drafters)[0] if gen.drafters else 0)
-    by_fn: collections.Counter = collections.Counter()
-    for (where, _), n in counter.counts.items():
-        by_fn[where] += n
+    counts, name, dep_name = count_round(a.deployment, a.system, a.concurrency, a.expand)
+    by_fn = by_function(counts)
     total = sum(by_fn.values())
     glue = sum(n for w, n in by_fn.items() if not w.endswith("[model]"))
-    print(f"{system.name} on {dep.name} (x{a.expand}, CPU), concurrency {a.concurrency}: {total} operations in one "
+    print(f"{name} on {dep_name} (x{a.expand}, CPU), concurrency {a.concurrency}: {total} operations in one "
           f"round, {glue} outside the model forwards")
     for where, n in by_fn.most_common(a.top):
         print(f"{n:6d}  {where}")
     if a.detail:
-        for (where, op), n in sorted(counter.counts.items(), key=lambda x: -x[1]):
+        for (where, op), n in sorted(counts.items(), key=lambda x: -x[1]):
             if a.detail in where:
                 print(f"{n:6d}  {where}  {op}")
     return 0
