@@ -2,8 +2,9 @@
 2 requests per slot, the deployment's prompt sets in turn) after a warm-up, then report batch rounds,
 milliseconds per round, the device's kernels per round and idle share, and the top operators of a
 profiled run (CUDA time on a GPU, CPU time else). `--compare` serves each system also with the
-round's glue as it was (per-layer commit moves, log-softmax + torch.topk), the two in turn, and prints
-old / new seconds per run.
+round's glue as it was before 4ddf19c and fbb14ba (per-layer commit moves, log-softmax + torch.topk,
+ancestors by walking up, index constants made in every round), the two in turn, and prints old / new
+seconds per run.
 
 Usage: python scripts/serving_round_profile.py --deployment fixture-x16-batch --concurrency 8 \
            --system scripts/systems/eagle3-d5k4n7.toml --system scripts/systems/eagle3-segment-7.toml [--out DIR]
@@ -25,7 +26,8 @@ from specpilot.bench.prompts import prompt_ids  # noqa: E402
 from specpilot.bench.provenance import capture  # noqa: E402
 from specpilot.bench.serving import request_pool  # noqa: E402
 from specpilot.config import load_deployment, load_system  # noqa: E402
-from specpilot.engine import kv_cache  # noqa: E402
+from specpilot.engine import kv_cache, tree  # noqa: E402
+from specpilot.engine.drafters import best_first  # noqa: E402
 from specpilot.kernels import topk  # noqa: E402
 from specpilot.engine.serving import Request, ServingEngine  # noqa: E402
 from specpilot.engine.session import Session  # noqa: E402
@@ -57,7 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--runs", type=int, default=3, help="timed runs per variant")
     ap.add_argument("--compare", action="store_true",
-                    help="also serve with the old glue (kv_cache.STACKED_MOVES, kernels.topk.ENABLED off), in turn")
+                    help="also serve with the old glue (kv_cache.STACKED_MOVES, kernels.topk.ENABLED, "
+                    "tree.PATH_DOUBLING, best_first.CACHED_CONSTANTS off), in turn")
     a = ap.parse_args(argv)
     dep = load_deployment(a.deployment)
     session = Session.load(dep, a.device)
@@ -71,13 +74,13 @@ def main(argv=None) -> int:
         system = load_system(spec, dep)
         engines = {}
         for v in variants:  # each captures its graphs with its own glue
-            kv_cache.STACKED_MOVES = topk.ENABLED = v == "new"
+            kv_cache.STACKED_MOVES = topk.ENABLED = tree.PATH_DOUBLING = best_first.CACHED_CONSTANTS = v == "new"
             session.forget(system.fingerprint())
             engine = ServingEngine(session.generator(system), a.concurrency)
             engine.reserve(max(len(r.prompt) for r in requests), a.max_new_tokens)
             engine.run([Request(r.prompt, 32) for r in requests[: a.concurrency]])  # warm-up, capture
             engines[v] = engine
-        kv_cache.STACKED_MOVES = topk.ENABLED = True
+        kv_cache.STACKED_MOVES = topk.ENABLED = tree.PATH_DOUBLING = best_first.CACHED_CONSTANTS = True
         runs = {v: [] for v in variants}
         for _ in range(a.runs):  # the variants in turn, so drift hits both
             for v in variants:

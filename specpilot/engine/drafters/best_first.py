@@ -49,6 +49,9 @@ def num_candidates(depth: int, topk: int) -> int:
     return topk + (depth - 1) * topk * topk
 
 
+CACHED_CONSTANTS = True  # False: the constants are made in every expansion (measurements)
+
+
 @dataclass(frozen=True)
 class _Constants:
     """Index tensors an expansion of (topk, depth, capacity) uses every round: made once per device
@@ -96,7 +99,7 @@ def expand(
     score, idx = top_log_probs(root_logits, k)  # [B,k] depth-1 candidates and their log-probs
     tok = to_target(idx)
     cand_tokens, cand_scores = [tok], [score]
-    c = _constants(k, K, capacity, dev)
+    c = (_constants if CACHED_CONSTANTS else _constants.__wrapped__)(k, K, capacity, dev)
     cand_parent = [c.no_parent.expand(B, k)]
     frontier = c.first_ids.expand(B, k)  # candidate ids of the frontier
     f_tok, f_score = tok, score
