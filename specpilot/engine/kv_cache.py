@@ -1,12 +1,12 @@
-"""Static KV cache: one preallocated [B, Hkv, S, D] buffer per layer for keys and for values.
+"""Static KV cache: a preallocated [B, Hkv, S, D] tensor per layer for keys and for values.
 
 Owns: allocation and the one cache mutation besides plain writes, `move_slots`, which commits an
 accepted tree path by copying its entries to contiguous slots. `allocate` carves every layer's
 keys and values out of one [2, L, B, Hkv, S, D] buffer (`stack`), so a commit moves every layer's
 entries in one gather and one scatter instead of two per layer and tensor (each a kernel launch
-in every round). The model writes new entries itself
-(`Attention.attend_cached`); which slots are valid is told by the attention mask, so stale entries
-past a row's length are harmless and never cleared.
+in every round). The model writes new entries itself (`Attention.attend_cached`); which slots are
+valid is told by the attention mask, so stale entries past a row's length are harmless and never
+cleared.
 """
 
 from __future__ import annotations
