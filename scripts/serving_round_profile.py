@@ -28,9 +28,15 @@ from specpilot.bench.serving import request_pool  # noqa: E402
 from specpilot.config import load_deployment, load_system  # noqa: E402
 from specpilot.engine import kv_cache, tree  # noqa: E402
 from specpilot.engine.drafters import best_first  # noqa: E402
-from specpilot.kernels import topk  # noqa: E402
 from specpilot.engine.serving import Request, ServingEngine  # noqa: E402
 from specpilot.engine.session import Session  # noqa: E402
+from specpilot.kernels import topk  # noqa: E402
+
+
+def use_new_glue(new: bool) -> None:
+    """Switch the round glue changes of 4ddf19c and fbb14ba on (new) or off (old), for graphs
+    captured from now on."""
+    kv_cache.STACKED_MOVES = topk.ENABLED = tree.PATH_DOUBLING = best_first.CACHED_CONSTANTS = new
 
 
 def gpu_occupancy(prof, rounds: int) -> dict:
@@ -74,13 +80,13 @@ def main(argv=None) -> int:
         system = load_system(spec, dep)
         engines = {}
         for v in variants:  # each captures its graphs with its own glue
-            kv_cache.STACKED_MOVES = topk.ENABLED = tree.PATH_DOUBLING = best_first.CACHED_CONSTANTS = v == "new"
+            use_new_glue(v == "new")
             session.forget(system.fingerprint())
             engine = ServingEngine(session.generator(system), a.concurrency)
             engine.reserve(max(len(r.prompt) for r in requests), a.max_new_tokens)
             engine.run([Request(r.prompt, 32) for r in requests[: a.concurrency]])  # warm-up, capture
             engines[v] = engine
-        kv_cache.STACKED_MOVES = topk.ENABLED = tree.PATH_DOUBLING = best_first.CACHED_CONSTANTS = True
+        use_new_glue(True)
         runs = {v: [] for v in variants}
         for _ in range(a.runs):  # the variants in turn, so drift hits both
             for v in variants:

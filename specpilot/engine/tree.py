@@ -62,8 +62,8 @@ class DraftTree:
     def ancestors(self) -> torch.Tensor:
         """[B,N,N] bool: ancestors[b,i,j] is True when j is i or an ancestor of i."""
         if self._ancestors is None:
-            walk = ancestors_of if PATH_DOUBLING else ancestors_walk
-            self._ancestors = walk(self.parents, self.max_depth)
+            build = ancestors_of if PATH_DOUBLING else ancestors_walk
+            self._ancestors = build(self.parents, self.max_depth)
         return self._ancestors
 
     def depths(self) -> torch.Tensor:

@@ -35,8 +35,8 @@ from typing import Callable
 import torch
 
 from specpilot.engine.selection import select
-from specpilot.kernels.topk import top_log_probs
 from specpilot.engine.tree import DraftTree
+from specpilot.kernels.topk import top_log_probs
 
 # step(tokens [B,k], carry [B,k,...] | None, positions [B,k], slots [B,k], mask [B,1,k,S])
 #   -> (logits [B,k,V'], carry of these nodes [B,k,...] | None); a node's children are the top k
