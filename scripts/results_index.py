@@ -51,8 +51,6 @@ SOURCES = (
 ERRATA = (
     ("controller/first_request_*.json", "-", "ran at 4505547 (compile, no-compile) and 2db4fec (padded)"),
     ("w12/w12_escape_cost.{json,md}", "b0c0d4e", "ran at 70e2a89 (b0c0d4e was a typo of the run command)"),
-    ("loop/fixture-x16-batch/", "c907664+dirty", "ran on the working tree of d1b34c7 (the device copy's base was the "
-     "session's first commit)"),
     ("drafters/recipe/dflash_recipe.{json,md}", "5674dcb", "ran on the working tree of fc8981e (the device copy's "
      "base was the session's first commit)"),
     ("w12/paths/w12_paths.{json,md}", "-", "ran on the working tree of 8e4176f on 2026-12-03, H200 (the script "
@@ -60,11 +58,8 @@ ERRATA = (
     ("w12/tree128/", "5674dcb", "ran on the working tree of 8e4176f, after w12_paths.py --install"),
     ("loop/fixture-x16/", "684c516+dirty", "ran on the working tree of 4ddf19c (the device copy's base was the "
      "session's first commit)"),
-    ("serving/fixture-x16-batch/", "684c516", "ran on the working tree of 4ddf19c"),
     ("serving/fixture-x16-batch-c32/", "684c516", "ran on the working tree of 4ddf19c"),
     ("speed/fixture-x16-eagle3/", "684c516", "ran on the working tree of 4ddf19c"),
-    ("serving/profile/serving_round_profile_*.json", "-", "ran on the working tree of 4ddf19c on 2026-12-03, "
-     "H200 (the script recorded no provenance then)"),
 )
 
 W12_TARGETS = ((1, 1.25), (32, 1.15))  # issue 3: W12 over cuBLAS at M=1 and M=32 (scripts/w12_kernels.py)
@@ -274,6 +269,7 @@ HEADLINES = (  # (file under results/, rows from it); a missing file is skipped
     ("serving/fixture-x16-batch-c32/results.json", serving_rows),
     ("serving/mechanisms/c32/results.json", serving_rows),
     ("loop/fixture-x16/report.json", loop_rows),
+    ("loop/fixture-x16-batch/report.json", loop_rows),
     ("engine/engine_ar.json", engine_rows),
     ("engine/engine_ar_kernels.json", engine_kernel_rows),
     ("w12/w12_kernels_shipped_4.json", w12_target_rows),
