@@ -17,6 +17,10 @@ its decode time after prefill, by CUDA events in the worker (the wall clock on C
 wall clock cross-checks it: a request whose two clocks disagree by more than `CLOCK_TOLERANCE` is
 run again (at most `MAX_RERUNS` times), since then the two clocks did not see the same work.
 
+Failure: a shared worker that dies during a comparison (its process gone) charges the death to the
+candidate, the only system the comparison brought into the process; the candidate is rejected,
+the next comparison starts a new worker, and the dead one's output is kept for the user.
+
 Owns: the pool of shared workers, settling, and `SharedPair` (the session interface the
 controller drives). Does not own the worker process (`worker.py`) or the block statistic
 (`blocks.py`).
@@ -100,6 +104,7 @@ class SharedWorkers:
         self.settling: dict[tuple, Settling] = {}
         self._lock = threading.Lock()
         self._log_dir = Path(tempfile.mkdtemp(prefix="specpilot-shared-"))
+        self._keep_logs = False  # a worker died: its output stays in `_log_dir` for the user
 
     def worker(self, spec: ArmSpec, device: str, config: ControllerConfig) -> Worker:
         key = (spec.deployment, device, spec.factory)
@@ -107,7 +112,8 @@ class SharedWorkers:
             worker = self._workers.get(key)
             if worker is not None and worker.proc.poll() is None:
                 return worker
-            if worker is not None:  # died since: start afresh
+            if worker is not None:  # died since: start afresh, keeping its log
+                self._keep_logs = True
                 worker.close()
             shared = ArmSpec(spec.deployment, {"name": "shared"}, device, None, SHARED_FACTORIES[spec.factory])
             worker = Worker.start(shared, f"shared{len(self._workers)}", self._log_dir)
@@ -122,9 +128,11 @@ class SharedWorkers:
     def close(self) -> None:
         with self._lock:
             for w in self._workers.values():
+                self._keep_logs |= w.crashed
                 w.close()
             self._workers.clear()
-        shutil.rmtree(self._log_dir, ignore_errors=True)
+        if not self._keep_logs:
+            shutil.rmtree(self._log_dir, ignore_errors=True)
 
 
 class SharedPair:
@@ -206,6 +214,11 @@ class SharedPair:
         try:
             return self.worker.request(msg, timeout)
         except WorkerError as err:
+            if err.kind is FailureKind.CRASHED and self.systems[Arm.CANDIDATE] != self.systems[Arm.INCUMBENT]:
+                raise ArmFailure(Arm.CANDIDATE, WorkerError(
+                    f"{err} [one process serves both arms: its death is charged to the candidate "
+                    f"{self.specs[Arm.CANDIDATE].name!r}, which is rejected; the next comparison starts a new "
+                    "worker]", err.kind)) from None
             raise ArmFailure(arm, err) from None
 
     def _outputs(self, arm: Arm, reply: dict, prompts: int, max_new_tokens: int) -> Outputs:

@@ -78,6 +78,7 @@ class Worker:
         self.log_path = log_path
         self.marker = marker  # the value of MARKER_ENV in its environment
         self.frozen = False
+        self.crashed = False  # its process was found dead: its log is kept (`log_path`)
         self.info: dict = {}
         self.tracked: dict[int, int] = {}  # {pid: start} of every process ever seen in its tree
         self._stopped: dict[int, int] = {}  # descendants stopped by the last freeze
@@ -123,7 +124,7 @@ class Worker:
         try:
             self.conn.send_bytes(data)
         except OSError as err:
-            raise self._failure(f"cannot send: {err}", FailureKind.CRASHED) from None
+            raise self._failure(f"cannot send: {err}; {self._ended()}", FailureKind.CRASHED) from None
 
     def wait_ready(self, timeout: float) -> None:
         """Block until a reply (or EOF) is readable; raise TIMEOUT otherwise."""
@@ -135,8 +136,7 @@ class Worker:
         try:
             raw = self.conn.recv_bytes(MAX_REPLY_BYTES)
         except (EOFError, OSError):
-            self.proc.poll()
-            raise self._failure(f"died (exit status {self.proc.returncode})", FailureKind.CRASHED) from None
+            raise self._failure(f"died: {self._ended()}", FailureKind.CRASHED) from None
         try:
             reply = json.loads(raw)
         except (UnicodeDecodeError, ValueError):
@@ -202,7 +202,23 @@ class Worker:
     def _failure(self, what: str, kind: FailureKind, detail: str = "") -> WorkerError:
         tail = detail.strip().splitlines()[-1:] if detail else self._log_tail()
         suffix = f" ({tail[-1].strip()})" if tail else ""
+        if kind is FailureKind.CRASHED:
+            self.crashed = True
+            suffix += f"; its output: {self.log_path}"
         return WorkerError(f"worker {self.label} ({self.spec.name}) {what}{suffix}", kind)
+
+    def _ended(self, wait: float = 1.0) -> str:
+        """How the process ended ("killed by SIGKILL", "exit status 1"), waiting up to `wait` s for it."""
+        try:
+            code = self.proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            return "the process is still running"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit status {code}"
 
     def _log_tail(self, lines: int = 1) -> list[str]:
         time.sleep(0.05)  # let a dying process flush its last line

@@ -93,3 +93,47 @@ def test_a_knob_comparison_runs_in_one_persistent_worker(target_dir, drafter_dir
 
 def _noise(controller, stock):
     return controller.measure_noise(stock)
+
+
+@pytest.mark.slow
+def test_a_dead_shared_worker_rejects_the_candidate_and_is_replaced(target_dir, drafter_dir, tmp_path):
+    import os
+    import signal
+
+    from specpilot.control.blocks import Arm
+    from specpilot.control.pair import ArmFailure
+    from specpilot.control.worker import FailureKind
+
+    dep_path = tmp_path / "d.toml"
+    dep_path.write_text(f'name = "t"\ntarget = "{target_dir}"\ndrafter = "{drafter_dir}"\nmax_new_tokens = 8\n')
+    dep = load_deployment(str(dep_path))
+    config = ControllerConfig(blocks=5, noise_blocks=5, requests_per_block=1, max_new_tokens=8, extra_blocks=0,
+                              warmup_requests=1, resamples=199, settle_seconds=0.5, gate_prompts=1, pin_cpus=False)
+    backend = LocalBackend(devices=["cpu"])
+    stock = runner_spec(str(dep_path), dep.stock, RUNNER)
+    ar = runner_spec(str(dep_path), load_system("ar", dep), RUNNER)
+    try:
+        session = backend.open(stock, ar, config, [[[4, 5, 6]]])
+        pair = session._session
+        dead = pair.worker
+        os.kill(dead.proc.pid, signal.SIGKILL)  # dies between two requests, as on the H200
+        dead.proc.wait(10)
+        with pytest.raises(ArmFailure) as failure:
+            pair.generate(Arm.INCUMBENT, [[4, 5, 6]], 4)  # the incumbent's request finds it gone
+        assert failure.value.arm is Arm.CANDIDATE and failure.value.kind is FailureKind.CRASHED
+        assert "killed by SIGKILL" in str(failure.value) and str(dead.log_path) in str(failure.value)
+        session.close()
+        again = backend.open(stock, ar, config, [[[4, 5, 6]]])  # the next comparison: a new worker
+        assert again._session.worker.proc.pid != dead.proc.pid and again._session.worker.proc.poll() is None
+        assert again._session.generate(Arm.INCUMBENT, [[4, 5, 6]], 4)
+        again.close()
+        # stock against stock: nothing new to blame, the failure stays the incumbent's
+        same = backend.open(stock, stock, config, [[[4, 5, 6]]])
+        os.kill(same._session.worker.proc.pid, signal.SIGKILL)
+        with pytest.raises(ArmFailure) as failure:
+            same._session.generate(Arm.INCUMBENT, [[4, 5, 6]], 4)
+        assert failure.value.arm is Arm.INCUMBENT
+        same.close()
+    finally:
+        backend.close()
+    assert dead.log_path.parent.is_dir()  # a worker died: the logs stay for the user
