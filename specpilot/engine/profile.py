@@ -131,11 +131,23 @@ def acceptance_by_depth(accept_lengths: list[list[int]], max_depth: int) -> tupl
     return tuple(sum(r >= d for r in rounds) / len(rounds) for d in range(1, max_depth + 1))
 
 
+WARMUP_TOKENS_CPU = 8  # nothing is captured on CPU: a short generation loads what it needs
+
+
+def warm_up(gen: Generator, prompts: list[list[int]], max_new_tokens: int) -> None:
+    """Run what a timed generation of `prompts` will run, so its clock sees no one-time work. Under
+    CUDA graphs a full-length generation: graphs are captured lazily, one per attention span the
+    rows reach (`attention_span`), so a short warm-up leaves the longer spans' captures inside the
+    timed run. On CPU, `WARMUP_TOKENS_CPU` tokens."""
+    full = getattr(gen, "use_graphs", False)
+    gen.generate(prompts, max_new_tokens if full else min(max_new_tokens, WARMUP_TOKENS_CPU))
+
+
 def profile(gen: Generator, prompts: list[list[int]], max_new_tokens: int,
             curve_nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)) -> StepProfile:
     """Run one generation, then time its round's pieces in isolation."""
     device = gen.target.device
-    gen.generate(prompts, min(max_new_tokens, 8))  # warm-up: graphs, compilation
+    warm_up(gen, prompts, max_new_tokens)
     result = gen.generate(prompts, max_new_tokens)
     rounds = max(max(result.rounds), 1)
     round_ms = (result.seconds - result.prefill_seconds) / rounds * 1e3

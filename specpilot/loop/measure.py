@@ -57,6 +57,7 @@ def measure(session, system: System, batches: list[list[list[int]]], max_new_tok
     from specpilot.engine.profile import acceptance_by_depth, kv_bytes_per_token, profile
 
     gen = session.generator(system)
+    batches = sorted(batches, key=_longest_prompt, reverse=True)  # profile warms up on the first
     p = profile(gen, batches[0], max_new_tokens)
     depth = len(p.accept_at_depth)
     taus, round_ms, curves = [p.tokens_per_round], [p.round_ms], [p.accept_at_depth]
@@ -86,9 +87,16 @@ def ar_ms_per_token(session, system: System, batches: list[list[list[int]]], max
 
 
 def _timed_generations(gen, batches: list[list[list[int]]], max_new_tokens: int) -> list:
-    """Each batch's `GenerationResult` after a short warm-up generation (graphs, compilation)."""
-    gen.generate(batches[0], min(max_new_tokens, 8))
+    """Each batch's `GenerationResult` after a warm-up (`engine.profile.warm_up`) on the batch with
+    the longest prompt, which reaches every attention span the others do."""
+    from specpilot.engine.profile import warm_up
+
+    warm_up(gen, max(batches, key=_longest_prompt), max_new_tokens)
     return [gen.generate(batch, max_new_tokens) for batch in batches]
+
+
+def _longest_prompt(batch: list[list[int]]) -> int:
+    return max(map(len, batch))
 
 
 def loaded_drafters(session) -> list[DrafterKind]:

@@ -25,3 +25,15 @@ def test_each_other_loaded_drafter_is_timed_with_the_incumbents_other_knobs():
     assert eagle3.fingerprint() not in session._generators  # and not kept
     ar = system.with_changes(name="ar", drafter=DrafterKind.NONE)
     assert measure(session, ar, [[prompt]], 6).switch_ms_per_token == {}  # from AR: none (the agent re-enters)
+
+
+def test_timed_generations_warm_up_on_the_batch_with_the_longest_prompt():
+    from types import SimpleNamespace
+
+    from specpilot.loop.measure import _timed_generations
+
+    calls = []
+    gen = SimpleNamespace(use_graphs=True, generate=lambda prompts, n: calls.append((prompts, n)) or len(calls))
+    batches = [[[1, 2]], [[1, 2, 3, 4, 5], [1]], [[1, 2, 3]]]
+    assert _timed_generations(gen, batches, 64) == [2, 3, 4]  # each batch timed once, after the warm-up
+    assert calls[0] == ([[1, 2, 3, 4, 5], [1]], 64)  # the longest prompt reaches the most attention spans
