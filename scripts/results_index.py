@@ -35,6 +35,8 @@ SOURCES = (
      "specpilot run (pip install --target)"),
     ("loop/fixture-x16/*", "the optimization loop, knob agent, 2 candidates a round",
      "specpilot run --agents knob --max-candidates 2"),
+    ("loop/switch_estimates.json", "cost-table entries after a short vs a full-length warm-up",
+     "switch_estimates.py"),
     ("loop/*", "the optimization loop", "loop_fixture.py"),
     ("speed/summary*", "speed headline table", "speed_fixture.py"),
     ("speed/fixture-x16-eagle3/*", "speedup over AR", "specpilot bench"),
@@ -60,6 +62,7 @@ ERRATA = (
      "session's first commit)"),
     ("serving/fixture-x16-batch-c32/", "684c516", "ran on the working tree of 4ddf19c"),
     ("speed/fixture-x16-eagle3/", "684c516", "ran on the working tree of 4ddf19c"),
+    ("loop/switch_estimates.json", "094504f", "ran at f9f5601 (the device copy's base was the session's first commit)"),
 )
 
 W12_TARGETS = ((1, 1.25), (32, 1.15))  # issue 3: W12 over cuBLAS at M=1 and M=32 (scripts/w12_kernels.py)

@@ -1,11 +1,11 @@
-"""The loop's cost-table measurement with the short warm-up it had and the full one it has now.
+"""The loop's cost-table measurement after a short warm-up (the engine's) and a full-length one.
 
 `loop.measure.measure` times the incumbent, plain AR and each other loaded drafter switched in, on
-the loop's profile batches. Before `engine.profile.warm_up` the warm-up was 8 tokens, so graphs of
-the longer attention spans were captured inside the timed generations; a switched-in drafter's
-generator is built fresh for every measurement and always paid for that. This script measures the
-same systems both ways, in one process, alternating, each from cold generators, and writes what
-each variant estimates (ms per token) next to the other.
+the loop's profile batches, after `engine.profile.warm_up` (8 tokens). If graphs of the longer
+attention spans were captured inside the timed generations, a switched-in drafter (whose
+generator is built fresh for every measurement) would pay for it and look slower than it is. This
+script measures the same systems both ways, in one process, alternating, each from cold
+generators, and writes what each variant estimates (ms per token) side by side.
 
     python scripts/switch_estimates.py --deployment fixture-x16-batch --system scripts/systems/n16.toml \
         --repeats 2 --out results/loop/switch_estimates.json
@@ -29,8 +29,8 @@ from specpilot.loop.run import profile_batches
 from specpilot.loop.systems import switched
 
 
-def short_warm_up(gen, prompts, max_new_tokens):
-    gen.generate(prompts, min(max_new_tokens, 8))  # the warm-up before engine.profile.warm_up
+def full_warm_up(gen, prompts, max_new_tokens):
+    gen.generate(prompts, max_new_tokens)  # every attention span the timed run reaches
 
 
 def cold(session, system) -> None:
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     config = LoopConfig()
     batches = profile_batches(load_prompt_source(dep), dep, config)
     session = Session.load(dep, device=args.device)
-    full_warm_up = engine_profile.warm_up
+    short_warm_up = engine_profile.warm_up
     rows = []
     for repeat in range(args.repeats):
         for variant, warm in (("short", short_warm_up), ("full", full_warm_up)):
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 table = loop_measure.measure(session, system, batches, args.tokens)
             finally:
-                engine_profile.warm_up = full_warm_up
+                engine_profile.warm_up = short_warm_up
             row = {"variant": variant, "repeat": repeat, "ms_per_token": table.ms_per_token,
                    "ar_ms_per_token": table.ar_ms_per_token, "switch_ms_per_token": dict(table.switch_ms_per_token),
                    "tokens_per_round": table.tokens_per_round}

@@ -88,7 +88,7 @@ def ar_ms_per_token(session, system: System, batches: list[list[list[int]]], max
 
 def _timed_generations(gen, batches: list[list[list[int]]], max_new_tokens: int) -> list:
     """Each batch's `GenerationResult` after a warm-up (`engine.profile.warm_up`) on the batch with
-    the longest prompt, which reaches every attention span the others do."""
+    the longest prompt."""
     from specpilot.engine.profile import warm_up
 
     warm_up(gen, max(batches, key=_longest_prompt), max_new_tokens)

@@ -33,7 +33,7 @@ def test_timed_generations_warm_up_on_the_batch_with_the_longest_prompt():
     from specpilot.loop.measure import _timed_generations
 
     calls = []
-    gen = SimpleNamespace(use_graphs=True, generate=lambda prompts, n: calls.append((prompts, n)) or len(calls))
+    gen = SimpleNamespace(generate=lambda prompts, n: calls.append((prompts, n)) or len(calls))
     batches = [[[1, 2]], [[1, 2, 3, 4, 5], [1]], [[1, 2, 3]]]
     assert _timed_generations(gen, batches, 64) == [2, 3, 4]  # each batch timed once, after the warm-up
-    assert calls[0] == ([[1, 2, 3, 4, 5], [1]], 64)  # the longest prompt reaches the most attention spans
+    assert calls[0] == ([[1, 2, 3, 4, 5], [1]], 8)  # the warm-up runs the longest prompt
