@@ -66,16 +66,9 @@ def test_session_runner_times_fixed_length_requests(target_dir, drafter_dir, tmp
 
 @pytest.mark.slow
 def test_a_knob_comparison_runs_in_one_persistent_worker(target_dir, drafter_dir, tmp_path):
-    dep_path = tmp_path / "d.toml"
-    dep_path.write_text(f'name = "t"\ntarget = "{target_dir}"\ndrafter = "{drafter_dir}"\nmax_new_tokens = 8\n')
-    dep = load_deployment(str(dep_path))
-    config = ControllerConfig(blocks=5, noise_blocks=5, requests_per_block=1, max_new_tokens=8, extra_blocks=0,
-                              warmup_requests=1, resamples=199, settle_seconds=0.5, gate_prompts=1, pin_cpus=False)
-    backend = LocalBackend(devices=["cpu"])
+    dep_path, config, backend, stock, ar = _stock_and_ar(target_dir, drafter_dir, tmp_path)
     source = lambda n, seed: [[1 + (seed + i) % 50, 2, 3] for i in range(n)]  # noqa: E731
     controller = Controller(config, backend, ALWAYS_PASS, source, str(dep_path))
-    stock = runner_spec(str(dep_path), dep.stock, RUNNER)
-    ar = runner_spec(str(dep_path), load_system("ar", dep), RUNNER)
     try:
         session = backend.open(stock, ar, config, [[[4, 5, 6]]])
         assert isinstance(session._session, SharedPair)
@@ -91,6 +84,18 @@ def test_a_knob_comparison_runs_in_one_persistent_worker(target_dir, drafter_dir
     assert worker.proc.poll() is not None  # closing the backend stops it
 
 
+def _stock_and_ar(target_dir, drafter_dir, tmp_path):
+    """A fixture deployment, a small controller config, a CPU backend, and stock and AR arms of it."""
+    dep_path = tmp_path / "d.toml"
+    dep_path.write_text(f'name = "t"\ntarget = "{target_dir}"\ndrafter = "{drafter_dir}"\nmax_new_tokens = 8\n')
+    dep = load_deployment(str(dep_path))
+    config = ControllerConfig(blocks=5, noise_blocks=5, requests_per_block=1, max_new_tokens=8, extra_blocks=0,
+                              warmup_requests=1, resamples=199, settle_seconds=0.5, gate_prompts=1, pin_cpus=False)
+    stock = runner_spec(str(dep_path), dep.stock, RUNNER)
+    ar = runner_spec(str(dep_path), load_system("ar", dep), RUNNER)
+    return dep_path, config, LocalBackend(devices=["cpu"]), stock, ar
+
+
 def _noise(controller, stock):
     return controller.measure_noise(stock)
 
@@ -104,14 +109,7 @@ def test_a_dead_shared_worker_rejects_the_candidate_and_is_replaced(target_dir, 
     from specpilot.control.pair import ArmFailure
     from specpilot.control.worker import FailureKind
 
-    dep_path = tmp_path / "d.toml"
-    dep_path.write_text(f'name = "t"\ntarget = "{target_dir}"\ndrafter = "{drafter_dir}"\nmax_new_tokens = 8\n')
-    dep = load_deployment(str(dep_path))
-    config = ControllerConfig(blocks=5, noise_blocks=5, requests_per_block=1, max_new_tokens=8, extra_blocks=0,
-                              warmup_requests=1, resamples=199, settle_seconds=0.5, gate_prompts=1, pin_cpus=False)
-    backend = LocalBackend(devices=["cpu"])
-    stock = runner_spec(str(dep_path), dep.stock, RUNNER)
-    ar = runner_spec(str(dep_path), load_system("ar", dep), RUNNER)
+    dep_path, config, backend, stock, ar = _stock_and_ar(target_dir, drafter_dir, tmp_path)
     try:
         session = backend.open(stock, ar, config, [[[4, 5, 6]]])
         pair = session._session
