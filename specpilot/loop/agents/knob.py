@@ -20,7 +20,9 @@ Each round it proposes, best first:
    loads: EAGLE-3, DFlash, unless measured more than 10% slower switched in), DFlash tree
    constructions and budgets, adaptive depth tiers, the batch mechanisms for a batched regime
    (shared node budget, per-request depth, segment admission), and on GPU CUDA graphs, fewer host
-   syncs (`sync_every`), Triton kernels, W12 weights, the Triton lm_head.
+   syncs (`sync_every`), Triton kernels, W12 weights, the Triton lm_head. Under continuous
+   batching without segment admission, each drafter switch is also proposed with segment
+   admission, ahead of the gap order (`served_switches`).
 Predicted and exploratory moves are interleaved 2:1 so a round times at least one of each when
 both exist. Knobs that change nothing on the device are never proposed (on CPU: CUDA graphs,
 sync_every, kernel choice and W12). A knob move on a patched incumbent keeps its patch.
@@ -202,6 +204,7 @@ class KnobAgent(Proposer):
     def _exploratory(self, ctx: ProposerContext) -> list[Proposal]:
         inc = ctx.incumbent.candidate.system
         kinds = drafter_kinds(ctx.deployment)
+        first: list[tuple[GapKind, dict, str]] = []  # ahead of the gap order (`served_switches`)
         moves: list[tuple[GapKind, dict, str]] = []
         ar, measured = ctx.cost.ar_ms_per_token, ctx.cost.ms_per_token
         if inc.drafter is not DrafterKind.NONE and ar is not None and ar <= AR_CLOSE * measured:
@@ -212,11 +215,14 @@ class KnobAgent(Proposer):
         if inc.drafter is DrafterKind.MODEL:
             moves.append((GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.NGRAM.value},
                           "prompt lookup instead of the draft model: no draft forwards at all"))
+        served = served_switches(ctx.deployment.regime, inc)
         for kind, (gap, changes, why) in SWITCHES.items():
             switch_ms = ctx.cost.switch_ms_per_token.get(kind.value)
             if switch_ms is not None and switch_ms > AR_CLOSE * measured:
                 continue  # measured well slower switched in: the measurement has answered it
             if kind in kinds and kind is not inc.drafter:
+                if served:
+                    first.append((gap, {**changes, **served}, f"{why}, with segment admission: {SERVED_WHY}"))
                 moves.append((gap, changes, why))
         if inc.drafter is DrafterKind.DFLASH:
             for construction, budget in DFLASH_TREES:
@@ -246,7 +252,7 @@ class KnobAgent(Proposer):
                 moves.append((GapKind.VERIFY_KERNELS, {"kernel_lm_head": True}, "the lm_head through the same kernels"))
         rank = {kind: i for i, kind in enumerate(ctx.gaps)}
         moves.sort(key=lambda m: rank.get(m[0], len(rank)))
-        out = [self._proposal(ctx, changes, gap, why) for gap, changes, why in moves]
+        out = [self._proposal(ctx, changes, gap, why) for gap, changes, why in first + moves]
         return [p for p in out if p is not None]
 
 
@@ -275,6 +281,21 @@ def batch_moves(regime, inc: System) -> list[tuple[GapKind, dict, str]]:
                     "segment admission: a new request's prompt rides in the verify rows instead of a prefill "
                     "that stalls every running request"))
     return out
+
+
+SERVED_WHY = ("the profile's static batches price neither a drafter's prefill nor admission, so under "
+              "continuous batching a switch is timed as it would serve")
+
+
+def served_switches(regime, inc: System) -> dict:
+    """Under continuous batching, with segment admission off, the knobs a drafter switch is also
+    proposed with, ahead of every other exploratory move: segment admission. The cost table times
+    static batches; on fixture-x16-batch at c8 it priced the EAGLE-3 switch 6% slower than the
+    draft model at 16 nodes (`results/loop/switch_estimates.json`) while serving measured EAGLE-3
+    with segment admission 1.13x faster (`results/serving/fixture-x16-batch/`). {} otherwise."""
+    if regime.batch < 2 or not regime.continuous or inc.segment_tokens:
+        return {}
+    return {"segment_tokens": max(8, inc.tree_budget)}
 
 
 # Switching drafter: (gap it targets, knob changes (`loop.systems.DRAFTER_SWITCHES`), rationale).

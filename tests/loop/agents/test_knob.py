@@ -169,3 +169,33 @@ def test_a_drafter_measured_faster_switched_in_is_a_predicted_move_ranked_by_its
     eagle = [p for p in close if p.candidate.system.drafter is DrafterKind.EAGLE3]
     assert eagle and all(p.predicted_ms_per_token is None for p in eagle)  # still explored, not predicted
     assert any(p.candidate.system.drafter is DrafterKind.DFLASH for p in close)  # not measured: explored
+
+
+def test_under_continuous_batching_a_drafter_switch_with_segment_admission_is_explored_first():
+    """The static-batch table prices neither prefill nor admission: served, the switch comes with
+    segment admission, ahead of the gap order; a static batch keeps the plain switch in gap order."""
+    from dataclasses import replace
+
+    from specpilot.config import Regime, load_deployment
+
+    dep = load_deployment("fixture-dflash")  # loads the draft model, EAGLE-3 and DFlash
+    stock = dep.stock.with_changes(name="model", drafter=DrafterKind.MODEL, depth=5, topk=4, tree_budget=16)
+    base = cost_table(stock)
+    table = replace(base, switch_ms_per_token={"eagle3": base.ms_per_token * 1.06})  # a little slower, static
+
+    def explored(regime):
+        d = replace(dep, regime=regime)
+        out = KnobAgent().propose(context(table, Incumbent(Candidate(stock)), deployment=d, limit=40))
+        return [p for p in out if p.predicted_ms_per_token is None]
+
+    served = explored(Regime(batch=8, continuous=True))
+    s = served[0].candidate.system
+    assert (s.drafter, s.segment_tokens, s.tree_budget) == (DrafterKind.EAGLE3, 16, 16)
+    assert any(p.candidate.system.drafter is DrafterKind.EAGLE3 and not p.candidate.system.segment_tokens
+               for p in served)  # the plain switch stays, in gap order
+    static = explored(Regime(batch=8))
+    assert not any(p.candidate.system.segment_tokens for p in static)
+    segmented = stock.with_changes(segment_tokens=7)
+    out = KnobAgent().propose(context(table, Incumbent(Candidate(segmented)),
+                                      deployment=replace(dep, regime=Regime(batch=8, continuous=True)), limit=40))
+    assert all(p.candidate.system.segment_tokens == 7 for p in out if p.candidate.system.drafter is DrafterKind.EAGLE3)
