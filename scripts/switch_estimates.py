@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from specpilot.bench.provenance import capture
-from specpilot.config import DrafterKind, load_deployment, load_system
+from specpilot.config import load_deployment, load_system
 from specpilot.control.prompts import load_prompt_source
 from specpilot.engine import profile as engine_profile
 from specpilot.engine.session import Session
@@ -35,8 +35,7 @@ def full_warm_up(gen, prompts, max_new_tokens):
 
 def cold(session, system) -> None:
     """Forget every generator a measurement of `system` builds, so the next starts from nothing."""
-    for s in [system, system.with_changes(name="ar", drafter=DrafterKind.NONE, adaptive_depth=())] + [
-            switched(system, k) for k in loop_measure.loaded_drafters(session)]:
+    for s in [system, loop_measure.ar_of(system)] + [switched(system, k) for k in loop_measure.loaded_drafters(session)]:
         if s is not None:
             session.forget(s.fingerprint())
 

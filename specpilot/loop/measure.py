@@ -78,9 +78,14 @@ def measure(session, system: System, batches: list[list[list[int]]], max_new_tok
     return analyze(p, shape_run(gen, system), system.name, kv, ar_ms_per_token=ar_ms, switch_ms_per_token=switches)
 
 
+def ar_of(system: System) -> System:
+    """`system` with drafting off: the same engine and kernels, decoding plain AR."""
+    return system.with_changes(name="ar", drafter=DrafterKind.NONE, adaptive_depth=())
+
+
 def ar_ms_per_token(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> float:
-    """Plain AR decoding (the same engine and kernels, drafting off) on the same batches: ms per token."""
-    gen = session.generator(system.with_changes(name="ar", drafter=DrafterKind.NONE, adaptive_depth=()))
+    """Plain AR decoding (`ar_of`) on the same batches: ms per token."""
+    gen = session.generator(ar_of(system))
     per_token = [(r.seconds - r.prefill_seconds) / max(max(r.rounds), 1) * 1e3
                  for r in _timed_generations(gen, batches, max_new_tokens)]
     return sum(per_token) / len(per_token)

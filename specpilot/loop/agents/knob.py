@@ -22,7 +22,7 @@ Each round it proposes, best first:
    (shared node budget, per-request depth, segment admission), and on GPU CUDA graphs, fewer host
    syncs (`sync_every`), Triton kernels, W12 weights, the Triton lm_head. Under continuous
    batching without segment admission, each drafter switch is also proposed with segment
-   admission, ahead of the gap order (`served_switches`).
+   admission, ahead of the gap order (`segment_admission`).
 Predicted and exploratory moves are interleaved 2:1 so a round times at least one of each when
 both exist. Knobs that change nothing on the device are never proposed (on CPU: CUDA graphs,
 sync_every, kernel choice and W12). A knob move on a patched incumbent keeps its patch.
@@ -204,7 +204,7 @@ class KnobAgent(Proposer):
     def _exploratory(self, ctx: ProposerContext) -> list[Proposal]:
         inc = ctx.incumbent.candidate.system
         kinds = drafter_kinds(ctx.deployment)
-        first: list[tuple[GapKind, dict, str]] = []  # ahead of the gap order (`served_switches`)
+        first: list[tuple[GapKind, dict, str]] = []  # ahead of the gap order (`segment_admission`)
         moves: list[tuple[GapKind, dict, str]] = []
         ar, measured = ctx.cost.ar_ms_per_token, ctx.cost.ms_per_token
         if inc.drafter is not DrafterKind.NONE and ar is not None and ar <= AR_CLOSE * measured:
@@ -215,7 +215,7 @@ class KnobAgent(Proposer):
         if inc.drafter is DrafterKind.MODEL:
             moves.append((GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.NGRAM.value},
                           "prompt lookup instead of the draft model: no draft forwards at all"))
-        served = served_switches(ctx.deployment.regime, inc)
+        served = segment_admission(ctx.deployment.regime, inc)
         for kind, (gap, changes, why) in SWITCHES.items():
             switch_ms = ctx.cost.switch_ms_per_token.get(kind.value)
             if switch_ms is not None and switch_ms > AR_CLOSE * measured:
@@ -276,8 +276,9 @@ def batch_moves(regime, inc: System) -> list[tuple[GapKind, dict, str]]:
         out.append((GapKind.VERIFY_KERNELS, {"attention_span": finer},
                     f"attention over the cache in steps of {finer} slots, not {inc.attention_span}: fewer "
                     "slots read past the longest row (one captured graph per step)"))
-    if regime.continuous and not inc.segment_tokens:
-        out.append((GapKind.OVERHEAD, {"segment_tokens": max(8, inc.tree_budget)},
+    segment = segment_admission(regime, inc)
+    if segment:
+        out.append((GapKind.OVERHEAD, segment,
                     "segment admission: a new request's prompt rides in the verify rows instead of a prefill "
                     "that stalls every running request"))
     return out
@@ -287,12 +288,13 @@ SERVED_WHY = ("the profile's static batches price neither a drafter's prefill no
               "continuous batching a switch is timed as it would serve")
 
 
-def served_switches(regime, inc: System) -> dict:
-    """Under continuous batching, with segment admission off, the knobs a drafter switch is also
-    proposed with, ahead of every other exploratory move: segment admission. The cost table times
-    static batches; on fixture-x16-batch at c8 it priced the EAGLE-3 switch 6% slower than the
-    draft model at 16 nodes (`results/loop/switch_estimates.json`) while serving measured EAGLE-3
-    with segment admission 1.13x faster (`results/serving/fixture-x16-batch/`). {} otherwise."""
+def segment_admission(regime, inc: System) -> dict:
+    """The knobs that turn segment admission on for `inc`: under continuous batching, with it off;
+    {} otherwise. Proposed on its own (`batch_moves`) and with each drafter switch, ahead of every
+    other exploratory move: the cost table times static batches; on fixture-x16-batch at c8 it
+    priced the EAGLE-3 switch 6% slower than the draft model at 16 nodes
+    (`results/loop/switch_estimates.json`) while serving measured EAGLE-3 with segment admission
+    1.13x faster (`results/serving/fixture-x16-batch/`)."""
     if regime.batch < 2 or not regime.continuous or inc.segment_tokens:
         return {}
     return {"segment_tokens": max(8, inc.tree_budget)}
