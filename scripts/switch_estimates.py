@@ -35,7 +35,7 @@ def full_warm_up(gen, prompts, max_new_tokens):
 
 def cold(session, system) -> None:
     """Forget every generator a measurement of `system` builds, so the next starts from nothing."""
-    for s in [system, loop_measure.ar_of(system)] + [switched(system, k) for k in loop_measure.loaded_drafters(session)]:
+    for s in [system, system.plain_ar()] + [switched(system, k) for k in loop_measure.loaded_drafters(session)]:
         if s is not None:
             session.forget(s.fingerprint())
 

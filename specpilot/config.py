@@ -47,6 +47,11 @@ class Kernel(enum.Enum):
 BATCH_DRAFTERS = (DrafterKind.MODEL, DrafterKind.EAGLE3, DrafterKind.DFLASH, DrafterKind.NONE)
 
 
+# Knobs that only speculative rounds read, at their off values: AR of a system resets them
+# (`System.plain_ar`); segment admission rides in verify rows, which AR does not have.
+SPECULATION_ONLY = {"adaptive_depth": (), "shared_budget": 0, "row_depth_margin": 0, "segment_tokens": 0}
+
+
 @dataclass(frozen=True)
 class System:
     """The engine's knobs. Defaults mirror SGLang's documented speculative defaults
@@ -157,6 +162,11 @@ class System:
 
     def with_changes(self, **changes) -> "System":
         return replace(self, **changes)
+
+    def plain_ar(self, name: str = "ar") -> "System":
+        """This system with drafting off: the same engine, kernels and graphs decoding plain AR, with
+        the knobs only speculation reads back at their defaults (`SPECULATION_ONLY`)."""
+        return replace(self, name=name, drafter=DrafterKind.NONE, **SPECULATION_ONLY)
 
     def with_knobs(self, knobs: dict, name: str) -> "System":
         """This system with `knobs` (plain values, as `knobs()` gives them) laid over it, named `name`."""
@@ -335,7 +345,7 @@ def load_system(spec: str | None, deployment: Deployment) -> System:
     if spec in (None, "stock"):
         return deployment.stock
     if spec == "ar":
-        return deployment.stock.with_changes(name="ar", drafter=DrafterKind.NONE)
+        return deployment.stock.plain_ar()
     p = Path(spec)
     if not p.is_file():
         raise ConfigError(f"system {spec!r} is neither 'stock', 'ar' nor an existing file")

@@ -49,6 +49,21 @@ def test_system_file_overrides_stock(tmp_path):
         load_system(str(tmp_path / "missing.toml"), dep)
 
 
+def test_plain_ar_of_a_system_with_every_batch_mechanism_is_valid_and_keeps_the_engine():
+    """AR of a system resets the knobs only speculation reads (segment admission cannot ride in an AR
+    forward) and keeps everything else; a stock with segment admission still has an AR."""
+    s = System(name="all", drafter=DrafterKind.EAGLE3, depth=6, tree_budget=16, adaptive_depth=(4, 8),
+               shared_budget=8, row_depth_margin=1, segment_tokens=7, kernel=Kernel.TRITON, attention_span=128)
+    with pytest.raises(ConfigError, match="segment_tokens rides"):
+        s.with_changes(drafter=DrafterKind.NONE)
+    ar = s.plain_ar()
+    assert (ar.name, ar.drafter, ar.adaptive_depth, ar.shared_budget, ar.row_depth_margin, ar.segment_tokens) == (
+        "ar", DrafterKind.NONE, (), 0, 0, 0)
+    assert set(ar.diff(s)) == {"drafter", "adaptive_depth", "shared_budget", "row_depth_margin", "segment_tokens"}
+    assert s.plain_ar("stock-ar").name == "stock-ar"
+    assert load_system("ar", Deployment(name="d", target="t", stock=s)) == ar
+
+
 def test_deployment_validation(tmp_path):
     with pytest.raises(ConfigError, match="powers of two"):
         Deployment(name="d", target="t", target_expand=3)

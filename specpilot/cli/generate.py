@@ -188,7 +188,7 @@ def run_generate(args) -> int:
         "tokens_per_second": result.tokens_per_second,
     }
     if args.compare_ar:
-        ar = session.generator(system.with_changes(name="ar", drafter=DrafterKind.NONE, fault=""))
+        ar = session.generator(system.plain_ar().with_changes(fault=""))
         ar.generate(prompts, warm)
         ar_result = ar.generate(prompts, args.max_new_tokens)
         report["ar_seconds"] = ar_result.seconds

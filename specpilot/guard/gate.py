@@ -57,10 +57,8 @@ def cached_session(deployment: str, device: str | None):
 def stock_forcing(deployment: str, device: str | None, prompts: tuple[tuple[int, ...], ...], max_new_tokens: int,
                   chunk: int) -> ForcingResult:
     """Stock AR outputs for `prompts`, generated in batches of the deployment's regime, and forced."""
-    from specpilot.config import DrafterKind
-
     session = cached_session(deployment, device)
-    system = session.deployment.stock.with_changes(name="stock-ar", drafter=DrafterKind.NONE, fault="")
+    system = session.deployment.stock.plain_ar("stock-ar").with_changes(fault="")
     generator = session.generator(system)
     B = session.deployment.regime.batch
     ids = [list(p) for p in prompts]

@@ -57,7 +57,6 @@ def measure(session, system: System, batches: list[list[list[int]]], max_new_tok
     from specpilot.engine.profile import acceptance_by_depth, kv_bytes_per_token, profile
 
     gen = session.generator(system)
-    batches = sorted(batches, key=_longest_prompt, reverse=True)  # profile warms up on the first
     p = profile(gen, batches[0], max_new_tokens)
     depth = len(p.accept_at_depth)
     taus, round_ms, curves = [p.tokens_per_round], [p.round_ms], [p.accept_at_depth]
@@ -78,30 +77,20 @@ def measure(session, system: System, batches: list[list[list[int]]], max_new_tok
     return analyze(p, shape_run(gen, system), system.name, kv, ar_ms_per_token=ar_ms, switch_ms_per_token=switches)
 
 
-def ar_of(system: System) -> System:
-    """`system` with drafting off: the same engine and kernels, decoding plain AR."""
-    return system.with_changes(name="ar", drafter=DrafterKind.NONE, adaptive_depth=())
-
-
 def ar_ms_per_token(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> float:
-    """Plain AR decoding (`ar_of`) on the same batches: ms per token."""
-    gen = session.generator(ar_of(system))
+    """Plain AR decoding (`System.plain_ar`) on the same batches: ms per token."""
+    gen = session.generator(system.plain_ar())
     per_token = [(r.seconds - r.prefill_seconds) / max(max(r.rounds), 1) * 1e3
                  for r in _timed_generations(gen, batches, max_new_tokens)]
     return sum(per_token) / len(per_token)
 
 
 def _timed_generations(gen, batches: list[list[list[int]]], max_new_tokens: int) -> list:
-    """Each batch's `GenerationResult` after a warm-up (`engine.profile.warm_up`) on the batch with
-    the longest prompt."""
+    """Each batch's `GenerationResult` after a warm-up (`engine.profile.warm_up`) on the first."""
     from specpilot.engine.profile import warm_up
 
-    warm_up(gen, max(batches, key=_longest_prompt), max_new_tokens)
+    warm_up(gen, batches[0], max_new_tokens)
     return [gen.generate(batch, max_new_tokens) for batch in batches]
-
-
-def _longest_prompt(batch: list[list[int]]) -> int:
-    return max(map(len, batch))
 
 
 def loaded_drafters(session) -> list[DrafterKind]:

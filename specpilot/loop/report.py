@@ -122,7 +122,8 @@ def build_report(paths, journal, deployment, fp, config, ccfg, noise, start, inc
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "commit": source_commit(),
         "run": {"id": paths.run_id, "out": str(paths.out), "resumed": bool(start.previous), "stop": stop.value,
-                "wall_seconds": journal.elapsed(), "memory": str(memory.path)},
+                "wall_seconds": journal.elapsed(), "memory": str(memory.path),
+                "errors": [e.text for e in journal.events if e.kind is EventKind.STOP and e.data.get("error")]},
         "deployment": {"name": deployment.name, "fingerprint": fp.digest, "device": fp.gpu,
                        "fields": deployment.fingerprint_fields()},
         "config": config.to_dict(),
@@ -252,7 +253,8 @@ def render_markdown(r: dict) -> str:
     if final:
         lines += render_final(r) + [""]
     else:
-        lines += ["No final benchmark in this run (interrupted, or disabled).", ""]
+        why = run.get("errors") or ["interrupted, or disabled"]
+        lines += ["No final benchmark in this run: " + "; ".join(why) + ".", ""]
     fs = r["final_system"]
     lines += [f"Final system `{fs['name']}`: {describe(fs['changes_from_stock'], fs.get('patch_summary'))}; estimated "
               f"{_pct(fs['estimated_gain_over_stock'])} over stock from the promotions' stored gains "

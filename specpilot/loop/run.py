@@ -167,7 +167,12 @@ class _Run:
         final, after = None, cost
         if stop is not StopReason.INTERRUPTED:
             try:
-                after = cost or self.measure(incumbent.candidate)
+                if after is None:  # the final system's cost table, for the report; the final runs without it
+                    try:
+                        after = self.measure(incumbent.candidate)
+                    except SpecPilotError as err:
+                        j.emit(EventKind.STOP, f"measuring the final system's cost table failed: {err}", 0,
+                               reason=stop.value, error=str(err))
                 if self.config.final:
                     final = self._final(incumbent)
             except KeyboardInterrupt:

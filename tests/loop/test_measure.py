@@ -27,13 +27,14 @@ def test_each_other_loaded_drafter_is_timed_with_the_incumbents_other_knobs():
     assert measure(session, ar, [[prompt]], 6).switch_ms_per_token == {}  # from AR: none (the agent re-enters)
 
 
-def test_timed_generations_warm_up_on_the_batch_with_the_longest_prompt():
-    from types import SimpleNamespace
-
-    from specpilot.loop.measure import _timed_generations
-
-    calls = []
-    gen = SimpleNamespace(generate=lambda prompts, n: calls.append((prompts, n)) or len(calls))
-    batches = [[[1, 2]], [[1, 2, 3, 4, 5], [1]], [[1, 2, 3]]]
-    assert _timed_generations(gen, batches, 64) == [2, 3, 4]  # each batch timed once, after the warm-up
-    assert calls[0] == ([[1, 2, 3, 4, 5], [1]], 8)  # the warm-up runs the longest prompt
+def test_an_incumbent_serving_with_segment_admission_is_measured_against_its_plain_ar():
+    """AR of the incumbent resets segment admission (no verify rows to ride in): a loop that promoted
+    it measured its next round, and the final system, against a valid AR."""
+    dep = load_deployment("fixture")
+    session = Session.load(dep, "cpu", torch.float32)
+    system = dep.stock.with_changes(name="seg", segment_tokens=8, shared_budget=4)
+    built, generator = [], session.generator
+    session.generator = lambda s: built.append(s) or generator(s)
+    prompt = session.encode_prompt("def add(a, b):")
+    table = measure(session, system, [[prompt], [prompt[:4]]], 6)
+    assert table.ar_ms_per_token > 0 and system.plain_ar() in built

@@ -52,3 +52,20 @@ def test_patches_are_summarised_by_their_files_and_lines_never_as_no_change():
     assert ("| 1 | `coding:r1#2` | coding | overhead | `specpilot/engine/steps.py` (+1 -2) | **reject** "
             "(guard-failed)") in md
     assert f"Promoted `coding:r1#1` (entry 4, +20.0% [+10.0%, +30.0%]): {line}" in md and "+z" in md
+
+
+def test_a_run_without_its_final_benchmark_says_why():
+    """The H200 run whose final measurement failed (results/loop/fixture-x16-batch-t256) rendered
+    'interrupted, or disabled'; the report now carries the stop errors and names them."""
+    import json
+    from pathlib import Path
+
+    from specpilot.loop.report import render_markdown
+
+    path = Path(__file__).resolve().parents[2] / "results" / "loop" / "fixture-x16-batch-t256" / "report.json"
+    report = json.loads(path.read_text())
+    assert report["final"] is None
+    report["run"]["errors"] = ["the final measurement failed: system 'ar': no"]
+    assert "No final benchmark in this run: the final measurement failed: system 'ar': no." in render_markdown(report)
+    report["run"]["errors"] = []
+    assert "No final benchmark in this run: interrupted, or disabled." in render_markdown(report)

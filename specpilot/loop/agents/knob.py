@@ -56,6 +56,12 @@ AR_CLOSE = 1.10  # AR (or a drafter switch) measured within 10% of the incumbent
 # a drafter switch measured further behind is not explored
 
 
+def ar_changes(inc: System) -> dict:
+    """The knob changes that make `inc` plain AR (`System.plain_ar`): drafting off, and the knobs
+    only speculation reads (segment admission among them, which AR cannot take) back at their defaults."""
+    return {knob: new for knob, (_, new) in inc.plain_ar().diff(inc).items()}
+
+
 def _step(ladder: tuple[int, ...], value: int, steps: int) -> set[int]:
     """Values within `steps` places of `value` on a sorted ladder (value itself included)."""
     points = sorted(set(ladder) | {value})
@@ -156,7 +162,7 @@ class KnobAgent(Proposer):
                 if s != here and s.budget <= s.num_candidates:
                     consider(s, {"depth": s.depth, "topk": s.topk, "tree_budget": s.budget},
                              f"tree {here.label()} -> {s.label()}")
-            consider(None, {"drafter": DrafterKind.NONE.value}, "plain AR decoding (drafting does not pay here)")
+            consider(None, ar_changes(inc), "plain AR decoding (drafting does not pay here)")
         elif inc.drafter is DrafterKind.NONE:
             self._reenter(ctx, moves)
         for kind, t in sorted(cost.switch_ms_per_token.items()):  # measured: ranked at full trust, like AR
@@ -209,7 +215,7 @@ class KnobAgent(Proposer):
         ar, measured = ctx.cost.ar_ms_per_token, ctx.cost.ms_per_token
         if inc.drafter is not DrafterKind.NONE and ar is not None and ar <= AR_CLOSE * measured:
             # the prediction's error is larger than this difference: time AR rather than trust the model
-            moves.append((GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.NONE.value},
+            moves.append((GapKind.DRAFT_KERNELS, ar_changes(inc),
                           f"plain AR decoding: measured {ar:.3f} ms/token, within {AR_CLOSE - 1:.0%} of the "
                           f"incumbent's {measured:.3f}"))
         if inc.drafter is DrafterKind.MODEL:

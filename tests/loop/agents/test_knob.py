@@ -102,6 +102,12 @@ def test_ar_is_timed_when_it_measures_within_ten_percent_of_the_incumbent():
                 if p.candidate.system.drafter is DrafterKind.NONE]
 
     assert ar_moves(close) and not ar_moves(far)
+    # an incumbent serving with every batch mechanism: AR is still one move away, those knobs reset
+    mechanisms = STOCK.with_changes(name="m", segment_tokens=8, shared_budget=4, row_depth_margin=1)
+    ar = [p for p in KnobAgent().propose(context(cost=close, incumbent=Incumbent(Candidate(mechanisms)),
+                                                 device="cpu"))
+          if p.candidate.system.drafter is DrafterKind.NONE]
+    assert [p.candidate.system for p in ar] == [mechanisms.plain_ar(ar[0].candidate.system.name)]
 
 
 def test_drafter_switches_follow_what_the_deployment_loads():
