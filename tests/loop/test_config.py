@@ -62,3 +62,21 @@ def test_a_continuous_regime_times_two_prompts_per_slot():
     static = replace(served, regime=Regime(batch=8))
     assert controller_config(gpu, static).request_size == 8
     assert controller_config(gpu, DEPLOYMENT).request_size == DEPLOYMENT.regime.batch
+
+
+def test_a_continuous_regime_times_fewer_longer_requests_per_block():
+    """Scaled timing under continuous batching: one request of 256 new tokens per block instead of two
+    of 128 (acceptance grows along an output); a static batch keeps two of 128, an explicit field wins."""
+    from dataclasses import replace
+
+    from specpilot.config import Regime, load_deployment
+
+    served, gpu = load_deployment("fixture-x16-batch"), for_device("cuda")
+    c = controller_config(gpu, served)
+    assert (c.requests_per_block, c.max_new_tokens, c.blocks) == (1, 256, 10)
+    static = controller_config(gpu, replace(served, regime=Regime(batch=8)))
+    assert (static.requests_per_block, static.max_new_tokens) == (2, 128)
+    short = controller_config(gpu, replace(served, max_new_tokens=200))
+    assert short.max_new_tokens == 200  # capped by the deployment's
+    assert controller_config(for_device("cuda", controller={"max_new_tokens": 64}), served).max_new_tokens == 64
+    assert controller_config(for_device("cpu"), served).max_new_tokens == 32  # quick timing has no such rule
