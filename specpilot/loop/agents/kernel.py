@@ -222,9 +222,24 @@ def tune(shapes: list[ProjectionShape], bench: KernelBench, budget_s: float,
         best, best_us = min(options, key=lambda o: o[1])  # today's first on ties
         tried = len(result.tried) - len(known[p]) if result is not None else 0
         out.append(ShapeTiming(s, floor, choice_dict(cur), cur_us, choice_dict(best), best_us, tried))
-        log(f"kernel: {s.name} M={s.m} N={s.n} K={s.k}: {cur_us:.1f} us today (floor {floor:.1f}), "
-            f"best {best_us:.1f} us ({_label(best)}) over {tried} configs")
+    _log_timings(out, log)
     return out
+
+
+def _log_timings(timings: list[ShapeTiming], log) -> None:
+    """A line per shape the search ran on or that improved, largest excess first; one for the rest
+    (shapes no config search takes, whose only other paths are the fallbacks)."""
+    rest = []
+    for t in timings:
+        s = t.shape
+        if t.tried == 0 and not t.improved:
+            rest.append(t)
+            continue
+        log(f"kernel: {s.name} M={s.m} N={s.n} K={s.k}: {t.current_us:.1f} us today (floor {t.floor_us:.1f}), "
+            f"best {t.best_us:.1f} us ({_label(choice_of(t.best))}) over {t.tried} configs")
+    if rest:
+        log(f"kernel: {len(rest)} more shape(s) timed but searched by no config (above {GEMM_MAX_M} rows, or past "
+            "the budget): today's choice kept")
 
 
 def _label(choice: Choice) -> str:
