@@ -10,7 +10,8 @@ the kernels' sources), so a table tuned under other versions is never read: afte
 cache starts empty again and the shipped table applies. Every cache file also records its
 versions, and one whose record differs from this process's is ignored wherever it lies. The loop's
 kernel agent writes each candidate's table to `candidates/<id>.json` in the same folder (the
-`kernel_table` knob names it); promoting the candidate merges it into the cache file.
+`kernel_table` knob names it); promoting the candidate merges it into the cache file. Beside them,
+`searched/<versions key>.json` records the shapes the agent searched without a gain.
 
 Owns: the versions and their key, the paths, reading and atomically writing the JSON documents,
 and merging entries by key. Does not own what an entry means or which one wins at dispatch
@@ -83,6 +84,12 @@ def cache_path(slug: str) -> Path:
 def candidate_path(slug: str, table_id: str) -> Path:
     """Where a candidate's table of id `table_id` lives (the kernel agent writes it)."""
     return device_dir(slug) / "candidates" / f"{versions_key()}" / f"{table_id}.json"
+
+
+def searched_path(slug: str) -> Path:
+    """The kernel agent's record, for this process's versions, of the shapes it searched in full
+    without beating the choice they ran (`loop.agents.kernel`): not searched again with that choice."""
+    return device_dir(slug) / "searched" / f"{versions_key()}.json"
 
 
 def resolve(table: str, slug: str) -> Path:

@@ -17,7 +17,11 @@ draft step, the prefill buckets up to MAX_ROWS) -- it
    W12, kept decoded), so each row count takes the fastest path. Today's choice ranks with the rest
    and is timed again at the end, its faster timing counting, so that a slow first timing never
    passes for a gain;
-3. keeps the choices at least `MIN_SPEEDUP` faster than today's and writes them, over the
+3. records each shape searched in full (every config and fallback timed) that nothing beat, with
+   the choice it ran, in the user cache (`user_cache.searched_path`: per GPU and versions); later
+   rounds and runs skip a recorded shape while it runs that choice, so a round on shapes already
+   searched costs no search;
+4. keeps the choices at least `MIN_SPEEDUP` faster than today's and writes them, over the
    incumbent's own table, to a table file of the candidate in the user cache
    (`kernels.user_cache.candidate_path`). The candidate is the incumbent with two knobs,
    `kernel = "triton"` and `kernel_table = <that file>`: any worker loads it, no git checkout or
@@ -95,6 +99,7 @@ class ShapeTiming:
     best: dict  # the fastest correct choice (today's where none beat it)
     best_us: float
     tried: int  # configs the search timed besides today's
+    complete: bool = False  # every choice the shape can take was timed (not cut by the budget)
 
     @property
     def excess_us(self) -> float:
@@ -111,7 +116,8 @@ class ShapeTiming:
 
     def to_dict(self) -> dict:
         return {"shape": self.shape.__dict__, "floor_us": self.floor_us, "current": self.current,
-                "current_us": self.current_us, "best": self.best, "best_us": self.best_us, "tried": self.tried}
+                "current_us": self.current_us, "best": self.best, "best_us": self.best_us, "tried": self.tried,
+                "complete": self.complete}
 
 
 class KernelBench(Protocol):
@@ -221,7 +227,9 @@ def tune(shapes: list[ProjectionShape], bench: KernelBench, budget_s: float,
             options[0] = (cur, again)
         best, best_us = min(options, key=lambda o: o[1])  # today's first on ties
         tried = len(result.tried) - len(known[p]) if result is not None else 0
-        out.append(ShapeTiming(s, floor, choice_dict(cur), cur_us, choice_dict(best), best_us, tried))
+        complete = (all(fb is cur or (p, fb) in fallback_us for fb in fallbacks)
+                    and (s.m > GEMM_MAX_M or (result is not None and result.swept)))
+        out.append(ShapeTiming(s, floor, choice_dict(cur), cur_us, choice_dict(best), best_us, tried, complete))
     _log_timings(out, log)
     return out
 
@@ -256,6 +264,29 @@ def table_document(device_name: str, fmt: str, existing: dict, timings: list[Sha
         if t.improved or every:
             entries[(fmt, m_bucket(t.shape.m), t.shape.n, t.shape.k)] = choice_of(t.best)
     return tuned_document(device_name, entries, written_by="specpilot.loop.agents.kernel")
+
+
+def shape_key(fmt: str, shape: ProjectionShape) -> tuple[str, int, int, int]:
+    """The table key a shape's choice is stored under: (format, M bucket, N, K)."""
+    return (fmt, m_bucket(shape.m), shape.n, shape.k)
+
+
+def read_searched(slug: str) -> dict:
+    """{table key: the choice it ran when searched in full without a gain} (`user_cache.searched_path`)."""
+    doc = user_cache.read_document(user_cache.searched_path(slug)) or {"entries": []}
+    return {user_cache.entry_key(e): e["today"] for e in doc["entries"]}
+
+
+def record_searched(slug: str, fmt: str, timings: list[ShapeTiming]) -> None:
+    """Add the shapes searched in full that nothing beat by MIN_SPEEDUP to the record."""
+    new = [{"format": fmt, "m": m_bucket(t.shape.m), "n": t.shape.n, "k": t.shape.k, "today": t.current,
+            "today_us": t.current_us, "best_us": t.best_us, "configs": t.tried}
+           for t in timings if t.complete and not t.improved]
+    if new:
+        path = user_cache.searched_path(slug)
+        doc = user_cache.read_document(path) or {"entries": []}
+        user_cache.write_document(path, {"entries": user_cache.merged_entries(doc["entries"], new),
+                                         "written_by": "specpilot.loop.agents.kernel"})
 
 
 def own_entries(system: System, slug: str) -> dict:
@@ -364,16 +395,25 @@ class KernelAgent(Proposer):
         drafter = getattr(ctx.models, "drafter_model", None)
         shapes = deployment_shapes(ctx.models.target.config, drafter.config if drafter is not None else None,
                                    inc.system, profile.batch, profile.tree_nodes, profile.draft_forwards)
-        timings = tune(shapes, bench, self.options.kernel_budget_s, ctx.log)
+        slug = device_slug(bench.device_name)
+        fmt = bench.weight_format.value
+        today = {s: choice_dict(bench.current(s)) for s in shapes}
+        searched = read_searched(slug)
+        done = [s for s in shapes if searched.get(shape_key(fmt, s)) == today[s]]
+        if done:
+            ctx.log(f"kernel: {len(done)} of {len(shapes)} shape(s) searched in full before on this GPU and these "
+                    f"versions, with the choice they run today, nothing {MIN_SPEEDUP - 1:.0%} faster: not searched "
+                    f"again ({user_cache.searched_path(slug)})")
+        timings = tune([s for s in shapes if s not in done], bench, self.options.kernel_budget_s, ctx.log)
+        record_searched(slug, fmt, timings)
         better = [t for t in timings if t.improved]
         saved_us = sum(t.saving_us for t in better)
         if not better or saved_us * 1e-3 < 0.005 * ctx.cost.round_ms:
             ctx.log(f"kernel: nothing beats today's choice by {MIN_SPEEDUP - 1:.0%} where it matters")
             return []
-        slug = device_slug(bench.device_name)
-        fmt = bench.weight_format.value
         every = inc.system.kernel is Kernel.CUBLAS  # the candidate turns to the kernels: every shape needs its best
-        document = table_document(bench.device_name, fmt, own_entries(inc.system, slug), timings, every)
+        kept = {shape_key(fmt, s): choice_of(today[s]) for s in done} if every else {}  # today's was their best
+        document = table_document(bench.device_name, fmt, {**kept, **own_entries(inc.system, slug)}, timings, every)
         digest = hashlib.sha256(json.dumps(document["entries"], sort_keys=True).encode()).hexdigest()[:8]
         table_id = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{ctx.round_label}-{fmt}-{digest}").strip("-")
         path = user_cache.write_document(user_cache.candidate_path(slug, table_id), document)

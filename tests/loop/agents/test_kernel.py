@@ -103,7 +103,58 @@ def test_a_slow_first_timing_of_todays_config_is_not_a_gain(tmp_path, monkeypatc
     models = SimpleNamespace(target=SimpleNamespace(config=config))
     ctx = context(scratch=tmp_path / "scratch", models=models)
     assert KernelAgent(AgentOptions(kernel_budget_s=60)).propose_with(ctx, TransientBench()) == []
-    assert not (tmp_path / "home").exists()  # no table written
+    assert not user_cache.candidate_path("nvidia_h200", "x").parent.exists()  # no table written
+
+
+class CountingBench(SimulatedBench):
+    """SimulatedBench counting the timings of its search configs and fallbacks; today's choice can change."""
+
+    def __init__(self, today=SLOW, **kw):
+        super().__init__(**kw)
+        self.today, self.fallbacks = today, 0
+
+    def current(self, shape):
+        return self.today
+
+    def time_fallback(self, problem, fallback):
+        self.fallbacks += 1
+        return super().time_fallback(problem, fallback)
+
+
+def test_shapes_searched_in_full_without_a_gain_are_not_searched_again_while_they_run_that_choice(
+        tmp_path, monkeypatch):
+    """Every round searched every shape again (about 24 s a round at concurrency 8 on the H200, for
+    nothing found): a shape searched in full that nothing beat is recorded per GPU and versions, and
+    skipped while it runs the same choice; one that improved, or ran out of budget, is searched again."""
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
+    config = tiny_config(hidden_size=256, intermediate_size=1024, num_layers=4)
+    models = SimpleNamespace(target=SimpleNamespace(config=config))
+    agent = KernelAgent(AgentOptions(kernel_budget_s=60))
+    lines = []
+    ctx = context(scratch=tmp_path / "scratch", models=models, log=lines.append)
+    first = CountingBench()
+    (p,) = agent.propose_with(ctx, first)  # 'down' at 8 rows improves with FAST
+    timings = {(t["shape"]["name"], t["shape"]["m"]): t for t in p.details["timings"]}
+    assert all(t["complete"] for t in timings.values()) and len(first.timed) > len(timings)
+    searched = json.loads(user_cache.searched_path("nvidia_h200").read_text())
+    recorded = {(e["m"], e["n"], e["k"]) for e in searched["entries"]}
+    keys = {(kc.m_bucket(t["shape"]["m"]), t["shape"]["n"], t["shape"]["k"]) for t in timings.values()}
+    assert recorded == keys - {(8, 256, 1024)}  # all but the improved 'down' at 8 rows
+    again = CountingBench()
+    (q,) = agent.propose_with(ctx, again)  # only the improved shape is searched again
+    assert {(t["shape"]["name"], t["shape"]["m"]) for t in q.details["timings"]} == {("down", 8)}
+    assert {nk for nk, _ in again.timed} == {(256, 1024)}
+    assert any(line.startswith(f"kernel: {len(timings) - 1} of {len(timings)} shape(s) searched in full before")
+               for line in lines)
+    # the incumbent's table for this cuBLAS incumbent: the skipped shapes keep the choice they ran
+    table = json.loads(Path(q.candidate.system.kernel_table).read_text())
+    assert len(table["entries"]) == len(recorded) + 1
+    other = CountingBench(today=FAST)  # another choice today (a promoted table): searched again
+    agent.propose_with(ctx, other)
+    assert len({nk for nk, _ in other.timed}) == len({(t["shape"]["n"], t["shape"]["k"]) for t in timings.values()})
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "fresh"))
+    assert KernelAgent(AgentOptions(kernel_budget_s=0)).propose_with(ctx, CountingBench()) == []
+    assert not user_cache.searched_path("nvidia_h200").exists()  # no budget: nothing searched in full, none recorded
 
 
 def test_on_a_gpu_it_is_on_without_a_git_checkout(tmp_path):
@@ -196,6 +247,7 @@ def test_w12_above_the_kernels_rows_takes_the_faster_decoded_path():
                    W12Bench(), budget_s=60)
     assert len(timings) == 8 and all(t.improved for t in timings)
     assert {t.best["path"] for t in timings} == {"decoded_cublas"}
+    assert all(t.complete for t in timings)  # within the budget: every config and fallback timed
     above = [t for t in timings if t.shape.m == 129]
     assert all(t.current == {"path": "unpack_cublas"} and t.tried == 0 for t in above)  # no kernel search there
     doc = table_document("NVIDIA H200", "w12", {}, timings)
@@ -221,6 +273,8 @@ def test_the_fallbacks_are_timed_before_the_search_spends_the_budget(monkeypatch
                    bench, budget_s=6)
     assert clock.now > 6  # the search ran past the budget
     assert {t.best["path"] for t in timings} == {"decoded_cublas"}
+    # fallbacks timed, configs not searched: complete above 64 rows only (nothing else to time there)
+    assert [t.shape.m for t in timings if t.complete] == [129] * 4
 
 
 def test_the_log_names_each_searched_or_improved_shape_and_counts_the_rest():
