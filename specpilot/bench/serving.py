@@ -118,6 +118,8 @@ class UnitRun:
     name: str
     seconds: float  # first admission to the last return
     requests: tuple[ServedRequest, ...]
+    saturated_seconds: float = 0.0  # of them, while a request waited for a slot (`ServingResult`)
+    saturated_tokens: int = 0  # output tokens committed then
 
     @property
     def tokens(self) -> int:
@@ -128,7 +130,8 @@ class UnitRun:
         return sum(r.rounds for r in self.requests)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "seconds": self.seconds, "requests": [r.to_dict() for r in self.requests]}
+        return {"name": self.name, "seconds": self.seconds, "saturated_seconds": self.saturated_seconds,
+                "saturated_tokens": self.saturated_tokens, "requests": [r.to_dict() for r in self.requests]}
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,7 @@ def _served(name: str, result, reference: list[list[int]] | None) -> UnitRun:
         div = first_divergence(r.output, reference[k]) if reference is not None else None
         out.append(ServedRequest(len(r.output), r.rounds, r.latency, r.time_to_first_token,
                                  r.time_per_output_token, div is None, div))
-    return UnitRun(name, result.seconds, tuple(out))
+    return UnitRun(name, result.seconds, tuple(out), result.saturated_seconds, result.saturated_tokens)
 
 
 def _timed(engine, requests, stop_at_eos: bool):

@@ -9,6 +9,10 @@ concurrency level and engine:
   requests instead of per batch; *gain* = a later system's throughput / the first system's (the
   baseline, e.g. stock), paired the same way; *scaling* = an engine's throughput / AR's at the
   run's lowest concurrency (e.g. AR at 8 slots over single-request AR), from independent resamples;
+- saturated throughput = output tokens / seconds over the stretches of the units in which a request
+  waited for a slot, so every slot was taken (`engine.serving.ServingResult`): the rate at
+  concurrency C, without a unit's ramp-down as its last requests finish alone; *saturated speedup*
+  pairs it with AR's by unit as above; absent when some unit never saturated (at most C requests);
 - latency (arrival to return, queueing included), time to first token, and time per output token
   ((return - first token) / (tokens - 1)) at the 50/90/99th percentiles of the level's requests.
 Intervals: bootstrap over units (one `Resampling` per level shared by its engines, so speedups are
@@ -63,6 +67,8 @@ class EngineSummary:
     scaling: Interval | None  # throughput over AR's at the run's lowest concurrency; None there for AR
     quantiles: dict  # metric -> {q: Interval} (seconds), see QUANTILES
     baseline: str | None = None  # the system `gain` is over
+    saturated: Interval | None = None  # tokens per second while every slot was taken; None: a unit never was
+    saturated_speedup: Interval | None = None  # that over AR's, paired by unit; None for AR
 
     @property
     def mean_accepted_length(self) -> float:
@@ -77,6 +83,8 @@ class EngineSummary:
             "speedup": self.speedup.to_dict() if self.speedup else None,
             "gain": self.gain.to_dict() if self.gain else None, "baseline": self.baseline,
             "scaling": self.scaling.to_dict() if self.scaling else None,
+            "saturated_tokens_per_second": self.saturated.to_dict() if self.saturated else None,
+            "saturated_speedup": self.saturated_speedup.to_dict() if self.saturated_speedup else None,
             **{m: {f"p{round(100 * q)}": iv.to_dict() for q, iv in qs.items()} for m, qs in self.quantiles.items()},
         }
 
@@ -110,6 +118,17 @@ def paired_throughput_ratio(reference: list, runs: list, indices) -> LogBootstra
     unit and bootstrapped on `indices`: the reference's time per token over the runs'."""
     return per_token_bootstrap([r.seconds for r in reference], [r.tokens for r in reference],
                                [r.seconds for r in runs], [r.tokens for r in runs], indices)
+
+
+def saturated_rates(ar: list, runs: list, indices) -> tuple[LogBootstrap, LogBootstrap | None] | None:
+    """(saturated throughput, its ratio over AR's paired by unit, None for AR itself) of the runs; None
+    when some unit of either never saturated."""
+    if not all(r.saturated_seconds > 0 and r.saturated_tokens > 0 for r in (*ar, *runs)):
+        return None
+    seconds, tokens = [r.saturated_seconds for r in runs], [r.saturated_tokens for r in runs]
+    ratio = None if runs is ar else per_token_bootstrap(
+        [r.saturated_seconds for r in ar], [r.saturated_tokens for r in ar], seconds, tokens, indices)
+    return throughput_bootstrap(seconds, tokens, indices), ratio
 
 
 def summarise(measurements: tuple[UnitMeasurement, ...], systems: tuple[System, ...], config: ServingConfig,
@@ -148,10 +167,12 @@ def summarise(measurements: tuple[UnitMeasurement, ...], systems: tuple[System, 
             quantiles = {metric: {q: interval(quantile_bootstrap(_matrix(runs, metric), q, idx)) for q in qs}
                          for metric, qs in QUANTILES.items()}
             requests = [q for r in runs for q in r.requests]
+            sat = saturated_rates(ar, ar if name == AR_NAME else runs, idx)
             engines.append(EngineSummary(
                 name, by_name.get(name), len(requests), sum(tokens), sum(seconds), sum(r.rounds for r in runs),
                 sum(q.identical for q in requests), interval(rates[name]), speedup, gain, scaling, quantiles,
-                baseline if gain else None,
+                baseline if gain else None, interval(sat[0]) if sat else None,
+                interval(sat[1]) if sat and sat[1] is not None else None,
             ))
         if base is None:
             base = rates[AR_NAME]
@@ -202,7 +223,7 @@ def describe(result: ServingBenchResult) -> list[str]:
         f"continuous batching, {arrivals}; {prompts} per set (seed {c.seed}), the sets in turn; {length}, greedy",
         f"throughput = output tokens / serving time over the level's units; speedup = a system's throughput / AR's "
         f"(paired by unit), and over the first system likewise; scaling = throughput / AR's at concurrency "
-        f"{c.concurrency[0]}; latency from arrival; "
+        f"{c.concurrency[0]}; saturated = while a request waited for a slot (no ramp-down); latency from arrival; "
         f"[{round(100 * c.level)}% {c.interval.value} bootstrap intervals over units; n/a under {MIN_UNITS} units]",
     ]
 
@@ -218,13 +239,15 @@ def _fmt(iv: Interval | None, digits: int = 2, scale: float = 1.0, unit: str = "
 
 def level_rows(level: LevelSummary) -> tuple[list[str], list[list[str]]]:
     baseline = next((e.baseline for e in level.engines if e.baseline), None)  # a column only with two systems
-    header = ["engine", "tok/s", "speedup", *([f"over {baseline}"] if baseline else []), "scaling", "latency p50 s",
+    saturated = any(e.saturated for e in level.engines)
+    header = ["engine", "tok/s", "speedup", *([f"over {baseline}"] if baseline else []), "scaling",
+              *(["saturated tok/s", "saturated speedup"] if saturated else []), "latency p50 s",
               "p90 s", "p99 s", "TTFT p50 s", "TPOT p50 ms", "accepted length", "identical"]
     rows = []
     for e in level.engines:
         q = e.quantiles
         rows.append([e.name, _fmt(e.throughput, 0), _fmt(e.speedup), *([_fmt(e.gain)] if baseline else []),
-                     _fmt(e.scaling),
+                     _fmt(e.scaling), *([_fmt(e.saturated, 0), _fmt(e.saturated_speedup)] if saturated else []),
                      _fmt(q["latency"][0.5]), _fmt(q["latency"][0.9]), _fmt(q["latency"][0.99]),
                      _fmt(q["time_to_first_token"][0.5], 3), _fmt(q["time_per_output_token"][0.5], 1, 1e3),
                      f"{e.mean_accepted_length:.2f}", f"{e.identical}/{e.requests}"])

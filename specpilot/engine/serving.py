@@ -96,6 +96,11 @@ class ServingResult:
     seconds: float  # first admission to the last request's return
     rounds: int  # decode rounds of the whole batch
     extra: dict = field(default_factory=dict)
+    # Saturated: the stretches between two host syncs that began with an arrived request waiting,
+    # so with every slot taken (a server at its concurrency; the first stretch, the initial
+    # prefills, left out): their seconds and the output tokens committed in them.
+    saturated_seconds: float = 0.0
+    saturated_tokens: int = 0
 
     @property
     def tokens(self) -> int:
@@ -308,6 +313,9 @@ class ServingEngine:
         rounds = 0
         reach = [1] * B  # per slot, the furthest length the host knows its row has or will have
         spans: dict[str, int] = {}  # rounds per attention span ("all": the whole cache)
+        retired = 0  # output tokens of the requests retired so far
+        last_sync: tuple[float, int] | None = None  # (time, output tokens committed) at the last host sync
+        sat_seconds, sat_tokens = 0.0, 0
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
@@ -327,6 +335,8 @@ class ServingEngine:
                             self.always_segments and gen.segment_tokens and running and n > 1):
                         self._admit_by_segments(ws, b, requests[i].prompt)
                         slots[b].decoding = slots[b].by_segment = True
+            # an arrived request still waits after admission: every slot is taken
+            saturated = last_sync is not None and bool(queue) and (requests[queue[0]].arrival or 0.0) <= now
             self._advance_prefill(ws, slots, requests)
             if all(s is None for s in slots):
                 if not queue:
@@ -367,14 +377,21 @@ class ServingEngine:
             if finished:
                 self._retire(ws, finished, slots, requests, results, lens, row_rounds, eos_ids, now)
                 for b in finished:
+                    retired += len(results[slots[b].index].output)
                     slots[b] = None
                     self._idle(ws, b)
                     reach[b] = 1
+            committed = retired + sum(max(0, lens[b] - len(requests[slots[b].index].prompt))
+                                      for b in decoding if slots[b] is not None)
+            if saturated:
+                sat_seconds += now - last_sync[0]
+                sat_tokens += committed - last_sync[1]
+            last_sync = (now, committed)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         segments = sum(1 for r in results if r is not None and r.by_segment)
         return ServingResult(results, time.perf_counter() - t0, rounds,
-                             {"segment_admissions": segments, "attention_spans": spans})
+                             {"segment_admissions": segments, "attention_spans": spans}, sat_seconds, sat_tokens)
 
     def _round(self, ws: Workspace, tier: int, host: list[list[int]] | None, span: int | None = None):
         gen = self.generator

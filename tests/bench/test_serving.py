@@ -87,6 +87,38 @@ def test_a_later_system_gets_its_gain_over_the_first_paired_by_unit():
     assert header[3] == "over stock" and rows[2][3].startswith("1.50 [1.50, 1.50]") and rows[1][3] == ""
 
 
+def test_saturated_throughput_leaves_the_ramp_down_out_and_pairs_by_unit():
+    """Each unit: the system's saturated stretch runs at 4x AR's, its whole unit (ramp-down in) at 2x;
+    the saturated speedup is 4x with no spread, and absent as soon as one unit never saturated."""
+    from specpilot.bench.runner import PromptInfo
+    from specpilot.bench.serving import ServedRequest, UnitMeasurement, UnitRun
+    from specpilot.bench.serving_results import level_rows, summarise
+    from specpilot.config import System
+
+    def run(name, seconds, sat_seconds, sat_tokens):
+        return UnitRun(name, seconds, (ServedRequest(100, 1, seconds, 0.1, 0.01, True, None),), sat_seconds,
+                       sat_tokens)
+
+    def units(first_saturates=True):
+        return tuple(UnitMeasurement(2, k, (PromptInfo(k, f"p{k}", 3),), (None,), ("ar", "stock"),
+                                     run("ar", 2.0 * t, t, 40 if first_saturates or k else 0),
+                                     (run("stock", t, 0.25 * t, 40),))
+                     for k, t in enumerate((1.0, 2.0, 1.5, 3.0, 1.2, 2.5)))
+
+    config = ServingConfig(("gsm8k",), 6, 8, (2,), requests_per_slot=1, resamples=200)
+    (level,) = summarise(units(), (System(name="stock"),), config, 6)
+    ar, stock = level.engines
+    assert stock.speedup.estimate == pytest.approx(2.0)
+    assert stock.saturated_speedup.estimate == pytest.approx(4.0) and stock.saturated_speedup.low == pytest.approx(4.0)
+    assert ar.saturated.estimate == pytest.approx(240 / 11.2) and ar.saturated_speedup is None
+    assert stock.to_dict()["saturated_speedup"]["estimate"] == pytest.approx(4.0)
+    header, rows = level_rows(level)
+    assert header[4:6] == ["saturated tok/s", "saturated speedup"] and rows[1][5].startswith("4.00 [4.00, 4.00]")
+    (level,) = summarise(units(first_saturates=False), (System(name="stock"),), config, 6)
+    assert all(e.saturated is None and e.saturated_speedup is None for e in level.engines)
+    assert "saturated tok/s" not in level_rows(level)[0]
+
+
 def test_cli_serving_run_writes_json_and_markdown(tiny_deployment_toml, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--deployment", str(tiny_deployment_toml), "--regime", "serving", "--concurrency", "1", "2",

@@ -222,3 +222,18 @@ def test_padded_packed_prefill_keeps_every_output(target, draft, requests, ar_ou
     assert gen.prefill_bucket == 16 and d.prefill_bucket == 16
     result = served(gen, requests, prefill_chunk=24)
     assert [r.output for r in result.requests] == ar_outputs
+
+
+def test_saturated_stretches_count_only_while_every_slot_is_taken_and_a_request_waits(target, draft, requests):
+    """Two equal requests per slot, 2 slots, AR, fixed lengths: the first pair decodes alone with two
+    requests waiting (saturated after its first sync) and the second pair drains (not): the saturated
+    tokens are the first pair's after the first sync, an even count short of their 2 x 6."""
+    prompt = requests[0].prompt
+    result = served(Generator(target), [Request(prompt, 6)] * 4, slots=2, prefill_chunk=64, stop_at_eos=False)
+    assert result.tokens == 24
+    assert result.saturated_tokens in (8, 10)  # 2 x (6 - tokens per row at the first sync, 1 or 2)
+    assert 0 < result.saturated_seconds < result.seconds
+    alone = served(Generator(target), [Request(prompt, 6)] * 2, slots=2, stop_at_eos=False)
+    assert (alone.saturated_tokens, alone.saturated_seconds) == (0, 0.0)  # nothing ever waited
+    many = served(Generator(target, {3: DraftModelDrafter(draft, 3, 3, 8)}), requests, slots=3, stop_at_eos=False)
+    assert 0 < many.saturated_tokens < many.tokens and 0 < many.saturated_seconds < many.seconds

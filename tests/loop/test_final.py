@@ -91,6 +91,13 @@ def test_a_continuous_deployment_is_measured_by_the_serving_benchmark(deployment
     assert "| final `chain` |" in md and md.count("| 20/20 |") == 2
     line = serving_line(doc)
     assert line.startswith("concurrency 2, 5 units of 4 requests: AR ") and "stock 20/20, final 20/20" in line
+    # two requests per slot: the first pair decodes while the second waits, the second drains
+    for unit in bench["units"]:
+        for run in (unit["ar"], *unit["systems"]):
+            assert 0 < run["saturated_tokens"] < sum(r["tokens"] for r in run["requests"])
+            assert 0 < run["saturated_seconds"] < run["seconds"]
+    assert f["saturated_speedup"]["estimate"] > 0 and ar["saturated_speedup"] is None
+    assert f"final {f['saturated_speedup']['estimate']:.2f}x [" in line.split("while a request waited for a slot")[1]
 
 
 @pytest.mark.filterwarnings("error::UserWarning")  # a plot of no rounds warns of an empty legend
