@@ -43,7 +43,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -272,15 +271,15 @@ def shape_key(fmt: str, shape: ProjectionShape) -> tuple[str, int, int, int]:
 
 
 def read_searched(slug: str) -> dict:
-    """{table key: the choice it ran when searched in full without a gain} (`user_cache.searched_path`)."""
+    """{table key: its record (`record_searched`)}: the shapes searched in full without a gain."""
     doc = user_cache.read_document(user_cache.searched_path(slug)) or {"entries": []}
-    return {user_cache.entry_key(e): e["today"] for e in doc["entries"]}
+    return {user_cache.entry_key(e): e for e in doc["entries"]}
 
 
 def record_searched(slug: str, fmt: str, timings: list[ShapeTiming]) -> None:
     """Add the shapes searched in full that nothing beat by MIN_SPEEDUP to the record."""
     new = [{"format": fmt, "m": m_bucket(t.shape.m), "n": t.shape.n, "k": t.shape.k, "today": t.current,
-            "today_us": t.current_us, "best_us": t.best_us, "configs": t.tried}
+            "today_us": t.current_us, "best": t.best, "best_us": t.best_us, "configs": t.tried}
            for t in timings if t.complete and not t.improved]
     if new:
         path = user_cache.searched_path(slug)
@@ -399,7 +398,7 @@ class KernelAgent(Proposer):
         fmt = bench.weight_format.value
         today = {s: choice_dict(bench.current(s)) for s in shapes}
         searched = read_searched(slug)
-        done = [s for s in shapes if searched.get(shape_key(fmt, s)) == today[s]]
+        done = [s for s in shapes if searched.get(shape_key(fmt, s), {}).get("today") == today[s]]
         if done:
             ctx.log(f"kernel: {len(done)} of {len(shapes)} shape(s) searched in full before on this GPU and these "
                     f"versions, with the choice they run today, nothing {MIN_SPEEDUP - 1:.0%} faster: not searched "
@@ -412,10 +411,10 @@ class KernelAgent(Proposer):
             ctx.log(f"kernel: nothing beats today's choice by {MIN_SPEEDUP - 1:.0%} where it matters")
             return []
         every = inc.system.kernel is Kernel.CUBLAS  # the candidate turns to the kernels: every shape needs its best
-        kept = {shape_key(fmt, s): choice_of(today[s]) for s in done} if every else {}  # today's was their best
+        kept = {shape_key(fmt, s): choice_of(searched[shape_key(fmt, s)]["best"]) for s in done} if every else {}
         document = table_document(bench.device_name, fmt, {**kept, **own_entries(inc.system, slug)}, timings, every)
         digest = hashlib.sha256(json.dumps(document["entries"], sort_keys=True).encode()).hexdigest()[:8]
-        table_id = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{ctx.round_label}-{fmt}-{digest}").strip("-")
+        table_id = f"{fmt}-{digest}"  # by content: a table judged before is the same candidate, not timed again
         path = user_cache.write_document(user_cache.candidate_path(slug, table_id), document)
         system = inc.system.with_changes(kernel=Kernel.TRITON, kernel_table=str(path),
                                          name=f"kernel:tuned-{ctx.round_label}")

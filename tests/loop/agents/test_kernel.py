@@ -120,12 +120,18 @@ class CountingBench(SimulatedBench):
         self.fallbacks += 1
         return super().time_fallback(problem, fallback)
 
+    def time(self, problem, config):
+        trial = super().time(problem, config)  # FAST is also 1% faster elsewhere: a best, not a gain
+        return Trial(config, us=trial.us * 0.99) if config == FAST and trial.us and not trial.error else trial
+
 
 def test_shapes_searched_in_full_without_a_gain_are_not_searched_again_while_they_run_that_choice(
         tmp_path, monkeypatch):
     """Every round searched every shape again (about 24 s a round at concurrency 8 on the H200, for
     nothing found): a shape searched in full that nothing beat is recorded per GPU and versions, and
     skipped while it runs the same choice; one that improved, or ran out of budget, is searched again."""
+    from dataclasses import replace
+
     monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
     config = tiny_config(hidden_size=256, intermediate_size=1024, num_layers=4)
     models = SimpleNamespace(target=SimpleNamespace(config=config))
@@ -141,14 +147,16 @@ def test_shapes_searched_in_full_without_a_gain_are_not_searched_again_while_the
     keys = {(kc.m_bucket(t["shape"]["m"]), t["shape"]["n"], t["shape"]["k"]) for t in timings.values()}
     assert recorded == keys - {(8, 256, 1024)}  # all but the improved 'down' at 8 rows
     again = CountingBench()
-    (q,) = agent.propose_with(ctx, again)  # only the improved shape is searched again
+    (q,) = agent.propose_with(replace(ctx, round_label="test/r2"), again)  # only the improved shape is searched again
     assert {(t["shape"]["name"], t["shape"]["m"]) for t in q.details["timings"]} == {("down", 8)}
     assert {nk for nk, _ in again.timed} == {(256, 1024)}
     assert any(line.startswith(f"kernel: {len(timings) - 1} of {len(timings)} shape(s) searched in full before")
                for line in lines)
-    # the incumbent's table for this cuBLAS incumbent: the skipped shapes keep the choice they ran
-    table = json.loads(Path(q.candidate.system.kernel_table).read_text())
-    assert len(table["entries"]) == len(recorded) + 1
+    # a cuBLAS incumbent's table: the skipped shapes keep their recorded best, so the table is the
+    # first one, the same candidate (judged once: the memory knows its hash)
+    assert q.candidate.system.kernel_table == p.candidate.system.kernel_table and q.hash == p.hash
+    assert any(e.get("config") == FAST.to_dict() and (e["m"], e["n"], e["k"]) != (8, 256, 1024) for e in json.loads(
+        Path(p.candidate.system.kernel_table).read_text())["entries"])  # a best that was no gain, kept
     other = CountingBench(today=FAST)  # another choice today (a promoted table): searched again
     agent.propose_with(ctx, other)
     assert len({nk for nk, _ in other.timed}) == len({(t["shape"]["n"], t["shape"]["k"]) for t in timings.values()})
