@@ -220,3 +220,22 @@ def test_a_deployment_differing_only_in_max_new_tokens_starts_from_what_the_othe
     assert timed.proposal.agent == "memory"
     assert timed.proposal.candidate.system.knobs() == best
     assert "seeded from `bad-stock`" in (result.paths.out / "report.md").read_text()
+
+
+def test_the_final_measurement_runs_when_the_final_cost_table_cannot_be_measured(world, first, monkeypatch):
+    """On the H200 a final system whose AR twin could not be built lost its final measurement with its
+    cost table; the final benchmark does not need the table, and the report names what failed."""
+    from specpilot.errors import ConfigError
+    from specpilot.loop import run as loop_run
+
+    def broken(self, candidate):
+        raise ConfigError("system 'ar': cannot be measured")
+
+    monkeypatch.setattr(loop_run._Run, "measure", broken)
+    result = run_loop(config(rounds=0, agents=("knob",)), RunOptions(
+        deployment=world["deployment"], out=str(world["root"] / "run-no-table"), memory=world["memory"],
+        devices=("cpu",)), io.StringIO())
+    final = result.report["final"]
+    assert final is not None and final["stock_speedup"]["estimate"] > 0
+    assert result.report["run"]["errors"] == [
+        "measuring the final system's cost table failed: system 'ar': cannot be measured"]
