@@ -27,7 +27,7 @@ from pathlib import Path
 from specpilot import env
 from specpilot.config import System
 from specpilot.control.rule import Outcome
-from specpilot.errors import ConfigError
+from specpilot.errors import ConfigError, SpecPilotError
 from specpilot.loop.journal import JOURNAL_FILE, Event, EventKind, Journal
 from specpilot.loop.systems import Candidate, Incumbent
 from specpilot.loop.worktree import Checkout, WorktreeError
@@ -88,6 +88,7 @@ def resume_point(paths: RunPaths, memory: Memory, digest: str, stock: System, ch
                  resume: bool) -> ResumePoint:
     """Round numbering from the journal (when resuming); the incumbent from the memory."""
     previous = tuple(Journal.read(paths.journal)) if resume else ()
+    check_memory_holds(previous, memory, paths)
     started = [e.round for e in previous if e.kind is EventKind.MEASURE]
     ended = [e.round for e in previous if e.kind is EventKind.ROUND_END]
     next_round = max(started, default=0) + 1
@@ -121,6 +122,28 @@ def resume_point(paths: RunPaths, memory: Memory, digest: str, stock: System, ch
         note = (f"resuming from the memory: incumbent {r.candidate.name!r} (entry {r.id}, round {r.round or '-'}), "
                 f"{best.cumulative_gain:+.1%} over stock along its promotions")
     return ResumePoint(inc, next_round, len(set(ended)), previous, note)
+
+
+def check_memory_holds(previous, memory: Memory, paths: RunPaths) -> None:
+    """ConfigError unless `memory` holds every evaluation the resumed run's journal recorded (same
+    entry, same system): resumed against another memory (another $SPECPILOT_HOME, a fresh
+    machine), the run would restart from stock under the old round numbers without saying so."""
+    missing = []
+    for e in previous:
+        entry, system = e.data.get("entry_id"), e.data.get("hash")
+        if e.kind is not EventKind.EVALUATION or entry is None:
+            continue
+        try:
+            held = memory.get(entry).candidate.hash
+        except SpecPilotError:
+            held = None
+        if held != system:
+            missing.append(entry)
+    if missing:
+        recorded = next((e.data.get("memory") for e in reversed(previous) if e.kind is EventKind.START), None)
+        where = f"; they were written to {recorded}: pass --memory {recorded}" if recorded else ""
+        raise ConfigError(f"the run in {paths.out} recorded memory entries {', '.join(map(str, missing))}, which "
+                          f"{memory.path} does not hold{where}")
 
 
 def promotion_chain(memory: Memory, digest: str, incumbent: Incumbent) -> list[MemoryRecord]:

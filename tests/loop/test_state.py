@@ -44,3 +44,26 @@ def test_resume_numbers_rounds_from_the_journal_and_takes_the_incumbent_from_the
             (1 + memory.get(1).gain) * (1 + memory.get(2).gain) - 1, rel=1e-12)
         assert inc.lineage == {Candidate(STOCK).hash, Candidate(wider).hash}
         assert [r.id for r in promotion_chain(memory, fp.digest, inc)] == [1, 2]
+
+
+def test_resuming_against_a_memory_that_lacks_the_runs_entries_is_refused(home, tmp_path):
+    """On a fresh machine (another $SPECPILOT_HOME) a resumed run would restart from stock under its
+    old round numbers without a word: it is refused, naming the memory its journal recorded."""
+    paths = prepare_run(tmp_path / "run", "fx", resume=False)
+    fp = fingerprint()
+    wider = STOCK.with_changes(name="wider", tree_budget=12)
+    journal = Journal(paths.journal)
+    journal.emit(EventKind.START, "start", memory=str(tmp_path / "old.sqlite"))
+    with Memory(tmp_path / "old.sqlite") as old:
+        entry = old.record_evaluation(fp, evaluation(wider, gain=0.2), CONFIG, round="run/r1")
+        journal.emit(EventKind.EVALUATION, "", 1, entry_id=entry, hash=Candidate(wider).hash)
+        assert resume_point(paths, old, fp.digest, STOCK, None, resume=True).incumbent.name == "wider"
+    with Memory(tmp_path / "new.sqlite") as new:
+        with pytest.raises(ConfigError, match=f"recorded memory entries {entry}, which .*new.sqlite does not hold; "
+                                              f"they were written to .*old.sqlite: pass --memory .*old.sqlite"):
+            resume_point(paths, new, fp.digest, STOCK, None, resume=True)
+        other = new.record_evaluation(fp, evaluation(STOCK.with_changes(name="x", depth=3), gain=0.1), CONFIG)
+        assert other == entry  # the same id holding another system is no match either
+        with pytest.raises(ConfigError, match="does not hold"):
+            resume_point(paths, new, fp.digest, STOCK, None, resume=True)
+        assert resume_point(paths, new, fp.digest, STOCK, None, resume=False).incumbent.name == "x"  # a new run: fine
