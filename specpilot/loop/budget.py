@@ -20,7 +20,10 @@ what is left, so it stops cleanly and still measures and reports. The estimates:
   (R x C - 1) x T, is spread over the slots), which is the estimate: slots draining at its end
   and outputs ending early both fit in it.
 
-Owns: `Budget` and the three estimates. Does not own what runs.
+When a full round does not fit but a smaller one does, the run times fewer candidates that round
+(`fitting_candidates`) rather than stopping.
+
+Owns: `Budget`, the three estimates and the round size that fits. Does not own what runs.
 """
 
 from __future__ import annotations
@@ -72,6 +75,19 @@ def round_seconds(past: list[float], per_evaluation: float, candidates: int, par
     if past:
         return max(past)
     return 5.0 + (math.ceil(candidates / max(1, parallelism)) + 1) * per_evaluation
+
+
+def fitting_candidates(past: list[float], per_evaluation: float, candidates: int, parallelism: int,
+                       seconds: float) -> int:
+    """The most candidates, at most `candidates`, whose round fits in `seconds`; 0 when not even one's
+    does. A round of k is the full round's estimate (`round_seconds`) less the evaluations k saves:
+    what is not evaluations in it (the incumbent's measurement, proposing) stays."""
+    def evaluations(k: int) -> int:  # screening waves and the winner's re-measurement
+        return math.ceil(k / max(1, parallelism)) + 1
+
+    full = round_seconds(past, per_evaluation, candidates, parallelism)
+    rest = max(0.0, full - evaluations(candidates) * per_evaluation)
+    return next((k for k in range(candidates, 0, -1) if rest + evaluations(k) * per_evaluation <= seconds), 0)
 
 
 def final_seconds(cost, bench, batch: int, device: str, own_process: bool = True) -> float:

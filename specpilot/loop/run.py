@@ -46,7 +46,7 @@ from specpilot.control.rule import promotion_threshold
 from specpilot.control.timing_lock import DEFAULT_WAIT_S, TimingLock
 from specpilot.errors import SpecPilotError
 from specpilot.loop.agents.base import AgentOptions, LoopSetup, make_proposers
-from specpilot.loop.budget import Budget, evaluation_seconds, final_seconds, round_seconds
+from specpilot.loop.budget import Budget, evaluation_seconds, final_seconds, fitting_candidates, round_seconds
 from specpilot.loop.config import LoopConfig, StopReason, controller_config
 from specpilot.loop.journal import EventKind, Journal
 from specpilot.loop.measure import measure, measure_in_worktree
@@ -288,15 +288,23 @@ class _Run:
             while done < c.rounds:
                 self._check_load(index)
                 cost = cost or self.measure(incumbent.candidate)
-                estimate = round_seconds([o.seconds for o in outcomes if not o.nothing_new], self.per_evaluation,
-                                         c.max_candidates, self.backend.parallelism)
+                past = [o.seconds for o in outcomes if not o.nothing_new]
+                estimate = round_seconds(past, self.per_evaluation, c.max_candidates, self.backend.parallelism)
                 reserve = (final_seconds(cost, bench, self.deployment.regime.batch, self.device,
                                          self._final_may_patch(incumbent)) if c.final else 0.0)
                 if not outcomes and self.budget.seconds is None:
                     j.say(f"no time budget: {c.rounds - done} round(s) of ~{estimate:.0f} s and the final measurement "
                           f"(~{reserve:.0f} s), about {((c.rounds - done) * estimate + reserve) / 60:.1f} min "
                           "(estimated from the noise measurement)")
+                candidates = c.max_candidates
                 if not self.budget.fits(estimate + reserve):
+                    candidates = fitting_candidates(past, self.per_evaluation, c.max_candidates,
+                                                    self.backend.parallelism, self.budget.left() - reserve)
+                    if candidates:
+                        j.say(f"round {index}: {candidates} candidate(s) instead of {c.max_candidates}: a full round "
+                              f"(~{estimate:.0f} s) and the final measurement (~{reserve:.0f} s) would not fit in the "
+                              f"{self.budget.left():.0f} s left")
+                if not candidates:
                     stop = StopReason.BUDGET
                     j.emit(EventKind.STOP, f"stopping: round {index} (~{estimate:.0f} s) and the final measurement "
                            f"(~{reserve:.0f} s) would not fit in the {self.budget.left():.0f} s left", index,
@@ -307,7 +315,7 @@ class _Run:
                     outcome = run_round(RoundInputs(
                         index, round_label(self.paths.run_id, index), self.setup, incumbent, self.stock, self.enabled,
                         self.controller, self.ccfg, self.noise, self.noise_id, self.memory, self.fp,
-                        self.deployment_file, self.options.runner, c.max_candidates, self.measure, self.session, cost,
+                        self.deployment_file, self.options.runner, candidates, self.measure, self.session, cost,
                         tuple(history), c.seed, self.seeds if not outcomes else (), c.slots), j)
                 self.last_load = window.load
                 self.memory.tag_load([x.entry_id for x in outcome.evaluated], window.load)

@@ -8,7 +8,7 @@ from loop_fixtures import CONFIG, DEPLOYMENT, STOCK, cost_table, evaluation, fin
 
 from specpilot.config import Regime
 from specpilot.control.controller import Costs
-from specpilot.loop.budget import Budget, evaluation_seconds, final_seconds, round_seconds
+from specpilot.loop.budget import Budget, evaluation_seconds, final_seconds, fitting_candidates, round_seconds
 from specpilot.loop.final import bench_config
 from specpilot.memory.store import Memory
 
@@ -41,6 +41,18 @@ def test_rounds_and_the_final_measurement():
     tokens = 5 * 4 * 512
     expected = 1.2 * (cost.predict_ms_per_token(None) + 2 * cost.ms_per_token) * tokens / 1e3 + 60.0
     assert final_seconds(cost, bench, 1, "cuda") == pytest.approx(expected)
+
+
+def test_a_round_that_does_not_fit_whole_times_fewer_candidates():
+    """3 candidates on one device: 4 evaluations of 60 s and 40 s of the rest (the longest past round,
+    280 s); 2 candidates save one evaluation, 1 saves two; below one candidate's round, none."""
+    assert fitting_candidates([280.0], 60.0, 3, 1, 300.0) == 3
+    assert fitting_candidates([280.0], 60.0, 3, 1, 279.0) == 2  # 40 + 3 x 60 = 220
+    assert fitting_candidates([280.0], 60.0, 3, 1, 219.0) == 1  # 40 + 2 x 60 = 160
+    assert fitting_candidates([280.0], 60.0, 3, 1, 159.0) == 0
+    assert fitting_candidates([], 60.0, 3, 1, 130.0) == 1  # before any round: 5 s of measurement + 2 x 60
+    assert fitting_candidates([280.0], 60.0, 4, 2, 279.0) == 2  # two at a time: 3 evaluations of 4 or of 2
+    assert fitting_candidates([100.0], 60.0, 3, 1, 130.0) == 1  # a past round shorter than its evaluations
 
 
 def test_the_final_serving_run_is_estimated_by_its_units():

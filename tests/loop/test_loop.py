@@ -239,3 +239,21 @@ def test_the_final_measurement_runs_when_the_final_cost_table_cannot_be_measured
     assert final is not None and final["stock_speedup"]["estimate"] > 0
     assert result.report["run"]["errors"] == [
         "measuring the final system's cost table failed: system 'ar': cannot be measured"]
+
+
+def test_a_round_that_does_not_fit_whole_times_the_candidates_that_fit(world, first, monkeypatch):
+    """The budget holds no full round but one of a single candidate (as `fitting_candidates` would
+    find): the round times one candidate and says why, instead of the run stopping."""
+    from specpilot.loop import budget
+    from specpilot.loop import run as loop_run
+
+    monkeypatch.setattr(budget.Budget, "fits", lambda self, seconds: False)
+    monkeypatch.setattr(loop_run, "fitting_candidates", lambda *args: 1)
+    stream = io.StringIO()
+    result = run_loop(config(agents=("knob",), max_candidates=2, final=False), RunOptions(
+        deployment=world["deployment"], out=str(world["root"] / "run-small-round"),
+        memory=str(world["root"] / "small.sqlite"), devices=("cpu",)), stream)  # a memory that judged nothing yet
+    events = Journal.read(result.paths.out / JOURNAL_FILE)
+    (selected,) = [e for e in events if e.kind is EventKind.SELECTED]
+    assert len(selected.data["candidates"]) == 1 and result.stop is StopReason.ROUNDS
+    assert "round 1: 1 candidate(s) instead of 2: a full round" in stream.getvalue()
