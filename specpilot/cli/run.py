@@ -199,8 +199,22 @@ def summary(report: dict) -> str:
             lines.append(f"  patch not promoted in round {e['round']}: {e['candidate']} "
                          f"({PatchSummary.from_dict(e['patch_summary']).line()}) {e['verdict']} "
                          f"({', '.join(e['reasons'])}) {format_gain(e['gain'], e['gain_lower'], e['gain_upper'])}")
+    for r, e in likely_gains(report):
+        lines.append(f"  undecided in round {r}: {e['candidate']} ({describe(e['changes'], e.get('patch_summary'))}) "
+                     f"{format_gain(e['gain'], e['gain_lower'], e['gain_upper'])} over {e['incumbent']}; lower bound "
+                     f"{e['lower_bound']:+.1%} < bar {e['threshold']:+.1%}: a later round (--resume) may time it again")
+    lines += [f"  {error}" for error in report["run"].get("errors", [])]
     lines.append(f"  report: {report['run']['out']}")
     return "\n".join(lines)
+
+
+def likely_gains(report: dict, most: int = 3) -> list[tuple[int, dict]]:
+    """(round, evaluation) of the undecided candidates whose whole interval lies above 0 (a gain the
+    timing has not certified: the bar is 1% plus twice the noise), largest gain first, at most `most`."""
+    found = [(r["index"], e) for r in report.get("rounds", []) for e in r.get("evaluations", [])
+             if e.get("verdict") == "need-more-data" and (e.get("gain_lower") or 0) > 0
+             and e.get("threshold") is not None and e.get("lower_bound") is not None]
+    return sorted(found, key=lambda x: -x[1]["gain"])[:most]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,3 +69,28 @@ def test_a_run_without_its_final_benchmark_says_why():
     assert "No final benchmark in this run: the final measurement failed: system 'ar': no." in render_markdown(report)
     report["run"]["errors"] = []
     assert "No final benchmark in this run: interrupted, or disabled." in render_markdown(report)
+
+
+def test_the_summary_names_undecided_gains_and_the_errors_that_stopped_the_run():
+    """An undecided candidate whose whole interval lies above 0 is a gain not yet certified (on the
+    H200, EAGLE-3 at +6.2% [+1.9%, +11.4%] under a 2% bar): the summary names it; one whose interval
+    reaches below 0, or a rejected one, it does not."""
+    from specpilot.cli.run import summary
+
+    def ev(name, verdict, gain, low, high, bound):
+        return {"candidate": name, "changes": {"tree_budget": [7, 16]}, "incumbent": "stock", "verdict": verdict,
+                "gain": gain, "gain_lower": low, "gain_upper": high, "lower_bound": bound, "threshold": 0.02}
+
+    rounds = [{"index": 1, "evaluations": [ev("small", "need-more-data", 0.03, 0.01, 0.05, 0.005),
+                                           ev("big", "need-more-data", 0.06, 0.02, 0.11, 0.008),
+                                           ev("unsure", "need-more-data", 0.02, -0.01, 0.05, -0.02),
+                                           ev("slow", "reject", 0.03, 0.01, 0.05, 0.005)]}]
+    report = {"deployment": {"name": "fx", "device": "cpu"}, "final": None, "rounds": rounds, "promotions": [],
+              "run": {"stop": "error", "out": "/tmp/x", "errors": ["stopping: round 2 failed: boom"]},
+              "final_system": {"name": "stock", "changes_from_stock": {}}}
+    lines = summary(report).splitlines()
+    undecided = [line for line in lines if line.startswith("  undecided")]
+    assert [line.split(": ")[1].split(" ")[0] for line in undecided] == ["big", "small"]  # largest gain first
+    assert undecided[0].endswith("+6.0% [+2.0%, +11.0%] over stock; lower bound +0.8% < bar +2.0%: a later round "
+                                 "(--resume) may time it again")
+    assert "  stopping: round 2 failed: boom" in lines
