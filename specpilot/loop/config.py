@@ -20,10 +20,11 @@ procedure and reused from the memory, so a preset's numbers are fixed, not adapt
                drafter: served at concurrency 8 on fixture-x16-batch, EAGLE-3 accepted 3.99 tokens a
                round over the first 128 tokens and 4.88 over 512, the draft model 3.45 and 3.68, so
                128-token requests price a drafter switch short (results/serving/lengths/).
-Knob-only candidates are timed in the backend's persistent shared worker (no start-up per
-candidate; `specpilot.control.shared`), code patches in fresh isolated workers.
     standard   the controller's own defaults (`control.defaults.default_config`): 20 blocks x 4
                requests x the deployment's max_new_tokens, 30 noise blocks — for long runs.
+
+Knob-only candidates are timed in the backend's persistent shared worker (no start-up per
+candidate; `specpilot.control.shared`), code patches in fresh isolated workers.
 
 Owns: `LoopConfig`, `Timing`, `SlotPolicy`, `StopReason`, `controller_config`, `for_device`. Does not own
 what the numbers do (rounds, controller).
