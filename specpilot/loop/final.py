@@ -151,18 +151,13 @@ def serving_line(final: dict) -> str:
     engines = serving_engines(final)
     rates = ", ".join(f"{label} {format_rate(e['tokens_per_second'])} tok/s" for label, e in engines)
     same = ", ".join(f"{label} {e['identical']}/{e['requests']}" for label, e in engines[1:])
+    from specpilot.loop.report import format_speedup
+
     saturated = [(label, e["saturated_speedup"]) for label, e in engines[1:] if e.get("saturated_speedup")]
     busy = ("; while a request waited for a slot (no ramp-down): " + ", ".join(
-        f"{label} {_times(iv)}" for label, iv in saturated) + " over AR") if saturated else ""
+        f"{label} {format_speedup(iv)}" for label, iv in saturated) + " over AR") if saturated else ""
     return (f"concurrency {level['concurrency']}, {level['units']} units of {level['unit_requests']} requests: "
             f"{rates}; outputs identical to AR: {same}{busy}")
-
-
-def _times(interval: dict) -> str:
-    """A speedup with its interval, e.g. '2.10x [1.90x, 2.30x]'."""
-    if interval.get("low") is None or interval.get("high") is None:
-        return f"{interval['estimate']:.2f}x [n/a]"
-    return f"{interval['estimate']:.2f}x [{interval['low']:.2f}x, {interval['high']:.2f}x]"
 
 
 def measure_final(session, deployment: Deployment, deployment_file: str, stock: Candidate, final: Candidate,
