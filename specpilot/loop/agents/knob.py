@@ -165,9 +165,12 @@ class KnobAgent(Proposer):
             consider(None, ar_changes(inc), "plain AR decoding (drafting does not pay here)")
         elif inc.drafter is DrafterKind.NONE:
             self._reenter(ctx, moves)
+        served = segment_admission(ctx.deployment.regime, inc)
         for kind, t in sorted(cost.switch_ms_per_token.items()):  # measured: ranked at full trust, like AR
             if kind in SWITCHES_BY_NAME and math.isfinite(t) and t < measured * (1 - MIN_PREDICTED_SAVING):
                 gap, changes, why = SWITCHES_BY_NAME[kind]
+                if served:  # timed as it would serve (see `segment_admission`); the plain switch is explored
+                    changes, why = {**changes, **served}, f"{why}, with segment admission"
                 p = self._proposal(ctx, changes, gap, f"{why}: measured {t:.3f} ms/token vs {measured:.3f} "
                                    f"({1 - t / measured:.0%} less)", t)
                 if p is not None:
@@ -296,8 +299,9 @@ SERVED_WHY = ("the profile's static batches price neither a drafter's prefill no
 
 def segment_admission(regime, inc: System) -> dict:
     """The knobs that turn segment admission on for `inc`: under continuous batching, with it off;
-    {} otherwise. Proposed on its own (`batch_moves`) and with each drafter switch, ahead of every
-    other exploratory move: the cost table times static batches; on fixture-x16-batch at c8 it
+    {} otherwise. Proposed on its own (`batch_moves`) and with each drafter switch: a switch measured
+    faster is a predicted move with it, the others come ahead of every other exploratory move. The
+    cost table times static batches; on fixture-x16-batch at c8 it
     priced the EAGLE-3 switch 6% slower than the draft model at 16 nodes
     (`results/loop/switch_estimates.json`) while serving measured EAGLE-3 with segment admission
     1.13x faster (`results/serving/fixture-x16-batch/`)."""

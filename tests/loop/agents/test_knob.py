@@ -177,6 +177,34 @@ def test_a_drafter_measured_faster_switched_in_is_a_predicted_move_ranked_by_its
     assert any(p.candidate.system.drafter is DrafterKind.DFLASH for p in close)  # not measured: explored
 
 
+def test_under_continuous_batching_a_switch_measured_faster_is_proposed_with_segment_admission():
+    """On the H200 at concurrency 32 the measured EAGLE-3 switch (5% faster on static batches) took
+    the round's slot without segment admission, ahead of the served switch: served, the predicted
+    switch carries it; the plain switch is still explored."""
+    from dataclasses import replace
+
+    from specpilot.config import Regime, load_deployment
+
+    dep = load_deployment("fixture-dflash")
+    stock = dep.stock.with_changes(name="model", drafter=DrafterKind.MODEL, depth=5, topk=4, tree_budget=7)
+    base = cost_table(stock)
+    table = replace(base, switch_ms_per_token={"eagle3": base.ms_per_token * 0.3})
+
+    def propose(regime):
+        return KnobAgent().propose(context(table, Incumbent(Candidate(stock)),
+                                           deployment=replace(dep, regime=regime), limit=40))
+
+    served = propose(Regime(batch=32, continuous=True))
+    first = served[0]
+    assert first.predicted_ms_per_token == base.ms_per_token * 0.3
+    assert (first.candidate.system.drafter, first.candidate.system.segment_tokens) == (DrafterKind.EAGLE3, 8)
+    assert "with segment admission" in first.rationale
+    assert any(p.candidate.system.drafter is DrafterKind.EAGLE3 and not p.candidate.system.segment_tokens
+               for p in served)
+    static = propose(Regime(batch=32))
+    assert static[0].candidate.system.drafter is DrafterKind.EAGLE3 and not static[0].candidate.system.segment_tokens
+
+
 def test_under_continuous_batching_a_drafter_switch_with_segment_admission_is_explored_first():
     """The static-batch table prices neither prefill nor admission: served, the switch comes with
     segment admission, ahead of the gap order; a static batch keeps the plain switch in gap order."""
