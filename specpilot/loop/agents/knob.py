@@ -170,7 +170,8 @@ class KnobAgent(Proposer):
             if kind in SWITCHES_BY_NAME and math.isfinite(t) and t < measured * (1 - MIN_PREDICTED_SAVING):
                 gap, changes, why = SWITCHES_BY_NAME[kind]
                 if served:  # timed as it would serve (see `segment_admission`); the plain switch is explored
-                    changes, why = {**changes, **served}, f"{why}, with segment admission"
+                    changes = {**changes, **served}
+                    why = f"{why}, with segment admission ({SERVED_WHY}); the switch alone"
                 p = self._proposal(ctx, changes, gap, f"{why}: measured {t:.3f} ms/token vs {measured:.3f} "
                                    f"({1 - t / measured:.0%} less)", t)
                 if p is not None:
