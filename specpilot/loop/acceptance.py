@@ -23,9 +23,12 @@ the tree is the `budget` best candidates overall (prefix-closed, since a child's
 exceeds its parent's). For the n-gram drafter the same fitted model is used as an approximation.
 
 `fit` picks (alpha, decay) by least squares between the model's P(accepted >= d) for the measured
-shape and the measured values (a grid, then a finer grid around the best point: deterministic).
-Past the measured depth the model extrapolates; every number derived from it is an estimate, and
-the cost model labels it so.
+shape and the measured values (a grid, then a finer grid around the best point: deterministic),
+with decay <= 1: the fitted acceptance per depth never rises. A measured curve can rise (the rounds
+that reach depth d are the easy stretches of text, so the chance of going one deeper grows with d),
+but geometric growth extrapolated past the measured depth drives a_d to its clip, where deep nodes
+are nearly free and a deep narrow tree looks far better than it is. Past the measured depth the
+model extrapolates; every number derived from it is an estimate, and the cost model labels it so.
 
 Owns: `TreeShape`, `AcceptanceModel` (fit, expected length, per-depth curve). Pure Python + numpy;
 no torch. Does not own measuring acceptance (engine) or costs (`cost_model.py`).
@@ -38,7 +41,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 MAX_ALPHA = 0.995  # keeps every p_j below 1, so deeper trees never look free
-DECAYS = tuple(np.round(np.linspace(0.5, 1.1, 13), 3))
+MAX_DECAY = 1.0  # acceptance per depth never rises in the fit (see `fit`)
+DECAYS = tuple(np.round(np.linspace(0.5, MAX_DECAY, 11), 3))
 
 
 @dataclass(frozen=True, order=True)
@@ -143,6 +147,6 @@ class AcceptanceModel:
         _, a0, g0 = best
         fine = [(loss(a, g), a, g)
                 for a in np.clip(np.linspace(a0 - 0.02, a0 + 0.02, 9), 0.001, MAX_ALPHA)
-                for g in np.linspace(g0 - 0.025, g0 + 0.025, 5)]
+                for g in np.clip(np.linspace(g0 - 0.025, g0 + 0.025, 5), 0.0, MAX_DECAY)]
         err, alpha, decay = min(fine + [best])
         return cls(float(alpha), float(decay), shape, tuple(float(x) for x in m), float(np.sqrt(err)))

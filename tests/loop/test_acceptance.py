@@ -48,3 +48,16 @@ def test_fit_without_acceptance_is_plain_ar_and_round_trips():
     assert AcceptanceModel.from_dict(fitted.to_dict()) == fitted
     with pytest.raises(ValueError):
         TreeShape(0, 1, 1)
+
+
+def test_a_curve_whose_acceptance_rises_with_depth_does_not_extrapolate_to_free_deep_nodes():
+    # P(accepted >= d) measured on the H200 with EAGLE-3 at depth 5, topk 4, 7 nodes, concurrency 8
+    # (results/loop/fixture-x16-batch, round 2): going one deeper gets likelier with depth
+    shape = TreeShape(5, 4, 7)
+    measured = (0.846, 0.737, 0.666, 0.550, 0.506)
+    model = AcceptanceModel.fit(measured, shape)
+    assert model.decay <= 1.0
+    assert model.residual < 0.1
+    # the depth-16, topk-2, 32-node tree that measured 30.6% slower had been predicted 12 tokens a
+    # round (decay 1.125: a_d at its clip from depth 4 on)
+    assert model.tokens_per_round(TreeShape(16, 2, 32)) < 8.0

@@ -66,7 +66,9 @@ def test_from_ar_it_proposes_drafting_again_with_shapes_measured_earlier_in_the_
 
 def test_knob_moves_keep_the_incumbents_patch_and_fix_the_draft_window():
     patched = Candidate(STOCK.with_changes(name="patched", draft_window=6), "diff --git a/x b/x\n", "/tmp/wt")
-    out = KnobAgent().propose(context(cost_table(patched.system), Incumbent(patched, 3, 0.05)))
+    # acceptance that stays high at depth 5, so deeper trees are among the predicted moves
+    cost = cost_table(patched.system, accept_at_depth=(0.9, 0.8, 0.7, 0.6, 0.5), tokens_per_round=4.5)
+    out = KnobAgent().propose(context(cost, Incumbent(patched, 3, 0.05)))
     assert all(p.candidate.patch == patched.patch and p.candidate.workdir == "/tmp/wt" for p in out)
     deeper = [p for p in out if p.candidate.system.depth >= 6]
     assert deeper and all(p.candidate.system.draft_window == 0 for p in deeper)
