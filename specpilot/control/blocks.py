@@ -7,7 +7,12 @@ requests, and the block's statistic is
     x = log((T_incumbent / n_incumbent) / (T_candidate / n_candidate))   one device (alternate)
     x = mean over the two placements of that                             two devices (side by side)
 
-with n an arm's generated tokens in the block: time per token. Lossless arms generate the same
+with n an arm's generated tokens in the block: time per token. Under continuous batching a shared
+worker also reports each request's saturated stretches (while a prompt waited for a slot: every
+slot taken, `ServingResult.saturated_*`); a request pair whose two arms both saturated is compared
+on those seconds and tokens alone, the rate a server at its concurrency runs at, without the
+ramp-down as the last requests finish alone (on the H200 at concurrency 8 the stretches are ~55%
+of a request and halve the block statistic's spread: `results/serving/timing_noise`). Lossless arms generate the same
 tokens in exact arithmetic, but in bf16 a different tree shape or kernel reduces in another order
 and a near-tie can flip, after which the outputs -- and their lengths -- differ (measured on the
 H200: 13 of 40 outputs of a lossless tree candidate, 1.1% fewer tokens). Per token, such a
@@ -131,6 +136,10 @@ class BlockResult:
     # Who else took CPU / GPU time during the block (`census.BlockCensus`); None where no census
     # is taken (simulations, shared workers). A void census voids the block (`controller.py`).
     census: "BlockCensus | None" = None
+    # (seconds, tokens) of each request's saturated stretches, [phase][request]; () where the
+    # runner reports none (static batches, isolated workers). Trusted: only shared workers send them.
+    incumbent_saturated: tuple[tuple[tuple[float, int], ...], ...] = ()
+    candidate_saturated: tuple[tuple[tuple[float, int], ...], ...] = ()
 
     @property
     def log_ratio(self) -> float:
@@ -139,15 +148,27 @@ class BlockResult:
 
         Request i of each arm ran back to back, so a pair shares the machine's state; the median
         keeps one disturbed request (a stall, a clock dip) from moving the block, and a request
-        pair is the finest unit both arms saw alike. Without outputs, n is taken as equal."""
+        pair is the finest unit both arms saw alike. Without outputs, n is taken as equal. A pair
+        whose arms both report saturated stretches uses their seconds and tokens instead."""
         per_phase = []
         for phase, (a, b) in enumerate(zip(self.incumbent_seconds, self.candidate_seconds)):
             n_a = _request_tokens(self.incumbent_outputs, phase, len(a))
             n_b = _request_tokens(self.candidate_outputs, phase, len(b))
+            sat_a = _saturated(self.incumbent_saturated, phase, len(a))
+            sat_b = _saturated(self.candidate_saturated, phase, len(b))
+            pairs = [((sa, sb) if sa and sb else ((ta, ka), (tb, kb)))
+                     for ta, tb, ka, kb, sa, sb in zip(a, b, n_a, n_b, sat_a, sat_b)]
             per_phase.append(statistics.median(
                 math.log(ta / tb) + (math.log(kb / ka) if ka and kb else 0.0)
-                for ta, tb, ka, kb in zip(a, b, n_a, n_b)))
+                for (ta, ka), (tb, kb) in pairs))
         return sum(per_phase) / len(per_phase)
+
+    @property
+    def saturated_pairs(self) -> int:
+        """Request pairs compared on their saturated stretches (see `log_ratio`)."""
+        return sum(1 for phase, a in enumerate(self.incumbent_seconds)
+                   for sa, sb in zip(_saturated(self.incumbent_saturated, phase, len(a)),
+                                     _saturated(self.candidate_saturated, phase, len(a))) if sa and sb)
 
     @property
     def seconds(self) -> float:
@@ -159,14 +180,34 @@ class BlockResult:
         def plain(rows):  # NaN (no report) as None: strict JSON
             return [[t if t == t else None for t in row] for row in rows]
 
-        return {"index": self.index, "incumbent": plain(self.incumbent_seconds),
-                "candidate": plain(self.candidate_seconds),
-                "incumbent_reported": plain(self.incumbent_reported),
-                "candidate_reported": plain(self.candidate_reported)}
+        out = {"index": self.index, "incumbent": plain(self.incumbent_seconds),
+               "candidate": plain(self.candidate_seconds),
+               "incumbent_reported": plain(self.incumbent_reported),
+               "candidate_reported": plain(self.candidate_reported)}
+        if self.incumbent_saturated or self.candidate_saturated:
+            out["incumbent_saturated"] = [[list(x) for x in row] for row in self.incumbent_saturated]
+            out["candidate_saturated"] = [[list(x) for x in row] for row in self.candidate_saturated]
+        return out
 
     def arm_seconds(self, arm: Arm) -> tuple[float, ...]:
         rows = self.incumbent_seconds if arm is Arm.INCUMBENT else self.candidate_seconds
         return tuple(t for row in rows for t in row)
+
+
+def saturated_pairs(timing: dict) -> tuple[int, int]:
+    """(request pairs compared on saturated stretches, request pairs) of one block's `timings()`."""
+    inc, cand = timing.get("incumbent_saturated") or [], timing.get("candidate_saturated") or []
+    pairs = sum(len(row) for row in timing.get("incumbent", []))
+    both = sum(1 for ra, rb in zip(inc, cand) for a, b in zip(ra, rb) if a[0] > 0 and a[1] > 0 and b[0] > 0 and b[1] > 0)
+    return both, pairs
+
+
+def _saturated(rows: tuple, phase: int, requests: int) -> list[tuple[float, int] | None]:
+    """Each request's saturated (seconds, tokens) of one phase; None where it has none."""
+    row = rows[phase] if phase < len(rows) else ()
+    if len(row) != requests:
+        return [None] * requests
+    return [(float(t), int(n)) if t and n and t > 0 and n > 0 else None for t, n in row]
 
 
 def _request_tokens(outputs: tuple[Outputs, ...], phase: int, requests: int) -> list[int]:

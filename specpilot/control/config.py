@@ -53,7 +53,7 @@ class Stage(enum.Enum):
     NOISE = "noise"  # stock against a second copy of stock
 
 
-STATISTIC = "log-seconds-per-token/3"  # the block statistic (`blocks.BlockResult.log_ratio`), versioned
+STATISTIC = "log-seconds-per-token/4"  # the block statistic (`blocks.BlockResult.log_ratio`), versioned
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from specpilot.control.backends.base import Backend
-from specpilot.control.blocks import Arm, BlockResult, derived_seed, plan_block
+from specpilot.control.blocks import Arm, BlockResult, derived_seed, plan_block, saturated_pairs
 from specpilot.control.census import BlockCensus, CensusSummary
 from specpilot.control.config import ControllerConfig, Placement, Stage
 from specpilot.control.gate import Gate, GateRequest, GateResult
@@ -111,6 +111,12 @@ class Evaluation:
     @property
     def verdict(self) -> Outcome:
         return self.decision.verdict
+
+    @property
+    def saturated(self) -> tuple[int, int]:
+        """(request pairs compared on saturated stretches, timed request pairs) over the blocks."""
+        counts = [saturated_pairs(t) for t in self.timings]
+        return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
     def to_dict(self) -> dict:
         return {

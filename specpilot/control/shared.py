@@ -13,7 +13,9 @@ fixed number of new tokens with EOS ignored, so both arms do the same work. Noth
 two timed requests: no garbage collection (Python's collector is off inside a request, and what
 was alive after warm-up is frozen out of it), since any host work there leaves the GPU idle and
 its clock dips, which the next request pays for (`results/controller/timing_probe.md`). A request's time is
-its decode time after prefill, by CUDA events in the worker (the wall clock on CPU). The worker's
+its decode time after prefill, by CUDA events in the worker (the wall clock on CPU); under continuous
+batching the whole serving run, and its saturated stretches, which the block statistic compares
+when both arms have them (`blocks.BlockResult.log_ratio`). The worker's
 wall clock cross-checks it: a request whose two clocks disagree by more than `CLOCK_TOLERANCE` is
 run again (at most `MAX_RERUNS` times), since then the two clocks did not see the same work.
 
@@ -76,6 +78,14 @@ class Settling:
 def per_token(reply: dict) -> float:
     timing = reply["timing"]
     return timing["decode_s"] / max(1, timing["tokens"])
+
+
+def _saturated(timing: dict) -> tuple[float, int]:
+    """A request's saturated (seconds, tokens) under continuous batching; (0.0, 0) when it reports none."""
+    t, n = timing.get("saturated_s"), timing.get("saturated_tokens")
+    if isinstance(t, (int, float)) and isinstance(n, int) and t > 0 and n > 0:
+        return float(t), n
+    return 0.0, 0
 
 
 def settle(run, tolerance: float, window: int, max_seconds: float) -> Settling:
@@ -172,6 +182,7 @@ class SharedPair:
         seconds = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
         walls = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
         outputs = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
+        saturated = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
         for request, first in zip(plan.requests, plan.first):
             for arm in (first, first.other):
                 reply = self._timed(arm, request, plan.max_new_tokens)
@@ -179,9 +190,12 @@ class SharedPair:
                 seconds[arm].append(timing["decode_s"])
                 walls[arm].append(timing["wall_s"] - timing["wall_prefill_s"])
                 outputs[arm].extend(self._outputs(arm, reply, len(request), plan.max_new_tokens))
+                saturated[arm].append(_saturated(timing))
+        sat = {arm: ((tuple(rows),) if any(n for _, n in rows) else ()) for arm, rows in saturated.items()}
         return BlockResult(plan.index, (tuple(seconds[Arm.INCUMBENT]),), (tuple(seconds[Arm.CANDIDATE]),),
                            (tuple(outputs[Arm.INCUMBENT]),), (tuple(outputs[Arm.CANDIDATE]),),
-                           (tuple(walls[Arm.INCUMBENT]),), (tuple(walls[Arm.CANDIDATE]),))
+                           (tuple(walls[Arm.INCUMBENT]),), (tuple(walls[Arm.CANDIDATE]),),
+                           incumbent_saturated=sat[Arm.INCUMBENT], candidate_saturated=sat[Arm.CANDIDATE])
 
     def close(self) -> None:
         """Nothing to stop: the worker stays up for the next comparison."""

@@ -17,15 +17,19 @@ def run_regime(generator: Generator, regime: Regime, prompts: list[list[int]], m
                stop_at_eos: bool = True) -> tuple[list[list[int]], dict]:
     """Outputs per prompt and their timing, served as the regime serves requests: static batches
     of `regime.batch`, or continuous batching in `regime.batch` slots (then the one span timed is
-    the whole serving run, prefills included, and there are no CUDA-event times)."""
+    the whole serving run, prefills included, and there are no CUDA-event times; `saturated_s` and
+    `saturated_tokens` are its stretches with every slot taken, `ServingResult.saturated_*`, and
+    None under static batches)."""
     B = regime.batch
     timing = {"wall_s": 0.0, "wall_prefill_s": 0.0, "gpu_s": 0.0, "gpu_prefill_s": 0.0, "decode_s": 0.0}
     outputs: list[list[int]] = []
     if regime.continuous:
         served = ServingEngine(generator, B).run([Request(tuple(p), max_new_tokens) for p in prompts], stop_at_eos)
         outputs = [r.output for r in served.requests]
-        timing.update(wall_s=served.seconds, decode_s=served.seconds, gpu_s=float("nan"), gpu_prefill_s=float("nan"))
+        timing.update(wall_s=served.seconds, decode_s=served.seconds, gpu_s=float("nan"), gpu_prefill_s=float("nan"),
+                      saturated_s=served.saturated_seconds, saturated_tokens=served.saturated_tokens)
     else:
+        timing.update(saturated_s=None, saturated_tokens=None)
         for i in range(0, len(prompts), B):
             result = generator.generate(prompts[i : i + B], max_new_tokens, stop_at_eos=stop_at_eos)
             outputs += result.outputs

@@ -300,7 +300,9 @@ def evaluation_line(p: Proposal, e: Evaluation, entry: int) -> str:
     head = f"  [{mark}] {d.verdict.value.upper()} {p.candidate.name} ({', '.join(x.value for x in d.reasons)})"
     parts = []
     if est is not None:
-        parts.append(f"gain {_pct(est.gain)} [{_pct(est.lower)}, {_pct(est.upper)}] over {est.n} blocks, "
+        sat, pairs = e.saturated
+        on = f" ({sat}/{pairs} request pairs on saturated stretches)" if sat else ""
+        parts.append(f"gain {_pct(est.gain)} [{_pct(est.lower)}, {_pct(est.upper)}] over {est.n} blocks{on}, "
                      f"bound {_pct(d.lower_bound)} vs threshold {_pct(d.threshold)} (noise {e.noise.value:.1%})")
     if e.gate is not None:
         parts.append("guard pass" if e.gate.passed else f"guard FAILED: {e.gate.reason}")

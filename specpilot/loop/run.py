@@ -236,9 +236,11 @@ class _Run:
             note += f" ({w.load.describe()})"
         self.per_evaluation = evaluation_seconds(costs, self.ccfg, self.memory, self.fp.digest, self.device)
         est, threshold = self.noise.estimate, promotion_threshold(self.ccfg, self.noise)
+        sat, pairs = aa.saturated if costs else (0, 0)
+        on = f", {sat}/{pairs} request pairs on saturated stretches" if sat else ""
         self.journal.emit(
             EventKind.NOISE, f"noise floor {self.noise.value:.2%} ({'measured now' if costs else 'from the memory'}, "
-            f"stock vs stock {est.gain:+.2%} [{est.lower:+.2%}, {est.upper:+.2%}] over {est.n} blocks); promotion "
+            f"stock vs stock {est.gain:+.2%} [{est.lower:+.2%}, {est.upper:+.2%}] over {est.n} blocks{on}); promotion "
             f"threshold {threshold:.2%} = {self.ccfg.min_gain:.0%} + {self.ccfg.noise_multiplier:g} x noise\n"
             f"  {note}", index, noise=self.noise.to_dict(), noise_id=self.noise_id, measured=costs is not None,
             threshold=threshold, load=self.noise_load.to_dict(), why=note)

@@ -37,3 +37,20 @@ def test_timings_are_strict_json():
     t = r.timings()
     assert t["incumbent_reported"] == [[None]] and t["candidate_reported"] == [[0.5]]
     json.dumps(t, allow_nan=False)
+
+
+def test_a_pair_whose_arms_both_saturated_is_compared_on_those_stretches():
+    """Under continuous batching the whole request credits a shorter ramp-down; the stretches with
+    every slot taken are the server's rate. A pair where one arm never saturated keeps the whole
+    request, for both arms."""
+    out = ([1] * 100,)
+    sat_a, sat_b = (((2.0, 100), (2.0, 100), (0.0, 0)),), (((1.0, 80), (1.0, 80), (1.0, 80)),)
+    r = BlockResult(0, ((4.0, 4.0, 4.0),), ((2.0, 2.0, 2.0),), ((out[0],) * 3,), ((out[0],) * 3,),
+                    incumbent_saturated=sat_a, candidate_saturated=sat_b)
+    # pairs 1-2: (2/100) / (1/80) = 1.6; pair 3: whole requests, 4/2 = 2.0; median 1.6
+    assert r.log_ratio == pytest.approx(math.log(1.6))
+    assert r.saturated_pairs == 2
+    assert block([4.0] * 3, [2.0] * 3, (out[0],) * 3, (out[0],) * 3).log_ratio == pytest.approx(math.log(2.0))
+    t = r.timings()
+    assert t["incumbent_saturated"] == [[[2.0, 100], [2.0, 100], [0.0, 0]]]
+    assert "incumbent_saturated" not in block([1.0], [1.0], ([1],), ([1],)).timings()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 
@@ -135,3 +136,26 @@ def test_a_dead_shared_worker_rejects_the_candidate_and_is_replaced(target_dir, 
     finally:
         backend.close()
     assert dead.log_path.parent.is_dir()  # a worker died: the logs stay for the user
+
+
+def test_a_shared_block_carries_each_requests_saturated_stretches():
+    """The runner's saturated seconds and tokens reach the block (continuous batching); a runner that
+    reports none (static batches) leaves the block on whole requests."""
+    from specpilot.control.blocks import Arm, BlockPlan, Phase
+
+    def reply(arm, saturated):
+        s, n = saturated[arm]
+        return {"outputs": [[1, 2, 3], [4, 5]], "timing": {"decode_s": 2.0 if arm is Arm.INCUMBENT else 1.0,
+                                                            "wall_s": 2.0, "wall_prefill_s": 0.0, "tokens": 5,
+                                                            "saturated_s": s, "saturated_tokens": n}}
+
+    plan = BlockPlan(0, ((1,), (2,)), 2, 8, (Phase(0, 0),), (Arm.INCUMBENT,))
+    for saturated, expected in (({Arm.INCUMBENT: (1.0, 4), Arm.CANDIDATE: (0.5, 2)}, 0.0),
+                                ({Arm.INCUMBENT: (None, None), Arm.CANDIDATE: (None, None)}, math.log(2.0 / 1.0))):
+        pair = SharedPair.__new__(SharedPair)
+        pair.config = ControllerConfig()
+        pair.specs = {}
+        pair._timed = lambda arm, request, n, s=saturated: reply(arm, s)
+        block = pair.run_block(plan)
+        assert block.log_ratio == pytest.approx(expected)
+        assert block.saturated_pairs == (1 if saturated[Arm.INCUMBENT][0] else 0)

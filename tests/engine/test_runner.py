@@ -21,8 +21,10 @@ PROMPTS = [[5, 9, 11, 3], [7] * 20, [2], [100, 200, 300, 400, 500, 600], [42] * 
 
 
 def test_continuous_regime_serves_the_block_with_the_static_outputs(tmp_path):
-    static = SystemRunner(SimpleNamespace(deployment=deployment(tmp_path, "[regime]\nbatch = 2\n"), system={},
-                                          device="cpu"))
+    (tmp_path / "static").mkdir()
+    static_spec = SimpleNamespace(deployment=deployment(tmp_path / "static", "[regime]\nbatch = 2\n"), system={},
+                                  device="cpu")
+    static = SystemRunner(static_spec)
     spec = SimpleNamespace(deployment=deployment(tmp_path, "[regime]\nbatch = 2\ncontinuous = true\n"), device="cpu",
                            system={"segment_tokens": 6})
     served = SystemRunner(spec)
@@ -34,6 +36,11 @@ def test_continuous_regime_serves_the_block_with_the_static_outputs(tmp_path):
     timing = out["timing"]
     assert timing["gpu_s"] is None and timing["decode_s"] == timing["wall_s"] > 0
     assert timing["tokens"] == sum(len(o) for o in expected)
+    # six prompts in two slots: prompts waited while every slot was taken
+    assert timing["saturated_s"] > 0 and 0 < timing["saturated_tokens"] < timing["tokens"]
+    assert SessionRunner(spec).run({}, PROMPTS[:2], 12)["timing"]["saturated_tokens"] == 0  # never a wait
+    static_timing = SessionRunner(static_spec).run({}, PROMPTS, 12)["timing"]
+    assert static_timing["saturated_s"] is None and static_timing["saturated_tokens"] is None
 
 
 def test_continuous_must_be_a_boolean(tmp_path):

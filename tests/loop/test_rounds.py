@@ -32,3 +32,18 @@ def test_round_robin_over_agents_skips_what_is_known_settled_or_repeated(tmp_pat
     assert [p.candidate.system.depth for p in selected] == [4, 5] and selected[1].candidate.system.tree_budget == 9
     assert [(p.candidate.system.depth, r.id) for p, r in reused] == [(3, entry)]
     assert len(dropped) == 5 and all(p not in selected for p in dropped)
+
+
+def test_the_evaluation_line_says_when_pairs_were_compared_on_saturated_stretches():
+    from dataclasses import replace
+
+    from specpilot.loop.rounds import evaluation_line
+
+    p = proposal("knob", tree_budget=16)
+    e = evaluation(p.candidate.system)
+    assert "saturated" not in evaluation_line(p, e, 1) and e.saturated == (0, 0)
+    block = {"incumbent": [[1.0, 1.0]], "candidate": [[1.0, 1.0]],
+             "incumbent_saturated": [[[0.5, 40], [0.0, 0]]], "candidate_saturated": [[[0.4, 40], [0.3, 20]]]}
+    e = replace(e, timings=(block, block))
+    assert e.saturated == (2, 4)
+    assert "over 6 blocks (2/4 request pairs on saturated stretches)" in evaluation_line(p, e, 1)
