@@ -133,16 +133,17 @@ def run_round(r: RoundInputs, journal: Journal) -> RoundOutcome:
     selected, reused, dropped = select({name: lists[name] for name in order if name in lists}, inc, recall,
                                        r.max_candidates, quotas, first=seeds)
     idle = tuple(a for a in r.agents if a not in active)
-    if not selected and idle:
-        # the agents the gaps chose have nothing new: before the round counts as idle (and the run
-        # converges), the others are asked
-        journal.say(f"  nothing new from {', '.join(a.name for a in active) or 'the seeds'}: asking "
+    if len(selected) < r.max_candidates and idle:
+        # the agents the gaps chose (and the seeds) leave slots empty: before a slot goes unused, or
+        # the round counts as idle (and the run converges), the others are asked for them
+        what = "nothing new" if not selected else f"{r.max_candidates - len(selected)} slot(s) left"
+        journal.say(f"  {what} from {', '.join(a.name for a in active) or 'the seeds'}: asking "
                     f"{', '.join(a.name for a in idle)}")
         more, more_errors = propose_all(idle, ctx)
         lists.update(more)
         errors.update(more_errors)
         known = {p.hash for p, _ in reused}
-        selected, again, more_dropped = select(more, inc, recall, r.max_candidates)
+        selected, again, more_dropped = select(more, inc, recall, r.max_candidates, first=selected)
         reused += [(p, rec) for p, rec in again if p.hash not in known]
         dropped += more_dropped
         active += idle

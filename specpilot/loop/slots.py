@@ -24,7 +24,8 @@ the gaps never favour still proposes now and then, and the same seed gives the s
 
 Agents left with no slot are not asked to propose that round (the kernel and coding agents spend
 minutes per proposal); slots an agent leaves unused (nothing new to propose) go to the others
-that ran, in `rounds.select`.
+that ran, in `rounds.select`, and slots they all leave empty to the agents without a slot, asked
+then (`rounds.run_round`).
 
 Owns: `CLOSERS`, `closes`, `Share`, `SlotPlan`, `allocate`. Does not own the gaps (cost model),
 proposing (agents) or selecting proposals (rounds).

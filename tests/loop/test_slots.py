@@ -177,3 +177,15 @@ def test_when_the_chosen_agents_have_nothing_new_the_others_are_asked(tmp_path):
 def test_no_slots_to_share_gives_no_one_a_slot():
     plan = allocate(table(acceptance=0.5, overhead=0.1), [("knob", frozenset({A})), ("x", frozenset({O}))], 0, 3)
     assert [s.slots for s in plan.shares] == [0, 0] and plan.active == ()
+
+
+def test_slots_the_chosen_agents_leave_empty_go_to_the_others(tmp_path):
+    """A seed and one agent with one move cannot fill three slots: the agent without a slot is asked
+    for the rest rather than the round timing fewer candidates than it may."""
+    seed = Proposal("memory", Candidate(STOCK.with_changes(name="seed-other", depth=8)), "validated elsewhere")
+    kernel, coding = Fake("kernel", gaps={V}, moves=1), Fake("coding", gaps={O})
+    outcome, events = run(tmp_path, [kernel, coding], table(verify_kernels=0.5, overhead=0.0), seeds=[seed])
+    assert kernel.asked == [2] and coding.asked == [3]  # coding held no slot; asked once the others came up short
+    assert [p.agent for p in outcome.selected] == ["memory", "kernel", "coding"]
+    (proposals,) = [e for e in events if e.kind is EventKind.PROPOSALS]
+    assert proposals.data["asked_without_slot"] == ["coding"]
