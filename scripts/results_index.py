@@ -67,6 +67,10 @@ ERRATA = (
      "session's first commit)"),
     ("serving/fixture-x16-batch-c32/", "684c516", "ran on the working tree of 4ddf19c"),
     ("speed/fixture-x16-eagle3/", "684c516", "ran on the working tree of 4ddf19c"),
+    ("loop/fixture-x16-batch/", "b358578+dirty", "round 1 ran on the working tree of 043281f, rounds 2-3 (--resume) "
+     "on that of 909cec4 (the device copy's base was the session's first commit)"),
+    ("loop/fixture-x16-batch-c32/", "b358578+dirty", "ran on the working tree of 043281f (the device copy's base "
+     "was the session's first commit)"),
     ("loop/switch_estimates.json", "094504f", "ran at f9f5601 (the device copy's base was the session's first commit)"),
 )
 
