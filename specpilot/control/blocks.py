@@ -10,14 +10,13 @@ requests, and the block's statistic is
 with n an arm's generated tokens in the block: time per token. Under continuous batching a shared
 worker also reports each request's saturated stretches (while a prompt waited for a slot: every
 slot taken, `ServingResult.saturated_*`); a request pair whose two arms both saturated is compared
-on those seconds and tokens alone, the rate a server at its concurrency runs at, without the
-ramp-down as the last requests finish alone (on the H200 at concurrency 8 the stretches are ~55%
-of a request and halve the block statistic's spread: `results/serving/timing_noise`). Lossless arms generate the same
-tokens in exact arithmetic, but in bf16 a different tree shape or kernel reduces in another order
-and a near-tie can flip, after which the outputs -- and their lengths -- differ (measured on the
-H200: 13 of 40 outputs of a lossless tree candidate, 1.1% fewer tokens). Per token, such a
-difference does not pass for a speed change. Blocks whose outputs carry no tokens (simulations)
-use the times alone.
+on those seconds and tokens alone: the rate of a server at its concurrency, without the ramp-down
+as the last requests finish alone, and less spread between blocks (`results/serving/timing_noise`).
+Lossless arms generate the same tokens in exact arithmetic, but in bf16 a different tree shape or
+kernel reduces in another order and a near-tie can flip, after which the outputs -- and their
+lengths -- differ (measured on the H200: 13 of 40 outputs of a lossless tree candidate, 1.1% fewer
+tokens). Per token, such a difference does not pass for a speed change. Blocks whose outputs
+carry no tokens (simulations) use the times alone.
 
 * One device: arms alternate request by request, which arm goes first following `Order`: ABBA
   (A B | B A | A B ..., continued across blocks, so a linear drift within any two consecutive
@@ -164,13 +163,6 @@ class BlockResult:
         return sum(per_phase) / len(per_phase)
 
     @property
-    def saturated_pairs(self) -> int:
-        """Request pairs compared on their saturated stretches (see `log_ratio`)."""
-        return sum(1 for phase, a in enumerate(self.incumbent_seconds)
-                   for sa, sb in zip(_saturated(self.incumbent_saturated, phase, len(a)),
-                                     _saturated(self.candidate_saturated, phase, len(a))) if sa and sb)
-
-    @property
     def seconds(self) -> float:
         """Summed request time of both arms (the block's cost when arms alternate)."""
         return sum(map(sum, self.incumbent_seconds)) + sum(map(sum, self.candidate_seconds))
@@ -198,7 +190,7 @@ def saturated_pairs(timing: dict) -> tuple[int, int]:
     """(request pairs compared on saturated stretches, request pairs) of one block's `timings()`."""
     inc, cand = timing.get("incumbent_saturated") or [], timing.get("candidate_saturated") or []
     pairs = sum(len(row) for row in timing.get("incumbent", []))
-    both = sum(1 for ra, rb in zip(inc, cand) for a, b in zip(ra, rb) if a[0] > 0 and a[1] > 0 and b[0] > 0 and b[1] > 0)
+    both = sum(1 for ra, rb in zip(inc, cand) for a, b in zip(ra, rb) if min(*a, *b) > 0)
     return both, pairs
 
 

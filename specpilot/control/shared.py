@@ -80,7 +80,7 @@ def per_token(reply: dict) -> float:
     return timing["decode_s"] / max(1, timing["tokens"])
 
 
-def _saturated(timing: dict) -> tuple[float, int]:
+def _saturated_of(timing: dict) -> tuple[float, int]:
     """A request's saturated (seconds, tokens) under continuous batching; (0.0, 0) when it reports none."""
     t, n = timing.get("saturated_s"), timing.get("saturated_tokens")
     if isinstance(t, (int, float)) and isinstance(n, int) and t > 0 and n > 0:
@@ -190,7 +190,7 @@ class SharedPair:
                 seconds[arm].append(timing["decode_s"])
                 walls[arm].append(timing["wall_s"] - timing["wall_prefill_s"])
                 outputs[arm].extend(self._outputs(arm, reply, len(request), plan.max_new_tokens))
-                saturated[arm].append(_saturated(timing))
+                saturated[arm].append(_saturated_of(timing))
         sat = {arm: ((tuple(rows),) if any(n for _, n in rows) else ()) for arm, rows in saturated.items()}
         return BlockResult(plan.index, (tuple(seconds[Arm.INCUMBENT]),), (tuple(seconds[Arm.CANDIDATE]),),
                            (tuple(outputs[Arm.INCUMBENT]),), (tuple(outputs[Arm.CANDIDATE]),),

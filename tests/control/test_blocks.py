@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from specpilot.control.blocks import BlockResult
+from specpilot.control.blocks import BlockResult, saturated_pairs
 
 
 def block(inc_s, cand_s, inc_out, cand_out):
@@ -49,7 +49,7 @@ def test_a_pair_whose_arms_both_saturated_is_compared_on_those_stretches():
                     incumbent_saturated=sat_a, candidate_saturated=sat_b)
     # pairs 1-2: (2/100) / (1/80) = 1.6; pair 3: whole requests, 4/2 = 2.0; median 1.6
     assert r.log_ratio == pytest.approx(math.log(1.6))
-    assert r.saturated_pairs == 2
+    assert saturated_pairs(r.timings()) == (2, 3)
     assert block([4.0] * 3, [2.0] * 3, (out[0],) * 3, (out[0],) * 3).log_ratio == pytest.approx(math.log(2.0))
     t = r.timings()
     assert t["incumbent_saturated"] == [[[2.0, 100], [2.0, 100], [0.0, 0]]]

@@ -141,7 +141,7 @@ def test_a_dead_shared_worker_rejects_the_candidate_and_is_replaced(target_dir, 
 def test_a_shared_block_carries_each_requests_saturated_stretches():
     """The runner's saturated seconds and tokens reach the block (continuous batching); a runner that
     reports none (static batches) leaves the block on whole requests."""
-    from specpilot.control.blocks import Arm, BlockPlan, Phase
+    from specpilot.control.blocks import Arm, BlockPlan, Phase, saturated_pairs
 
     def reply(arm, saturated):
         s, n = saturated[arm]
@@ -158,4 +158,4 @@ def test_a_shared_block_carries_each_requests_saturated_stretches():
         pair._timed = lambda arm, request, n, s=saturated: reply(arm, s)
         block = pair.run_block(plan)
         assert block.log_ratio == pytest.approx(expected)
-        assert block.saturated_pairs == (1 if saturated[Arm.INCUMBENT][0] else 0)
+        assert saturated_pairs(block.timings()) == ((1 if saturated[Arm.INCUMBENT][0] else 0), 1)
