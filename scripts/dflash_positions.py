@@ -10,7 +10,13 @@ engine's: `tests/tools/test_train_dflash.py`) is compared with the target's toke
 - the same split by whether the next 8 tokens already occurred earlier in the text ("looping":
   a small target's greedy text repeats itself), and
 - offset accuracy with the root's embedding replaced by the mask embedding (how much the drafter
-  uses the root token).
+  uses the root token);
+- the chain's accepted length per round along the engine's own walk over the same text (the first
+  root is the last prompt token, each next one the token after a round's accepted drafts: anchors
+  that follow a miss),
+  beside the engine's measured mean accepted length with the chain on the same prompts. Walk and
+  engine agree when the training forward is the engine's; "every anchor" exceeds both when long
+  accepted runs cluster (the walk spends few rounds in them).
 Runs on CPU in float32 (the fixture) or on a GPU. Writes DIR/dflash_positions.json and .md.
 """
 
@@ -31,6 +37,8 @@ import torch  # noqa: E402
 import train_dflash  # noqa: E402
 
 from specpilot.bench.provenance import capture  # noqa: E402
+from specpilot.config import TreeConstruction  # noqa: E402
+from specpilot.engine.drafters.dflash import DFlashDrafter  # noqa: E402
 from specpilot.engine.generator import Generator  # noqa: E402
 from specpilot.models.dflash_checkpoint import load_dflash  # noqa: E402
 from specpilot.models.fixture import resolve_checkpoint  # noqa: E402
@@ -77,6 +85,21 @@ def block_hits(draft, target, tokens: torch.Tensor, feats: torch.Tensor, start: 
     return (logits.argmax(-1) == labels).view(-1, block)[:, 1:]
 
 
+def walk(hits: torch.Tensor, tokens: int) -> tuple[int, int]:
+    """(tokens committed, rounds) of the engine's chain over `tokens` new tokens, from per-anchor
+    hits [A, block-1] whose row 0 is the last prompt token: the engine's first root (the prefill
+    covers the tokens before it), and each round's root sits right after its accepted drafts and
+    commits them and the bonus token."""
+    run = hits.long().cumprod(-1).sum(-1)  # [A] drafts the chain accepts at each anchor
+    committed, rounds, a = 0, 0, 0
+    while committed < tokens:
+        if a >= run.shape[0]:
+            raise ValueError("text too short for the walk: generate block_size more tokens")
+        step = 1 + int(run[a])
+        committed, rounds, a = committed + step, rounds + 1, a + step
+    return min(committed, tokens), rounds
+
+
 def summarize(hits: torch.Tensor) -> dict:
     if hits.shape[0] == 0:
         return {"anchors": 0}
@@ -100,23 +123,35 @@ def main(argv=None) -> int:
     draft = load_dflash(resolve_checkpoint(args.drafter, "dflash"), target, device=device, dtype=dtype)
     block = draft.spec.block_size
     prompts = train_dflash.bench_prompt_ids(args.target, args.n_prompts)
-    outs = Generator(target).generate(prompts, args.tokens, stop_at_eos=False).outputs
+    # block more tokens than the report covers, so the walk's last rounds see whole blocks
+    outs = Generator(target).generate(prompts, args.tokens + block, stop_at_eos=False).outputs
+    chain = DFlashDrafter(draft, target, block, block - 1, TreeConstruction.CHAIN)
+    engine = Generator(target, {block - 1: chain}).generate(prompts, args.tokens, stop_at_eos=False)
     split = {"all": [], "looping": [], "fresh": [], "root_ablated": []}
+    committed = rounds = 0
     with torch.inference_mode():
         for prompt, out in zip(prompts, outs):
             seq = prompt + out
             tokens = torch.tensor([seq], device=target.device)
             feats = train_dflash.target_features(target, tokens, draft.feature_layers)
-            hits = block_hits(draft, target, tokens, feats, len(prompt), block)
+            every = block_hits(draft, target, tokens, feats, len(prompt), block)
+            c, r = walk(every, args.tokens)
+            committed, rounds = committed + c, rounds + r
+            hits = every[: args.tokens - block + 2]  # anchors whose block lies in the first --tokens
             loop = torch.tensor(looping(seq)[len(prompt) : len(prompt) + hits.shape[0]], device=hits.device)
             split["all"].append(hits)
             split["looping"].append(hits[loop])
             split["fresh"].append(hits[~loop])
-            split["root_ablated"].append(block_hits(draft, target, tokens, feats, len(prompt), block, ablate_root=True))
+            split["root_ablated"].append(block_hits(draft, target, tokens, feats, len(prompt), block,
+                                                    ablate_root=True)[: hits.shape[0]])
     doc = {"benchmark": "DFlash accuracy per block offset on the benchmark sets' AR text",
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "provenance": capture(device, dtype),
            "drafter": args.drafter, "prompts": len(prompts), "tokens": args.tokens, "block_size": block,
-           "loop_ngram": LOOP_NGRAM, **{k: summarize(torch.cat(v)) for k, v in split.items()}}
+           "loop_ngram": LOOP_NGRAM, **{k: summarize(torch.cat(v)) for k, v in split.items()},
+           "walk": {"tokens": committed, "rounds": rounds, "chain_accepted_length": round(committed / rounds, 4)},
+           "engine_chain": {"tokens": engine.num_tokens, "rounds": sum(engine.rounds),
+                            "chain_accepted_length": round(engine.mean_accepted_length, 4),
+                            "identical_to_ar": sum(e == o[: args.tokens] for e, o in zip(engine.outputs, outs))}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "dflash_positions.json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -133,7 +168,12 @@ def main(argv=None) -> int:
         acc = " | ".join(f"{x:.2f}" for x in s["offset_accuracy"][:shown])
         lines.append(f"| {k.replace('_', ' ')} | {s['anchors']} | {s['chain_accepted_length']:.2f} | {acc} |")
     lines += ["", f"looping: the next {LOOP_NGRAM} tokens already occurred earlier in the text; root ablated: the "
-              "root token's embedding replaced by the mask embedding.", "", "Written by `scripts/dflash_positions.py`."]
+              "root token's embedding replaced by the mask embedding.", "",
+              f"Chain accepted length per round: every anchor {doc['all']['chain_accepted_length']:.2f}; along the "
+              f"engine's walk over the same text {doc['walk']['chain_accepted_length']:.2f} "
+              f"({doc['walk']['rounds']} rounds); the engine, measured {doc['engine_chain']['chain_accepted_length']:.2f} "
+              f"({doc['engine_chain']['rounds']} rounds, {doc['engine_chain']['identical_to_ar']}/{len(prompts)} "
+              "outputs identical to AR).", "", "Written by `scripts/dflash_positions.py`."]
     (out / "dflash_positions.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -23,6 +23,8 @@ SOURCES = (
     ("engine/engine_ar.*", "AR decode vs byte floor, verify cost", "engine_ar.py"),
     ("fixture/*", "fixture: loss, acceptance, decode", "tools/fixture_report.py"),
     ("drafters/recipe/*", "DFlash training recipes side by side: acceptance", "dflash_recipe.py"),
+    ("drafters/positions/*", "DFlash accuracy per block offset; every anchor vs the engine's walk (CPU)",
+     "dflash_positions.py --n-prompts 3 --device cpu"),
     ("drafters/*", "acceptance: DFlash, EAGLE-3, draft model (x1)", "train_drafters.sh"),
     ("serving/mechanisms/*", "batch mechanisms, draft model and EAGLE-3", "serving_mechanisms.sh"),
     ("serving/profile/*", "round glue old vs new in turn: ms per round, kernels, device idle",

@@ -14,6 +14,19 @@ def test_looping_marks_ngrams_seen_before(bench_script):
     assert script.looping([5, 5, 5, 5], 2) == [False, True, True, False]
 
 
+def test_the_walk_roots_each_round_after_the_last_accepted_draft(bench_script):
+    import torch
+
+    script = bench_script("dflash_positions")
+    # block of 4 (3 drafts); row 0, the last prompt token, is the first root
+    hits = torch.tensor([[1, 0, 1], [1, 1, 1], [1, 1, 0], [0, 0, 0], [1, 1, 1], [0, 0, 0], [1, 1, 1]], dtype=torch.bool)
+    # row 0 accepts 1 (+bonus): 2 tokens; root row 2 accepts 2: 5; root row 5 accepts 0: 6; row 6 accepts 3: 10
+    assert script.walk(hits, 6) == (6, 3)
+    assert script.walk(hits, 7) == (7, 4)
+    with pytest.raises(ValueError):
+        script.walk(hits, 11)
+
+
 @pytest.mark.slow
 def test_shipped_drafter_on_cpu(bench_script, tmp_path):
     script = bench_script("dflash_positions")
@@ -25,3 +38,6 @@ def test_shipped_drafter_on_cpu(bench_script, tmp_path):
         acc = doc[key]["offset_accuracy"]
         assert len(acc) == 15 and all(0 <= a <= 1 for a in acc)
         assert 1 <= doc[key]["chain_accepted_length"] <= 16
+    # the engine's rounds are the walk over the training forward's per-anchor hits, exactly
+    assert doc["engine_chain"]["identical_to_ar"] == 5
+    assert (doc["walk"]["tokens"], doc["walk"]["rounds"]) == (doc["engine_chain"]["tokens"], doc["engine_chain"]["rounds"])
