@@ -69,6 +69,7 @@ class EngineSummary:
     baseline: str | None = None  # the system `gain` is over
     saturated: Interval | None = None  # tokens per second while every slot was taken; None: a unit never was
     saturated_speedup: Interval | None = None  # that over AR's, paired by unit; None for AR
+    saturated_gain: Interval | None = None  # that over the baseline's, paired by unit; None where `gain` is
 
     @property
     def mean_accepted_length(self) -> float:
@@ -85,6 +86,7 @@ class EngineSummary:
             "scaling": self.scaling.to_dict() if self.scaling else None,
             "saturated_tokens_per_second": self.saturated.to_dict() if self.saturated else None,
             "saturated_speedup": self.saturated_speedup.to_dict() if self.saturated_speedup else None,
+            "saturated_gain": self.saturated_gain.to_dict() if self.saturated_gain else None,
             **{m: {f"p{round(100 * q)}": iv.to_dict() for q, iv in qs.items()} for m, qs in self.quantiles.items()},
         }
 
@@ -126,9 +128,17 @@ def saturated_rates(ar: list, runs: list, indices) -> tuple[LogBootstrap, LogBoo
     if not all(r.saturated_seconds > 0 and r.saturated_tokens > 0 for r in (*ar, *runs)):
         return None
     seconds, tokens = [r.saturated_seconds for r in runs], [r.saturated_tokens for r in runs]
-    ratio = None if runs is ar else per_token_bootstrap(
-        [r.saturated_seconds for r in ar], [r.saturated_tokens for r in ar], seconds, tokens, indices)
+    ratio = None if runs is ar else saturated_ratio(ar, runs, indices)
     return throughput_bootstrap(seconds, tokens, indices), ratio
+
+
+def saturated_ratio(reference: list, runs: list, indices) -> LogBootstrap | None:
+    """The runs' saturated throughput over the reference's, paired by unit; None when some unit of
+    either never saturated."""
+    if not all(r.saturated_seconds > 0 and r.saturated_tokens > 0 for r in (*reference, *runs)):
+        return None
+    return per_token_bootstrap([r.saturated_seconds for r in reference], [r.saturated_tokens for r in reference],
+                               [r.saturated_seconds for r in runs], [r.saturated_tokens for r in runs], indices)
 
 
 def summarise(measurements: tuple[UnitMeasurement, ...], systems: tuple[System, ...], config: ServingConfig,
@@ -154,11 +164,13 @@ def summarise(measurements: tuple[UnitMeasurement, ...], systems: tuple[System, 
             runs = [m.run(name) for m in ms]
             seconds, tokens = [r.seconds for r in runs], [r.tokens for r in runs]
             rates[name] = throughput_bootstrap(seconds, tokens, idx)
-            speedup = gain = None
+            speedup = gain = sat_gain = None
             if name != AR_NAME:
                 speedup = interval(paired_throughput_ratio(ar, runs, idx))
             if name not in (AR_NAME, baseline):
-                gain = interval(paired_throughput_ratio([m.run(baseline) for m in ms], runs, idx))
+                base_runs = [m.run(baseline) for m in ms]
+                gain = interval(paired_throughput_ratio(base_runs, runs, idx))
+                sat_gain = saturated_ratio(base_runs, runs, idx)
             scaling = None
             if base is not None:
                 scaling = interval(ratio_of_independent(rates[name], base))
@@ -173,6 +185,7 @@ def summarise(measurements: tuple[UnitMeasurement, ...], systems: tuple[System, 
                 sum(q.identical for q in requests), interval(rates[name]), speedup, gain, scaling, quantiles,
                 baseline if gain else None, interval(sat[0]) if sat else None,
                 interval(sat[1]) if sat and sat[1] is not None else None,
+                interval(sat_gain) if sat_gain is not None else None,
             ))
         if base is None:
             base = rates[AR_NAME]

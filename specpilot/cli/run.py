@@ -185,6 +185,8 @@ def summary(report: dict) -> str:
              f"{len(report['rounds'])} round(s), stopped: {report['run']['stop']}"]
     if final:
         over = f", final / stock {format_speedup(final['final_gain'])}" if final["final_gain"] else ""
+        if final.get("saturated_gain"):
+            over += f" (while every slot was taken: {format_speedup(final['saturated_gain'])})"
         level = ((final.get("bench") or {}).get("levels") or [None])[0]  # a serving run has one level
         how = f"one serving run at concurrency {level['concurrency']}" if level else "one run"
         lines.append(f"  speedup over AR ({how}, 95% CI): stock {format_speedup(final['stock_speedup'])}, "

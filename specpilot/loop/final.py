@@ -90,11 +90,19 @@ class FinalMeasurement:
             return None
         return self.system(self.final)["gain" if self.serving else "geomean_gain"]
 
+    @property
+    def saturated_gain(self) -> dict | None:
+        """Final over stock while every slot was taken, paired by unit (serving: the rate the
+        controller's blocks compare); None for the batch benchmark or when a unit never saturated."""
+        if not self.final or not self.serving:
+            return None
+        return self.system(self.final).get("saturated_gain")
+
     def to_dict(self) -> dict:
         return {"stock": self.stock, "final": self.final, "note": self.note, "seconds": self.seconds,
                 "regime": "serving" if self.serving else "batch",
                 "stock_speedup": self.stock_speedup, "final_speedup": self.final_speedup,
-                "final_gain": self.final_gain, "bench": self.bench}
+                "final_gain": self.final_gain, "saturated_gain": self.saturated_gain, "bench": self.bench}
 
 
 def bench_config(deployment: Deployment, prompts_per_set: int, max_new_tokens: int,
@@ -154,8 +162,10 @@ def serving_line(final: dict) -> str:
     from specpilot.loop.report import format_speedup
 
     saturated = [(label, e["saturated_speedup"]) for label, e in engines[1:] if e.get("saturated_speedup")]
+    gain = engines[-1][1].get("saturated_gain") if len(engines) > 2 else None
     busy = ("; while a request waited for a slot (no ramp-down): " + ", ".join(
-        f"{label} {format_speedup(iv)}" for label, iv in saturated) + " over AR") if saturated else ""
+        f"{label} {format_speedup(iv)}" for label, iv in saturated) + " over AR"
+        + (f", final / stock {format_speedup(gain)}" if gain else "")) if saturated else ""
     return (f"concurrency {level['concurrency']}, {level['units']} units of {level['unit_requests']} requests: "
             f"{rates}; outputs identical to AR: {same}{busy}")
 

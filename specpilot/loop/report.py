@@ -220,23 +220,31 @@ def render_final(r: dict) -> list[str]:
     from specpilot.loop.final import format_rate, serving_engines
 
     (level,) = bench["levels"]
-    for row, (label, e) in zip(rows, serving_engines(final)):
+    engines = serving_engines(final)
+    saturated = any(e.get("saturated_speedup") for _, e in engines)
+    for row, (label, e) in zip(rows, engines):
         tpot = e["time_per_output_token"]["p50"]["estimate"]
         row += [format_rate(e["tokens_per_second"]), "n/a" if tpot is None else f"{1e3 * tpot:.2f}",
                 "-" if label == "AR" else f"{e['identical']}/{e['requests']}"]
+        if saturated:
+            row += ["1.00x" if label == "AR" else format_speedup(e.get("saturated_speedup")),
+                    format_speedup(e["saturated_gain"]) if e.get("saturated_gain") else ""]
+    busy = ["saturated over AR", "saturated over stock"] if saturated else []
+    while_busy = (" Saturated: over the stretches while a request waited for a slot (every slot taken, no "
+                  "ramp-down), the rate the loop's timed blocks compare." if saturated else "")
     arrivals = (f"Poisson arrivals at {c['arrival_rate']:g} requests/s" if c["arrival_rate"] > 0
                 else "closed loop (each finished request replaced at once)")
     length = (f"exactly {c['max_new_tokens']} new tokens (EOS ignored)" if c["ignore_eos"]
               else f"up to {c['max_new_tokens']} new tokens (stopping at EOS)")
     left = f", {level['dropped_requests']} of the pool left out" if level["dropped_requests"] else ""
-    return _table(header + ["tok/s (95% CI)", "TPOT p50 ms", "identical to AR"], rows) + [
+    return _table(header + ["tok/s (95% CI)", "TPOT p50 ms", "identical to AR"] + busy, rows) + [
         "", f"Measured in one serving run, as the deployment serves requests: continuous batching at concurrency "
             f"{level['concurrency']}, {arrivals}; AR and the systems serve the same {level['units']} units of "
             f"{level['unit_requests']} requests ({c['requests_per_slot']} per slot) back to back, the order "
             f"rotating; requests from {len(c['sets'])} sets x {c['n_prompts']} prompts taken in turn{left}, "
             f"{length}, greedy. Throughput = output tokens / serving time over the units; speedups and the gain "
             f"over stock are throughput ratios paired by unit, {c['interval']} bootstrap intervals over units; "
-            f"TPOT = time per output token after the first.{note}"]
+            f"TPOT = time per output token after the first.{while_busy}{note}"]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:

@@ -106,6 +106,15 @@ def test_saturated_throughput_leaves_the_ramp_down_out_and_pairs_by_unit():
                      for k, t in enumerate((1.0, 2.0, 1.5, 3.0, 1.2, 2.5)))
 
     config = ServingConfig(("gsm8k",), 6, 8, (2,), requests_per_slot=1, resamples=200)
+    # a second system: whole units at 3x AR, saturated stretches at 8x: over stock 1.5x and 2x
+    fast = tuple(UnitMeasurement(u.concurrency, u.unit_index, u.prompts, u.arrivals, ("ar", "stock", "fast"), u.ar,
+                                 (*u.systems, run("fast", u.ar.seconds / 3, u.ar.saturated_seconds / 8, 40)))
+                 for u in units())
+    (level,) = summarise(fast, (System(name="stock"), System(name="fast")), config, 6)
+    assert level.engine("fast").gain.estimate == pytest.approx(1.5)
+    assert level.engine("fast").saturated_gain.estimate == pytest.approx(2.0)
+    assert level.engine("fast").to_dict()["saturated_gain"]["low"] == pytest.approx(2.0)
+    assert level.engine("stock").saturated_gain is None and level.engine("ar").saturated_gain is None
     (level,) = summarise(units(), (System(name="stock"),), config, 6)
     ar, stock = level.engines
     assert stock.speedup.estimate == pytest.approx(2.0)

@@ -98,6 +98,16 @@ def test_a_continuous_deployment_is_measured_by_the_serving_benchmark(deployment
             assert 0 < run["saturated_seconds"] < run["seconds"]
     assert f["saturated_speedup"]["estimate"] > 0 and ar["saturated_speedup"] is None
     assert f"final {f['saturated_speedup']['estimate']:.2f}x [" in line.split("while a request waited for a slot")[1]
+    assert result.saturated_gain == f["saturated_gain"] and doc["saturated_gain"]["estimate"] > 0
+    assert f"final / stock {result.saturated_gain['estimate']:.2f}x [" in line.split("while a request waited")[1]
+    assert "| saturated over AR | saturated over stock |" in md
+    assert f"| {result.saturated_gain['estimate']:.2f}x [" in md.split("| final `chain` |")[1].split("\n")[0]
+    from specpilot.cli.run import summary
+
+    report = {"deployment": {"name": "tiny-final", "device": "cpu"}, "run": {"stop": "rounds", "out": "x"},
+              "final": doc, "rounds": [], "start": {"cumulative_gain": 0.0}, "promotions": [],
+              "final_system": {"name": "chain", "changes_from_stock": {}}}
+    assert f"(while every slot was taken: {result.saturated_gain['estimate']:.2f}x [" in summary(report)
 
 
 @pytest.mark.filterwarnings("error::UserWarning")  # a plot of no rounds warns of an empty legend
