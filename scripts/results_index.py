@@ -42,6 +42,8 @@ SOURCES = (
      "specpilot run (pip install --target)"),
     ("loop/fixture-x16/*", "the optimization loop, knob agent, 2 candidates a round",
      "specpilot run --agents knob --max-candidates 2"),
+    ("loop/acceptance_check.*", "acceptance model: predicted vs measured tokens per round by tree shape (CPU)",
+     "acceptance_check.py --n-prompts 2 --tokens 96"),
     ("loop/switch_estimates.json", "cost-table entries after a short vs a full-length warm-up",
      "switch_estimates.py"),
     ("loop/*", "the optimization loop", "loop_fixture.py"),

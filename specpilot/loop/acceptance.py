@@ -6,10 +6,14 @@ larger node budget — the cost model needs a model of acceptance per node. This
 model of draft-tree papers (SpecInfer, Sequoia): the target's next token after a correct path is
 the drafter's rank-j candidate with probability
 
-    p_j(d) = a_d (1 - a_d)^(j - 1),      a_d = clip(alpha * decay^(d - 1)),   j = 1..topk
+    p_j(d) = c_j prod_{i<j} (1 - c_i),   c_j = a_d * RANK_DECAY^(j - 1),   a_d = clip(alpha * decay^(d - 1))
 
-(rank 1 right with probability a_d, else rank 2 with the same chance, and so on; depth d of the
-node, `decay` < 1 when the drafter drifts away from the target along a path). Exactly one child of
+(rank 1 right with probability a_d, else rank 2 with a smaller chance, and so on; depth d of the
+node, `decay` < 1 when the drafter drifts away from the target along a path). RANK_DECAY is fixed,
+not fitted: the stock tree (7 nodes) holds too few siblings to tell it apart from alpha. With 1 (a
+lower rank as likely as the top one once those above it missed) wide trees were over-predicted by
+up to 20-24% on the fixture; `scripts/acceptance_check.py` measures the model against other shapes
+(`results/loop/acceptance_check.md`). Exactly one child of
 a correct node can be right, so a node is on the accepted path with probability equal to its
 *value*, the product of p_j along its root path, and
 
@@ -42,6 +46,7 @@ import numpy as np
 
 MAX_ALPHA = 0.995  # keeps every p_j below 1, so deeper trees never look free
 MAX_DECAY = 1.0  # acceptance per depth never rises in the fit (see `fit`)
+RANK_DECAY = 0.6  # a lower-ranked candidate's chance once those above it missed, per rank (see above)
 DECAYS = tuple(np.round(np.linspace(0.5, MAX_DECAY, 11), 3))
 
 
@@ -88,7 +93,8 @@ def node_values(shape: TreeShape, alpha: float, decay: float) -> tuple[np.ndarra
     values, depths = [], []
     frontier = np.ones(1)  # the root
     for d in range(shape.depth):
-        p = a[d] * (1.0 - a[d]) ** ranks  # [k] rank probabilities at this depth
+        c = a[d] * RANK_DECAY ** ranks  # [k] rank j right once ranks above it missed
+        p = c * np.concatenate([[1.0], np.cumprod(1.0 - c)[:-1]])  # [k] rank probabilities at this depth
         children = (frontier[:, None] * p[None, :]).reshape(-1)  # [f*k]
         values.append(children)
         depths.append(np.full(children.size, d + 1))

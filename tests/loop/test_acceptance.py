@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specpilot.loop.acceptance import AcceptanceModel, TreeShape, depth_curve, node_values
+from specpilot.loop.acceptance import RANK_DECAY, AcceptanceModel, TreeShape, depth_curve, node_values
 
 
 def test_a_chain_accepts_depth_d_with_probability_alpha_to_the_d():
@@ -20,8 +20,11 @@ def test_trees_follow_the_drafter_best_first_and_hold_budget_nodes():
     assert len(values) == 7 == shape.nodes - 1
     assert list(values) == sorted(values, reverse=True)  # the budget's best nodes
     assert depths.min() == 1 and np.all(np.diff(sorted(depths)) <= 1)  # prefix-closed: no level skipped
-    # depth-1 values are alpha (1 - alpha)^j: the root's children by rank
-    assert np.allclose(np.sort(values[depths == 1])[::-1], 0.5 * 0.5 ** np.arange((depths == 1).sum()))
+    # depth-1 values: rank j is right with chance c_j = alpha RANK_DECAY^(j-1) once the ranks above missed
+    c = 0.5 * RANK_DECAY ** np.arange(4)
+    p = c * np.concatenate([[1.0], np.cumprod(1 - c)[:-1]])
+    n1 = int((depths == 1).sum())
+    assert n1 >= 2 and np.allclose(np.sort(values[depths == 1])[::-1], p[:n1], rtol=0, atol=1e-15)
     assert TreeShape(2, 2, 100).nodes == 2 + 4 + 1  # a budget above the candidates is capped by them
 
 
@@ -61,3 +64,12 @@ def test_a_curve_whose_acceptance_rises_with_depth_does_not_extrapolate_to_free_
     # the depth-16, topk-2, 32-node tree that measured 30.6% slower had been predicted 12 tokens a
     # round (decay 1.125: a_d at its clip from depth 4 on)
     assert model.tokens_per_round(TreeShape(16, 2, 32)) < 8.0
+
+
+def test_a_lower_rank_is_worth_less_than_the_top_one_was():
+    """Once rank 1 missed, rank 2 is right with a smaller chance than rank 1 had: widening a tree
+    adds less than the geometric model (every rank as likely as the top one) said."""
+    values, _ = node_values(TreeShape(1, 4, 4), 0.8, 1.0)
+    assert 0 < RANK_DECAY < 1
+    # p_2 / p_1 = c_2 (1 - c_1) / c_1 = RANK_DECAY (1 - alpha); the geometric model's was 1 - alpha
+    assert values[1] / values[0] == pytest.approx(RANK_DECAY * (1 - 0.8), rel=1e-12)
