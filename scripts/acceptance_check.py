@@ -31,7 +31,7 @@ from specpilot.bench.provenance import capture  # noqa: E402
 from specpilot.config import DrafterKind, load_deployment  # noqa: E402
 from specpilot.engine.profile import acceptance_by_depth  # noqa: E402
 from specpilot.engine.session import Session  # noqa: E402
-from specpilot.loop.acceptance import AcceptanceModel, TreeShape  # noqa: E402
+from specpilot.loop.acceptance import AcceptanceModel, TreeShape, rank_decay  # noqa: E402
 
 FITTED = TreeShape(5, 4, 7)  # the draft-model stock (SGLang's EAGLE defaults)
 SHAPES = (TreeShape(5, 4, 16), TreeShape(6, 4, 16), TreeShape(4, 4, 7), TreeShape(6, 2, 10), TreeShape(9, 2, 16),
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     for name in args.drafters:
         kind = DrafterKind(name)
         fitted = measure(session, kind, FITTED, prompts, args.tokens)
-        model = AcceptanceModel.fit(fitted["accept_at_depth"], FITTED)
+        model = AcceptanceModel.fit(fitted["accept_at_depth"], FITTED, rank_decay(name))
         scale = fitted["tokens_per_round"] / model.tokens_per_round(FITTED)
         for shape in SHAPES:
             got = measure(session, kind, shape, prompts, args.tokens)
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
                   flush=True)
         rows.append({"drafter": name, "shape": FITTED.label(), "fitted": True, "measured": fitted["tokens_per_round"],
                      "accept_at_depth": fitted["accept_at_depth"], "alpha": model.alpha, "decay": model.decay,
-                     "residual": model.residual})
+                     "rank_decay": model.rank, "residual": model.residual})
     doc = {"benchmark": "acceptance model: predicted vs measured tokens per round by tree shape",
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "provenance": capture(device, session.target.dtype), "deployment": args.deployment,
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     for name in args.drafters:
         fit = next(r for r in rows if r["drafter"] == name and r.get("fitted"))
         lines += [f"## {name}: measured {fit['measured']:.2f} on the fitted shape (alpha {fit['alpha']:.3f}, "
-                  f"decay {fit['decay']:.3f}, rmse {fit['residual']:.3f})", "",
+                  f"decay {fit['decay']:.3f}, rank decay {fit['rank_decay']:g}, rmse {fit['residual']:.3f})", "",
                   "| shape | predicted | measured | error |", "|---|---|---|---|"]
         lines += [f"| {r['shape']} | {r['predicted']:.2f} | {r['measured']:.2f} | {r['error']:+.1%} |"
                   for r in rows if r["drafter"] == name and not r.get("fitted")]

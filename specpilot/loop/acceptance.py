@@ -6,14 +6,15 @@ larger node budget — the cost model needs a model of acceptance per node. This
 model of draft-tree papers (SpecInfer, Sequoia): the target's next token after a correct path is
 the drafter's rank-j candidate with probability
 
-    p_j(d) = c_j prod_{i<j} (1 - c_i),   c_j = a_d * RANK_DECAY^(j - 1),   a_d = clip(alpha * decay^(d - 1))
+    p_j(d) = c_j prod_{i<j} (1 - c_i),   c_j = a_d * r^(j - 1),   a_d = clip(alpha * decay^(d - 1))
 
 (rank 1 right with probability a_d, else rank 2 with a smaller chance, and so on; depth d of the
-node, `decay` < 1 when the drafter drifts away from the target along a path). RANK_DECAY is fixed,
-not fitted: the stock tree (7 nodes) holds too few siblings to tell it apart from alpha. With 1 (a
-lower rank as likely as the top one once those above it missed) wide trees were over-predicted by
-up to 20-24% on the fixture; `scripts/acceptance_check.py` measures the model against other shapes
-(`results/loop/acceptance_check.md`). Exactly one child of
+node, `decay` < 1 when the drafter drifts away from the target along a path). The rank decay r is
+not fitted: the stock tree (7 nodes) holds too few siblings to tell it apart from alpha. It is a
+prior per drafter kind (`RANK_DECAY`), chosen where `scripts/acceptance_check.py` (the model fitted
+on the stock shape against 8 measured shapes, `results/loop/acceptance_check.md`) erred least on
+the fixture; with r = 1 (a lower rank as likely as the top one once those above it missed) wide
+trees were over-predicted by up to 28% (draft model) and 39% (EAGLE-3). Exactly one child of
 a correct node can be right, so a node is on the accepted path with probability equal to its
 *value*, the product of p_j along its root path, and
 
@@ -46,7 +47,9 @@ import numpy as np
 
 MAX_ALPHA = 0.995  # keeps every p_j below 1, so deeper trees never look free
 MAX_DECAY = 1.0  # acceptance per depth never rises in the fit (see `fit`)
-RANK_DECAY = 0.6  # a lower-ranked candidate's chance once those above it missed, per rank (see above)
+# r per drafter kind: a lower-ranked candidate's chance, per rank, once those above it missed (above)
+RANK_DECAY = {"model": 0.6, "eagle3": 0.3}
+DEFAULT_RANK_DECAY = 0.6  # other drafters (n-gram, DFlash trees): the draft model's
 DECAYS = tuple(np.round(np.linspace(0.5, MAX_DECAY, 11), 3))
 
 
@@ -81,11 +84,17 @@ class TreeShape:
         return cls(system.depth, system.topk, system.tree_budget)
 
 
+def rank_decay(drafter: str) -> float:
+    """The rank decay r of a drafter kind (`config.DrafterKind` value)."""
+    return RANK_DECAY.get(drafter, DEFAULT_RANK_DECAY)
+
+
 def _alphas(alpha: float, decay: float, depth: int) -> np.ndarray:
     return np.clip(alpha * decay ** np.arange(depth), 0.0, MAX_ALPHA)  # [K]
 
 
-def node_values(shape: TreeShape, alpha: float, decay: float) -> tuple[np.ndarray, np.ndarray]:
+def node_values(shape: TreeShape, alpha: float, decay: float,
+                rank: float = DEFAULT_RANK_DECAY) -> tuple[np.ndarray, np.ndarray]:
     """(values, depths) of the nodes a best-first tree of `shape` holds under the model."""
     k = shape.topk
     a = _alphas(alpha, decay, shape.depth)
@@ -93,7 +102,7 @@ def node_values(shape: TreeShape, alpha: float, decay: float) -> tuple[np.ndarra
     values, depths = [], []
     frontier = np.ones(1)  # the root
     for d in range(shape.depth):
-        c = a[d] * RANK_DECAY ** ranks  # [k] rank j right once ranks above it missed
+        c = a[d] * rank ** ranks  # [k] rank j right once ranks above it missed
         p = c * np.concatenate([[1.0], np.cumprod(1.0 - c)[:-1]])  # [k] rank probabilities at this depth
         children = (frontier[:, None] * p[None, :]).reshape(-1)  # [f*k]
         values.append(children)
@@ -105,9 +114,9 @@ def node_values(shape: TreeShape, alpha: float, decay: float) -> tuple[np.ndarra
     return v[keep], dep[keep]
 
 
-def depth_curve(shape: TreeShape, alpha: float, decay: float) -> np.ndarray:
+def depth_curve(shape: TreeShape, alpha: float, decay: float, rank: float = DEFAULT_RANK_DECAY) -> np.ndarray:
     """[K] the model's P(accepted drafts >= d) for d = 1..K."""
-    v, dep = node_values(shape, alpha, decay)
+    v, dep = node_values(shape, alpha, decay, rank)
     return np.array([v[dep == d].sum() for d in range(1, shape.depth + 1)])
 
 
@@ -118,36 +127,40 @@ class AcceptanceModel:
     fitted_on: TreeShape  # the shape whose measurement it was fitted to
     measured: tuple[float, ...]  # P(accepted >= d) measured on that shape
     residual: float  # root-mean-square error of the fit over the measured depths
+    rank: float = DEFAULT_RANK_DECAY  # the drafter kind's rank decay r (not fitted)
 
     def expected_drafts(self, shape: TreeShape) -> float:
         """Expected accepted draft tokens per round for `shape`."""
-        return float(node_values(shape, self.alpha, self.decay)[0].sum())
+        return float(node_values(shape, self.alpha, self.decay, self.rank)[0].sum())
 
     def tokens_per_round(self, shape: TreeShape) -> float:
         """Expected tokens committed per round (accepted drafts + the bonus token)."""
         return 1.0 + self.expected_drafts(shape)
 
     def curve(self, shape: TreeShape) -> tuple[float, ...]:
-        return tuple(float(x) for x in depth_curve(shape, self.alpha, self.decay))
+        return tuple(float(x) for x in depth_curve(shape, self.alpha, self.decay, self.rank))
 
     def to_dict(self) -> dict:
         return {"alpha": self.alpha, "decay": self.decay, "fitted_on": asdict(self.fitted_on),
-                "measured": list(self.measured), "residual": self.residual}
+                "measured": list(self.measured), "residual": self.residual, "rank": self.rank}
 
     @classmethod
     def from_dict(cls, d: dict) -> AcceptanceModel:
-        return cls(d["alpha"], d["decay"], TreeShape(**d["fitted_on"]), tuple(d["measured"]), d["residual"])
+        return cls(d["alpha"], d["decay"], TreeShape(**d["fitted_on"]), tuple(d["measured"]), d["residual"],
+                   d.get("rank", 1.0))  # stored before the rank decay: the geometric model
 
     @classmethod
-    def fit(cls, measured: tuple[float, ...] | list[float], shape: TreeShape) -> AcceptanceModel:
-        """Least-squares (alpha, decay) for the measured P(accepted >= d) of `shape`."""
+    def fit(cls, measured: tuple[float, ...] | list[float], shape: TreeShape,
+            rank: float = DEFAULT_RANK_DECAY) -> AcceptanceModel:
+        """Least-squares (alpha, decay) for the measured P(accepted >= d) of `shape`, at rank decay `rank`."""
         m = np.asarray(list(measured)[: shape.depth], dtype=float)
         if m.size == 0 or not np.any(m > 0):
-            return cls(0.0, 1.0, shape, tuple(float(x) for x in m), float(np.sqrt(np.mean(m**2))) if m.size else 0.0)
+            rms = float(np.sqrt(np.mean(m**2))) if m.size else 0.0
+            return cls(0.0, 1.0, shape, tuple(float(x) for x in m), rms, rank)
         fitted = TreeShape(m.size, shape.topk, shape.budget)
 
         def loss(alpha: float, decay: float) -> float:
-            return float(np.mean((depth_curve(fitted, alpha, decay) - m) ** 2))
+            return float(np.mean((depth_curve(fitted, alpha, decay, rank) - m) ** 2))
 
         best = min((loss(a, g), a, g) for a in np.linspace(0.02, MAX_ALPHA, 50) for g in DECAYS)
         _, a0, g0 = best
@@ -155,4 +168,4 @@ class AcceptanceModel:
                 for a in np.clip(np.linspace(a0 - 0.02, a0 + 0.02, 9), 0.001, MAX_ALPHA)
                 for g in np.clip(np.linspace(g0 - 0.025, g0 + 0.025, 5), 0.0, MAX_DECAY)]
         err, alpha, decay = min(fine + [best])
-        return cls(float(alpha), float(decay), shape, tuple(float(x) for x in m), float(np.sqrt(err)))
+        return cls(float(alpha), float(decay), shape, tuple(float(x) for x in m), float(np.sqrt(err)), rank)

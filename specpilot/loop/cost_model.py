@@ -44,7 +44,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from specpilot.engine.profile import StepProfile
-from specpilot.loop.acceptance import AcceptanceModel, TreeShape
+from specpilot.loop.acceptance import AcceptanceModel, TreeShape, rank_decay
 
 MAX_DEPTH = 16
 TOPKS = (1, 2, 4, 8)
@@ -332,14 +332,16 @@ def tree_shapes(max_depth: int = MAX_DEPTH):
 
 def analyze(p: StepProfile, shape: TreeShape | None = None, system: str = "", draft_kv_bytes_per_token: int = 0,
             max_depth: int = MAX_DEPTH, ar_ms_per_token: float | None = None,
-            switch_ms_per_token: dict[str, float] | None = None) -> CostTable:
+            switch_ms_per_token: dict[str, float] | None = None, drafter: str = "") -> CostTable:
     """The cost table of one measured system; `shape` is its tree (None: inferred, AR if no acceptance);
     `ar_ms_per_token`, when measured, is what plain AR decoding costs on the same prompts, and
-    `switch_ms_per_token` what the system costs with each other loaded drafter switched in."""
+    `switch_ms_per_token` what the system costs with each other loaded drafter switched in;
+    `drafter` (a `DrafterKind` value) picks the acceptance model's rank decay."""
     if shape is None and p.accept_at_depth and p.tree_nodes > 1:
         depth = len(p.accept_at_depth)
         shape = TreeShape(depth, max(1, -(-(p.tree_nodes - 1) // depth)), p.tree_nodes - 1)
-    acceptance = AcceptanceModel.fit(p.accept_at_depth, shape) if shape is not None and p.accept_at_depth else None
+    acceptance = (AcceptanceModel.fit(p.accept_at_depth, shape, rank_decay(drafter))
+                  if shape is not None and p.accept_at_depth else None)
     table = CostTable(system, p, shape, acceptance, draft_kv_bytes_per_token, math.nan, None, (), ar_ms_per_token)
     tau = p.tokens_per_round
     verify_floor, draft_floor = table.verify_floor, table.draft_floor

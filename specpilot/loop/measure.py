@@ -74,7 +74,8 @@ def measure(session, system: System, batches: list[list[list[int]]], max_new_tok
     switches = switch_ms_per_token(session, system, batches, max_new_tokens) if system.speculative else {}
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return analyze(p, shape_run(gen, system), system.name, kv, ar_ms_per_token=ar_ms, switch_ms_per_token=switches)
+    return analyze(p, shape_run(gen, system), system.name, kv, ar_ms_per_token=ar_ms, switch_ms_per_token=switches,
+                   drafter=system.drafter.value)
 
 
 def ar_ms_per_token(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> float:

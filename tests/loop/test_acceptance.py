@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from specpilot.loop.acceptance import RANK_DECAY, AcceptanceModel, TreeShape, depth_curve, node_values
+from specpilot.loop.acceptance import (DEFAULT_RANK_DECAY, AcceptanceModel, TreeShape, depth_curve, node_values,
+                                       rank_decay)
 
 
 def test_a_chain_accepts_depth_d_with_probability_alpha_to_the_d():
@@ -20,8 +21,8 @@ def test_trees_follow_the_drafter_best_first_and_hold_budget_nodes():
     assert len(values) == 7 == shape.nodes - 1
     assert list(values) == sorted(values, reverse=True)  # the budget's best nodes
     assert depths.min() == 1 and np.all(np.diff(sorted(depths)) <= 1)  # prefix-closed: no level skipped
-    # depth-1 values: rank j is right with chance c_j = alpha RANK_DECAY^(j-1) once the ranks above missed
-    c = 0.5 * RANK_DECAY ** np.arange(4)
+    # depth-1 values: rank j is right with chance c_j = alpha r^(j-1) once the ranks above missed
+    c = 0.5 * DEFAULT_RANK_DECAY ** np.arange(4)
     p = c * np.concatenate([[1.0], np.cumprod(1 - c)[:-1]])
     n1 = int((depths == 1).sum())
     assert n1 >= 2 and np.allclose(np.sort(values[depths == 1])[::-1], p[:n1], rtol=0, atol=1e-15)
@@ -69,7 +70,13 @@ def test_a_curve_whose_acceptance_rises_with_depth_does_not_extrapolate_to_free_
 def test_a_lower_rank_is_worth_less_than_the_top_one_was():
     """Once rank 1 missed, rank 2 is right with a smaller chance than rank 1 had: widening a tree
     adds less than the geometric model (every rank as likely as the top one) said."""
-    values, _ = node_values(TreeShape(1, 4, 4), 0.8, 1.0)
-    assert 0 < RANK_DECAY < 1
-    # p_2 / p_1 = c_2 (1 - c_1) / c_1 = RANK_DECAY (1 - alpha); the geometric model's was 1 - alpha
-    assert values[1] / values[0] == pytest.approx(RANK_DECAY * (1 - 0.8), rel=1e-12)
+    for r in (rank_decay("model"), rank_decay("eagle3"), rank_decay("ngram")):
+        assert 0 < r < 1
+        values, _ = node_values(TreeShape(1, 4, 4), 0.8, 1.0, r)
+        # p_2 / p_1 = c_2 (1 - c_1) / c_1 = r (1 - alpha); the geometric model's was 1 - alpha
+        assert values[1] / values[0] == pytest.approx(r * (1 - 0.8), rel=1e-12)
+    # the fit keeps its drafter's r; a model stored before r existed was the geometric one
+    model = AcceptanceModel.fit((0.8, 0.6, 0.45), TreeShape(3, 4, 7), rank_decay("eagle3"))
+    assert model.rank == rank_decay("eagle3") and AcceptanceModel.from_dict(model.to_dict()) == model
+    old = {k: v for k, v in model.to_dict().items() if k != "rank"}
+    assert AcceptanceModel.from_dict(old).rank == 1.0

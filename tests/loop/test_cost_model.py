@@ -61,6 +61,17 @@ def test_predictions_reproduce_the_measurement_and_follow_the_curve():
     assert interpolate(((1, 1.0), (3, 3.0)), 2) == 2.0 and interpolate(((1, 1.0), (3, 3.0)), 5) == 5.0
 
 
+def test_the_drafter_kind_sets_how_much_a_wider_tree_is_worth():
+    """EAGLE-3's lower-ranked candidates are right less often than the draft model's
+    (`results/loop/acceptance_check.md`): from the same measurement, a wide tree is predicted to
+    accept less for it, and the stock shape the same."""
+    here, wide = TreeShape.of(STOCK), TreeShape(7, 8, 128)
+    model, eagle3 = (analyze(gpu_profile(), here, "x", drafter=d) for d in ("model", "eagle3"))
+    assert model.acceptance.rank == 0.6 and eagle3.acceptance.rank == 0.3
+    assert eagle3.tokens_per_round_for(here) == pytest.approx(model.tokens_per_round_for(here), rel=1e-12)
+    assert eagle3.tokens_per_round_for(wide) < model.tokens_per_round_for(wide)
+
+
 def test_ar_has_no_acceptance_gap_and_its_floor_is_the_ceiling():
     ar = STOCK.with_changes(name="ar", drafter=DrafterKind.NONE)
     t = analyze(gpu_profile(accept_at_depth=(), tree_nodes=1, draft_ms=0.0, draft_forwards=0, drafter_bytes=0,
