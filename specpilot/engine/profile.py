@@ -132,6 +132,9 @@ def acceptance_by_depth(accept_lengths: list[list[int]], max_depth: int) -> tupl
 
 
 WARMUP_TOKENS = 8
+# verify forwards timed for the cost model's curve, up to the largest tree the loop's search reaches
+# (`loop.cost_model.BUDGETS`), so a prediction for a big tree interpolates instead of extrapolating
+CURVE_NODES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
 
 def warm_up(gen: Generator, prompts: list[list[int]], max_new_tokens: int) -> None:
@@ -142,7 +145,7 @@ def warm_up(gen: Generator, prompts: list[list[int]], max_new_tokens: int) -> No
 
 
 def profile(gen: Generator, prompts: list[list[int]], max_new_tokens: int,
-            curve_nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)) -> StepProfile:
+            curve_nodes: tuple[int, ...] = CURVE_NODES) -> StepProfile:
     """Run one generation, then time its round's pieces in isolation."""
     device = gen.target.device
     warm_up(gen, prompts, max_new_tokens)

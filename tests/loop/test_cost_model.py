@@ -113,3 +113,10 @@ def test_format_floors_show_the_room_of_every_weight_format():
     assert "w12 (12.01 bits)" in t.render()
     old = {k: v for k, v in t.to_dict().items() if k != "format_floors"}  # a table stored before formats
     assert CostTable.from_dict(old).format_floors == ()
+
+
+def test_the_verify_curve_is_measured_as_far_as_the_search_reaches():
+    from specpilot.engine.profile import CURVE_NODES
+    from specpilot.loop.cost_model import BUDGETS
+
+    assert max(CURVE_NODES) >= max(BUDGETS) and list(CURVE_NODES) == sorted(set(CURVE_NODES))
