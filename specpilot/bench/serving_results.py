@@ -125,7 +125,7 @@ def paired_throughput_ratio(reference: list, runs: list, indices) -> LogBootstra
 def saturated_rates(ar: list, runs: list, indices) -> tuple[LogBootstrap, LogBootstrap | None] | None:
     """(saturated throughput, its ratio over AR's paired by unit, None for AR itself) of the runs; None
     when some unit of either never saturated."""
-    if not all(r.saturated_seconds > 0 and r.saturated_tokens > 0 for r in (*ar, *runs)):
+    if not _all_saturated(ar, runs):
         return None
     seconds, tokens = [r.saturated_seconds for r in runs], [r.saturated_tokens for r in runs]
     ratio = None if runs is ar else saturated_ratio(ar, runs, indices)
@@ -135,10 +135,15 @@ def saturated_rates(ar: list, runs: list, indices) -> tuple[LogBootstrap, LogBoo
 def saturated_ratio(reference: list, runs: list, indices) -> LogBootstrap | None:
     """The runs' saturated throughput over the reference's, paired by unit; None when some unit of
     either never saturated."""
-    if not all(r.saturated_seconds > 0 and r.saturated_tokens > 0 for r in (*reference, *runs)):
+    if not _all_saturated(reference, runs):
         return None
     return per_token_bootstrap([r.saturated_seconds for r in reference], [r.saturated_tokens for r in reference],
                                [r.saturated_seconds for r in runs], [r.saturated_tokens for r in runs], indices)
+
+
+def _all_saturated(*groups: list) -> bool:
+    """Every unit run of every group had a saturated stretch (seconds and tokens)."""
+    return all(r.saturated_seconds > 0 and r.saturated_tokens > 0 for g in groups for r in g)
 
 
 def summarise(measurements: tuple[UnitMeasurement, ...], systems: tuple[System, ...], config: ServingConfig,

@@ -162,7 +162,7 @@ def serving_line(final: dict) -> str:
     from specpilot.loop.report import format_speedup
 
     saturated = [(label, e["saturated_speedup"]) for label, e in engines[1:] if e.get("saturated_speedup")]
-    gain = engines[-1][1].get("saturated_gain") if len(engines) > 2 else None
+    gain = engines[-1][1].get("saturated_gain")  # the final system's; stock's (the baseline) has none
     busy = ("; while a request waited for a slot (no ramp-down): " + ", ".join(
         f"{label} {format_speedup(iv)}" for label, iv in saturated) + " over AR"
         + (f", final / stock {format_speedup(gain)}" if gain else "")) if saturated else ""

@@ -223,6 +223,7 @@ class _Run:
         from specpilot.memory.evaluate import reusable_noise
 
         stored, costs, note = None, None, "measured now; asked to measure it again (--remeasure-noise)"
+        on = ""  # how many request pairs the A/A compared on saturated stretches, when measured now
         if not force:
             stored, note = reusable_noise(self.memory, self.fp, self.controller.procedure,
                                           now or self.lock.current())
@@ -234,10 +235,10 @@ class _Run:
             self.noise, costs, self.noise_load = NoiseFloor(aa.estimate, self.controller.procedure), aa.costs, w.load
             self.noise_id = self.memory.record_noise(self.fp, self.noise, w.load)
             note += f" ({w.load.describe()})"
+            sat, pairs = aa.saturated
+            on = f", {sat}/{pairs} request pairs on saturated stretches" if sat else ""
         self.per_evaluation = evaluation_seconds(costs, self.ccfg, self.memory, self.fp.digest, self.device)
         est, threshold = self.noise.estimate, promotion_threshold(self.ccfg, self.noise)
-        sat, pairs = aa.saturated if costs else (0, 0)
-        on = f", {sat}/{pairs} request pairs on saturated stretches" if sat else ""
         self.journal.emit(
             EventKind.NOISE, f"noise floor {self.noise.value:.2%} ({'measured now' if costs else 'from the memory'}, "
             f"stock vs stock {est.gain:+.2%} [{est.lower:+.2%}, {est.upper:+.2%}] over {est.n} blocks{on}); promotion "
