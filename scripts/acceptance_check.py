@@ -47,6 +47,11 @@ def measure(session: Session, drafter: DrafterKind, shape: TreeShape, prompts, t
             "accept_at_depth": list(acceptance_by_depth(result.accept_lengths, shape.depth))}
 
 
+def predict(model: AcceptanceModel, measured_tokens_per_round: float, shape: TreeShape) -> float:
+    """Tokens per round of `shape`, scaled to the fitted shape's measurement (`CostTable.tokens_per_round_for`)."""
+    return max(1.0, measured_tokens_per_round / model.tokens_per_round(FITTED) * model.tokens_per_round(shape))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
@@ -65,13 +70,14 @@ def main(argv=None) -> int:
         kind = DrafterKind(name)
         fitted = measure(session, kind, FITTED, prompts, args.tokens)
         model = AcceptanceModel.fit(fitted["accept_at_depth"], FITTED, rank_decay(name))
-        scale = fitted["tokens_per_round"] / model.tokens_per_round(FITTED)
+        geometric = AcceptanceModel.fit(fitted["accept_at_depth"], FITTED, 1.0)  # r = 1, for comparison
         for shape in SHAPES:
             got = measure(session, kind, shape, prompts, args.tokens)
-            predicted = max(1.0, scale * model.tokens_per_round(shape))
+            predicted, flat = (predict(m, fitted["tokens_per_round"], shape) for m in (model, geometric))
             rows.append({"drafter": name, "shape": shape.label(), "depth": shape.depth, "topk": shape.topk,
                          "budget": shape.budget, "predicted": predicted, "measured": got["tokens_per_round"],
-                         "error": predicted / got["tokens_per_round"] - 1, "rounds": got["rounds"]})
+                         "error": predicted / got["tokens_per_round"] - 1, "rounds": got["rounds"],
+                         "geometric": flat, "geometric_error": flat / got["tokens_per_round"] - 1})
             print(f"{name:7s} {shape.label():28s} predicted {predicted:5.2f} measured {got['tokens_per_round']:5.2f}",
                   flush=True)
         rows.append({"drafter": name, "shape": FITTED.label(), "fitted": True, "measured": fitted["tokens_per_round"],
@@ -91,10 +97,14 @@ def main(argv=None) -> int:
         fit = next(r for r in rows if r["drafter"] == name and r.get("fitted"))
         lines += [f"## {name}: measured {fit['measured']:.2f} on the fitted shape (alpha {fit['alpha']:.3f}, "
                   f"decay {fit['decay']:.3f}, rank decay {fit['rank_decay']:g}, rmse {fit['residual']:.3f})", "",
-                  "| shape | predicted | measured | error |", "|---|---|---|---|"]
-        lines += [f"| {r['shape']} | {r['predicted']:.2f} | {r['measured']:.2f} | {r['error']:+.1%} |"
-                  for r in rows if r["drafter"] == name and not r.get("fitted")]
-        lines.append("")
+                  "| shape | predicted | measured | error | error at r = 1 |", "|---|---|---|---|---|"]
+        shapes = [r for r in rows if r["drafter"] == name and not r.get("fitted")]
+        lines += [f"| {r['shape']} | {r['predicted']:.2f} | {r['measured']:.2f} | {r['error']:+.1%} | "
+                  f"{r['geometric_error']:+.1%} |" for r in shapes]
+        mean = {k: sum(abs(r[k]) for r in shapes) / len(shapes) for k in ("error", "geometric_error")}
+        lines += ["", f"Mean |error|: {mean['error']:.1%} at rank decay {fit['rank_decay']:g}, "
+                  f"{mean['geometric_error']:.1%} at r = 1 (every rank as likely as the top one once those above "
+                  "missed).", ""]
     lines.append("Written by `scripts/acceptance_check.py`.")
     (out / "acceptance_check.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -21,4 +21,8 @@ def test_fits_on_the_stock_shape_and_measures_every_other(bench_script, tmp_path
     for r in others:
         assert 1 <= r["measured"] <= r["depth"] + 1 and 1 <= r["predicted"] <= r["depth"] + 1
         assert r["error"] == pytest.approx(r["predicted"] / r["measured"] - 1)
-    assert "| depth 3, topk 1, 3 nodes |" in (tmp_path / "acceptance_check.md").read_text()
+        assert r["geometric_error"] == pytest.approx(r["geometric"] / r["measured"] - 1)
+    # widening from the fitted 7 nodes to 16 at the same depth: the geometric model (r = 1) credits more
+    assert others[0]["geometric"] > others[0]["predicted"]
+    md = (tmp_path / "acceptance_check.md").read_text()
+    assert "| depth 3, topk 1, 3 nodes |" in md and "at r = 1" in md
