@@ -94,6 +94,13 @@ class System:
     # Continuous batching: a round's target attention reads only the cache slots any row can reach
     # in it, rounded up to a multiple of this (a captured graph per span); 0 = the whole cache.
     attention_span: int = 256
+    # A round's pieces under torch.compile with static shapes (`models.ops.compiled_static`): fewer,
+    # fused kernels where they are launch bound. draft_compile: the proposal (draft model, EAGLE-3),
+    # which changes drafts only, never the target's tokens; verify_compile: the target's verify
+    # forward, acceptance and commit (fused arithmetic may round differently: the guard decides).
+    # CUDA only (eager elsewhere).
+    draft_compile: bool = False
+    verify_compile: bool = False
 
     def __post_init__(self):
         if self.drafter is not DrafterKind.NONE:
@@ -116,6 +123,11 @@ class System:
             raise ConfigError(f"system {self.name!r}: w12 = true needs kernel = 'triton'")
         if self.kernel_table and self.kernel is not Kernel.TRITON:
             raise ConfigError(f"system {self.name!r}: kernel_table needs kernel = 'triton'")
+        if self.verify_compile and self.kernel is not Kernel.CUBLAS:
+            # inductor recompiles user Triton kernels in a subprocess, which loses the helper
+            # modules the package's kernels call: found on the H200, loop on fixture-x16
+            raise ConfigError(f"system {self.name!r}: verify_compile needs kernel = 'cublas' (torch.compile cannot "
+                              "compile the target forward through the package's Triton kernels)")
         if not (1 <= self.ngram_min <= self.ngram_max):
             raise ConfigError(f"system {self.name!r}: need 1 <= ngram_min <= ngram_max")
         for d in self.adaptive_depth:
@@ -226,7 +238,8 @@ class System:
 
 
 _LATER_KNOBS = {"block_size": 16, "tree_construction": TreeConstruction.BEST_FIRST.value, "kernel_table": "",
-                "shared_budget": 0, "row_depth_margin": 0, "segment_tokens": 0, "attention_span": 256}
+                "shared_budget": 0, "row_depth_margin": 0, "segment_tokens": 0, "attention_span": 256,
+                "draft_compile": False, "verify_compile": False}
 
 
 @dataclass(frozen=True)

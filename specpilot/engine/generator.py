@@ -24,6 +24,7 @@ from specpilot.engine.state import DecodeState, extract_outputs
 from specpilot.engine.steps import ar_step, prefill, verify_step
 from specpilot.engine.tree import DraftTree
 from specpilot.errors import ConfigError
+from specpilot.models import ops
 from specpilot.models.transformer import Transformer
 
 
@@ -97,8 +98,12 @@ class Generator:
         prefill_bucket: int | None = None,
         segment_tokens: int = 0,
         attention_span: int = 0,
+        verify_compile: bool = False,
     ):
         self.target = target
+        # a round's verification (target forward, acceptance, commit) compiled with static shapes, or eager
+        self.verify_compile = verify_compile
+        self._verify = ops.compiled_static(verify_step, target.device) if verify_compile else verify_step
         self.drafters = drafters or {}
         self.eos_ids = tuple(eos_ids)
         self.fault = parse_fault(fault) if isinstance(fault, str) or fault is None else fault
@@ -193,9 +198,9 @@ class Generator:
         if tree is None:
             tree = drafter.propose(ws.state)
         if not self.feature_layers:
-            return verify_step(self.target, cache, ws.state, tree, self.fault, segment=self.segment_tokens)
+            return self._verify(self.target, cache, ws.state, tree, self.fault, segment=self.segment_tokens)
         prefix = ws.state.cache_prefix().clone()  # the root's slot, before commit moves it
-        acc = verify_step(self.target, cache, ws.state, tree, self.fault, capture=self.feature_layers,
+        acc = self._verify(self.target, cache, ws.state, tree, self.fault, capture=self.feature_layers,
                           segment=self.segment_tokens)
         drafter.observe(acc, prefix)  # the accepted path's features, still inside the round
         return acc

@@ -19,6 +19,7 @@ import torch
 from specpilot.engine.generator import Generator
 from specpilot.engine.steps import tree_forward
 from specpilot.engine.tree import DraftTree
+from specpilot.models import ops
 from specpilot.models.transformer import Transformer
 
 
@@ -166,7 +167,10 @@ def profile(gen: Generator, prompts: list[list[int]], max_new_tokens: int,
             N = drafter.num_nodes if drafter is not None else 1
             tree = DraftTree.chain(state.roots()[:, None].repeat(1, N))
         tree.ancestors()
-        verify_ms = time_ms(lambda: tree_forward(gen.target, cache, tree, prefix), device)
+        # the system's own verify forward as its rounds run it (compiled with `verify_compile`); the
+        # curve below is eager, and the cost model uses only its ratios
+        forward = ops.compiled_static(tree_forward, device) if gen.verify_compile else tree_forward
+        verify_ms = time_ms(lambda: forward(gen.target, cache, tree, prefix), device)
         curve = {}
         for n in curve_nodes:
             if int(prefix.max()) + n >= cache.capacity:

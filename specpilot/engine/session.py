@@ -155,7 +155,7 @@ class Session:
                 )
             for d in tiers:
                 drafters[d] = DraftModelDrafter(self.drafter_model, d, system.topk, system.tree_budget, system.window,
-                                                system.shared_budget, system.row_depth_margin)
+                                                system.shared_budget, system.row_depth_margin, system.draft_compile)
         elif system.drafter is DrafterKind.DFLASH:
             if self.dflash_model is None:
                 raise ConfigError(
@@ -174,7 +174,7 @@ class Session:
                 )
             for d in tiers:  # the tiers share one head cache (`Generator._start_drafter`)
                 drafters[d] = Eagle3Drafter(self.eagle3_model, target, d, system.topk, system.tree_budget,
-                                            system.shared_budget, system.row_depth_margin)
+                                            system.shared_budget, system.row_depth_margin, system.draft_compile)
         elif system.drafter is DrafterKind.NGRAM:
             for d in tiers:
                 drafters[d] = NgramDrafter(d, system.topk, system.tree_budget, system.ngram_min, system.ngram_max)
@@ -187,6 +187,7 @@ class Session:
             fault=system.fault or None,
             segment_tokens=system.segment_tokens,
             attention_span=system.attention_span,
+            verify_compile=system.verify_compile,
         )
 
     def encode_prompt(self, text: str) -> list[int]:

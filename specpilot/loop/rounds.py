@@ -307,6 +307,8 @@ def evaluation_line(p: Proposal, e: Evaluation, entry: int) -> str:
                      f"bound {_pct(d.lower_bound)} vs threshold {_pct(d.threshold)} (noise {e.noise.value:.1%})")
     if e.gate is not None:
         parts.append("guard pass" if e.gate.passed else f"guard FAILED: {e.gate.reason}")
+    if e.forced is not None:  # the gate again, on a sample of the timed requests' outputs
+        parts.append("timed outputs pass" if e.forced.passed else f"timed outputs FAILED the guard: {e.forced.reason}")
     if e.error:
         parts.append(f"error: {e.error[:160]}")
     return head + (": " + "; ".join(parts) if parts else "") + f" -> memory entry {entry}"

@@ -89,3 +89,20 @@ def _compiled(name: str, backend: str = "inductor"):
 def fused(name: str, device: torch.device):
     """The op `name`, compiled on CUDA when fusion is enabled, plain otherwise."""
     return _compiled(name) if fusion_enabled(device) else globals()[name]
+
+
+# backend of `compiled_static`: a torch.compile backend name or callable (the CPU tests trace with
+# Dynamo and run the captured graphs as they are)
+STATIC_BACKEND = "inductor"
+
+
+def compiled_static(fn, device: torch.device):
+    """`fn` (a model's forward, a drafter's level) under torch.compile with static shapes: each
+    (batch, tokens, cache) shape compiles once, and everything between the projections (the
+    additive mask, RoPE gathers, cache writes, the elementwise pieces above) fuses into a few
+    kernels per layer, where the eager forward launches dozens. For calls of one shape repeated
+    every round; on CPU, or with SPECPILOT_COMPILE=0, `fn` itself."""
+    if STATIC_BACKEND == "inductor" and not fusion_enabled(device):
+        return fn
+    allow_recompiles()
+    return torch.compile(fn, dynamic=False, backend=STATIC_BACKEND)

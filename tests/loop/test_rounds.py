@@ -47,3 +47,21 @@ def test_the_evaluation_line_says_when_pairs_were_compared_on_saturated_stretche
     e = replace(e, timings=(block, block))
     assert e.saturated == (2, 4)
     assert "over 6 blocks (2/4 request pairs on saturated stretches)" in evaluation_line(p, e, 1)
+
+
+def test_the_evaluation_line_says_whether_the_timed_outputs_passed_the_guard():
+    from dataclasses import replace
+
+    from specpilot.control.gate import GateResult
+    from specpilot.control.rule import Outcome, Reason
+    from specpilot.loop.rounds import evaluation_line
+
+    p = proposal("knob", verify_compile=True)
+    e = evaluation(p.candidate.system)
+    assert "timed outputs" not in evaluation_line(p, e, 1)  # the timed sample was not drawn
+    assert "timed outputs pass" in evaluation_line(p, replace(e, forced=GateResult(True, {})), 1)
+    failed = replace(e, forced=GateResult(False, {}, "mismatch rate 0.8% > stock's 0.4%"),
+                     decision=e.decision.with_verdict(Outcome.REJECT, Reason.GUARD_FAILED))
+    line = evaluation_line(p, failed, 1)
+    assert "guard pass; timed outputs FAILED the guard: mismatch rate 0.8% > stock's 0.4%" in line
+    assert line.lstrip().startswith("[x] REJECT")

@@ -99,7 +99,9 @@ def expand(
     score, idx = top_log_probs(root_logits, k)  # [B,k] depth-1 candidates and their log-probs
     tok = to_target(idx)
     cand_tokens, cand_scores = [tok], [score]
-    c = (_constants if CACHED_CONSTANTS else _constants.__wrapped__)(k, K, capacity, dev)
+    # traced into the graph under torch.compile (`draft_compile`), where the cache would be ignored
+    cached = CACHED_CONSTANTS and not torch.compiler.is_compiling()
+    c = (_constants if cached else _constants.__wrapped__)(k, K, capacity, dev)
     cand_parent = [c.no_parent.expand(B, k)]
     frontier = c.first_ids.expand(B, k)  # candidate ids of the frontier
     f_tok, f_score = tok, score

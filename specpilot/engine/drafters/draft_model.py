@@ -33,14 +33,18 @@ from specpilot.engine.selection import row_caps, share_rows
 from specpilot.engine.state import DecodeState
 from specpilot.engine.steps import prefill
 from specpilot.engine.tree import DraftTree
+from specpilot.models import ops
 from specpilot.models.transformer import Transformer
 
 
 @register("model")
 class DraftModelDrafter(Drafter):
     def __init__(self, model: Transformer, depth: int, topk: int, tree_budget: int, window: int = 0,
-                 shared_budget: int = 0, row_depth_margin: int = 0):
+                 shared_budget: int = 0, row_depth_margin: int = 0, compiled: bool = False):
         self.model = model
+        # a proposal (catch-up, expansion, selection) compiled whole with static shapes, or eager;
+        # prefill stays eager (its lengths vary)
+        self._propose = ops.compiled_static(self._proposal, model.device) if compiled else self._proposal
         self.depth, self.topk = depth, topk
         self.num_candidates = best_first.num_candidates(depth, topk)  # M
         self.budget = min(tree_budget, self.num_candidates)
@@ -106,6 +110,9 @@ class DraftModelDrafter(Drafter):
         return logits[:, 0]
 
     def propose(self, state: DecodeState, host_tokens=None) -> DraftTree:
+        return self._propose(state)
+
+    def _proposal(self, state: DecodeState) -> DraftTree:
         root_logits = self._catch_up(state)
 
         def step(tokens, carry, pos, slots, mask):

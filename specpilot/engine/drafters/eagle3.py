@@ -45,6 +45,7 @@ from specpilot.engine.steps import padded_length
 from specpilot.engine.tree import DraftTree
 from specpilot.engine.verify import Acceptance
 from specpilot.errors import ConfigError
+from specpilot.models import ops
 from specpilot.models.eagle3 import Eagle3Model
 from specpilot.models.transformer import Transformer
 
@@ -62,7 +63,7 @@ class Eagle3Cache:
 @register("eagle3")
 class Eagle3Drafter(Drafter):
     def __init__(self, model: Eagle3Model, target: Transformer, depth: int, topk: int, tree_budget: int,
-                 shared_budget: int = 0, row_depth_margin: int = 0):
+                 shared_budget: int = 0, row_depth_margin: int = 0, compiled: bool = False):
         if min(depth, topk, tree_budget) < 1:
             raise ConfigError(f"EAGLE-3 needs depth, topk and tree_budget >= 1 (got {depth}, {topk}, {tree_budget})")
         if model.spec.target_hidden_size != target.config.hidden_size:
@@ -80,6 +81,8 @@ class Eagle3Drafter(Drafter):
         self.packings: dict[tuple[int, int], PackingCache] = {}  # per workspace: packed prompt forwards
         self.cache: Eagle3Cache | None = None
         self.prefill_bucket = 0  # prompt forwards padded to a multiple of this (set by the generator)
+        # a proposal (expansion and selection) compiled whole with static shapes, or eager
+        self._propose = ops.compiled_static(self._proposal, target.device) if compiled else self._proposal
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -185,18 +188,21 @@ class Eagle3Drafter(Drafter):
         self.cache.root_hidden.copy_(out.gather(1, at)[:, 0])
 
     def propose(self, state: DecodeState, host_tokens=None) -> DraftTree:
+        return self._propose(state)
+
+    def _proposal(self, state: DecodeState) -> DraftTree:
         B, k = state.batch, self.topk
         root = self.cache.root_hidden  # [B,C]
         root_logits = self.model.logits(root)  # [B,Vd]
         caps = row_caps(state, self.depth, self.row_depth_margin) if self.row_depth_margin else None
         # the root's own slot (L - 1) is filled by the next catch-up: the tree region starts there
-        return best_first.expand(state.roots(), root_logits, self._step, self.depth, k, self.budget,
+        return best_first.expand(state.roots(), root_logits, self._level, self.depth, k, self.budget,
                                  base=state.cache_prefix(), capacity=self.cache.kv.capacity,
                                  carry=root[:, None].expand(B, k, -1), token_ids=self.token_ids,
                                  depth_cap=caps, shared=self.shared,
                                  rows=share_rows(state, self.segment_tokens) if self.shared else None)
 
-    def _step(self, tokens, carry, positions, slots, mask):
+    def _level(self, tokens, carry, positions, slots, mask):
         """One frontier level: (logits [B,k,Vd], the nodes' output hidden states [B,k,C])."""
         hidden = self.model.forward_cached(self.embed(tokens), carry, positions, self.cache.kv, slots, mask)
         return self.model.logits(hidden), hidden

@@ -19,8 +19,9 @@ Each round it proposes, best first:
    the other drafters (draft model <-> n-gram, and each feature-conditioned drafter the deployment
    loads: EAGLE-3, DFlash, unless measured more than 10% slower switched in), DFlash tree
    constructions and budgets, adaptive depth tiers, the batch mechanisms for a batched regime
-   (shared node budget, per-request depth, segment admission), and on GPU CUDA graphs, fewer host
-   syncs (`sync_every`), Triton kernels, W12 weights, the Triton lm_head. Under continuous
+   (shared node budget, per-request depth, segment admission), and on GPU CUDA graphs, the
+   proposal and the verification compiled (`draft_compile`, `verify_compile`), fewer host syncs
+   (`sync_every`), Triton kernels, W12 weights, the Triton lm_head. Under continuous
    batching without segment admission, each drafter switch is also proposed with segment
    admission, ahead of the gap order (`segment_admission`).
 Predicted and exploratory moves are interleaved 2:1 so a round times at least one of each when
@@ -45,7 +46,9 @@ from specpilot.loop.agents.base import Proposal, Proposer, ProposerContext, regi
 from specpilot.loop.cost_model import BUDGETS, MAX_DEPTH, TOPKS, GapKind, tree_shapes
 from specpilot.loop.systems import DRAFTER_SWITCHES, Candidate, describe, short_name
 
-GPU_ONLY = frozenset({"cuda_graphs", "sync_every", "kernel", "w12", "kernel_lm_head", "kernel_table"})
+GPU_ONLY = frozenset({"cuda_graphs", "sync_every", "kernel", "w12", "kernel_lm_head", "kernel_table", "draft_compile",
+                      "verify_compile"})
+COMPILED_DRAFTERS = (DrafterKind.MODEL, DrafterKind.EAGLE3)  # drafters whose proposal `draft_compile` compiles
 MIN_PREDICTED_SAVING = 0.005  # a predicted move must be at least 0.5% faster than the measurement
 # Savings the acceptance model extrapolates count at this share of their size when ranked against
 # measured ones (AR is measured each round): on the fixture, shape moves predicted ~20% faster
@@ -222,6 +225,15 @@ class KnobAgent(Proposer):
             moves.append((GapKind.DRAFT_KERNELS, ar_changes(inc),
                           f"plain AR decoding: measured {ar:.3f} ms/token, within {AR_CLOSE - 1:.0%} of the "
                           f"incumbent's {measured:.3f}"))
+        if ctx.on_gpu:  # the same drafter and target in fewer kernels, before other drafters
+            if inc.drafter in COMPILED_DRAFTERS and not inc.draft_compile:
+                moves.append((GapKind.DRAFT_KERNELS, {"draft_compile": True},
+                              "the draft proposal compiled whole with static shapes: a launch-bound drafter's "
+                              "dozens of small kernels per level fused into a few"))
+            if inc.drafter is not DrafterKind.NONE and not inc.verify_compile and inc.kernel is Kernel.CUBLAS:
+                moves.append((GapKind.VERIFY_KERNELS, {"verify_compile": True},
+                              "verification (target forward, acceptance, commit) compiled with static shapes: "
+                              "the work between the projections fused"))
         if inc.drafter is DrafterKind.MODEL:
             moves.append((GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.NGRAM.value},
                           "prompt lookup instead of the draft model: no draft forwards at all"))
@@ -252,10 +264,11 @@ class KnobAgent(Proposer):
                     moves.append((GapKind.OVERHEAD, {"sync_every": n},
                                   f"check for EOS every {n} rounds, not every round"))
             if inc.kernel is Kernel.CUBLAS:
-                moves.append((GapKind.VERIFY_KERNELS, {"kernel": Kernel.TRITON.value},
-                              "Triton projection kernels for the target's verify forward"))
-                moves.append((GapKind.VERIFY_KERNELS, {"kernel": Kernel.TRITON.value, "w12": True},
-                              "W12 weights (12 bits, lossless) under the Triton kernels: 25% fewer bytes"))
+                if not inc.verify_compile:  # verify_compile and the Triton kernels exclude each other
+                    moves.append((GapKind.VERIFY_KERNELS, {"kernel": Kernel.TRITON.value},
+                                  "Triton projection kernels for the target's verify forward"))
+                    moves.append((GapKind.VERIFY_KERNELS, {"kernel": Kernel.TRITON.value, "w12": True},
+                                  "W12 weights (12 bits, lossless) under the Triton kernels: 25% fewer bytes"))
             elif not inc.w12:
                 moves.append((GapKind.VERIFY_KERNELS, {"w12": True}, "W12 weights: 25% fewer bytes per forward"))
             if inc.kernel is Kernel.TRITON and not inc.kernel_lm_head:

@@ -2,7 +2,7 @@
 
 from loop_fixtures import CONFIG, STOCK, context, cost_table, evaluation, fingerprint
 
-from specpilot.config import DrafterKind
+from specpilot.config import DrafterKind, Kernel
 from specpilot.control.rule import Outcome
 from specpilot.loop.agents.knob import GPU_ONLY, KnobAgent, interleave
 from specpilot.loop.recall import Recall
@@ -235,3 +235,18 @@ def test_under_continuous_batching_a_drafter_switch_with_segment_admission_is_ex
     out = KnobAgent().propose(context(table, Incumbent(Candidate(segmented)),
                                       deployment=replace(dep, regime=Regime(batch=8, continuous=True)), limit=40))
     assert all(p.candidate.system.segment_tokens == 7 for p in out if p.candidate.system.drafter is DrafterKind.EAGLE3)
+
+
+def test_on_gpu_it_proposes_compiling_the_proposal_and_the_verification_once():
+    out = KnobAgent().propose(context())
+    by_change = {tuple(sorted(p.candidate.changes_from(Candidate(STOCK)))): p for p in out}
+    assert by_change[("draft_compile",)].gap.value == "draft-kernels"
+    assert by_change[("verify_compile",)].gap.value == "verify-kernels"
+    compiled = Incumbent(Candidate(STOCK.with_changes(name="c", draft_compile=True, verify_compile=True)), 1, 0.1)
+    again = KnobAgent().propose(context(incumbent=compiled))
+    changed = [set(p.candidate.changes_from(compiled.candidate)) for p in again]
+    assert again and not any({"draft_compile", "verify_compile"} & c for c in changed)
+    assert not any({"kernel", "w12"} & c for c in changed)  # torch.compile cannot go through the Triton kernels
+    triton = Incumbent(Candidate(STOCK.with_changes(name="t", kernel=Kernel.TRITON)), 1, 0.1)
+    assert not any("verify_compile" in p.candidate.changes_from(triton.candidate)
+                   for p in KnobAgent().propose(context(incumbent=triton)))
