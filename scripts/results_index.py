@@ -21,6 +21,7 @@ SOURCES = (
     ("controller/first_request_*", "first request vs its repeat", "first_request.py"),
     ("engine/engine_ar_kernels.*", "AR decode: cuBLAS, Triton BF16, W12", "engine_ar.py --skip hf curve"),
     ("engine/engine_ar.*", "AR decode vs byte floor, verify cost", "engine_ar.py"),
+    ("engine/round_compile/*", "rounds eager vs draft_compile, and with verify_compile", "round_compile.py"),
     ("fixture/*", "fixture: loss, acceptance, decode", "tools/fixture_report.py"),
     ("drafters/recipe/*", "DFlash training recipes side by side: acceptance", "dflash_recipe.py"),
     ("drafters/positions/*", "DFlash accuracy per block offset; every anchor vs the engine's walk (CPU)",
@@ -40,8 +41,8 @@ SOURCES = (
      "loop_fixture.py --max-candidates 2 --controller blocks=6 --controller noise_blocks=8"),
     ("loop/fixture-x16-nonedit/*", "loop from a non-editable install, kernel agent only (stdout)",
      "specpilot run (pip install --target)"),
-    ("loop/fixture-x16/*", "the optimization loop, knob agent, 2 candidates a round",
-     "specpilot run --agents knob --max-candidates 2"),
+    ("loop/fixture-x16/*", "the optimization loop, batch 1, 5 rounds over two calls",
+     "loop_fixture.py --agents integration knob --budget-minutes 8.8, then --resume --rounds 8 --budget-minutes 8.2"),
     ("loop/acceptance_check.*", "acceptance model: predicted vs measured tokens per round by tree shape (CPU)",
      "acceptance_check.py --n-prompts 2 --tokens 96"),
     ("loop/switch_estimates.json", "cost-table entries after a short vs a full-length warm-up",
@@ -64,11 +65,15 @@ ERRATA = (
     ("w12/w12_escape_cost.{json,md}", "b0c0d4e", "ran at 70e2a89 (b0c0d4e was a typo of the run command)"),
     ("drafters/recipe/dflash_recipe.{json,md}", "5674dcb", "ran on the working tree of fc8981e (the device copy's "
      "base was the session's first commit)"),
-    ("w12/paths/w12_paths.{json,md}", "-", "ran on the working tree of 8e4176f on 2026-12-03, H200 (the script "
-     "recorded no provenance then)"),
-    ("w12/tree128/", "5674dcb", "ran on the working tree of 8e4176f, after w12_paths.py --install"),
-    ("loop/fixture-x16/", "684c516+dirty", "ran on the working tree of 4ddf19c (the device copy's base was the "
-     "session's first commit)"),
+    ("w12/paths/w12_paths.{json,md}", "b0f18c4", "ran on the working tree of a877aff (its W12 and kernel code as "
+     "at b0f18c4; the device copy's base was the session's first commit)"),
+    ("w12/tree128/", "b0f18c4", "ran on the working tree of a877aff after w12_paths.py --install (W12 and kernel "
+     "code as at b0f18c4)"),
+    ("loop/fixture-x16/", "b0f18c4+dirty", "rounds 1-3 ran on the working tree of a877aff before its "
+     "verify_compile/Triton exclusion and its timed-outputs words; rounds 4-5 (--resume) before the exclusion, "
+     "where the W12 candidate failed to compile"),
+    ("engine/round_compile/round_compile.{json,md}", "b0f18c4", "ran on an earlier working tree of a877aff: the "
+     "script was draft_compile.py, and profile.py timed every system's verify forward eager (the verify ms column)"),
     ("serving/fixture-x16-batch-c32/", "684c516", "ran on the working tree of 4ddf19c"),
     ("speed/fixture-x16-eagle3/", "684c516", "ran on the working tree of 4ddf19c"),
     ("loop/fixture-x16-batch/", "b358578+dirty", "round 1 ran on the working tree of 043281f, rounds 2-3 (--resume) "
@@ -123,9 +128,11 @@ def source(path: str) -> tuple[str, str]:
 
 def provenance(data: dict) -> tuple[str, str, str]:
     """(date, commit, GPU) as the file records them, looking at its top level, then its
-    provenance/environment/meta/deployment blocks; '-' where it records none."""
+    provenance/environment/meta/deployment blocks and a provenance block inside one of them; '-'
+    where it records none."""
     nested = ("provenance", "environment", "meta", "deployment")
     blocks = [data] + [data[k] for k in nested if isinstance(data.get(k), dict)]
+    blocks += [b["provenance"] for b in blocks[1:] if isinstance(b.get("provenance"), dict)]  # e.g. meta.provenance
 
     def first(*keys):
         for block in blocks:
@@ -209,12 +216,23 @@ def serving_rows(data: dict) -> list[tuple[str, str]]:
 
 def engine_rows(data: dict) -> list[tuple[str, str]]:
     ar, floor = data["ar"]["ms_per_step"], data["floor_ms"]["streamed_per_token"]
-    curve = data["verify_curve"]
-    return [
-        ("AR decode, Qwen3-8B shapes, batch 1 (ms/token; byte floor)",
-         f"{ar:.2f} ms; floor {floor:.2f} ms: {floor / ar:.0%} of floor speed"),
-        (f"verifying 32 tree nodes, in AR steps (context {curve['context']})", f"{curve['relative_to_ar_step']['32']:.2f}"),
-    ]
+    return [("AR decode, Qwen3-8B shapes, batch 1 (ms/token; byte floor)",
+             f"{ar:.2f} ms; floor {floor:.2f} ms: {floor / ar:.0%} of floor speed")]
+
+
+def compile_rows(data: dict) -> list[tuple[str, str]]:
+    parts = []
+    for pair in data["pairs"]:
+        twin = pair["twins"][f"{pair['system']}+draft+verify"]
+        parts.append(f"{pair['system']} {twin['speedup_ms_per_token']['mean']:.2f}x "
+                     f"(same outputs {twin['same_outputs']}/{pair['prompts']})")
+    return [(f"`{data['deployment']}` ms/token, eager over draft_compile + verify_compile (batch 1)", ", ".join(parts))]
+
+
+def paired_rows(data: dict) -> list[tuple[str, str]]:
+    """Each system measured against another system in the same bench run (not AR)."""
+    return [(f"`{data['deployment']['name']}` {s['name']} over {s['baseline']} (geomean, 95% CI)", ci(s["geomean_gain"]))
+            for s in data["systems"] if s.get("baseline")]
 
 
 def engine_kernel_rows(data: dict) -> list[tuple[str, str]]:
@@ -260,15 +278,6 @@ def w12_target_rows(data: dict) -> list[tuple[str, str]]:
     return [("W12 GEMM over cuBLAS, projections meeting the target", "; ".join(parts))]
 
 
-def w12_large_m_rows(data: dict) -> list[tuple[str, str]]:
-    ms = sorted({r["M"] for r in data["timings"]}, reverse=True)
-    parts = []
-    for m in ms:
-        rows = [r for r in data["timings"] if r["M"] == m and "w12" in r.get("speedup_vs_cublas", {})]
-        parts.append(f"M={m}: {sum(r['speedup_vs_cublas']['w12'] < 1 for r in rows)} of {len(rows)}")
-    return [("W12 GEMM slower than cuBLAS, projections", "; ".join(parts))]
-
-
 def loop_rows(data: dict) -> list[tuple[str, str]]:
     f = data["final"]
     return [(f"loop on `{data['deployment']['name']}`: final system over stock",
@@ -289,8 +298,9 @@ HEADLINES = (  # (file under results/, rows from it); a missing file is skipped
     ("loop/fixture-x16-batch-c32/report.json", loop_rows),
     ("engine/engine_ar.json", engine_rows),
     ("engine/engine_ar_kernels.json", engine_kernel_rows),
+    ("engine/round_compile/round_compile.json", compile_rows),
     ("w12/w12_kernels_shipped_4.json", w12_target_rows),
-    ("w12/w12_kernels_shipped_m48_64.json", w12_large_m_rows),
+    ("w12/tree128/results.json", paired_rows),
     ("controller/timing_probe.json", probe_rows),
     ("controller/controller_noise_one_gpu_both.json", controller_rows),
     ("guard/guard_report.json", guard_rows),

@@ -19,6 +19,7 @@ import json
 import statistics
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -120,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         pair = run_variants(session, load_system(spec, dep), prompts, args.tokens)
         print(json.dumps({k: v for k, v in pair.items() if k != "rows"}), flush=True)
         pairs.append(pair)
-    doc = {"deployment": dep.name, "prompts": len(prompts), "tokens": args.tokens, "pairs": pairs,
+    doc = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "deployment": dep.name,
+           "prompts": len(prompts), "tokens": args.tokens, "pairs": pairs,
            "environment": capture(session.device, session.target.dtype)}
     (args.out / "round_compile.json").write_text(json.dumps(doc, indent=1))
     write_md(doc, args.out / "round_compile.md")

@@ -118,3 +118,22 @@ def test_without_markers_the_readme_is_left_alone_and_check_fails(index, tree, c
 
 def test_the_committed_index_and_readme_table_are_up_to_date(index, capsys):
     assert index.main(["--check"]) == 0, capsys.readouterr().err
+
+
+def test_a_provenance_block_inside_meta_and_a_system_timed_against_another_system(index, tmp_path):
+    res = tmp_path / "results"
+    write_json(res / "w12" / "paths" / "w12_paths.json", {"meta": {"gpu": "NVIDIA H200",
+                                                                   "provenance": {"git_commit": "b0f18c4aa"}}})
+    write_json(res / "w12" / "tree128" / "results.json", {
+        "created": "2026-12-04T16:39:14Z", "environment": {"git_commit": "b0f18c4", "gpu": "NVIDIA H200"},
+        "deployment": {"name": "fixture-x16"}, "config": {"level": 0.95},
+        "systems": [{"name": "tree", "baseline": None, "geomean_speedup": interval(2.3, 2.1, 2.5)},
+                    {"name": "tree-w12", "baseline": "tree", "geomean_speedup": interval(2.26, 2.09, 2.44),
+                     "geomean_gain": interval(0.98, 0.958, 0.997)}]})
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- results:begin -->\n<!-- results:end -->\n")
+    assert index.main(["--results", str(res), "--readme", str(readme)]) == 0
+    assert "| `w12/paths/w12_paths.json` | W12's fastest path per shape vs cuBLAS, tuned and installed " \
+           "| `w12_paths.py --install` | - | b0f18c4 | NVIDIA H200 |" in (res / "README.md").read_text()
+    assert "| `fixture-x16` tree-w12 over tree (geomean, 95% CI) | 0.98x [0.96, 1.00] " \
+           "| `results/w12/tree128/results.json` |" in readme.read_text()
