@@ -13,6 +13,8 @@ snapshot of the memory (`Recall`) instead of letting every agent query the datab
   again, up to `MAX_RETIMES` more times; after that its latest verdict stands;
 - `promotable_changes(...)`: changes measured as gains on some incumbent (promoted, significant
   but not selected, or positive but below the bar), the integration agent's material;
+- `slower_changes(...)`: knob changes last measured as clear losses on some incumbent, which the
+  knob agent's exploratory moves do not repeat on the next one;
 - `parent_patch(record)`: the patch of the incumbent a record's candidate was measured against, so
   what a patch added over it can be shown (`patches.py`: the coding agents' briefs).
 
@@ -42,6 +44,11 @@ def unsettled(record: MemoryRecord) -> str | None:
     if record.contended:
         return "timed under contention"
     return None
+
+
+def change_key(changes: dict) -> frozenset:
+    """A knob change set (knob -> new value, JSON values) as a hashable key (lists as tuples)."""
+    return frozenset((k, tuple(v) if isinstance(v, list) else v) for k, v in changes.items())
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,18 @@ class Recall:
     @property
     def known(self) -> frozenset[str]:
         return frozenset(r.candidate.hash for r in self.evaluations)
+
+    def slower_changes(self, below: float) -> dict[frozenset, MemoryRecord]:
+        """Knob changes (no patch) whose latest measurement on some incumbent of this deployment was
+        a loss of at least `below` (gain <= -below), keyed by change set (knob -> new value); changes
+        measured only as gains, or never timed, are absent."""
+        latest: dict[frozenset, MemoryRecord] = {}
+        for r in self.evaluations:  # newest first
+            if r.candidate.patch or not r.candidate.diff:
+                continue
+            key = change_key({k: new for k, (_, new) in r.candidate.diff.items()})
+            latest.setdefault(key, r)
+        return {k: r for k, r in latest.items() if r.gain is not None and r.gain <= -below}
 
     def promoted(self) -> tuple[MemoryRecord, ...]:
         return tuple(r for r in self.evaluations if r.verdict is Outcome.PROMOTE)

@@ -29,7 +29,9 @@ both exist. Knobs that change nothing on the device are never proposed (on CPU: 
 sync_every, kernel choice and W12). A knob move on a patched incumbent keeps its patch.
 
 The loop drops proposals the memory has already judged, so the search moves outward round by
-round as the neighbourhood is used up, and re-centres whenever a move is promoted.
+round as the neighbourhood is used up, and re-centres whenever a move is promoted. An exploratory
+change last timed 10% or more slower on an earlier incumbent (e.g. n-gram drafting) is not
+proposed again on the next one.
 
 Owns: the move sets, their ranking and their rationale. Does not own predictions (cost model).
 """
@@ -44,6 +46,7 @@ from specpilot.errors import ConfigError
 from specpilot.loop.acceptance import TreeShape
 from specpilot.loop.agents.base import Proposal, Proposer, ProposerContext, register
 from specpilot.loop.cost_model import BUDGETS, MAX_DEPTH, TOPKS, GapKind, tree_shapes
+from specpilot.loop.recall import change_key
 from specpilot.loop.systems import DRAFTER_SWITCHES, Candidate, describe, short_name
 
 GPU_ONLY = frozenset({"cuda_graphs", "sync_every", "kernel", "w12", "kernel_lm_head", "kernel_table", "draft_compile",
@@ -57,6 +60,7 @@ MODEL_TRUST = 0.5
 EXPLORE_EVERY = 3  # every third proposal is an exploratory one (when there are both kinds)
 AR_CLOSE = 1.10  # AR (or a drafter switch) measured within 10% of the incumbent: worth timing directly;
 # a drafter switch measured further behind is not explored
+ANSWERED_LOSS = 0.10  # an exploratory change last timed this much slower on an earlier incumbent is not repeated
 
 
 def ar_changes(inc: System) -> dict:
@@ -276,7 +280,24 @@ class KnobAgent(Proposer):
         rank = {kind: i for i, kind in enumerate(ctx.gaps)}
         moves.sort(key=lambda m: rank.get(m[0], len(rank)))
         out = [self._proposal(ctx, changes, gap, why) for gap, changes, why in first + moves]
-        return [p for p in out if p is not None]
+        return self._not_answered(ctx, [p for p in out if p is not None])
+
+    @staticmethod
+    def _not_answered(ctx: ProposerContext, proposals: list[Proposal]) -> list[Proposal]:
+        """Drop the moves whose change was last measured `ANSWERED_LOSS` or more slower on an earlier
+        incumbent of this deployment: a drafter switch or a kernel choice that lost that much is not
+        timed again on every new incumbent."""
+        slower = ctx.recall.slower_changes(ANSWERED_LOSS)
+        kept = []
+        for p in proposals:
+            diff = p.candidate.changes_from(ctx.incumbent.candidate)
+            record = slower.get(change_key({k: new for k, (_, new) in diff.items()}))
+            if record is None:
+                kept.append(p)
+            else:
+                ctx.log(f"knob: not proposing {describe(diff)} again: {record.gain:+.1%} on an earlier incumbent "
+                        f"(entry {record.id}, {record.round})")
+        return kept
 
 
 def batch_moves(regime, inc: System) -> list[tuple[GapKind, dict, str]]:

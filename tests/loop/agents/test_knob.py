@@ -81,8 +81,8 @@ def test_moves_the_memory_judged_do_not_use_up_the_list():
 
     first = KnobAgent().propose(context(limit=1))
     assert len(first) == 12
-    judged = tuple(SimpleNamespace(candidate=SimpleNamespace(hash=p.hash), verdict=Outcome.REJECT, reasons=(),
-                                   contended=False) for p in first)  # settled verdicts
+    judged = tuple(SimpleNamespace(candidate=SimpleNamespace(hash=p.hash, patch=None, diff={}), verdict=Outcome.REJECT,
+                                   reasons=(), contended=False) for p in first)  # settled verdicts
     later = KnobAgent().propose(context(limit=1, recall=Recall("fx", judged, ())))
     new = [p for p in later if p.hash not in {q.hash for q in first}]
     assert len(new) == 12 and later[:12] == first  # the judged ones are still listed, first
@@ -250,3 +250,23 @@ def test_on_gpu_it_proposes_compiling_the_proposal_and_the_verification_once():
     triton = Incumbent(Candidate(STOCK.with_changes(name="t", kernel=Kernel.TRITON)), 1, 0.1)
     assert not any("verify_compile" in p.candidate.changes_from(triton.candidate)
                    for p in KnobAgent().propose(context(incumbent=triton)))
+
+
+def test_an_exploratory_change_that_lost_clearly_on_an_earlier_incumbent_is_not_proposed_again(tmp_path):
+    ngram = STOCK.with_changes(name="ngram", drafter=DrafterKind.NGRAM)
+    wide = STOCK.with_changes(name="wide", tree_budget=24, topk=8)
+    here = fingerprint("fx")
+
+    def proposed_after(loss: float) -> tuple[bool, list[str]]:
+        with Memory(tmp_path / f"m{loss}.sqlite") as memory:
+            memory.record_evaluation(here, evaluation(ngram, gain=loss, verdict=Outcome.REJECT), CONFIG)
+            recall = Recall.snapshot(memory, here)
+        lines: list[str] = []
+        out = KnobAgent().propose(context(incumbent=Incumbent(Candidate(wide), 1, 0.1), recall=recall,
+                                          log=lines.append))
+        return any(p.candidate.system.drafter is DrafterKind.NGRAM for p in out), lines
+
+    shown, lines = proposed_after(-0.25)
+    assert not shown and any("not proposing drafter model->ngram again: -25.0%" in line for line in lines)
+    shown, lines = proposed_after(-0.05)  # within the noise of a new incumbent: asked again
+    assert shown and not lines
