@@ -11,7 +11,9 @@ From one `StepProfile` (measured, see `specpilot.engine.profile`):
 * overhead: the rest of the round (host syncs, launch gaps, acceptance and commit bookkeeping);
 * acceptance: per-depth acceptance of the measured tree, and through the fitted model of
   `acceptance.py` the expected tokens per round of any (depth, topk, node budget) best-first tree;
-* plain AR decoding on the same prompts, when measured (what drafting has to beat).
+* plain AR decoding on the same prompts, when measured (what drafting has to beat);
+* each other loaded drafter switched in at the same tree shape, when measured: its time per
+  token, and (`CostTable.switched`) a table of its own that prices it at other tree shapes.
 
 Floors come from bytes and FLOPs: a forward of a model over n tokens of a batch B cannot take less
 than (weight bytes + KV-cache bytes read) / measured bandwidth, nor less than 2 x params x n x B /
@@ -41,7 +43,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from specpilot.engine.profile import StepProfile
 from specpilot.loop.acceptance import AcceptanceModel, TreeShape, rank_decay
@@ -125,6 +127,9 @@ def interpolate(curve: tuple[tuple[int, float], ...], n: int) -> float:
     return curve[-1][1]
 
 
+SHAPED_DRAFTERS = ("model", "eagle3")  # drafters that build a (depth, topk, budget) best-first tree
+
+
 @dataclass(frozen=True)
 class CostTable:
     system: str  # name of the measured system
@@ -140,6 +145,9 @@ class CostTable:
     # drafter kind -> ms/token of the incumbent with that drafter switched in, measured on the same
     # prompts (each other drafter the session loads; `loop.measure.switch_ms_per_token`)
     switch_ms_per_token: dict[str, float] = field(default_factory=dict)
+    # the same measurements in full (`loop.measure.switch_measurements`): drafter kind ->
+    # {"ms_per_token", "round_ms", "tokens_per_round", "accept_at_depth"}; {} in older tables
+    switch_rounds: dict[str, dict] = field(default_factory=dict)
 
     # ---- measured ----------------------------------------------------------------------------
     @property
@@ -237,6 +245,21 @@ class CostTable:
         draft = self.draft_forward_ms * shape.depth
         return (draft + self.verify_ms_at(shape.nodes) + self.overhead_ms) / self.tokens_per_round_for(shape)
 
+    def switched(self, kind: str) -> CostTable | None:
+        """The cost table of this system with drafter `kind` switched in, from its measured rounds
+        at this tree shape: the target's verify and the overhead as measured here, the new
+        drafter's time per level from its round time less those, its acceptance fitted with that
+        drafter's rank decay; so `predict_ms_per_token` prices it at other shapes. None where it was
+        not measured or the shape does not apply (AR, DFlash)."""
+        m = self.switch_rounds.get(kind)
+        depth = len(m["accept_at_depth"]) if m else 0
+        if m is None or kind not in SHAPED_DRAFTERS or self.shape is None or depth != self.shape.depth:
+            return None
+        draft_ms = max(m["round_ms"] - self.verify_ms - self.overhead_ms, 0.0)
+        p = replace(self.profile, tokens_per_round=m["tokens_per_round"], round_ms=m["round_ms"],
+                    draft_ms=draft_ms, accept_at_depth=tuple(m["accept_at_depth"]), draft_forwards=depth)
+        return analyze(p, self.shape, f"{self.system}+{kind}", self.draft_kv_bytes_per_token, drafter=kind)
+
     def floor_ms_per_token(self, shape: TreeShape | None, bits: float | None = None) -> float:
         """ms/token of `shape` with draft and verify forwards at their floors (weights at `bits`
         per weight, when given) and no overhead."""
@@ -268,6 +291,7 @@ class CostTable:
             "draft_kv_bytes_per_token": self.draft_kv_bytes_per_token,
             "ar_ms_per_token": self.ar_ms_per_token,
             "switch_ms_per_token": dict(self.switch_ms_per_token),
+            "switch_rounds": dict(self.switch_rounds),
             "gaps": [g.to_dict() for g in self.gaps],
             "format_floors": [f.to_dict() for f in self.format_floors],
             "profile": _profile_dict(self.profile),
@@ -281,7 +305,7 @@ class CostTable:
                    TreeShape(**d["ceiling_shape"]) if d["ceiling_shape"] else None,
                    tuple(Gap.from_dict(g) for g in d["gaps"]), d.get("ar_ms_per_token"),
                    tuple(FormatFloor.from_dict(f) for f in d.get("format_floors", ())),
-                   dict(d.get("switch_ms_per_token") or {}))
+                   dict(d.get("switch_ms_per_token") or {}), dict(d.get("switch_rounds") or {}))
 
     def render(self) -> str:
         ceiling = self.ceiling_shape.label() if self.ceiling_shape else "AR decoding"
@@ -332,11 +356,13 @@ def tree_shapes(max_depth: int = MAX_DEPTH):
 
 def analyze(p: StepProfile, shape: TreeShape | None = None, system: str = "", draft_kv_bytes_per_token: int = 0,
             max_depth: int = MAX_DEPTH, ar_ms_per_token: float | None = None,
-            switch_ms_per_token: dict[str, float] | None = None, drafter: str = "") -> CostTable:
+            switch_ms_per_token: dict[str, float] | None = None, drafter: str = "",
+            switch_rounds: dict[str, dict] | None = None) -> CostTable:
     """The cost table of one measured system; `shape` is its tree (None: inferred, AR if no acceptance);
     `ar_ms_per_token`, when measured, is what plain AR decoding costs on the same prompts, and
     `switch_ms_per_token` what the system costs with each other loaded drafter switched in;
-    `drafter` (a `DrafterKind` value) picks the acceptance model's rank decay."""
+    `drafter` (a `DrafterKind` value) picks the acceptance model's rank decay; `switch_rounds` holds
+    the switched-in measurements in full (`CostTable.switched`)."""
     if shape is None and p.accept_at_depth and p.tree_nodes > 1:
         depth = len(p.accept_at_depth)
         shape = TreeShape(depth, max(1, -(-(p.tree_nodes - 1) // depth)), p.tree_nodes - 1)
@@ -364,7 +390,7 @@ def analyze(p: StepProfile, shape: TreeShape | None = None, system: str = "", dr
         gaps.append(Gap(GapKind.ACCEPTANCE, at_floor_now, best, max(at_floor_now - best, 0.0), estimated=True))
     gaps.sort(key=lambda g: g.saving_ms_per_token, reverse=True)
     return CostTable(system, p, shape, acceptance, draft_kv_bytes_per_token, best, best_shape, tuple(gaps),
-                     ar_ms_per_token, tuple(formats), dict(switch_ms_per_token or {}))
+                     ar_ms_per_token, tuple(formats), dict(switch_ms_per_token or {}), dict(switch_rounds or {}))
 
 
 def _ceiling(table: CostTable, shape: TreeShape | None, at_floor_now: float, max_depth: int,

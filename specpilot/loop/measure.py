@@ -17,7 +17,7 @@ loads switched in (`DRAFTER_SWITCHES`: the draft model, EAGLE-3, DFlash), so the
 a drafter switch by its measured time rather than exploring it blind.
 
 Owns: `measure`, `measure_in_worktree`, `shape_run`, pooling, `ar_ms_per_token`,
-`switch_ms_per_token`. Does not own profiling (engine) or the cost model's arithmetic (`cost_model.py`).
+`switch_measurements`. Does not own profiling (engine) or the cost model's arithmetic (`cost_model.py`).
 """
 
 from __future__ import annotations
@@ -71,11 +71,12 @@ def measure(session, system: System, batches: list[list[list[int]]], max_new_tok
     drafter = session.drafter_model if system.drafter.value == "model" else None
     kv = kv_bytes_per_token(drafter) if drafter is not None else 0
     ar_ms = ar_ms_per_token(session, system, batches, max_new_tokens) if system.speculative else p.ms_per_token
-    switches = switch_ms_per_token(session, system, batches, max_new_tokens) if system.speculative else {}
+    switches = switch_measurements(session, system, batches, max_new_tokens) if system.speculative else {}
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return analyze(p, shape_run(gen, system), system.name, kv, ar_ms_per_token=ar_ms, switch_ms_per_token=switches,
-                   drafter=system.drafter.value)
+    return analyze(p, shape_run(gen, system), system.name, kv, ar_ms_per_token=ar_ms,
+                   switch_ms_per_token={k: m["ms_per_token"] for k, m in switches.items()},
+                   drafter=system.drafter.value, switch_rounds=switches)
 
 
 def ar_ms_per_token(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> float:
@@ -101,21 +102,32 @@ def loaded_drafters(session) -> list[DrafterKind]:
     return [kind for kind, model in held if model is not None]
 
 
-def switch_ms_per_token(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> dict[str, float]:
-    """{drafter kind: ms per token} of `system` with each other drafter the session loads switched
-    in (`loop.systems.switched`), decoded on the same batches and reckoned as the profile reckons
-    the system's own (decode time per round over tokens per round). Their generators are dropped
+def switch_measurements(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> dict[str, dict]:
+    """{drafter kind: {"ms_per_token", "round_ms", "tokens_per_round", "accept_at_depth"}} of
+    `system` with each other drafter the session loads switched in (`loop.systems.switched`),
+    decoded on the same batches and reckoned as the profile reckons the system's own (decode time
+    per round over tokens per round; each batch weighs the same). Their generators are dropped
     afterwards: the session keeps no graphs for systems it only measured."""
+    from specpilot.engine.profile import acceptance_by_depth
+
     out = {}
     for kind in loaded_drafters(session):
         other = switched(system, kind) if kind is not system.drafter else None
         if other is None:
             continue
-        per_token = []
+        per_token, rounds, taus, curves = [], [], [], []
+        depth = getattr(next(iter(session.generator(other).drafters.values()), None), "depth", 0) or 0
         for r in _timed_generations(session.generator(other), batches, max_new_tokens):
             round_ms = (r.seconds - r.prefill_seconds) / max(max(r.rounds), 1) * 1e3
-            per_token.append(round_ms / max(r.num_tokens / max(sum(r.rounds), 1), 1e-9))
-        out[kind.value] = sum(per_token) / len(per_token)
+            tau = r.num_tokens / max(sum(r.rounds), 1)
+            per_token.append(round_ms / max(tau, 1e-9))
+            rounds.append(round_ms)
+            taus.append(tau)
+            curves.append(acceptance_by_depth(r.accept_lengths, depth) if depth else ())
+        n = len(per_token)
+        out[kind.value] = {"ms_per_token": sum(per_token) / n, "round_ms": sum(rounds) / n,
+                           "tokens_per_round": sum(taus) / n,
+                           "accept_at_depth": [sum(c[d] for c in curves) / n for d in range(depth)]}
         session.forget(other.fingerprint())
     return out
 

@@ -37,6 +37,12 @@ def gpu_profile(**changes) -> StepProfile:
     return replace(p, **changes)
 
 
+# EAGLE-3 switched in at stock's shape, measured in full (`loop.measure.switch_measurements`): slower
+# per token than `cost_table()` there (3.90 vs 3.85 ms), each level dearer, acceptance higher
+SLOW_SWITCH = {"ms_per_token": 15.0 / 3.85, "round_ms": 15.0, "tokens_per_round": 3.85,
+               "accept_at_depth": [0.95, 0.8, 0.55, 0.35, 0.2]}
+
+
 def cost_table(system: System = STOCK, **changes):
     return analyze(gpu_profile(**changes), TreeShape.of(system) if system.speculative else None, system.name, 4096)
 

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from loop_fixtures import STOCK, cost_table, gpu_profile
+from loop_fixtures import SLOW_SWITCH, STOCK, cost_table, gpu_profile
 
 from specpilot.config import DrafterKind
 from specpilot.loop.acceptance import TreeShape
@@ -120,3 +120,22 @@ def test_the_verify_curve_is_measured_as_far_as_the_search_reaches():
     from specpilot.loop.cost_model import BUDGETS
 
     assert max(CURVE_NODES) >= max(BUDGETS) and list(CURVE_NODES) == sorted(set(CURVE_NODES))
+
+
+def test_a_switched_drafter_gets_a_table_of_its_own_from_its_measured_rounds():
+    from dataclasses import replace
+
+    t = replace(cost_table(), switch_ms_per_token={"eagle3": SLOW_SWITCH["ms_per_token"]},
+                switch_rounds={"eagle3": SLOW_SWITCH})
+    s = t.switched("eagle3")
+    here = TreeShape.of(STOCK)
+    assert s.shape == here and s.acceptance.rank == 0.3  # EAGLE-3's rank decay
+    assert s.ms_per_token == pytest.approx(SLOW_SWITCH["ms_per_token"])
+    assert s.predict_ms_per_token(here) == pytest.approx(s.ms_per_token, rel=1e-12)
+    assert s.draft_ms == pytest.approx(15.0 - t.verify_ms - t.overhead_ms) and s.verify_ms == t.verify_ms
+    assert s.predict_ms_per_token(TreeShape(3, 4, 10)) < t.ms_per_token < s.ms_per_token  # shallower pays for it
+    assert t.switched("dflash") is None and cost_table().switched("eagle3") is None
+    wrong_depth = replace(t, switch_rounds={"eagle3": {**SLOW_SWITCH, "accept_at_depth": [0.9]}})
+    assert wrong_depth.switched("eagle3") is None
+    again = CostTable.from_dict(json.loads(json.dumps(t.to_dict())))
+    assert again.switch_rounds == t.switch_rounds and again.switched("eagle3").to_dict() == s.to_dict()

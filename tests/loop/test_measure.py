@@ -19,6 +19,10 @@ def test_each_other_loaded_drafter_is_timed_with_the_incumbents_other_knobs():
     table = measure(session, system, [[prompt], [prompt[:3]]], 6)
     assert set(table.switch_ms_per_token) == {"eagle3", "dflash"}
     assert all(t > 0 for t in table.switch_ms_per_token.values())
+    e3 = table.switch_rounds["eagle3"]  # measured in full: a table of its own at the same shape
+    assert e3["ms_per_token"] == table.switch_ms_per_token["eagle3"] and len(e3["accept_at_depth"]) == 3
+    assert e3["round_ms"] / e3["tokens_per_round"] > 0 and table.switched("eagle3").shape == table.shape
+    assert table.switch_rounds["dflash"]["tokens_per_round"] >= 1 and table.switched("dflash") is None  # no such shape
     eagle3 = switched(system, DrafterKind.EAGLE3)
     assert (eagle3.drafter, eagle3.depth, eagle3.topk, eagle3.tree_budget) == (DrafterKind.EAGLE3, 3, 2, 4)
     assert eagle3 in built and switched(system, DrafterKind.DFLASH) in built  # what was timed

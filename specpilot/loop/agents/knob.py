@@ -13,8 +13,9 @@ Each round it proposes, best first:
    measured faster than drafting, and each other loaded drafter measured faster switched in
    (`CostTable.switch_ms_per_token`). Only moves predicted faster than the measurement are kept;
    savings the acceptance model extrapolates are ranked at `MODEL_TRUST` of their size against
-   measured ones (AR, drafter switches). From AR, the shapes the last speculative system's table
-   predicts faster.
+   measured ones (AR, drafter switches). Each other drafter measured switched in also gets the
+   shape its own table predicts best (`CostTable.switched`). From AR, the shapes the last
+   speculative system's table predicts faster.
 3. *Exploratory moves*, which the model cannot price, ordered by the size of the gap they target:
    the other drafters (draft model <-> n-gram, and each feature-conditioned drafter the deployment
    loads: EAGLE-3, DFlash, unless measured more than 10% slower switched in), DFlash tree
@@ -172,6 +173,8 @@ class KnobAgent(Proposer):
             consider(None, ar_changes(inc), "plain AR decoding (drafting does not pay here)")
         elif inc.drafter is DrafterKind.NONE:
             self._reenter(ctx, moves)
+        if shaped and cost.shape is not None:
+            self._switched_shapes(ctx, moves)
         served = segment_admission(ctx.deployment.regime, inc)
         for kind, t in sorted(cost.switch_ms_per_token.items()):  # measured: ranked at full trust, like AR
             if kind in SWITCHES_BY_NAME and math.isfinite(t) and t < measured * (1 - MIN_PREDICTED_SAVING):
@@ -185,6 +188,29 @@ class KnobAgent(Proposer):
                     moves.append((rank_key(measured, t, False), p))
         moves.sort(key=lambda m: (m[0], m[1].candidate.name))
         return [p for _, p in moves]
+
+    def _switched_shapes(self, ctx: ProposerContext, moves: list) -> None:
+        """Each other drafter measured switched in at the incumbent's shape, at the tree shape its
+        own table (`CostTable.switched`: its measured draft time and acceptance, that drafter's rank
+        decay) predicts best, when that is faster than the incumbent: a switch measured slower at a
+        shape that suits the incumbent's drafter may pay at one that suits its own."""
+        measured = ctx.cost.ms_per_token
+        for kind in sorted(ctx.cost.switch_rounds):
+            table = ctx.cost.switched(kind)
+            if table is None or table.acceptance is None or kind not in SWITCHES_BY_NAME:
+                continue
+            best = min(tree_shapes(MAX_DEPTH), key=table.predict_ms_per_token)
+            t = table.predict_ms_per_token(best)
+            if best == table.shape or not math.isfinite(t) or t >= measured * (1 - MIN_PREDICTED_SAVING):
+                continue
+            gap, changes, why = SWITCHES_BY_NAME[kind]
+            changes = {**changes, "depth": best.depth, "topk": best.topk, "tree_budget": best.budget}
+            text = (f"{why}, tree {table.shape.label()} -> {best.label()}: predicted {t:.3f} ms/token vs "
+                    f"{measured:.3f} measured ({1 - t / measured:.0%} less; switched in at "
+                    f"{table.shape.label()}: {table.ms_per_token:.3f} measured)")
+            p = self._proposal(ctx, changes, gap, text, t, shape=asdict(best))
+            if p is not None:
+                moves.append((rank_key(measured, t, True), p))
 
     def _reenter(self, ctx: ProposerContext, moves: list) -> None:
         """From AR, back to drafting: shapes that the last speculative system measured in this run

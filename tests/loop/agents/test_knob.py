@@ -1,6 +1,7 @@
 """The knob agent: memory seeds first, predicted moves by the cost model, exploratory moves by gap."""
 
-from loop_fixtures import CONFIG, STOCK, context, cost_table, evaluation, fingerprint
+import pytest
+from loop_fixtures import CONFIG, SLOW_SWITCH, STOCK, context, cost_table, evaluation, fingerprint
 
 from specpilot.config import DrafterKind, Kernel
 from specpilot.control.rule import Outcome
@@ -270,3 +271,23 @@ def test_an_exploratory_change_that_lost_clearly_on_an_earlier_incumbent_is_not_
     assert not shown and any("not proposing drafter model->ngram again: -25.0%" in line for line in lines)
     shown, lines = proposed_after(-0.05)  # within the noise of a new incumbent: asked again
     assert shown and not lines
+
+
+def test_a_switch_measured_slower_at_this_shape_is_proposed_at_the_shape_its_own_table_predicts_best():
+    from dataclasses import replace
+
+    from specpilot.loop.cost_model import MAX_DEPTH, tree_shapes
+
+    cost = replace(cost_table(), switch_ms_per_token={"eagle3": SLOW_SWITCH["ms_per_token"]},
+                   switch_rounds={"eagle3": SLOW_SWITCH})
+    out = KnobAgent().propose(context(cost))
+    switches = [p for p in out if p.candidate.system.drafter is DrafterKind.EAGLE3 and p.predicted_ms_per_token]
+    table = cost.switched("eagle3")
+    best = min(tree_shapes(MAX_DEPTH), key=table.predict_ms_per_token)
+    assert len(switches) == 1 and switches[0].details["shape"] == {"depth": best.depth, "topk": best.topk,
+                                                                   "budget": best.budget}
+    assert switches[0].predicted_ms_per_token == pytest.approx(table.predict_ms_per_token(best))
+    assert "switched in at depth 5, topk 4, 7 nodes: 3.896 measured" in switches[0].rationale
+    fast_here = replace(cost, switch_rounds={})  # not measured in full: only the measured switch, as before
+    assert not [p for p in KnobAgent().propose(context(fast_here))
+                if p.candidate.system.drafter is DrafterKind.EAGLE3 and p.predicted_ms_per_token]
