@@ -80,3 +80,19 @@ def test_knobs_set_away_from_default_change_the_fingerprint_and_default_ones_do_
     assert dataclasses.replace(stock, draft_compile=False).fingerprint() == stock.fingerprint()
     assert dataclasses.replace(stock, draft_compile=True).fingerprint() != stock.fingerprint()
     assert dataclasses.replace(stock, verify_compile=True).fingerprint() != stock.fingerprint()
+
+
+def test_served_by_continuous_batching_the_compiled_rounds_give_each_requests_ar_tokens(traced, target_dir,
+                                                                                        drafter_dir):
+    from specpilot.engine.drafters.draft_model import DraftModelDrafter
+    from specpilot.engine.generator import Generator
+    from specpilot.engine.serving import Request, ServingEngine
+
+    target, draft = load_model(target_dir), load_model(drafter_dir)
+    g = torch.Generator().manual_seed(3)
+    requests = [Request(tuple(torch.randint(1, 4096, (int(n),), generator=g).tolist()), max_new=12)
+                for n in torch.randint(2, 40, (5,), generator=g)]
+    ar = [Generator(target).generate([list(r.prompt)], r.max_new).outputs[0] for r in requests]
+    compiled = Generator(target, {4: DraftModelDrafter(draft, 4, 2, 6, compiled=True)}, verify_compile=True)
+    result = ServingEngine(compiled, 2, prefill_chunk=16).run(requests)
+    assert traced and [r.output for r in result.requests] == ar
