@@ -196,13 +196,13 @@ class Eagle3Drafter(Drafter):
         root_logits = self.model.logits(root)  # [B,Vd]
         caps = row_caps(state, self.depth, self.row_depth_margin) if self.row_depth_margin else None
         # the root's own slot (L - 1) is filled by the next catch-up: the tree region starts there
-        return best_first.expand(state.roots(), root_logits, self._level, self.depth, k, self.budget,
+        return best_first.expand(state.roots(), root_logits, self._step, self.depth, k, self.budget,
                                  base=state.cache_prefix(), capacity=self.cache.kv.capacity,
                                  carry=root[:, None].expand(B, k, -1), token_ids=self.token_ids,
                                  depth_cap=caps, shared=self.shared,
                                  rows=share_rows(state, self.segment_tokens) if self.shared else None)
 
-    def _level(self, tokens, carry, positions, slots, mask):
+    def _step(self, tokens, carry, positions, slots, mask):
         """One frontier level: (logits [B,k,Vd], the nodes' output hidden states [B,k,C])."""
         hidden = self.model.forward_cached(self.embed(tokens), carry, positions, self.cache.kv, slots, mask)
         return self.model.logits(hidden), hidden
