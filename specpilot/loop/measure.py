@@ -54,20 +54,15 @@ def measure(session, system: System, batches: list[list[list[int]]], max_new_tok
     """Profile `system` on the first batch, pool acceptance and round time over all; its cost table."""
     import torch
 
-    from specpilot.engine.profile import acceptance_by_depth, kv_bytes_per_token, profile
+    from specpilot.engine.profile import kv_bytes_per_token, profile
 
     gen = session.generator(system)
     p = profile(gen, batches[0], max_new_tokens)
     depth = len(p.accept_at_depth)
-    taus, round_ms, curves = [p.tokens_per_round], [p.round_ms], [p.accept_at_depth]
-    for batch in batches[1:]:  # each batch weighs the same in the means
-        r = gen.generate(batch, max_new_tokens)
-        taus.append(r.num_tokens / max(sum(r.rounds), 1))
-        round_ms.append((r.seconds - r.prefill_seconds) / max(max(r.rounds), 1) * 1e3)
-        curves.append(acceptance_by_depth(r.accept_lengths, depth) if depth else ())
-    n = len(taus)
-    p = replace(p, tokens_per_round=sum(taus) / n, round_ms=sum(round_ms) / n,
-                accept_at_depth=tuple(sum(c[d] for c in curves) / n for d in range(depth)))
+    stats = [(p.round_ms, p.tokens_per_round, p.accept_at_depth)]
+    stats += [_round_stats(gen.generate(batch, max_new_tokens), depth) for batch in batches[1:]]
+    round_ms, tau, curve = _pooled(stats, depth)
+    p = replace(p, tokens_per_round=tau, round_ms=round_ms, accept_at_depth=curve)
     drafter = session.drafter_model if system.drafter.value == "model" else None
     kv = kv_bytes_per_token(drafter) if drafter is not None else 0
     ar_ms = ar_ms_per_token(session, system, batches, max_new_tokens) if system.speculative else p.ms_per_token
@@ -82,9 +77,24 @@ def measure(session, system: System, batches: list[list[list[int]]], max_new_tok
 def ar_ms_per_token(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> float:
     """Plain AR decoding (`System.plain_ar`) on the same batches: ms per token."""
     gen = session.generator(system.plain_ar())
-    per_token = [(r.seconds - r.prefill_seconds) / max(max(r.rounds), 1) * 1e3
-                 for r in _timed_generations(gen, batches, max_new_tokens)]
+    per_token = [_round_stats(r, 0)[0] for r in _timed_generations(gen, batches, max_new_tokens)]
     return sum(per_token) / len(per_token)
+
+
+def _round_stats(r, depth: int) -> tuple[float, float, tuple[float, ...]]:
+    """(decode ms per round, tokens per round, P(accepted >= d) for d = 1..depth) of one
+    `GenerationResult`, reckoned as `engine.profile.profile` reckons them."""
+    from specpilot.engine.profile import acceptance_by_depth
+
+    round_ms = (r.seconds - r.prefill_seconds) / max(max(r.rounds), 1) * 1e3
+    return round_ms, r.num_tokens / max(sum(r.rounds), 1), acceptance_by_depth(r.accept_lengths, depth) if depth else ()
+
+
+def _pooled(stats: list[tuple[float, float, tuple[float, ...]]], depth: int) -> tuple[float, float, tuple[float, ...]]:
+    """The means of `_round_stats` over batches, each batch weighing the same."""
+    n = len(stats)
+    return (sum(s[0] for s in stats) / n, sum(s[1] for s in stats) / n,
+            tuple(sum(s[2][d] for s in stats) / n for d in range(depth)))
 
 
 def _timed_generations(gen, batches: list[list[list[int]]], max_new_tokens: int) -> list:
@@ -108,26 +118,18 @@ def switch_measurements(session, system: System, batches: list[list[list[int]]],
     decoded on the same batches and reckoned as the profile reckons the system's own (decode time
     per round over tokens per round; each batch weighs the same). Their generators are dropped
     afterwards: the session keeps no graphs for systems it only measured."""
-    from specpilot.engine.profile import acceptance_by_depth
-
     out = {}
     for kind in loaded_drafters(session):
         other = switched(system, kind) if kind is not system.drafter else None
         if other is None:
             continue
-        per_token, rounds, taus, curves = [], [], [], []
-        depth = getattr(next(iter(session.generator(other).drafters.values()), None), "depth", 0) or 0
-        for r in _timed_generations(session.generator(other), batches, max_new_tokens):
-            round_ms = (r.seconds - r.prefill_seconds) / max(max(r.rounds), 1) * 1e3
-            tau = r.num_tokens / max(sum(r.rounds), 1)
-            per_token.append(round_ms / max(tau, 1e-9))
-            rounds.append(round_ms)
-            taus.append(tau)
-            curves.append(acceptance_by_depth(r.accept_lengths, depth) if depth else ())
-        n = len(per_token)
-        out[kind.value] = {"ms_per_token": sum(per_token) / n, "round_ms": sum(rounds) / n,
-                           "tokens_per_round": sum(taus) / n,
-                           "accept_at_depth": [sum(c[d] for c in curves) / n for d in range(depth)]}
+        gen = session.generator(other)
+        depth = getattr(next(iter(gen.drafters.values()), None), "depth", 0) or 0
+        stats = [_round_stats(r, depth) for r in _timed_generations(gen, batches, max_new_tokens)]
+        round_ms, tau, curve = _pooled(stats, depth)
+        per_token = sum(ms / max(t, 1e-9) for ms, t, _ in stats) / len(stats)
+        out[kind.value] = {"ms_per_token": per_token, "round_ms": round_ms, "tokens_per_round": tau,
+                           "accept_at_depth": list(curve)}
         session.forget(other.fingerprint())
     return out
 

@@ -97,7 +97,7 @@ STATIC_BACKEND = "inductor"
 
 
 def compiled_static(fn, device: torch.device):
-    """`fn` (a model's forward, a drafter's level) under torch.compile with static shapes: each
+    """`fn` (a drafter's proposal, a round's verification) under torch.compile with static shapes: each
     (batch, tokens, cache) shape compiles once, and everything between the projections (the
     additive mask, RoPE gathers, cache writes, the elementwise pieces above) fuses into a few
     kernels per layer, where the eager forward launches dozens. For calls of one shape repeated
