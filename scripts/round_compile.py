@@ -116,16 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     order = [ps[i] for i in range(max(len(v) for v in by_set.values())) for ps in by_set.values() if i < len(ps)]
     prompts = order[: args.prompts]
     args.out.mkdir(parents=True, exist_ok=True)
-    pairs = []
-    for spec in args.system:
+    doc = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "deployment": dep.name,
+           "prompts": len(prompts), "tokens": args.tokens, "pairs": [],
+           "environment": capture(session.device, session.target.dtype)}
+    for spec in args.system:  # written after each system: a run cut short keeps the systems it finished
         pair = run_variants(session, load_system(spec, dep), prompts, args.tokens)
         print(json.dumps({k: v for k, v in pair.items() if k != "rows"}), flush=True)
-        pairs.append(pair)
-    doc = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "deployment": dep.name,
-           "prompts": len(prompts), "tokens": args.tokens, "pairs": pairs,
-           "environment": capture(session.device, session.target.dtype)}
-    (args.out / "round_compile.json").write_text(json.dumps(doc, indent=1))
-    write_md(doc, args.out / "round_compile.md")
+        doc["pairs"].append(pair)
+        (args.out / "round_compile.json").write_text(json.dumps(doc, indent=1))
+        write_md(doc, args.out / "round_compile.md")
     print((args.out / "round_compile.md").read_text())
     return 0
 

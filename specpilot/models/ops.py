@@ -58,6 +58,10 @@ def fusion_enabled(device: torch.device) -> bool:
     return device.type == "cuda" and env.compile_enabled()
 
 
+# the ops `fused` hands out, by name (a plain dict: Dynamo traces a lookup in it, not `globals()`)
+FUSABLE = {fn.__name__: fn for fn in (rms_norm, add_rms_norm, qkv_norm_rope, silu_mul)}
+
+
 # Compilations one op may keep. dynamic=True makes batch sizes and token counts symbolic, but
 # Dynamo still compiles a new entry per tensor rank (a norm on [B,T,C] and on q/k [B,T,H,D]), per
 # dtype, per eps, and for size 1 apart from sizes >= 2 (a decode step apart from a prefill). One
@@ -82,13 +86,16 @@ def _compiled(name: str, backend: str = "inductor"):
     # verification, draft expansions, prefill); with static shapes each new (B, T) recompiles, and
     # a real workload soon hits torch.compile's recompile limit.
     allow_recompiles()  # process-wide, so once, at the first compilation
-    fn = globals()[name]
-    return torch.compile(fn, dynamic=True, fullgraph=True, backend=backend)
+    return torch.compile(FUSABLE[name], dynamic=True, fullgraph=True, backend=backend)
 
 
 def fused(name: str, device: torch.device):
-    """The op `name`, compiled on CUDA when fusion is enabled, plain otherwise."""
-    return _compiled(name) if fusion_enabled(device) else globals()[name]
+    """The op `name`: compiled on CUDA when fusion is enabled, plain otherwise, and plain inside a
+    torch.compile trace (`compiled_static`), where the enclosing compilation fuses it with its
+    neighbours: a compiled op called there would end the traced graph (a graph break per forward)."""
+    if torch.compiler.is_compiling() or not fusion_enabled(device):
+        return FUSABLE[name]
+    return _compiled(name)
 
 
 # backend of `compiled_static`: a torch.compile backend name or callable (the CPU tests trace with

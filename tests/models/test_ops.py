@@ -44,3 +44,29 @@ def test_allow_recompiles_never_lowers_the_limit():
         ops.allow_recompiles()
         assert torch._dynamo.config.recompile_limit == 1000
         assert torch._dynamo.config.accumulated_recompile_limit == 10_000
+
+
+def test_inside_a_compiled_function_fused_hands_out_the_plain_ops(monkeypatch):
+    """A forward under `compiled_static` (draft_compile, verify_compile) asks `fused` for its ops on
+    CUDA too: it must get the plain functions, which the enclosing graph fuses with its neighbours.
+    The separately compiled op ended the traced graph at every forward (a graph break each)."""
+    monkeypatch.setattr(ops, "fusion_enabled", lambda device: True)  # the CUDA path, on any machine
+    dev = torch.device("cpu")
+    assert ops.fused("rms_norm", dev) is ops._compiled("rms_norm")  # outside a trace: the compiled op
+
+    def block(x, w):
+        h, y = ops.fused("add_rms_norm", dev)(x, x, w, 1e-6)
+        return ops.fused("silu_mul", dev)(torch.cat([y, h], -1))
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    x, w = torch.randn(2, 3, 8), torch.rand(8)
+    out = torch.compile(block, backend=backend, fullgraph=True, dynamic=False)(x, w)  # fullgraph: no break
+    torch._dynamo.reset()
+    h, y = ops.add_rms_norm(x, x, w, 1e-6)
+    assert len(graphs) == 1 and torch.equal(out, ops.silu_mul(torch.cat([y, h], -1)))
