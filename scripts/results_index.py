@@ -21,7 +21,10 @@ SOURCES = (
     ("controller/first_request_*", "first request vs its repeat", "first_request.py"),
     ("engine/engine_ar_kernels.*", "AR decode: cuBLAS, Triton BF16, W12", "engine_ar.py --skip hf curve"),
     ("engine/engine_ar.*", "AR decode vs byte floor, verify cost", "engine_ar.py"),
-    ("engine/round_compile/*", "rounds eager vs draft_compile, and with verify_compile", "round_compile.py"),
+    ("engine/round_compile/*", "rounds eager vs draft_compile, and with verify_compile",
+     "round_compile.py --system scripts/systems/d6k8n64.toml --prompts 3"),
+    ("engine/round_kernels/*", "a round's kernels by family: draft proposal, verify forward",
+     "round_kernels.py --system scripts/systems/d6k8n64-compiled.toml"),
     ("fixture/*", "fixture: loss, acceptance, decode", "tools/fixture_report.py"),
     ("drafters/recipe/*", "DFlash training recipes side by side: acceptance", "dflash_recipe.py"),
     ("drafters/positions/*", "DFlash accuracy per block offset; every anchor vs the engine's walk (CPU)",
@@ -41,8 +44,8 @@ SOURCES = (
      "loop_fixture.py --max-candidates 2 --controller blocks=6 --controller noise_blocks=8"),
     ("loop/fixture-x16-nonedit/*", "loop from a non-editable install, kernel agent only (stdout)",
      "specpilot run (pip install --target)"),
-    ("loop/fixture-x16/*", "the optimization loop, batch 1, 5 rounds over two calls",
-     "loop_fixture.py --agents integration knob --budget-minutes 8.8, then --resume --rounds 8 --budget-minutes 8.2"),
+    ("loop/fixture-x16/*", "the optimization loop, batch 1, 4 rounds over two calls",
+     "loop_fixture.py --agents integration knob --budget-minutes 8.8, then --resume --rounds 8 --budget-minutes 7.5"),
     ("loop/acceptance_check.*", "acceptance model: predicted vs measured tokens per round by tree shape (CPU)",
      "acceptance_check.py --n-prompts 2 --tokens 96"),
     ("loop/switch_estimates.json", "cost-table entries after a short vs a full-length warm-up",
@@ -69,6 +72,13 @@ ERRATA = (
      "at b0f18c4; the device copy's base was the session's first commit)"),
     ("w12/tree128/", "b0f18c4", "ran on the working tree of a877aff after w12_paths.py --install (W12 and kernel "
      "code as at b0f18c4)"),
+    ("loop/fixture-x16/", "defea74", "rounds 1-3 ran on the working tree of a877aff (the journal and memory "
+     "resumed from it); round 4 and the final measurement at defea74, before aa294ef: its compiled rounds broke "
+     "the traced graph at every forward"),
+    ("engine/round_compile/round_compile.{json,md}", "defea74", "ran on the working tree of aa294ef (the "
+     "device copy's base was the session's first commit)"),
+    ("engine/round_kernels/round_kernels.{json,md}", "defea74", "ran on the working tree of aa294ef (the "
+     "device copy's base was the session's first commit)"),
     ("loop/fixture-x16/", "b0f18c4+dirty", "rounds 1-3 ran on the working tree of a877aff before its "
      "verify_compile/Triton exclusion and its timed-outputs words; rounds 4-5 (--resume) before the exclusion, "
      "where the W12 candidate failed to compile"),
@@ -224,8 +234,8 @@ def compile_rows(data: dict) -> list[tuple[str, str]]:
     parts = []
     for pair in data["pairs"]:
         twin = pair["twins"][f"{pair['system']}+draft+verify"]
-        parts.append(f"{pair['system']} {twin['speedup_ms_per_token']['mean']:.2f}x "
-                     f"(same outputs {twin['same_outputs']}/{pair['prompts']})")
+        parts.append(f"{pair['system']} {twin['speedup_ms_per_token']['mean']:.2f}x, draft proposal "
+                     f"{twin['speedup_draft']['mean']:.2f}x (same outputs {twin['same_outputs']}/{pair['prompts']})")
     return [(f"`{data['deployment']}` ms/token, eager over draft_compile + verify_compile (batch 1)", ", ".join(parts))]
 
 
