@@ -6,7 +6,8 @@ each with launcher and reference), `reference.py` (pure-torch reference and erro
 `configs.py` (launch configs, heuristic, tuned tables; the shipped tables in `tuned/`),
 `user_cache.py` (tables tuned on this machine, under $SPECPILOT_HOME, by versions), `tma.py` (tensor
 descriptors of the GEMM's TMA loads), `launch.py` (operands, split-K plan), `workspace.py`
-(split-K scratch), `dispatch.py` (choice by M), `aot.py` (compiling every variant without a GPU),
+(split-K scratch), `dispatch.py` (choice by M), `op.py` (a projection as one custom op, opaque to
+torch.compile), `aot.py` (compiling every variant without a GPU),
 `search.py` (the launch-config search and the tuned tables it writes), `timing.py` (CUDA-graph
 timing, and the checked timer the search runs on a GPU).
 The modules that route a model's projections to these kernels live in `specpilot.models.linear`.

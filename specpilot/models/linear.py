@@ -3,8 +3,9 @@
 
 `TritonLinear` runs plain (BF16) weights through the same GEMV/GEMM kernels as `W12Linear` reads
 W12 with, so a benchmark can separate kernel quality from the format's byte savings; its weight is
-the original `nn.Linear`'s parameter (shared, not copied). It falls back to `F.linear` where the
-kernels cannot run (CPU without TRITON_INTERPRET=1, no Triton). `swap_projections` turns every
+the original `nn.Linear`'s parameter (shared, not copied). Its kernels run through
+`specpilot::linear` (`kernels.op`), one opaque op under torch.compile; it falls back to `F.linear`
+where the kernels cannot run (CPU without TRITON_INTERPRET=1, no Triton). `swap_projections` turns every
 block projection (qkv, o, gate_up, down) and optionally lm_head into a `TritonLinear` or a
 `W12Linear` (weights encoded on the fly, refused unless they are exactly BF16: W12 is lossless by
 contract). Does not own the kernels (`specpilot.kernels.dispatch`), which modules count as projections
@@ -18,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from specpilot.errors import ConfigError
-from specpilot.kernels import dispatch
+from specpilot.kernels import dispatch, op
 from specpilot.models.transformer import Transformer, replace_linears
 
 
@@ -32,6 +33,11 @@ class TritonLinear(nn.Module):
             raise ValueError(f"TritonLinear needs a 2-D weight [N, K], got shape {list(weight.shape)}")
         self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
         self.out_features, self.in_features = weight.shape
+        self.handle = op.register(self, "weight")  # names the weight to `specpilot::linear`
+
+    def __setstate__(self, state):  # a copy (deepcopy, pickle) names its own weight
+        super().__setstate__(state)
+        self.handle = op.register(self, "weight")
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, table: str = "") -> TritonLinear:
@@ -41,7 +47,7 @@ class TritonLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
         if dispatch.kernels_available(x):
-            return dispatch.linear(x, self.weight, table=self.table)
+            return op.linear(x, self.handle, self.table)
         return F.linear(x, self.weight)
 
     def extra_repr(self) -> str:

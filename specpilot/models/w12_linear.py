@@ -3,7 +3,8 @@
 Owns the nn.Module face of a `W12Weight`: its planes as buffers (so `.to(device)`, `deepcopy`
 with a memo, and state dicts treat them like any weight), and the forward y = x @ W.T in x's
 dtype. On CUDA (or on CPU under TRITON_INTERPRET=1) the forward runs the Triton kernels, which
-decode in registers while streaming; elsewhere, or without Triton, it decodes with the reference
+decode in registers while streaming, through `specpilot::linear` (`kernels.op`: one opaque op
+under torch.compile); elsewhere, or without Triton, it decodes with the reference
 codec and calls `F.linear` -- bit-identical weights, so a CPU model loaded from a W12 checkpoint
 gives exactly the logits of the BF16 original. Does not own the kernels (`specpilot.kernels`) or
 the format (`specpilot.w12`).
@@ -15,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from specpilot.kernels import dispatch, op
 from specpilot.w12.codec import decode
 from specpilot.w12.weight import PLANES, W12Weight
 
@@ -29,6 +31,11 @@ class W12Linear(nn.Module):
         for name, tensor in weight.planes().items():
             self.register_buffer(name, tensor)
         self._view: W12Weight | None = None  # the buffers as a W12Weight, rebuilt when they change
+        self.handle = op.register(self, "weight_w12")  # names the weight to `specpilot::linear`
+
+    def __setstate__(self, state):  # a copy (deepcopy, pickle) names its own weight
+        super().__setstate__(state)
+        self.handle = op.register(self, "weight_w12")
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> W12Linear:
@@ -48,12 +55,9 @@ class W12Linear(nn.Module):
         return view
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
-        from specpilot.kernels import dispatch
-
-        weight = self.weight_w12
         if dispatch.kernels_available(x):
-            return dispatch.linear(x, weight, table=self.table)
-        return F.linear(x, decode(weight).to(x.dtype))
+            return op.linear(x, self.handle, self.table)
+        return F.linear(x, decode(self.weight_w12).to(x.dtype))
 
     def extra_repr(self) -> str:
         w = self.weight_w12

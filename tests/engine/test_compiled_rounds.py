@@ -1,9 +1,12 @@
 """`draft_compile` and `verify_compile`: a round's proposal and verification under torch.compile
 give the tokens and acceptance of the eager round. On CPU the knobs are inert with the inductor
 backend; the tests trace with Dynamo through a counting backend that runs the captured graphs as
-they are."""
+they are. The Triton projections run under Triton's interpreter on CPU."""
 
 import dataclasses
+import importlib
+import importlib.util
+import sys
 
 import pytest
 import torch
@@ -14,6 +17,14 @@ from specpilot.models import ops
 from specpilot.models.eagle3 import random_eagle3
 from specpilot.models.eagle3_checkpoint import write_eagle3
 from specpilot.models.loading import load_model
+from specpilot.models.random_checkpoint import tiny_config, write_random_checkpoint, write_truncated_drafter
+
+# Triton fixes interpreted vs compiled when `triton.language` is first imported, which Dynamo does:
+# without CUDA, import it under TRITON_INTERPRET=1 now, at collection (as tests/kernels/conftest.py).
+if not torch.cuda.is_available() and importlib.util.find_spec("triton") and "triton.language" not in sys.modules:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        importlib.import_module("triton.language")
 
 
 @pytest.fixture
@@ -60,6 +71,33 @@ def test_compiled_round_pieces_give_the_eager_rounds_tokens_and_acceptance(trace
     assert compiled == eager
 
 
+
+@pytest.mark.parametrize("drafter", ["model", "eagle3"])
+def test_the_proposal_and_the_verification_each_trace_as_one_graph(target_dir, drafter_dir, eagle3_dir,
+                                                                    make_prompts, monkeypatch, drafter):
+    """On the CUDA path (fused elementwise ops on) neither compiled piece breaks its graph: a break
+    per forward left most of a proposal outside the compiled graph."""
+    from specpilot.engine.steps import verify_step
+
+    stock = System(drafter=DrafterKind(drafter), depth=4, topk=3, tree_budget=10)
+    dep = Deployment(name="g", target=str(target_dir), drafter=str(drafter_dir if drafter == "model" else eagle3_dir),
+                     stock=stock)
+    gen = Session.load(dep, device="cpu", dtype=torch.float32).generator(stock)
+    gen.generate(make_prompts(1), 8)
+    ws = next(reversed(gen.workspaces.values()))
+    proposer = next(iter(gen.drafters.values()))
+    with torch.inference_mode():
+        tree = proposer.propose(ws.state)
+    monkeypatch.setattr(ops, "fusion_enabled", lambda device: True)  # what a forward asks `ops.fused` on CUDA
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        proposal = torch._dynamo.explain(proposer._proposal)(ws.state)
+        verification = torch._dynamo.explain(verify_step)(gen.target, ws.cache, ws.state, tree, None, segment=0)
+    torch._dynamo.reset()
+    assert (proposal.graph_count, proposal.graph_break_count) == (1, 0)
+    assert (verification.graph_count, verification.graph_break_count) == (1, 0)
+
+
 def test_with_inductor_on_cpu_the_knobs_leave_the_plain_functions():
     def f(x):
         return x + 1
@@ -67,12 +105,48 @@ def test_with_inductor_on_cpu_the_knobs_leave_the_plain_functions():
     assert ops.STATIC_BACKEND == "inductor" and ops.compiled_static(f, torch.device("cpu")) is f
 
 
-def test_verify_compile_refuses_the_triton_kernels():
-    from specpilot.errors import ConfigError
+@pytest.fixture
+def interpreted_kernels(monkeypatch):
+    """The Triton kernels on CPU, under the interpreter (skipped where Triton was imported compiled
+    first, as tests/kernels/conftest.py does, and on a GPU machine, where it is imported compiled)."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter runs on CPU machines only (on a GPU Triton is imported compiled)")
+    from triton.language import standard
+    from triton.runtime.interpreter import InterpretedFunction
 
-    with pytest.raises(ConfigError, match="verify_compile needs kernel = 'cublas'"):
-        System(verify_compile=True, kernel=Kernel.TRITON)
-    assert System(draft_compile=True, kernel=Kernel.TRITON, w12=True).draft_compile
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    gemv = importlib.import_module("specpilot.kernels.gemv")
+    if not (isinstance(standard.zeros, InterpretedFunction) and isinstance(gemv._gemv_kernel, InterpretedFunction)):
+        pytest.skip("triton was imported compiled before TRITON_INTERPRET=1 could be set")
+
+
+@pytest.fixture(scope="module")
+def bf16_dirs(tmp_path_factory):
+    """A two-layer target with exactly-BF16 weights (W12 encodes nothing else) and a one-layer drafter."""
+    root = tmp_path_factory.mktemp("bf16")
+    target = write_random_checkpoint(root / "target", tiny_config(num_layers=2), seed=0, dtype=torch.bfloat16)
+    return target, write_truncated_drafter(target, root / "drafter", num_layers=1)
+
+
+@pytest.mark.parametrize("w12", [False, True])
+def test_verify_compile_over_the_triton_projections_gives_the_eager_tokens(traced, interpreted_kernels, bf16_dirs,
+                                                                           make_prompts, w12):
+    """The compiled verification is one graph (no break at the projections) that calls each swapped
+    projection as one `specpilot::linear` op, and it commits the eager rounds' tokens and acceptance."""
+    stock = System(drafter=DrafterKind.MODEL, depth=2, topk=2, tree_budget=4, kernel=Kernel.TRITON, w12=w12)
+    target, drafter = bf16_dirs
+    dep = Deployment(name="k", target=str(target), drafter=str(drafter), stock=stock)
+    session = Session.load(dep, device="cpu", dtype=torch.float32)
+    prompts = make_prompts(1, seed=2, lo=4, hi=8)
+    eager = session.generator(stock).generate(prompts, 5)
+    assert not traced
+    compiled = session.generator(dataclasses.replace(stock, name="compiled", verify_compile=True)).generate(prompts, 5)
+    projections = [n for gm in traced for n in gm.graph.nodes
+                   if n.op == "call_function" and n.target in (torch.ops.specpilot.linear,
+                                                               torch.ops.specpilot.linear.default)]
+    assert len(traced) == 1 and len(projections) == 2 * 4  # every block projection (the lm_head is cuBLAS)
+    assert (compiled.outputs, compiled.accept_lengths) == (eager.outputs, eager.accept_lengths)
 
 
 def test_knobs_set_away_from_default_change_the_fingerprint_and_default_ones_do_not():

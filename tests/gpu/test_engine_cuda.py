@@ -56,3 +56,30 @@ def test_speculative_equals_ar_in_float32(target_dir, drafter_dir, prompts, full
         if e != g:
             pytest.fail(first_divergence(target, p, e, g))
     assert result.mean_accepted_length >= 1.0
+
+
+
+@pytest.fixture(scope="module")
+def bf16_dirs(ckpt_root):
+    """A target with exactly-BF16 weights (W12 encodes nothing else) and its truncated drafter."""
+    from specpilot.models.random_checkpoint import tiny_config, write_random_checkpoint, write_truncated_drafter
+
+    target = write_random_checkpoint(ckpt_root / "bf16-target", tiny_config(), seed=0, dtype=torch.bfloat16)
+    return target, write_truncated_drafter(target, ckpt_root / "bf16-drafter", num_layers=2)
+
+
+@pytest.mark.parametrize("w12", [False, True], ids=["triton", "w12"])
+def test_compiled_rounds_over_the_triton_projections_equal_ar_in_float32(bf16_dirs, prompts, full_precision, w12):
+    """draft_compile and verify_compile under inductor with the target's projections on our Triton
+    kernels (each one `specpilot::linear` op, which inductor does not recompile): AR's tokens."""
+    from specpilot.models.linear import swap_projections
+
+    target = load_model(bf16_dirs[0], device="cuda", dtype=torch.float32)
+    swap_projections(target, w12=w12)
+    draft = load_model(bf16_dirs[1], device="cuda", dtype=torch.float32)
+    ar = Generator(target).generate(prompts, NEW_TOKENS).outputs
+    drafter = DraftModelDrafter(draft, 4, topk=3, tree_budget=12, compiled=True)
+    result = Generator(target, {drafter.depth: drafter}, verify_compile=True).generate(prompts, NEW_TOKENS)
+    for p, e, g in zip(prompts, ar, result.outputs):
+        if e != g:
+            pytest.fail(first_divergence(target, p, e, g))

@@ -260,7 +260,7 @@ class KnobAgent(Proposer):
                 moves.append((GapKind.DRAFT_KERNELS, {"draft_compile": True},
                               "the draft proposal compiled whole with static shapes: a launch-bound drafter's "
                               "dozens of small kernels per level fused into a few"))
-            if inc.drafter is not DrafterKind.NONE and not inc.verify_compile and inc.kernel is Kernel.CUBLAS:
+            if inc.drafter is not DrafterKind.NONE and not inc.verify_compile:
                 moves.append((GapKind.VERIFY_KERNELS, {"verify_compile": True},
                               "verification (target forward, acceptance, commit) compiled with static shapes: "
                               "the work between the projections fused"))
@@ -294,11 +294,10 @@ class KnobAgent(Proposer):
                     moves.append((GapKind.OVERHEAD, {"sync_every": n},
                                   f"check for EOS every {n} rounds, not every round"))
             if inc.kernel is Kernel.CUBLAS:
-                if not inc.verify_compile:  # verify_compile and the Triton kernels exclude each other
-                    moves.append((GapKind.VERIFY_KERNELS, {"kernel": Kernel.TRITON.value},
-                                  "Triton projection kernels for the target's verify forward"))
-                    moves.append((GapKind.VERIFY_KERNELS, {"kernel": Kernel.TRITON.value, "w12": True},
-                                  "W12 weights (12 bits, lossless) under the Triton kernels: 25% fewer bytes"))
+                moves.append((GapKind.VERIFY_KERNELS, {"kernel": Kernel.TRITON.value},
+                              "Triton projection kernels for the target's verify forward"))
+                moves.append((GapKind.VERIFY_KERNELS, {"kernel": Kernel.TRITON.value, "w12": True},
+                              "W12 weights (12 bits, lossless) under the Triton kernels: 25% fewer bytes"))
             elif not inc.w12:
                 moves.append((GapKind.VERIFY_KERNELS, {"w12": True}, "W12 weights: 25% fewer bytes per forward"))
             if inc.kernel is Kernel.TRITON and not inc.kernel_lm_head:

@@ -244,13 +244,19 @@ def test_on_gpu_it_proposes_compiling_the_proposal_and_the_verification_once():
     assert by_change[("draft_compile",)].gap.value == "draft-kernels"
     assert by_change[("verify_compile",)].gap.value == "verify-kernels"
     compiled = Incumbent(Candidate(STOCK.with_changes(name="c", draft_compile=True, verify_compile=True)), 1, 0.1)
-    again = KnobAgent().propose(context(incumbent=compiled))
+    again = KnobAgent().propose(context(incumbent=compiled, limit=40))
     changed = [set(p.candidate.changes_from(compiled.candidate)) for p in again]
     assert again and not any({"draft_compile", "verify_compile"} & c for c in changed)
-    assert not any({"kernel", "w12"} & c for c in changed)  # torch.compile cannot go through the Triton kernels
-    triton = Incumbent(Candidate(STOCK.with_changes(name="t", kernel=Kernel.TRITON)), 1, 0.1)
-    assert not any("verify_compile" in p.candidate.changes_from(triton.candidate)
-                   for p in KnobAgent().propose(context(incumbent=triton)))
+    assert {"kernel"} in changed and {"kernel", "w12"} in changed  # the Triton kernels inside the compiled verification
+
+
+def test_on_gpu_it_proposes_compiling_the_verification_over_the_triton_kernels():
+    for knobs in ({"kernel": Kernel.TRITON}, {"kernel": Kernel.TRITON, "w12": True}):
+        triton = Incumbent(Candidate(STOCK.with_changes(name="t", **knobs)), 1, 0.1)
+        out = KnobAgent().propose(context(incumbent=triton, limit=40))
+        compiled = [p for p in out if set(p.candidate.changes_from(triton.candidate)) == {"verify_compile"}]
+        assert len(compiled) == 1 and compiled[0].gap.value == "verify-kernels", knobs
+        assert compiled[0].candidate.system.kernel is Kernel.TRITON
 
 
 def test_an_exploratory_change_that_lost_clearly_on_an_earlier_incumbent_is_not_proposed_again(tmp_path):
