@@ -95,7 +95,7 @@ class System:
     # in it, rounded up to a multiple of this (a captured graph per span); 0 = the whole cache.
     attention_span: int = 256
     # A round's pieces under torch.compile with static shapes (`models.ops.compiled_static`): fewer,
-    # fused kernels where they are launch bound. draft_compile: the proposal (draft model, EAGLE-3),
+    # fused kernels where they are launch bound. draft_compile: the proposal (every drafter but n-gram),
     # which changes drafts only, never the target's tokens; verify_compile: the target's verify
     # forward, acceptance and commit (fused arithmetic may round differently: the guard decides).
     # Triton projections (kernel = 'triton') stay one opaque op each (`kernels.op`). CUDA only

@@ -164,7 +164,7 @@ class Session:
                 )
             drafters[system.block_size - 1] = DFlashDrafter(
                 self.dflash_model, target, system.block_size, system.tree_budget, system.tree_construction,
-                system.shared_budget, system.row_depth_margin,
+                system.shared_budget, system.row_depth_margin, system.draft_compile,
             )
         elif system.drafter is DrafterKind.EAGLE3:
             if self.eagle3_model is None:

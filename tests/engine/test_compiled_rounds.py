@@ -15,6 +15,8 @@ from specpilot.config import Deployment, DrafterKind, Kernel, System
 from specpilot.engine.session import Session
 from specpilot.models import ops
 from specpilot.models.eagle3 import random_eagle3
+from specpilot.models.dflash import random_dflash
+from specpilot.models.dflash_checkpoint import write_dflash
 from specpilot.models.eagle3_checkpoint import write_eagle3
 from specpilot.models.loading import load_model
 from specpilot.models.random_checkpoint import tiny_config, write_random_checkpoint, write_truncated_drafter
@@ -49,6 +51,26 @@ def eagle3_dir(target_dir, tmp_path_factory):
     return write_eagle3(random_eagle3(target.config, seed=5), out, dtype=torch.float32)
 
 
+@pytest.fixture(scope="module")
+def dflash_dir(target_dir, tmp_path_factory):
+    target = load_model(target_dir)
+    out = tmp_path_factory.mktemp("dflash") / "d"
+    return write_dflash(random_dflash(target.config, num_layers=1, block_size=6, mask_token_id=3, seed=4), out,
+                        dtype=torch.float32)
+
+
+@pytest.fixture
+def setup(target_dir, drafter_dir, eagle3_dir, dflash_dir):
+    """(stock system, deployment) drafting with `kind`: the draft model, EAGLE-3 or DFlash."""
+    directories = {"model": drafter_dir, "eagle3": eagle3_dir, "dflash": dflash_dir}
+
+    def make(kind: str):
+        stock = System(drafter=DrafterKind(kind), depth=4, topk=3, tree_budget=10, block_size=6)
+        return stock, Deployment(name="c", target=str(target_dir), drafter=str(directories[kind]), stock=stock)
+
+    return make
+
+
 def _generate(session, system, prompts):
     result = session.generator(system).generate(prompts, 24)
     return result.outputs, result.accept_lengths
@@ -56,12 +78,9 @@ def _generate(session, system, prompts):
 
 @pytest.mark.parametrize("knobs", [{"draft_compile": True}, {"verify_compile": True},
                                    {"draft_compile": True, "verify_compile": True}])
-@pytest.mark.parametrize("drafter", ["model", "eagle3"])
-def test_compiled_round_pieces_give_the_eager_rounds_tokens_and_acceptance(traced, target_dir, drafter_dir,
-                                                                           eagle3_dir, make_prompts, drafter, knobs):
-    stock = System(drafter=DrafterKind(drafter), depth=4, topk=3, tree_budget=10)
-    directory = drafter_dir if drafter == "model" else eagle3_dir
-    dep = Deployment(name="c", target=str(target_dir), drafter=str(directory), stock=stock)
+@pytest.mark.parametrize("drafter", ["model", "eagle3", "dflash"])
+def test_compiled_round_pieces_give_the_eager_rounds_tokens_and_acceptance(traced, setup, make_prompts, drafter, knobs):
+    stock, dep = setup(drafter)
     session = Session.load(dep, device="cpu", dtype=torch.float32)
     prompts = make_prompts(3)
     eager = _generate(session, stock, prompts)
@@ -71,17 +90,13 @@ def test_compiled_round_pieces_give_the_eager_rounds_tokens_and_acceptance(trace
     assert compiled == eager
 
 
-
-@pytest.mark.parametrize("drafter", ["model", "eagle3"])
-def test_the_proposal_and_the_verification_each_trace_as_one_graph(target_dir, drafter_dir, eagle3_dir,
-                                                                    make_prompts, monkeypatch, drafter):
+@pytest.mark.parametrize("drafter", ["model", "eagle3", "dflash"])
+def test_the_proposal_and_the_verification_each_trace_as_one_graph(setup, make_prompts, monkeypatch, drafter):
     """On the CUDA path (fused elementwise ops on) neither compiled piece breaks its graph: a break
     per forward left most of a proposal outside the compiled graph."""
     from specpilot.engine.steps import verify_step
 
-    stock = System(drafter=DrafterKind(drafter), depth=4, topk=3, tree_budget=10)
-    dep = Deployment(name="g", target=str(target_dir), drafter=str(drafter_dir if drafter == "model" else eagle3_dir),
-                     stock=stock)
+    stock, dep = setup(drafter)
     gen = Session.load(dep, device="cpu", dtype=torch.float32).generator(stock)
     gen.generate(make_prompts(1), 8)
     ws = next(reversed(gen.workspaces.values()))

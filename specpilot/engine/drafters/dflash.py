@@ -45,6 +45,7 @@ from specpilot.engine.state import DecodeState
 from specpilot.engine.tree import DraftTree
 from specpilot.engine.verify import Acceptance
 from specpilot.errors import ConfigError
+from specpilot.models import ops
 from specpilot.models.dflash import DFlashModel
 from specpilot.models.transformer import Transformer
 
@@ -53,12 +54,15 @@ from specpilot.models.transformer import Transformer
 class DFlashDrafter(Drafter):
     def __init__(self, model: DFlashModel, target: Transformer, block_size: int = 16, tree_budget: int = 32,
                  construction: TreeConstruction = TreeConstruction.BEST_FIRST, shared_budget: int = 0,
-                 row_depth_margin: int = 0):
+                 row_depth_margin: int = 0, compiled: bool = False):
         if block_size < 2:
             raise ConfigError(f"DFlash block_size must be >= 2 (got {block_size})")
         if model.config.hidden_size != target.config.hidden_size:
             raise ConfigError("DFlash drafter and target differ in hidden size")
         self.model, self.target = model, target
+        # a proposal (block forward, log-probs, tree) compiled whole with static shapes, or eager;
+        # prefill and the context writes of `observe` stay eager
+        self._propose = ops.compiled_static(self._proposal, target.device) if compiled else self._proposal
         self.block_size = block_size
         self.depth = block_size - 1  # K: deepest draft node
         self.construction = construction
@@ -136,6 +140,9 @@ class DFlashDrafter(Drafter):
         self._write_context(self.cache, acc.features.to(self.model.dtype), pos.clamp(max=self.cache.capacity - 1))
 
     def propose(self, state: DecodeState, host_tokens=None) -> DraftTree:
+        return self._propose(state)
+
+    def _proposal(self, state: DecodeState) -> DraftTree:
         lp = self.block_logprobs(state)  # [B,K,V]
         if self.row_depth_margin:
             cap = self.depth_caps(state)  # [B]

@@ -52,7 +52,8 @@ from specpilot.loop.systems import DRAFTER_SWITCHES, Candidate, describe, short_
 
 GPU_ONLY = frozenset({"cuda_graphs", "sync_every", "kernel", "w12", "kernel_lm_head", "kernel_table", "draft_compile",
                       "verify_compile"})
-COMPILED_DRAFTERS = (DrafterKind.MODEL, DrafterKind.EAGLE3)  # drafters whose proposal `draft_compile` compiles
+# drafters whose proposal `draft_compile` compiles
+COMPILED_DRAFTERS = (DrafterKind.MODEL, DrafterKind.EAGLE3, DrafterKind.DFLASH)
 MIN_PREDICTED_SAVING = 0.005  # a predicted move must be at least 0.5% faster than the measurement
 # Savings the acceptance model extrapolates count at this share of their size when ranked against
 # measured ones (AR is measured each round): on the fixture, shape moves predicted ~20% faster

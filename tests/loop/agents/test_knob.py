@@ -250,6 +250,15 @@ def test_on_gpu_it_proposes_compiling_the_proposal_and_the_verification_once():
     assert {"kernel"} in changed and {"kernel", "w12"} in changed  # the Triton kernels inside the compiled verification
 
 
+
+def test_on_gpu_it_proposes_compiling_a_dflash_proposal():
+    from specpilot.config import load_deployment
+
+    dep = load_deployment("fixture-dflash")
+    inc = Incumbent(Candidate(dep.stock.with_changes(name="d", drafter=DrafterKind.DFLASH, tree_budget=16)), 1, 0.1)
+    out = KnobAgent().propose(context(incumbent=inc, deployment=dep, limit=40))
+    assert any(set(p.candidate.changes_from(inc.candidate)) == {"draft_compile"} for p in out)
+
 def test_on_gpu_it_proposes_compiling_the_verification_over_the_triton_kernels():
     for knobs in ({"kernel": Kernel.TRITON}, {"kernel": Kernel.TRITON, "w12": True}):
         triton = Incumbent(Candidate(STOCK.with_changes(name="t", **knobs)), 1, 0.1)
