@@ -60,7 +60,7 @@ def dflash_dir(target_dir, tmp_path_factory):
 
 
 @pytest.fixture
-def setup(target_dir, drafter_dir, eagle3_dir, dflash_dir):
+def drafting_with(target_dir, drafter_dir, eagle3_dir, dflash_dir):
     """(stock system, deployment) drafting with `kind`: the draft model, EAGLE-3 or DFlash."""
     directories = {"model": drafter_dir, "eagle3": eagle3_dir, "dflash": dflash_dir}
 
@@ -79,8 +79,9 @@ def _generate(session, system, prompts):
 @pytest.mark.parametrize("knobs", [{"draft_compile": True}, {"verify_compile": True},
                                    {"draft_compile": True, "verify_compile": True}])
 @pytest.mark.parametrize("drafter", ["model", "eagle3", "dflash"])
-def test_compiled_round_pieces_give_the_eager_rounds_tokens_and_acceptance(traced, setup, make_prompts, drafter, knobs):
-    stock, dep = setup(drafter)
+def test_compiled_round_pieces_give_the_eager_rounds_tokens_and_acceptance(traced, drafting_with, make_prompts, drafter,
+                                                                           knobs):
+    stock, dep = drafting_with(drafter)
     session = Session.load(dep, device="cpu", dtype=torch.float32)
     prompts = make_prompts(3)
     eager = _generate(session, stock, prompts)
@@ -91,12 +92,12 @@ def test_compiled_round_pieces_give_the_eager_rounds_tokens_and_acceptance(trace
 
 
 @pytest.mark.parametrize("drafter", ["model", "eagle3", "dflash"])
-def test_the_proposal_and_the_verification_each_trace_as_one_graph(setup, make_prompts, monkeypatch, drafter):
+def test_the_proposal_and_the_verification_each_trace_as_one_graph(drafting_with, make_prompts, monkeypatch, drafter):
     """On the CUDA path (fused elementwise ops on) neither compiled piece breaks its graph: a break
     per forward left most of a proposal outside the compiled graph."""
     from specpilot.engine.steps import verify_step
 
-    stock, dep = setup(drafter)
+    stock, dep = drafting_with(drafter)
     gen = Session.load(dep, device="cpu", dtype=torch.float32).generator(stock)
     gen.generate(make_prompts(1), 8)
     ws = next(reversed(gen.workspaces.values()))
