@@ -1,4 +1,5 @@
-"""Triton projection kernels: W12 and plain-BF16 GEMV (1-8 rows) and tensor-core GEMM (up to 64 rows).
+"""Triton projection kernels: W12 and plain-BF16 GEMV (1-8 rows) and tensor-core GEMM (up to 64 rows);
+split-KV attention over a static cache.
 
 Files: `tiles.py` (shared @triton.jit pieces), `gemv.py`, `gemm.py`, `w12_unpack.py` (kernels,
 each with launcher and reference), `reference.py` (pure-torch reference and error bound),
@@ -9,7 +10,8 @@ descriptors of the GEMM's TMA loads), `launch.py` (operands, split-K plan), `wor
 (split-K scratch), `dispatch.py` (choice by M), `op.py` (a projection as one custom op, opaque to
 torch.compile), `aot.py` (compiling every variant without a GPU),
 `search.py` (the launch-config search and the tuned tables it writes), `timing.py` (CUDA-graph
-timing, and the checked timer the search runs on a GPU).
+timing, and the checked timer the search runs on a GPU), `attention.py` (split-KV attention for
+calls with few queries, as one custom op; its kernels in `attention_kernel.py`).
 The modules that route a model's projections to these kernels live in `specpilot.models.linear`.
 
 Importing this package imports neither Triton nor anything that needs a GPU; kernel modules are

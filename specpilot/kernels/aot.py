@@ -7,8 +7,8 @@ Triton's interpreter (how the CPU tests run the kernels) executes the Python of 
 compiles it, so errors only the compiler sees -- branches returning different types, inline-asm
 operand constraints, layouts Triton cannot lower -- would first show up on the GPU. This module
 compiles each candidate launch config of the GEMV and GEMM paths (both weight formats, tiles even
-and uneven, the smallest and largest row block of each config) and the unpack kernel to PTX and a
-cubin for the target with Triton's bundled ptxas (no driver involved), checks the shared memory
+and uneven, the smallest and largest row block of each config), the unpack kernel and the split-KV
+attention kernels (each query tile and head size, BF16 and float32) to PTX and a cubin for the target with Triton's bundled ptxas (no driver involved), checks the shared memory
 each needs against the architecture's limit, and reports every failure.
 
 Owns: the kernels' argument signatures for ahead-of-time compilation and the variant list. Must
@@ -39,6 +39,10 @@ DENSE_PLANES = {"w_ptr": "*bf16", "hi_ptr": "*bf16", "base_ptr": "*bf16", "esc_p
 
 
 NOT_DIVISIBLE = {"M", "split_k", "steps_per_split"}  # the launchers never specialize these
+# split-KV attention (`attention_kernel.py`): its tensors' pointers in the model's dtype (float32
+# for the partial outputs), the softmax scale a float; its integers may take any value
+ATTENTION_POINTERS = {"q_ptr": "act", "k_ptr": "act", "v_ptr": "act", "bias_ptr": "act", "o_ptr": "act",
+                      "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32"}
 SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes per block (opt-in maximum)
 
 
@@ -61,6 +65,10 @@ def _kernel(name: str):
         from specpilot.kernels.gemm import _gemm_kernel
 
         return _gemm_kernel
+    if name in ("attention", "attention_merge"):
+        from specpilot.kernels.attention_kernel import merge_splits_kernel, split_attention_kernel
+
+        return split_attention_kernel if name == "attention" else merge_splits_kernel
     from specpilot.kernels.w12_unpack import _unpack_kernel
 
     return _unpack_kernel
@@ -132,7 +140,26 @@ def variants(quick: bool = False) -> list[Variant]:
                 out.append(Variant("gemm", f"{t.label()} bm{bm} {'w12' if w12 else 'bf16'} even{' blocks' if w12 else ''}",
                                    c, cfg.num_warps, cfg.num_stages, cfg.max_registers))
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))
+    out += attention_variants(quick)
     return list({v.label: v for v in out}.values())
+
+
+def attention_variants(quick: bool = False) -> list[Variant]:
+    """The split-KV kernel at each query tile `plan_splits` picks, head sizes 64 and 128, BF16 dots
+    (BF16 models) and IEEE float32 ones (float32 models), writing partials or (one split) the
+    output directly; the merge kernel likewise."""
+    from specpilot.kernels.attention import BLOCK_N
+
+    out = []
+    for bf16 in ((True,) if quick else (True, False)):
+        for D in (64, 128):
+            for bm in (16, 32, 64):
+                name = f"attention d{D} bm{bm} {'bf16' if bf16 else 'fp32'}"
+                for direct in (False, True):  # several splits, merged; one, written directly
+                    c = {"D": D, "BLOCK_M": bm, "BLOCK_N": BLOCK_N, "DOT_BF16": bf16, "DIRECT": direct}
+                    out.append(Variant("attention", name + (" direct" if direct else ""), c, 4, 3))
+                out.append(Variant("attention_merge", name.replace("attention", "merge"), {"D": D, "BLOCK_M": bm}, 4, 1))
+    return out
 
 
 def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
@@ -143,6 +170,8 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
     from triton.compiler import ASTSource
 
     fn = _kernel(v.kernel)
+    if v.kernel.startswith("attention"):
+        return _compile_attention(fn, v, arch, keep)
     w12 = v.constexprs.get("IS_W12", True)
     planes = {**(W12_PLANES if w12 else DENSE_PLANES), **(_descriptor_types(v.constexprs, w12) if v.kernel == "gemm" else {})}
     signature = {}
@@ -160,6 +189,36 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
     kernel = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
                             options={"num_warps": v.num_warps, "num_stages": v.num_stages,
                                      **({"maxnreg": v.max_registers} if v.max_registers else {})})
+    limit = SHARED_MEMORY_LIMIT.get(arch)
+    if limit is not None and kernel.metadata.shared > limit:
+        raise RuntimeError(f"needs {kernel.metadata.shared} bytes of shared memory; sm_{arch} allows {limit}")
+    if keep is not None:
+        keep["kernel"] = kernel
+    return time.monotonic() - t
+
+
+def _compile_attention(fn, v: Variant, arch: int, keep: dict | None) -> float:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    act = "*bf16" if v.constexprs.get("DOT_BF16", True) else "*fp32"
+    signature = {}
+    for name in fn.arg_names:
+        if name in v.constexprs:
+            signature[name] = "constexpr"
+        elif name in ATTENTION_POINTERS:
+            signature[name] = act if ATTENTION_POINTERS[name] == "act" else ATTENTION_POINTERS[name]
+        else:
+            signature[name] = "fp32" if name == "scale" else "i32"
+    constants = {(fn.arg_names.index(k),): val for k, val in v.constexprs.items() if k in fn.arg_names}
+    # what a launch on the engine's tensors specializes: aligned pointers, strides and cache lengths
+    # that are multiples of 16 (head sizes, capacities in steps of 256); query counts are not
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if name in ATTENTION_POINTERS or name.startswith(("sq_", "sk_", "sv_", "sb_", "so_")) or name in ("S", "chunk")}
+    t = time.monotonic()
+    kernel = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
+                            options={"num_warps": v.num_warps, "num_stages": v.num_stages})
     limit = SHARED_MEMORY_LIMIT.get(arch)
     if limit is not None and kernel.metadata.shared > limit:
         raise RuntimeError(f"needs {kernel.metadata.shared} bytes of shared memory; sm_{arch} allows {limit}")

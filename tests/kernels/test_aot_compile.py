@@ -115,3 +115,18 @@ def test_split_k_reset_is_relaxed():
     for line in run.stdout.strip().splitlines():
         atomics = ast.literal_eval(line.split("; atomics ")[1].split("; shared-memory ops")[0])
         assert atomics == ["atom.global.gpu.acq_rel.add.u32", "atom.global.gpu.relaxed.exch.b32"], line
+
+
+def test_split_attention_streams_the_cache_in_16_byte_loads_into_tensor_cores():
+    """The split-KV kernel's key loop on sm_90: K and V tiles in 16-byte loads (a tile of 64 keys x
+    64 dims per tensor: 8 per thread of 128), the products on the tensor cores (mma.sync at 16
+    query rows, wgmma at 64), with and without the merge."""
+    for label, mma in (("attention d64 bm16 bf16", "HMMA"), ("attention d64 bm64 bf16", "HGMMA")):
+        run = aot("--quick", "--sass", label, needs="cuobjdump")
+        assert run.returncode == 0, run.stderr[-3000:]
+        lines = run.stdout.strip().splitlines()
+        assert len(lines) == 2, run.stdout  # merged, direct
+        for line in lines:
+            mix = ast.literal_eval(line.split("; ")[1])
+            assert mix.get("LDG.E.128") == 8, line
+            assert any(op.startswith(mma) for op in mix), line

@@ -1,0 +1,103 @@
+"""The Triton kernels of `attention.py` (imported on first use: importing Triton needs it installed)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _dot(a, b, DOT_BF16: tl.constexpr):
+    """a @ b in float32: BF16 operands on the tensor cores, or IEEE float32 (float32 models, the interpreter)."""
+    if DOT_BF16:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+
+
+@triton.jit
+def split_attention_kernel(
+    q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, lse_part_ptr, o_ptr,
+    sq_b, sq_t, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sb_b, sb_m, sb_s, so_b, so_t, so_h,
+    T, G, Hkv, M, S, chunk, n_split, scale,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr, DIRECT: tl.constexpr,
+):
+    """One (key split, query tile, batch row x KV head): softmax(q k^T * scale + bias) v over the
+    split's keys, normalised within the split, and its log-sum-exp (-inf where the split admits no
+    key for a query). Query row m of KV head j is query t = m % T of head j * G + m // T. Key tiles
+    the bias masks for every query of the tile are skipped: their K/V are never loaded."""
+    split = tl.program_id(0)
+    tile = tl.program_id(1)
+    bj = tl.program_id(2)
+    b = bj // Hkv
+    j = bj % Hkv
+    m = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    m_ok = m < M
+    t = m % T
+    h = j * G + m // T
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * sq_b + t[:, None] * sq_t + h[:, None] * sq_h + d[None, :], mask=m_ok[:, None], other=0.0)
+    run_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    run_sum = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    start = split * chunk
+    end = tl.minimum(start + chunk, S)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+        n_ok = n < end
+        bias = tl.load(bias_ptr + b * sb_b + m[:, None] * sb_m + n[None, :] * sb_s,
+                       mask=m_ok[:, None] & n_ok[None, :], other=float("-inf")).to(tl.float32)
+        # a key tile no query of the tile may see (the unfilled end of the cache) is not read at all
+        if tl.max(tl.max(bias, axis=1), axis=0) > float("-inf"):
+            k = tl.load(k_ptr + b * sk_b + j * sk_h + n[None, :] * sk_s + d[:, None], mask=n_ok[None, :], other=0.0)
+            s = _dot(q, k, DOT_BF16) * scale + bias  # [BLOCK_M, BLOCK_N] fp32
+            new_max = tl.maximum(run_max, tl.max(s, axis=1))
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # no admitted key yet: exp(-inf) = 0
+            p = tl.exp(s - shift[:, None])
+            alpha = tl.exp(run_max - shift)
+            run_sum = run_sum * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_ptr + b * sv_b + j * sv_h + n[:, None] * sv_s + d[None, :], mask=n_ok[:, None], other=0.0)
+            acc = acc * alpha[:, None] + _dot(p, v, DOT_BF16)
+            run_max = new_max
+    some = run_sum > 0
+    out = acc / tl.where(some, run_sum, 1.0)[:, None]
+    lse = tl.where(some, run_max + tl.log(tl.where(some, run_sum, 1.0)), float("-inf"))
+    if DIRECT:
+        tl.store(o_ptr + b * so_b + t[:, None] * so_t + h[:, None] * so_h + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None])
+    else:
+        row = (bj * n_split + split) * M + m  # o_part [B*Hkv, n_split, M, D], lse_part [B*Hkv, n_split, M]
+        tl.store(o_part_ptr + row[:, None] * D + d[None, :], out, mask=m_ok[:, None])
+        tl.store(lse_part_ptr + row, lse, mask=m_ok)
+
+
+@triton.jit
+def merge_splits_kernel(
+    o_part_ptr, lse_part_ptr, o_ptr, so_b, so_t, so_h,
+    T, G, Hkv, M, n_split,
+    D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """The splits of one (query tile, batch row x KV head) weighted by exp(lse - max lse): the
+    softmax over all keys. A query no split admits gets zeros."""
+    tile = tl.program_id(0)
+    bj = tl.program_id(1)
+    b = bj // Hkv
+    j = bj % Hkv
+    m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    d = tl.arange(0, D)
+    top = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for sp in range(0, n_split):
+        lse = tl.load(lse_part_ptr + (bj * n_split + sp) * M + m, mask=m_ok, other=float("-inf"))
+        top = tl.maximum(top, lse)
+    shift = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for sp in range(0, n_split):
+        row = (bj * n_split + sp) * M + m
+        w = tl.exp(tl.load(lse_part_ptr + row, mask=m_ok, other=float("-inf")) - shift)  # [BLOCK_M]
+        part = tl.load(o_part_ptr + row[:, None] * D + d[None, :], mask=m_ok[:, None], other=0.0)
+        acc += w[:, None] * part
+        total += w
+    out = acc / tl.where(total > 0, total, 1.0)[:, None]
+    t = m % T
+    h = j * G + m // T
+    tl.store(o_ptr + b * so_b + t[:, None] * so_t + h[:, None] * so_h + d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None])
