@@ -8,7 +8,9 @@ Measures, in one run on one GPU:
 - transformers `generate` (eager, greedy) on the same weights, and whether its tokens match ours;
 - the verify-cost curve: one target forward over N tree nodes, N = 1..64, relative to an AR step;
 - AR decode with our Triton kernels vs cuBLAS, batch 1, 8, 32, if available: BF16 weights, W12
-  decoder-layer projections (the converter's default), and W12 with the lm_head as well.
+  decoder-layer projections (the converter's default), and W12 with the lm_head as well;
+- AR decode at batch 1 by attention kernel (torch's SDPA vs the split-KV kernel, `attention =
+  "split_kv"`) under cuBLAS and Triton BF16 projections, at the default prompt and a long one.
 
 Writes engine_ar.json and engine_ar.md under --out (numbers from this run only).
 Usage: python scripts/engine_ar.py --out DIR [--commit HASH] [--quick]
@@ -262,6 +264,36 @@ def kernel_variants(model, prompt_len, new_tokens, batches) -> dict:
     return out
 
 
+def attention_variants(model, prompt_lens, new_tokens) -> dict:
+    """AR decode, batch 1, per (prompt length, projections, attention kernel); tokens compared with
+    cuBLAS + SDPA at the same prompt length (the baseline of each block, run first)."""
+    import copy
+
+    from specpilot.config import AttentionKernel
+    from specpilot.models.linear import swap_projections
+    from specpilot.models.transformer import use_attention
+
+    models = {}
+    for proj in ("cublas", "triton_bf16"):
+        for attention in AttentionKernel:
+            memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+            clone = copy.deepcopy(model, memo)
+            if proj == "triton_bf16":
+                swap_projections(clone)
+            use_attention(clone, attention)
+            models[f"{proj}+{attention.value}"] = clone
+    out = {}
+    for n in prompt_lens:
+        row = {}
+        for name, m in models.items():
+            row[name] = ar_decode(m, n, new_tokens)
+            row[name]["same_tokens_as_baseline"] = row[name]["outputs"] == row["cublas+sdpa"]["outputs"]
+        for r in row.values():
+            r.pop("outputs")
+        out[n] = row
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -269,7 +301,8 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--hf-tokens", type=int, default=32)
-    ap.add_argument("--skip", nargs="*", default=[], help="sections to skip: hf, curve, kernels")
+    ap.add_argument("--skip", nargs="*", default=[], help="sections to skip: hf, curve, kernels, attention")
+    ap.add_argument("--long-prompt", type=int, default=1536, help="the attention section's long prompt")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     res = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": a.commit,
@@ -319,6 +352,8 @@ def main():
         section("transformers", hf)
     if "kernels" not in a.skip:
         section("kernels", lambda: kernel_variants(model, a.prompt_len, a.new_tokens, (1, 8, 32)))
+    if "attention" not in a.skip:
+        section("attention", lambda: attention_variants(model, (a.prompt_len, a.long_prompt), a.new_tokens))
     (a.out / "engine_ar.md").write_text(render(res))
     print(render(res))
 
@@ -378,6 +413,18 @@ def render(res: dict) -> str:
             same = " / ".join(str(row.get(n, {}).get("same_tokens_as_cublas", "-")) for n in ("triton_bf16", "w12", "w12_lm_head"))
             L.append(f"| {b} | {cu:.3f} | {row['triton_bf16']['ms_per_step']:.3f} | {cells[0]} | {cells[1]} | "
                      f"{cells[2]} | {cells[3]} | {same} |")
+    att = res.get("attention")
+    if att and fl:
+        names = list(next(iter(att.values())))
+        L += ["", "AR decode ms/step at batch 1 by projections + attention kernel (sdpa: torch's; split_kv: "
+              "`specpilot.kernels.attention`), % of the all-parameter byte floor in brackets; last column: tokens "
+              "equal to cuBLAS + SDPA's at that prompt:", "",
+              "| prompt tokens | " + " | ".join(names) + " | same tokens |", "|---|" + "---|" * (len(names) + 1)]
+        for n, row in att.items():
+            cells = [f"{row[k]['ms_per_step']:.3f} ({100 * fl['all_parameters'] / row[k]['ms_per_step']:.1f}%)"
+                     for k in names]
+            same = " / ".join(str(row[k]["same_tokens_as_baseline"]) for k in names[1:])
+            L.append(f"| {n} | " + " | ".join(cells) + f" | {same} |")
     if res.get("errors"):
         L += ["", "Sections that failed: " + ", ".join(res["errors"])]
     return "\n".join(L) + "\n"

@@ -42,6 +42,13 @@ class Kernel(enum.Enum):
     TRITON = "triton"  # our Triton GEMV/GEMM (BF16, or W12 when w12 = true)
 
 
+class AttentionKernel(enum.Enum):
+    """What attends over the KV cache in every cached forward (target and drafters)."""
+
+    SDPA = "sdpa"  # torch's scaled_dot_product_attention (cuDNN / flash / efficient, torch's pick)
+    SPLIT_KV = "split_kv"  # our Triton split-KV kernel (kernels/attention.py): few queries, long caches
+
+
 # Drafters that take shared_budget and row_depth_margin (`System._check_batch_mechanisms`); NONE
 # too, so that AR of such a system is one knob away.
 BATCH_DRAFTERS = (DrafterKind.MODEL, DrafterKind.EAGLE3, DrafterKind.DFLASH, DrafterKind.NONE)
@@ -102,6 +109,10 @@ class System:
     # (eager elsewhere).
     draft_compile: bool = False
     verify_compile: bool = False
+    # The cached attention of the target and the drafters (`AttentionKernel`). split_kv cuts the
+    # cache into splits so that a call with few queries (decode, a drafter's frontier, a tree) fills
+    # the GPU; CUDA only (or under TRITON_INTERPRET=1).
+    attention: AttentionKernel = AttentionKernel.SDPA
 
     def __post_init__(self):
         if self.drafter is not DrafterKind.NONE:
@@ -213,7 +224,8 @@ class System:
         kw = dict(d)
         if name is not None:
             kw.setdefault("name", name)
-        for knob, kind in (("drafter", DrafterKind), ("kernel", Kernel), ("tree_construction", TreeConstruction)):
+        for knob, kind in (("drafter", DrafterKind), ("kernel", Kernel), ("tree_construction", TreeConstruction),
+                           ("attention", AttentionKernel)):
             if knob in kw and not isinstance(kw[knob], kind):
                 try:
                     kw[knob] = kind(kw[knob])
@@ -235,7 +247,7 @@ class System:
 
 _LATER_KNOBS = {"block_size": 16, "tree_construction": TreeConstruction.BEST_FIRST.value, "kernel_table": "",
                 "shared_budget": 0, "row_depth_margin": 0, "segment_tokens": 0, "attention_span": 256,
-                "draft_compile": False, "verify_compile": False}
+                "draft_compile": False, "verify_compile": False, "attention": AttentionKernel.SDPA.value}
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ HELP = "generate text with AR or speculative decoding and print stats"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from specpilot.config import Kernel, TreeConstruction
+    from specpilot.config import AttentionKernel, Kernel, TreeConstruction
 
     p = sub.add_parser("generate", help=HELP,
                        description="Greedy generation with a target model and an optional drafter.")
@@ -41,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--kernel", choices=[k.value for k in Kernel], help="projection kernel")
     p.add_argument("--w12", action="store_true", help="run projections from W12 weights (implies --kernel triton)")
+    p.add_argument("--attention", choices=[a.value for a in AttentionKernel],
+                   help="cached attention: torch's SDPA (default) or the split-KV Triton kernel")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run eagerly instead of replaying CUDA graphs")
     p.add_argument("--fault", help="inject a fault: 'logit-bias:VALUE:every=K:after=T' or 'accept-unverified'")
     p.add_argument("--save-jsonl", help="write {prompt_ids, output_ids} per prompt to this JSONL file (for `specpilot guard`)")
@@ -97,7 +99,7 @@ def _is_eagle3(drafter: str) -> bool:
 
 def system_from_args(args, dep: Deployment) -> System:
     """The system to run, named after what it runs (see the module docstring)."""
-    from specpilot.config import DrafterKind, Kernel, TreeConstruction, load_system
+    from specpilot.config import AttentionKernel, DrafterKind, Kernel, TreeConstruction, load_system
 
     system = load_system(args.system, dep)
     changes = {}
@@ -125,6 +127,8 @@ def system_from_args(args, dep: Deployment) -> System:
         changes["kernel"] = Kernel(args.kernel)
     if args.w12:
         changes["w12"], changes["kernel"] = True, Kernel.TRITON
+    if getattr(args, "attention", None):
+        changes["attention"] = AttentionKernel(args.attention)
     if args.no_cuda_graphs:
         changes["cuda_graphs"] = False
     if args.fault:

@@ -2,8 +2,9 @@
 
 Owns: resolving model names ("fixture", directories), width expansion at load, the drafter /
 target vocabulary check, and turning a `System` (the engine's knobs) into a `Generator` — with
-the projection kernels the system asks for applied to a *clone* of the target that shares its
-tensors, so AR and any number of systems can run side by side in one process.
+the projection kernels and the attention kernel the system asks for applied to *clones* of the
+target and the drafters that share their tensors, so AR and any number of systems can run side by
+side in one process.
 
 Does not own the decode loop (`generator.py`) or the kernels (`specpilot.kernels`, `specpilot.w12`).
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specpilot import env
-from specpilot.config import Deployment, DrafterKind, Kernel, System
+from specpilot.config import AttentionKernel, Deployment, DrafterKind, Kernel, System
 from specpilot.engine.drafters.dflash import DFlashDrafter
 from specpilot.engine.drafters.draft_model import DraftModelDrafter
 from specpilot.engine.drafters.eagle3 import Eagle3Drafter
@@ -31,7 +32,7 @@ from specpilot.models.eagle3_checkpoint import is_eagle3_dir, load_eagle3
 from specpilot.models.fixture import resolve_checkpoint
 from specpilot.models.loading import load_model
 from specpilot.models.tokenizer import Tokenizer, check_same_vocabulary
-from specpilot.models.transformer import Transformer
+from specpilot.models.transformer import Transformer, use_attention
 
 
 def resolve_model_dir(name: str, role: str) -> Path:
@@ -48,6 +49,26 @@ def load_role(name: str, role: str, factor: int, device, dtype) -> Transformer:
     return load_expanded(path, factor, device=device, dtype=dtype)
 
 
+def _shared_clone(model):
+    """A copy of `model`'s modules that shares every parameter and buffer with it."""
+    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+def with_attention(model, system: System):
+    """The model itself for SDPA; otherwise a clone sharing every tensor whose cached attention runs
+    the system's kernel (`models.transformer.use_attention`). None stays None."""
+    if model is None or system.attention is AttentionKernel.SDPA:
+        return model
+    device = next(model.parameters()).device
+    if device.type != "cuda" and not env.triton_interpret():
+        raise ConfigError(f"system {system.name!r}: attention = {system.attention.value!r} needs a CUDA device "
+                          "(or TRITON_INTERPRET=1)")
+    clone = _shared_clone(model)
+    use_attention(clone, system.attention)
+    return clone
+
+
 def with_kernels(model: Transformer, system: System) -> Transformer:
     """The model itself for cuBLAS; otherwise a clone sharing every tensor, projections swapped."""
     if system.kernel is Kernel.CUBLAS:
@@ -56,8 +77,7 @@ def with_kernels(model: Transformer, system: System) -> Transformer:
         raise ConfigError(f"system {system.name!r}: kernel = 'triton' needs a CUDA device (or TRITON_INTERPRET=1)")
     from specpilot.models.linear import swap_projections
 
-    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
-    clone = copy.deepcopy(model, memo)
+    clone = _shared_clone(model)
     swap_projections(clone, w12=system.w12, lm_head=system.kernel_lm_head, table=system.kernel_table)
     for module in clone.modules():  # W12Linear modules of a W12 checkpoint were there before the swap
         if hasattr(module, "table"):
@@ -88,6 +108,7 @@ class Session:
     eagle3_model: Eagle3Model | None = None  # when it is an EAGLE-3 head directory
     _generators: dict = field(default_factory=dict)
     _targets: dict = field(default_factory=dict)
+    _drafter_models: dict = field(default_factory=dict)  # (role, attention) -> the drafter's model for it
 
     @classmethod
     def load(cls, deployment: Deployment, device: str | torch.device | None = None,
@@ -138,10 +159,18 @@ class Session:
         self._generators.pop(fingerprint, None)
 
     def _target_for(self, system: System) -> Transformer:
-        key = (system.kernel, system.w12, system.kernel_lm_head, system.kernel_table)
+        key = (system.kernel, system.w12, system.kernel_lm_head, system.kernel_table, system.attention)
         if key not in self._targets:
-            self._targets[key] = with_kernels(self.target, system)
+            self._targets[key] = with_attention(with_kernels(self.target, system), system)
         return self._targets[key]
+
+    def _drafter_for(self, role: str, system: System):
+        """The session's draft model, EAGLE-3 head or DFlash drafter (`role`) with the system's attention."""
+        key = (role, system.attention)
+        if key not in self._drafter_models:
+            model = {"model": self.drafter_model, "eagle3": self.eagle3_model, "dflash": self.dflash_model}[role]
+            self._drafter_models[key] = with_attention(model, system)
+        return self._drafter_models[key]
 
     def _build(self, system: System) -> Generator:
         target = self._target_for(system)
@@ -153,8 +182,9 @@ class Session:
                     f"system {system.name!r} drafts with a model but deployment "
                     f"{self.deployment.name!r} has drafter = {self.deployment.drafter!r}"
                 )
+            model = self._drafter_for("model", system)
             for d in tiers:
-                drafters[d] = DraftModelDrafter(self.drafter_model, d, system.topk, system.tree_budget, system.window,
+                drafters[d] = DraftModelDrafter(model, d, system.topk, system.tree_budget, system.window,
                                                 system.shared_budget, system.row_depth_margin, system.draft_compile)
         elif system.drafter is DrafterKind.DFLASH:
             if self.dflash_model is None:
@@ -163,8 +193,8 @@ class Session:
                     f"has drafter = {self.deployment.drafter!r}, not a DFlash drafter directory"
                 )
             drafters[system.block_size - 1] = DFlashDrafter(
-                self.dflash_model, target, system.block_size, system.tree_budget, system.tree_construction,
-                system.shared_budget, system.row_depth_margin, system.draft_compile,
+                self._drafter_for("dflash", system), target, system.block_size, system.tree_budget,
+                system.tree_construction, system.shared_budget, system.row_depth_margin, system.draft_compile,
             )
         elif system.drafter is DrafterKind.EAGLE3:
             if self.eagle3_model is None:
@@ -172,9 +202,10 @@ class Session:
                     f"system {system.name!r} drafts with EAGLE-3 but deployment {self.deployment.name!r} "
                     f"has drafter = {self.deployment.drafter!r}, not an EAGLE-3 head directory"
                 )
+            head = self._drafter_for("eagle3", system)
             for d in tiers:  # the tiers share one head cache (`Generator._start_drafter`)
-                drafters[d] = Eagle3Drafter(self.eagle3_model, target, d, system.topk, system.tree_budget,
-                                            system.shared_budget, system.row_depth_margin, system.draft_compile)
+                drafters[d] = Eagle3Drafter(head, target, d, system.topk, system.tree_budget, system.shared_budget,
+                                            system.row_depth_margin, system.draft_compile)
         elif system.drafter is DrafterKind.NGRAM:
             for d in tiers:
                 drafters[d] = NgramDrafter(d, system.topk, system.tree_budget, system.ngram_min, system.ngram_max)

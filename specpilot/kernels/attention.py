@@ -4,11 +4,12 @@ Owns: `split_attention` (launcher: the plan, the split kernel, the merge kernel)
 (`plan_splits`), a float64 reference, and `specpilot::split_attention`, the custom op torch.compile
 sees as one opaque node.
 
-Why: PyTorch's fused attention tiles the query axis and walks every key tile in one program. A
-call with a few queries (one decode token, a drafter's frontier, a 65-node tree) then runs a few
-dozen programs on a GPU of 132 SMs, each walking the whole cache in sequence: latency, not bytes.
-Here the keys are cut into splits so that the grid fills the GPU; each program returns its split's
-normalised output and log-sum-exp, and a second kernel merges the splits (the flash-decoding scheme).
+Why: flash-style kernels tile the query axis and walk the keys of a tile in one program. A call
+with a few queries (one decode token, a drafter's frontier, a 65-node tree) then has few query
+tiles: unless the kernel also splits the keys, a few dozen programs walk the whole cache in sequence
+on a GPU of 132 SMs. Here the keys are cut into splits so that the grid
+fills the GPU; each program returns its split's normalised output and log-sum-exp, and a second
+kernel merges the splits (the flash-decoding scheme).
 
 The rules:
 - Same semantics as `F.scaled_dot_product_attention(q, k, v, attn_mask=bias)` with the GQA

@@ -1,7 +1,8 @@
 """Dense decoder (Llama and Qwen3 families) in plain PyTorch.
 
 Owns: the forward pass over a static KV cache with an explicit attention mask (what AR decoding,
-tree verification and drafting all use), a cache-free causal forward (training and teacher
+tree verification and drafting all use; the attention by torch's SDPA or the split-KV kernel,
+`use_attention`), a cache-free causal forward (training and teacher
 forcing), RoPE with Llama-3 scaling, Qwen3's per-head q/k RMSNorm, GQA without materialising
 repeated K/V, fused QKV and gate/up projections.
 
@@ -20,6 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from specpilot.config import AttentionKernel
+from specpilot.kernels.attention import MAX_QUERIES, split_attention
 from specpilot.models import ops
 from specpilot.models.config import ModelConfig
 
@@ -72,6 +75,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(D, config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.kernel = AttentionKernel.SDPA  # what `attend_cached` attends with (`use_attention`)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fuse=None, packing=None):
         """q [B,T,H,D], k and v [B,T,Hkv,D] with norms and RoPE applied (x packed [1,M,C] with
@@ -90,17 +94,22 @@ class Attention(nn.Module):
 
         q [B,T,H,D]; k, v [B,T,Hkv,D]; k_cache, v_cache [B,Hkv,S,D]; rows, slots [B,T] int64;
         bias [B,1,G*T,S] additive mask (0 or -inf) in q's dtype, G = H / Hkv. With `packing` the
-        output projection runs on the packed rows only: [1,M,C].
+        output projection runs on the packed rows only: [1,M,C]. `self.kernel` picks the attention:
+        torch's SDPA, or the split-KV kernel (`kernels.attention`, same fold, no copies) for calls of
+        up to MAX_QUERIES queries (longer ones, prefill chunks, stay on SDPA).
         """
         B, T, H, D = q.shape
         Hkv = k.shape[2]
         k_cache[rows, :, slots] = k  # advanced indices first: [B,T,Hkv,D]
         v_cache[rows, :, slots] = v
-        # GQA without repeating K/V: fold the G query heads of a group into the query axis.
-        q = q.permute(0, 2, 1, 3).reshape(B, Hkv, (H // Hkv) * T, D)  # head h = j*G + g
-        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=bias)  # [B,Hkv,G*T,D]
-        # reshape, not view: the fused attention kernels may return a non-contiguous layout
-        o = o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+        if self.kernel is AttentionKernel.SPLIT_KV and T <= MAX_QUERIES:
+            o = split_attention(q, k_cache, v_cache, bias).reshape(B, T, H * D)  # [B,T,H,D] -> [B,T,H*D]
+        else:
+            # GQA without repeating K/V: fold the G query heads of a group into the query axis.
+            q = q.permute(0, 2, 1, 3).reshape(B, Hkv, (H // Hkv) * T, D)  # head h = j*G + g
+            o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=bias)  # [B,Hkv,G*T,D]
+            # reshape, not view: the fused attention kernels may return a non-contiguous layout
+            o = o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
         return self.o_proj(packing.pack(o) if packing is not None else o)
 
     def forward_causal(self, x, cos, sin):
@@ -252,6 +261,13 @@ class Transformer(nn.Module):
             h = h + layer.self_attn.forward_causal(layer.input_layernorm(h), cos, sin)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.lm_head(self.norm(h))
+
+
+def use_attention(model: nn.Module, kernel: AttentionKernel) -> None:
+    """Every cached attention of `model` (its `Attention` modules) attends with `kernel`."""
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.kernel = kernel
 
 
 def projection_names() -> tuple[str, ...]:

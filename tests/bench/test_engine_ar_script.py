@@ -35,3 +35,15 @@ def test_kernel_table_reads_runs_made_before_the_lm_head_variant(driver):
     text = driver.render(res)
     assert "AR decode ms/step by projection kernel" in text
     assert all(li.count("|") == 9 for li in text.splitlines() if li.startswith(("| 1 |", "| 8 |", "| 32 |")))
+
+
+def test_attention_table_gives_each_variant_its_share_of_the_floor_and_token_agreement(driver):
+    meta = {"model": "m", "date": "d", "gpu": "g", "torch": "t", "commit": "c", "errors": {}}
+    row = {"cublas+sdpa": {"ms_per_step": 5.0, "same_tokens_as_baseline": True},
+           "cublas+split_kv": {"ms_per_step": 4.0, "same_tokens_as_baseline": False},
+           "triton_bf16+sdpa": {"ms_per_step": 4.5, "same_tokens_as_baseline": True},
+           "triton_bf16+split_kv": {"ms_per_step": 3.6, "same_tokens_as_baseline": True}}
+    text = driver.render({**meta, "floor_ms": {"all_parameters": 3.6, "streamed_per_token": 3.3},
+                          "attention": {"128": row}})
+    line = next(li for li in text.splitlines() if li.startswith("| 128 |"))
+    assert line == "| 128 | 5.000 (72.0%) | 4.000 (90.0%) | 4.500 (80.0%) | 3.600 (100.0%) | False / True / True |"

@@ -34,6 +34,7 @@ def name_of(*argv: str) -> str:
     (("--drafter", "none", "--depth", "3"), "ar"),  # AR has no tree: its shape is not part of the name
     (("--depth", "3", "--topk", "1"), "stock+depth=3+topk=1+tree_budget=3"),
     (("--drafter", "ngram", "--no-cuda-graphs"), "ngram+cuda_graphs=false"),
+    (("--attention", "split_kv"), "stock+attention=split_kv"),
 ])
 def test_the_name_says_what_runs(argv, name):
     assert name_of(*argv) == name

@@ -88,3 +88,10 @@ def test_prompt_longer_than_context(capsys, target_dir):
 def test_impossible_settings(capsys, target_dir, flag, value, message):
     code, _, err = run(capsys, "generate", "--target", str(target_dir), "--prompt", "x", flag, value)
     assert code == 2 and message in one_error_line(err)
+
+
+def test_split_attention_on_a_cpu_without_the_interpreter_is_one_error_line(capsys, target_dir, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    code, _, err = run(capsys, "generate", "--target", str(target_dir), "--prompt", "x", "--device", "cpu",
+                       "--attention", "split_kv")
+    assert code == 2 and "attention = 'split_kv' needs a CUDA device" in one_error_line(err)

@@ -4,14 +4,11 @@ backend; the tests trace with Dynamo through a counting backend that runs the ca
 they are. The Triton projections run under Triton's interpreter on CPU."""
 
 import dataclasses
-import importlib
-import importlib.util
-import sys
 
 import pytest
 import torch
 
-from specpilot.config import Deployment, DrafterKind, Kernel, System
+from specpilot.config import AttentionKernel, Deployment, DrafterKind, Kernel, System
 from specpilot.engine.session import Session
 from specpilot.models import ops
 from specpilot.models.eagle3 import random_eagle3
@@ -20,14 +17,6 @@ from specpilot.models.dflash_checkpoint import write_dflash
 from specpilot.models.eagle3_checkpoint import write_eagle3
 from specpilot.models.loading import load_model
 from specpilot.models.random_checkpoint import tiny_config, write_random_checkpoint, write_truncated_drafter
-
-# Triton fixes interpreted vs compiled when `triton.language` is first imported, which Dynamo does:
-# without CUDA, import it under TRITON_INTERPRET=1 now, at collection (as tests/kernels/conftest.py).
-if not torch.cuda.is_available() and importlib.util.find_spec("triton") and "triton.language" not in sys.modules:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        importlib.import_module("triton.language")
-
 
 @pytest.fixture
 def traced(monkeypatch):
@@ -121,22 +110,6 @@ def test_with_inductor_on_cpu_the_knobs_leave_the_plain_functions():
     assert ops.STATIC_BACKEND == "inductor" and ops.compiled_static(f, torch.device("cpu")) is f
 
 
-@pytest.fixture
-def interpreted_kernels(monkeypatch):
-    """The Triton kernels on CPU, under the interpreter (skipped where Triton was imported compiled
-    first, as tests/kernels/conftest.py does, and on a GPU machine, where it is imported compiled)."""
-    pytest.importorskip("triton")
-    if torch.cuda.is_available():
-        pytest.skip("the interpreter runs on CPU machines only (on a GPU Triton is imported compiled)")
-    from triton.language import standard
-    from triton.runtime.interpreter import InterpretedFunction
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    gemv = importlib.import_module("specpilot.kernels.gemv")
-    if not (isinstance(standard.zeros, InterpretedFunction) and isinstance(gemv._gemv_kernel, InterpretedFunction)):
-        pytest.skip("triton was imported compiled before TRITON_INTERPRET=1 could be set")
-
-
 @pytest.fixture(scope="module")
 def bf16_dirs(tmp_path_factory):
     """A two-layer target with exactly-BF16 weights (W12 encodes nothing else) and a one-layer drafter."""
@@ -186,3 +159,24 @@ def test_served_by_continuous_batching_the_compiled_rounds_give_each_requests_ar
     compiled = Generator(target, {4: DraftModelDrafter(draft, 4, 2, 6, compiled=True)}, verify_compile=True)
     result = ServingEngine(compiled, 2, prefill_chunk=16).run(requests)
     assert traced and [r.output for r in result.requests] == ar
+
+
+def test_compiled_rounds_over_split_attention_call_the_op_and_give_the_eager_tokens(traced, interpreted_kernels,
+                                                                                   drafting_with, make_prompts):
+    """`attention = "split_kv"` under both compile knobs: each piece is one graph that calls the
+    split-KV kernel as one `specpilot::split_attention` op per cached attention, and the rounds commit
+    the eager rounds' tokens and acceptance."""
+    stock, dep = drafting_with("model")
+    split = dataclasses.replace(stock, name="split", attention=AttentionKernel.SPLIT_KV)
+    session = Session.load(dep, device="cpu", dtype=torch.float32)
+    prompts = make_prompts(1, seed=2, lo=4, hi=8)
+    eager = session.generator(split).generate(prompts, 5)
+    assert not traced
+    both = dataclasses.replace(split, name="compiled", draft_compile=True, verify_compile=True)
+    compiled = session.generator(both).generate(prompts, 5)
+    ops_per_graph = sorted(sum(n.op == "call_function" and n.target in (torch.ops.specpilot.split_attention,
+                                                                      torch.ops.specpilot.split_attention.default)
+                               for n in gm.graph.nodes) for gm in traced)
+    layers = session.target.config.num_layers, session.drafter_model.config.num_layers
+    assert ops_per_graph == sorted([layers[0], layers[1] * stock.depth])  # verification; the proposal's draft steps
+    assert (compiled.outputs, compiled.accept_lengths) == (eager.outputs, eager.accept_lengths)

@@ -83,3 +83,25 @@ def test_compiled_rounds_over_the_triton_projections_equal_ar_in_float32(bf16_di
     for p, e, g in zip(prompts, ar, result.outputs):
         if e != g:
             pytest.fail(first_divergence(target, p, e, g))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
+def test_rounds_over_split_attention_equal_ar_over_sdpa_in_float32(target_dir, drafter_dir, prompts, full_precision,
+                                                                  compiled):
+    """Every cached attention of the target and the drafter on the split-KV kernel (compiled Triton,
+    IEEE float32 dots; under inductor, one `specpilot::split_attention` op each): AR's tokens over SDPA,
+    for AR itself and for speculative rounds, CUDA graphs on."""
+    from specpilot.config import AttentionKernel
+    from specpilot.models.transformer import use_attention
+
+    target = load_model(target_dir, device="cuda", dtype=torch.float32)
+    ar = Generator(target).generate(prompts, NEW_TOKENS).outputs
+    use_attention(target, AttentionKernel.SPLIT_KV)
+    draft = load_model(drafter_dir, device="cuda", dtype=torch.float32)
+    use_attention(draft, AttentionKernel.SPLIT_KV)
+    assert Generator(target).generate(prompts, NEW_TOKENS).outputs == ar
+    drafter = DraftModelDrafter(draft, 4, topk=3, tree_budget=12, compiled=compiled)
+    result = Generator(target, {drafter.depth: drafter}, verify_compile=compiled).generate(prompts, NEW_TOKENS)
+    for p, e, g in zip(prompts, ar, result.outputs):
+        if e != g:
+            pytest.fail(first_divergence(target, p, e, g))

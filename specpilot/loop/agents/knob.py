@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
-from specpilot.config import DrafterKind, Kernel, System
+from specpilot.config import AttentionKernel, DrafterKind, Kernel, System
 from specpilot.errors import ConfigError
 from specpilot.loop.acceptance import TreeShape
 from specpilot.loop.agents.base import Proposal, Proposer, ProposerContext, register
@@ -51,7 +51,7 @@ from specpilot.loop.recall import change_key
 from specpilot.loop.systems import DRAFTER_SWITCHES, Candidate, describe, short_name
 
 GPU_ONLY = frozenset({"cuda_graphs", "sync_every", "kernel", "w12", "kernel_lm_head", "kernel_table", "draft_compile",
-                      "verify_compile"})
+                      "verify_compile", "attention"})
 # drafters whose proposal `draft_compile` compiles
 COMPILED_DRAFTERS = (DrafterKind.MODEL, DrafterKind.EAGLE3, DrafterKind.DFLASH)
 MIN_PREDICTED_SAVING = 0.005  # a predicted move must be at least 0.5% faster than the measurement
@@ -265,6 +265,12 @@ class KnobAgent(Proposer):
                 moves.append((GapKind.VERIFY_KERNELS, {"verify_compile": True},
                               "verification (target forward, acceptance, commit) compiled with static shapes: "
                               "the work between the projections fused"))
+            if inc.attention is AttentionKernel.SDPA:  # every cached forward, the drafter's steps above all
+                gap = GapKind.DRAFT_KERNELS if inc.drafter in COMPILED_DRAFTERS else GapKind.VERIFY_KERNELS
+                moves.append((gap, {"attention": AttentionKernel.SPLIT_KV.value},
+                              "split-KV attention: a call with few queries (a drafter's frontier, the tree, a decode "
+                              "step) cut along the cache into enough programs to fill the GPU, where torch's fused "
+                              "kernels run a few dozen programs that each walk the whole cache"))
         if inc.drafter is DrafterKind.MODEL:
             moves.append((GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.NGRAM.value},
                           "prompt lookup instead of the draft model: no draft forwards at all"))

@@ -3,7 +3,7 @@
 import pytest
 from loop_fixtures import CONFIG, SLOW_SWITCH, STOCK, context, cost_table, evaluation, fingerprint
 
-from specpilot.config import DrafterKind, Kernel
+from specpilot.config import AttentionKernel, DrafterKind, Kernel
 from specpilot.control.rule import Outcome
 from specpilot.loop.agents.knob import GPU_ONLY, KnobAgent, interleave
 from specpilot.loop.recall import Recall
@@ -26,7 +26,7 @@ def test_on_gpu_predicted_tree_moves_come_first_best_predicted_first():
     assert out[0] is predicted[0] and out[0].candidate.system.tree_budget > 7  # memory bound: a wider tree
     assert out[2].predicted_ms_per_token is None  # every third: an exploratory move
     explored = {k for p in out if p.predicted_ms_per_token is None for k in p.candidate.changes_from(ctx.stock)}
-    assert {"kernel", "w12", "sync_every"} <= explored
+    assert {"kernel", "w12", "attention"} <= explored
     assert len({p.hash for p in out}) == len(out) and ctx.incumbent.candidate.hash not in {p.hash for p in out}
 
 
@@ -249,6 +249,20 @@ def test_on_gpu_it_proposes_compiling_the_proposal_and_the_verification_once():
     assert again and not any({"draft_compile", "verify_compile"} & c for c in changed)
     assert {"kernel"} in changed and {"kernel", "w12"} in changed  # the Triton kernels inside the compiled verification
 
+
+
+def test_on_gpu_it_proposes_split_attention_once_under_the_gap_of_the_forwards_it_speeds_most():
+    """Drafting: the draft steps (a frontier of topk queries) gain most; plain AR: its one forward."""
+    out = KnobAgent().propose(context(limit=40))
+    split = [p for p in out if p.candidate.changes_from(Candidate(STOCK)) == {"attention": ["sdpa", "split_kv"]}]
+    assert len(split) == 1 and split[0].gap.value == "draft-kernels"
+    ar = Incumbent(Candidate(STOCK.with_changes(name="ar", drafter=DrafterKind.NONE)), 1, 0.1)
+    split_ar = [p for p in KnobAgent().propose(context(incumbent=ar, limit=40))
+                if "attention" in p.candidate.changes_from(ar.candidate)]
+    assert len(split_ar) == 1 and split_ar[0].gap.value == "verify-kernels"
+    done = Incumbent(Candidate(STOCK.with_changes(name="s", attention=AttentionKernel.SPLIT_KV)), 1, 0.1)
+    again = KnobAgent().propose(context(incumbent=done, limit=40))
+    assert again and all(p.candidate.system.attention is AttentionKernel.SPLIT_KV for p in again)
 
 
 def test_on_gpu_it_proposes_compiling_a_dflash_proposal():

@@ -1,0 +1,32 @@
+"""Engine tests: the Triton kernels (projections, split-KV attention) run on CPU under Triton's
+interpreter where there is no GPU."""
+
+import importlib
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+# Triton fixes interpreted vs compiled when `triton.language` is first imported, which Dynamo does:
+# without CUDA, import it under TRITON_INTERPRET=1 now, at collection (as tests/kernels/conftest.py).
+if not torch.cuda.is_available() and importlib.util.find_spec("triton") and "triton.language" not in sys.modules:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        importlib.import_module("triton.language")
+
+
+@pytest.fixture
+def interpreted_kernels(monkeypatch):
+    """The Triton kernels on CPU, under the interpreter (skipped where Triton was imported compiled
+    first, as tests/kernels/conftest.py does, and on a GPU machine, where it is imported compiled)."""
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter runs on CPU machines only (on a GPU Triton is imported compiled)")
+    from triton.language import standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    gemv = importlib.import_module("specpilot.kernels.gemv")
+    if not (isinstance(standard.zeros, InterpretedFunction) and isinstance(gemv._gemv_kernel, InterpretedFunction)):
+        pytest.skip("triton was imported compiled before TRITON_INTERPRET=1 could be set")

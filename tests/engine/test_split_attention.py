@@ -1,0 +1,108 @@
+"""`attention = "split_kv"`: every cached attention of the target and the drafter runs the split-KV
+kernel, and decoding stays lossless (float32: the greedy tokens of AR over torch's SDPA). On CPU the
+kernel runs under Triton's interpreter."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from specpilot.config import AttentionKernel, Deployment, DrafterKind, System
+from specpilot.engine.session import Session
+from specpilot.errors import ConfigError
+from specpilot.models.dflash import random_dflash
+from specpilot.models.dflash_checkpoint import write_dflash
+from specpilot.models.eagle3 import random_eagle3
+from specpilot.models.eagle3_checkpoint import write_eagle3
+from specpilot.models.loading import load_model
+from specpilot.models.transformer import Attention
+
+SPLIT = AttentionKernel.SPLIT_KV
+AR = System(name="ar", drafter=DrafterKind.NONE)
+
+
+@pytest.fixture(scope="module")
+def drafter_dirs(target_dir, drafter_dir, tmp_path_factory):
+    target = load_model(target_dir)
+    root = tmp_path_factory.mktemp("split")
+    eagle3 = write_eagle3(random_eagle3(target.config, seed=5), root / "e", dtype=torch.float32)
+    dflash = write_dflash(random_dflash(target.config, num_layers=1, block_size=5, mask_token_id=3, seed=4),
+                          root / "d", dtype=torch.float32)
+    return {"model": drafter_dir, "eagle3": eagle3, "dflash": dflash}
+
+
+def session_drafting_with(kind, target_dir, drafter_dirs) -> tuple[Session, System]:
+    stock = System(drafter=DrafterKind(kind), depth=3, topk=2, tree_budget=5, block_size=5)
+    dep = Deployment(name="s", target=str(target_dir), drafter=str(drafter_dirs[kind]), stock=stock)
+    return Session.load(dep, device="cpu", dtype=torch.float32), stock
+
+
+def counted_split_attention(monkeypatch) -> list:
+    """The q shapes of every split-KV attention call from here on."""
+    from specpilot.models import transformer
+
+    calls, real = [], transformer.split_attention
+
+    def counted(q, *args):
+        calls.append(tuple(q.shape))
+        return real(q, *args)
+
+    monkeypatch.setattr(transformer, "split_attention", counted)
+    return calls
+
+
+def kernels_of(model) -> set:
+    return {m.kernel for m in model.modules() if isinstance(m, Attention)}
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle3", "dflash"])
+def test_speculative_rounds_over_split_attention_give_the_ar_tokens(interpreted_kernels, target_dir, drafter_dirs,
+                                                                    make_prompts, monkeypatch, kind):
+    session, stock = session_drafting_with(kind, target_dir, drafter_dirs)
+    prompts = make_prompts(1, seed=4, lo=5, hi=12)
+    want = session.generator(AR).generate(prompts, 8).outputs
+    calls = counted_split_attention(monkeypatch)
+    split = dataclasses.replace(stock, name="split", attention=SPLIT)
+    gen = session.generator(split)
+    assert gen.generate(prompts, 8).outputs == want
+    drafter = next(iter(gen.drafters.values()))
+    assert kernels_of(gen.target) == {SPLIT} and kernels_of(drafter.model) == {SPLIT}
+    assert calls  # the kernel ran (the modules do not just carry the setting)
+
+
+def test_ar_over_split_attention_gives_the_sdpa_tokens_and_leaves_the_sessions_models_alone(
+        interpreted_kernels, target_dir, drafter_dirs, make_prompts, monkeypatch):
+    """The split system runs on clones sharing every tensor: the session's own target and draft
+    model keep SDPA, and so does a system built after it. Chunks longer than MAX_QUERIES (prefill)
+    stay on SDPA."""
+    from specpilot.models import transformer
+
+    session, stock = session_drafting_with("model", target_dir, drafter_dirs)
+    prompts = make_prompts(2, seed=6, lo=3, hi=20)
+    assert max(len(p) for p in prompts) > 7
+    want = session.generator(AR).generate(prompts, 6).outputs
+    calls = counted_split_attention(monkeypatch)
+    monkeypatch.setattr(transformer, "MAX_QUERIES", 6)
+    split_ar = session.generator(dataclasses.replace(AR, name="split-ar", attention=SPLIT))
+    assert split_ar.generate(prompts, 6).outputs == want
+    assert calls and max(shape[1] for shape in calls) <= 6  # [B,T,H,D]: the decode steps, not the prefill
+    assert split_ar.target.embed_tokens.weight is session.target.embed_tokens.weight
+    session.generator(dataclasses.replace(stock, name="split", attention=SPLIT))
+    assert kernels_of(session.target) == {AttentionKernel.SDPA} == kernels_of(session.drafter_model)
+    assert kernels_of(session.generator(stock).target) == {AttentionKernel.SDPA}
+
+
+def test_without_a_gpu_or_the_interpreter_split_attention_is_one_config_error(target_dir, drafter_dirs, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    session, stock = session_drafting_with("model", target_dir, drafter_dirs)
+    with pytest.raises(ConfigError, match="attention = 'split_kv' needs a CUDA device"):
+        session.generator(dataclasses.replace(stock, name="split", attention=SPLIT))
+
+
+def test_the_knob_reads_from_toml_changes_the_fingerprint_and_rejects_unknown_kernels():
+    split = System.from_dict({"attention": "split_kv"}, name="s")
+    assert split.attention is SPLIT and "attention = \"split_kv\"" in split.to_toml()
+    assert split.fingerprint() != System().fingerprint()
+    assert dataclasses.replace(System(), attention=AttentionKernel.SDPA).fingerprint() == System().fingerprint()
+    with pytest.raises(ConfigError, match="attention: 'flash' is not one of sdpa, split_kv"):
+        System.from_dict({"attention": "flash"})
