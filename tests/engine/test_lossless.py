@@ -66,9 +66,11 @@ def test_chain_draft_model(models, prompts, ar_outputs, depth):
     assert result.mean_accepted_length > 1.1  # the drafter shares layers with the target
 
 
-@pytest.mark.parametrize("budget", range(1, 65))
+# depth 5, topk 4: 68 candidates, 4 at depth 1 and 16 per deeper level (`best_first.num_candidates`);
+# budgets at and beside each level's end (4, 20, 36, 52), the smallest and the largest tested
+@pytest.mark.parametrize("budget", [1, 2, 3, 4, 5, 19, 20, 21, 35, 36, 37, 51, 52, 53, 63, 64])
 @pytest.mark.slow
-def test_tree_draft_model_every_budget(models, prompts, ar_outputs, budget):
+def test_tree_draft_model_at_budgets_around_each_level(models, prompts, ar_outputs, budget):
     target, draft = models
     gen = Generator(target, {5: DraftModelDrafter(draft, depth=5, topk=4, tree_budget=budget)})
     result = gen.generate(prompts, NEW_TOKENS)

@@ -106,3 +106,27 @@ def test_the_knob_reads_from_toml_changes_the_fingerprint_and_rejects_unknown_ke
     assert dataclasses.replace(System(), attention=AttentionKernel.SDPA).fingerprint() == System().fingerprint()
     with pytest.raises(ConfigError, match="attention: 'flash' is not one of sdpa, split_kv"):
         System.from_dict({"attention": "flash"})
+
+
+def test_served_by_continuous_batching_over_attention_spans_each_request_gets_its_ar_tokens(
+        interpreted_kernels, target_dir, drafter_dir, monkeypatch):
+    """Rows of different lengths, admitted while others decode, rounds attending over spans of the
+    cache (`attention_span`: K/V views cut to their first slots) and packed prefill: the split kernel
+    sees every layout the serving engine gives attention."""
+    from specpilot.engine.drafters.draft_model import DraftModelDrafter
+    from specpilot.engine.generator import Generator
+    from specpilot.engine.serving import Request, ServingEngine
+    from specpilot.models.transformer import use_attention
+
+    target, draft = load_model(target_dir), load_model(drafter_dir)
+    g = torch.Generator().manual_seed(5)
+    requests = [Request(tuple(torch.randint(1, 4096, (int(n),), generator=g).tolist()), max_new=4)
+                for n in torch.randint(2, 30, (3,), generator=g)]
+    ar = [Generator(target).generate([list(r.prompt)], r.max_new).outputs[0] for r in requests]
+    use_attention(target, SPLIT)
+    use_attention(draft, SPLIT)
+    calls = counted_split_attention(monkeypatch)
+    gen = Generator(target, {3: DraftModelDrafter(draft, 3, 2, 5)}, attention_span=64)
+    result = ServingEngine(gen, 2, prefill_chunk=16).run(requests)
+    assert [r.output for r in result.requests] == ar
+    assert calls
