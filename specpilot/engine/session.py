@@ -55,15 +55,18 @@ def _shared_clone(model):
     return copy.deepcopy(model, memo)
 
 
+def _check_triton_device(device: torch.device, system: System, setting: str) -> None:
+    """Our Triton kernels run on CUDA, or on CPU under the interpreter: elsewhere `setting` is an error."""
+    if device.type != "cuda" and not env.triton_interpret():
+        raise ConfigError(f"system {system.name!r}: {setting} needs a CUDA device (or TRITON_INTERPRET=1)")
+
+
 def with_attention(model, system: System):
     """The model itself for SDPA; otherwise a clone sharing every tensor whose cached attention runs
     the system's kernel (`models.transformer.use_attention`). None stays None."""
     if model is None or system.attention is AttentionKernel.SDPA:
         return model
-    device = next(model.parameters()).device
-    if device.type != "cuda" and not env.triton_interpret():
-        raise ConfigError(f"system {system.name!r}: attention = {system.attention.value!r} needs a CUDA device "
-                          "(or TRITON_INTERPRET=1)")
+    _check_triton_device(next(model.parameters()).device, system, f"attention = {system.attention.value!r}")
     clone = _shared_clone(model)
     use_attention(clone, system.attention)
     return clone
@@ -73,8 +76,7 @@ def with_kernels(model: Transformer, system: System) -> Transformer:
     """The model itself for cuBLAS; otherwise a clone sharing every tensor, projections swapped."""
     if system.kernel is Kernel.CUBLAS:
         return model
-    if model.device.type != "cuda" and not env.triton_interpret():
-        raise ConfigError(f"system {system.name!r}: kernel = 'triton' needs a CUDA device (or TRITON_INTERPRET=1)")
+    _check_triton_device(model.device, system, "kernel = 'triton'")
     from specpilot.models.linear import swap_projections
 
     clone = _shared_clone(model)

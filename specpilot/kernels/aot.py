@@ -8,8 +8,9 @@ compiles it, so errors only the compiler sees -- branches returning different ty
 operand constraints, layouts Triton cannot lower -- would first show up on the GPU. This module
 compiles each candidate launch config of the GEMV and GEMM paths (both weight formats, tiles even
 and uneven, the smallest and largest row block of each config), the unpack kernel and the split-KV
-attention kernels (each query tile and head size, BF16 and float32) to PTX and a cubin for the target with Triton's bundled ptxas (no driver involved), checks the shared memory
-each needs against the architecture's limit, and reports every failure.
+attention kernels (each query tile and head size, BF16 and float32) to PTX and a cubin for the
+target with Triton's bundled ptxas (no driver involved), checks the shared memory each needs
+against the architecture's limit, and reports every failure.
 
 Owns: the kernels' argument signatures for ahead-of-time compilation and the variant list. Must
 run in a process where TRITON_INTERPRET is unset when Triton is imported (the test spawns one).
@@ -48,12 +49,13 @@ SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes 
 
 @dataclass(frozen=True)
 class Variant:
-    kernel: str  # "gemv" | "gemm" | "unpack"
+    kernel: str  # "gemv" | "gemm" | "unpack" | "attention" | "attention_merge"
     label: str
     constexprs: dict
     num_warps: int
     num_stages: int
     max_registers: int | None = None  # the launcher's maxnreg (GEMM)
+    activations: str = "*bf16"  # attention: the pointer type of q, K/V, the bias and the output
 
 
 def _kernel(name: str):
@@ -155,10 +157,12 @@ def attention_variants(quick: bool = False) -> list[Variant]:
         for D in (64, 128):
             for bm in (16, 32, 64):
                 name = f"attention d{D} bm{bm} {'bf16' if bf16 else 'fp32'}"
+                act = "*bf16" if bf16 else "*fp32"
                 for direct in (False, True):  # several splits, merged; one, written directly
                     c = {"D": D, "BLOCK_M": bm, "BLOCK_N": BLOCK_N, "DOT_BF16": bf16, "DIRECT": direct}
-                    out.append(Variant("attention", name + (" direct" if direct else ""), c, 4, 3))
-                out.append(Variant("attention_merge", name.replace("attention", "merge"), {"D": D, "BLOCK_M": bm}, 4, 1))
+                    out.append(Variant("attention", name + (" direct" if direct else ""), c, 4, 3, activations=act))
+                out.append(Variant("attention_merge", name.replace("attention", "merge"), {"D": D, "BLOCK_M": bm}, 4, 1,
+                                   activations=act))
     return out
 
 
@@ -170,21 +174,8 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
     from triton.compiler import ASTSource
 
     fn = _kernel(v.kernel)
-    if v.kernel.startswith("attention"):
-        return _compile_attention(fn, v, arch, keep)
-    w12 = v.constexprs.get("IS_W12", True)
-    planes = {**(W12_PLANES if w12 else DENSE_PLANES), **(_descriptor_types(v.constexprs, w12) if v.kernel == "gemm" else {})}
-    signature = {}
-    for name in fn.arg_names:
-        if name in v.constexprs:
-            signature[name] = "constexpr"
-        else:
-            signature[name] = planes.get(name) or POINTERS.get(name) or "i32"
+    signature, attrs = (_attention_signature if v.kernel.startswith("attention") else _projection_signature)(fn, v)
     constants = {(fn.arg_names.index(k),): val for k, val in v.constexprs.items() if k in fn.arg_names}
-    # What a launch on real tensors specializes: 16-byte aligned pointers, and sizes and strides
-    # divisible by 16 (every model shape here) -- without it the compiler emits byte-wide loads.
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-             if signature[name] != "constexpr" and name not in NOT_DIVISIBLE and not signature[name].startswith("tensordesc")}
     t = time.monotonic()
     kernel = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
                             options={"num_warps": v.num_warps, "num_stages": v.num_stages,
@@ -197,34 +188,34 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
     return time.monotonic() - t
 
 
-def _compile_attention(fn, v: Variant, arch: int, keep: dict | None) -> float:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+def _projection_signature(fn, v: Variant) -> tuple[dict, dict]:
+    """(signature, attributes) of a GEMV, GEMM or unpack launch."""
+    w12 = v.constexprs.get("IS_W12", True)
+    planes = {**(W12_PLANES if w12 else DENSE_PLANES), **(_descriptor_types(v.constexprs, w12) if v.kernel == "gemm" else {})}
+    signature = {name: "constexpr" if name in v.constexprs else planes.get(name) or POINTERS.get(name) or "i32"
+                 for name in fn.arg_names}
+    # What a launch on real tensors specializes: 16-byte aligned pointers, and sizes and strides
+    # divisible by 16 (every model shape here) -- without it the compiler emits byte-wide loads.
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if signature[name] != "constexpr" and name not in NOT_DIVISIBLE and not signature[name].startswith("tensordesc")}
+    return signature, attrs
 
-    act = "*bf16" if v.constexprs.get("DOT_BF16", True) else "*fp32"
+
+def _attention_signature(fn, v: Variant) -> tuple[dict, dict]:
+    """(signature, attributes) of a split-KV attention or merge launch."""
     signature = {}
     for name in fn.arg_names:
         if name in v.constexprs:
             signature[name] = "constexpr"
         elif name in ATTENTION_POINTERS:
-            signature[name] = act if ATTENTION_POINTERS[name] == "act" else ATTENTION_POINTERS[name]
+            signature[name] = v.activations if ATTENTION_POINTERS[name] == "act" else ATTENTION_POINTERS[name]
         else:
             signature[name] = "fp32" if name == "scale" else "i32"
-    constants = {(fn.arg_names.index(k),): val for k, val in v.constexprs.items() if k in fn.arg_names}
     # what a launch on the engine's tensors specializes: aligned pointers, strides and cache lengths
     # that are multiples of 16 (head sizes, capacities in steps of 256); query counts are not
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
              if name in ATTENTION_POINTERS or name.startswith(("sq_", "sk_", "sv_", "sb_", "so_")) or name in ("S", "chunk")}
-    t = time.monotonic()
-    kernel = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
-                            options={"num_warps": v.num_warps, "num_stages": v.num_stages})
-    limit = SHARED_MEMORY_LIMIT.get(arch)
-    if limit is not None and kernel.metadata.shared > limit:
-        raise RuntimeError(f"needs {kernel.metadata.shared} bytes of shared memory; sm_{arch} allows {limit}")
-    if keep is not None:
-        keep["kernel"] = kernel
-    return time.monotonic() - t
+    return signature, attrs
 
 
 def main_loop_profile(kernel, v: Variant) -> dict:
