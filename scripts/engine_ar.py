@@ -10,7 +10,11 @@ Measures, in one run on one GPU:
 - AR decode with our Triton kernels vs cuBLAS, batch 1, 8, 32, if available: BF16 weights, W12
   decoder-layer projections (the converter's default), and W12 with the lm_head as well;
 - AR decode at batch 1 by attention kernel (torch's SDPA vs the split-KV kernel, `attention =
-  "split_kv"`) under cuBLAS and Triton BF16 projections, at the default prompt and a long one.
+  "split_kv"`) under cuBLAS and Triton BF16 projections, at the default prompt and a long one;
+- the step's configurations (`STEPS`: projections x attention x the AR step compiled whole, as
+  `verify_compile` runs it): ms/step against the all-parameter BF16 floor and against the bytes
+  that configuration streams (W12's planes), tokens against cuBLAS + SDPA eager, and the step
+  profiled kernel by kernel (families, device idle) as a CUDA graph replay.
 
 Writes engine_ar.json and engine_ar.md under --out (numbers from this run only).
 Usage: python scripts/engine_ar.py --out DIR [--commit HASH] [--quick]
@@ -99,8 +103,10 @@ def weight_bytes(model: Transformer) -> dict:
     return {"all_parameters": total, "streamed_per_token": total - embed.numel() * embed.element_size() + row}
 
 
-def ar_decode(model, prompt_len, new_tokens, batch=1, repeats=3) -> dict:
-    gen = Generator(model, eos_ids=(), cuda_graphs=True, sync_every=8)
+def ar_decode(model, prompt_len, new_tokens, batch=1, repeats=3, compiled=False, keep=False) -> dict:
+    """AR decode with CUDA graphs: median ms/step of `repeats` runs (`compiled`: the AR step under
+    torch.compile, as `verify_compile` runs it); with `keep`, the generator too."""
+    gen = Generator(model, eos_ids=(), cuda_graphs=True, sync_every=8, verify_compile=compiled)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, model.config.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(batch)]
     gen.generate(prompts, 8)  # capture + compile
@@ -109,8 +115,11 @@ def ar_decode(model, prompt_len, new_tokens, batch=1, repeats=3) -> dict:
         r = gen.generate(prompts, new_tokens)
         runs.append((r.seconds - r.prefill_seconds) / new_tokens * 1e3)
     runs.sort()
-    return {"batch": batch, "ms_per_step": runs[len(runs) // 2], "tokens_per_second": batch * 1e3 / runs[len(runs) // 2],
-            "outputs": r.outputs}
+    out = {"batch": batch, "ms_per_step": runs[len(runs) // 2], "tokens_per_second": batch * 1e3 / runs[len(runs) // 2],
+           "outputs": r.outputs}
+    if keep:
+        out["generator"] = gen
+    return out
 
 
 def projections_only(model, batch=1) -> dict:
@@ -294,6 +303,51 @@ def attention_variants(model, prompt_lens, new_tokens) -> dict:
     return out
 
 
+# (projections, attention, AR step compiled): the step configurations the `steps` section runs,
+# the first one the baseline of the token comparison
+STEPS = (("cublas", "sdpa", False), ("cublas", "sdpa", True), ("cublas", "split_kv", True),
+         ("triton_bf16", "split_kv", False), ("triton_bf16", "split_kv", True), ("w12", "split_kv", True))
+
+
+def step_variants(model, prompt_len, new_tokens, bandwidth, reps=20) -> dict:
+    """AR decode at batch 1 per `STEPS` configuration, each against its streamed bytes, and its
+    step (the generator's own: forward, argmax, commit) profiled on the state the run left."""
+    import copy
+
+    from specpilot.bench.kernel_profile import piece
+    from specpilot.config import AttentionKernel
+    from specpilot.engine.profile import streamed_bytes
+    from specpilot.models.linear import swap_projections
+    from specpilot.models.transformer import use_attention
+
+    out = {}
+    for proj, attention, compiled in STEPS:
+        name = f"{proj}+{attention}" + ("+compiled" if compiled else "")
+        memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+        clone = copy.deepcopy(model, memo)
+        if proj != "cublas":
+            swap_projections(clone, w12=proj == "w12")
+        use_attention(clone, AttentionKernel(attention))
+        t = time.perf_counter()
+        row = ar_decode(clone, prompt_len, new_tokens, compiled=compiled, keep=True)
+        row["setup_s"] = time.perf_counter() - t
+        gen = row.pop("generator")
+        row["streamed_bytes"] = streamed_bytes(clone)
+        row["own_floor_ms"] = row["streamed_bytes"] / (bandwidth * 1e12) * 1e3
+        ws = next(reversed(gen.workspaces.values()))  # its rows are done: a step rewrites the same slot
+        with torch.inference_mode():
+            row["step"] = piece(lambda: gen._round(ws, 0), reps)  # the generator's own step (compiled or not)
+        out[name] = row
+        del gen, clone
+        torch.cuda.empty_cache()
+    base = next(iter(out.values()))["outputs"]
+    for row in out.values():
+        row["same_tokens_as_baseline"] = row["outputs"] == base
+    for row in out.values():
+        row.pop("outputs")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -301,7 +355,7 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--hf-tokens", type=int, default=32)
-    ap.add_argument("--skip", nargs="*", default=[], help="sections to skip: hf, curve, kernels, attention")
+    ap.add_argument("--skip", nargs="*", default=[], help="sections to skip: hf, curve, kernels, attention, steps")
     ap.add_argument("--long-prompt", type=int, default=1536, help="the attention section's long prompt")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -354,6 +408,8 @@ def main():
         section("kernels", lambda: kernel_variants(model, a.prompt_len, a.new_tokens, (1, 8, 32)))
     if "attention" not in a.skip:
         section("attention", lambda: attention_variants(model, (a.prompt_len, a.long_prompt), a.new_tokens))
+    if "steps" not in a.skip:
+        section("steps", lambda: step_variants(model, a.prompt_len, a.new_tokens, bw))
     (a.out / "engine_ar.md").write_text(render(res))
     print(render(res))
 
@@ -425,6 +481,27 @@ def render(res: dict) -> str:
                      for k in names]
             same = " / ".join(str(row[k]["same_tokens_as_baseline"]) for k in names[1:])
             L.append(f"| {n} | " + " | ".join(cells) + f" | {same} |")
+    steps = res.get("steps")
+    if steps and fl:
+        from specpilot.bench.kernel_profile import FAMILIES, seen
+
+        fams = [f for f, _ in FAMILIES] + ["other"]
+        L += ["", "AR decode at batch 1 by step configuration (projections + attention, `compiled`: the AR step under "
+              "torch.compile as `verify_compile` runs it). % of the all-parameter BF16 byte floor, and of the bytes "
+              "this configuration streams per token (W12: its packed planes). Step: the generator's own step "
+              "(forward, argmax, commit) replayed as a CUDA graph on the state the run left, profiled, µs per call "
+              "(kernels):", "",
+              "| configuration | ms/step | % of BF16 floor | % of own floor | same tokens | step µs | kernels | idle µs | "
+              + " | ".join(f"{f} µs (n)" for f in fams) + " |", "|---|---|---|---|---|---|---|---|" + "---|" * len(fams)]
+        for name, row in steps.items():
+            f = row["step"]
+            k = seen(f)
+            cells = " | ".join(f"{k['families'][x]['us']:.0f} ({k['families'][x]['kernels']:.0f})"
+                               if x in k["families"] else "-" for x in fams)
+            ms = row["ms_per_step"]
+            L.append(f"| {name} | {ms:.3f} | {100 * fl['all_parameters'] / ms:.1f}% | {100 * row['own_floor_ms'] / ms:.1f}% "
+                     f"| {row['same_tokens_as_baseline']} | {f['graph_wall_us']:.0f} | {k['kernels_per_call']:.0f} | "
+                     f"{f['idle_us']:.0f} | {cells} |")
     if res.get("errors"):
         L += ["", "Sections that failed: " + ", ".join(res["errors"])]
     return "\n".join(L) + "\n"

@@ -16,7 +16,6 @@ device idle between kernels. Writes OUT/round_kernels.json and .md.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import sys
 from datetime import datetime, timezone
@@ -26,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specpilot.bench.kernel_profile import FAMILIES, piece, seen  # noqa: E402
 from specpilot.bench.prompts import prompt_ids  # noqa: E402
 from specpilot.bench.provenance import capture  # noqa: E402
 from specpilot.config import load_deployment, load_system  # noqa: E402
@@ -34,97 +34,6 @@ from specpilot.engine.session import Session  # noqa: E402
 from specpilot.engine.steps import tree_forward  # noqa: E402
 from specpilot.errors import SpecPilotError  # noqa: E402
 from specpilot.models import ops  # noqa: E402
-
-# kernel name fragments (lower case) -> family; the first family that matches wins
-FAMILIES = (
-    ("attention", ("fmha", "flash", "attention", "attn")),  # before GEMM: attention kernels say "cutlass" too
-    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "splitk", "gemv")),
-    ("topk/sort", ("topk", "sort", "radix", "scan", "select")),
-    ("fused triton", ("triton",)),
-    ("copy/fill", ("memcpy", "memset", "copy", "fill")),
-)
-TOP = 12
-
-
-def family(name: str) -> str:
-    low = name.lower()
-    for fam, parts in FAMILIES:
-        if any(p in low for p in parts):
-            return fam
-    return "other"
-
-
-def summarize(kernels: list[tuple[str, float]], calls: int) -> dict:
-    """Per call: kernel count, kernel µs, and both by family; the top kernels by total µs."""
-    by_family: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
-    by_name: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
-    for name, us in kernels:
-        for table, key in ((by_family, family(name)), (by_name, name)):
-            table[key][0] += 1
-            table[key][1] += us
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:TOP]
-    return {
-        "kernels_per_call": len(kernels) / calls,
-        "kernel_us_per_call": sum(us for _, us in kernels) / calls,
-        "families": {f: {"kernels": n / calls, "us": us / calls}
-                     for f, (n, us) in sorted(by_family.items(), key=lambda kv: -kv[1][1])},
-        "top": [{"name": n[:120], "family": family(n), "kernels": c / calls, "us": us / calls} for n, (c, us) in top],
-    }
-
-
-def graphed(fn):
-    """`fn` captured in a CUDA graph (warmed up on a side stream first); returns the replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph.replay, graph
-
-
-def wall_us(fn, reps: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps
-
-
-def kernels_of(fn, reps: int) -> list[tuple[str, float]]:
-    """(name, µs) of every kernel the device ran for `reps` calls of `fn`."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    return [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == DeviceType.CUDA]
-
-
-def piece(fn, reps: int) -> dict:
-    """One piece of a round: its graph replay's wall µs, and its kernels as a replay and as plain
-    launches (the profiler may not see inside a graph on every driver; then the plain launches give
-    the kernel mix)."""
-    replay, _graph = graphed(fn)
-    out = {"graph_wall_us": wall_us(replay, reps), "plain_wall_us": wall_us(fn, reps)}
-    out["graph"] = summarize(kernels_of(replay, reps), reps)
-    out["plain"] = summarize(kernels_of(fn, reps), reps)
-    seen = out["graph"] if out["graph"]["kernels_per_call"] else out["plain"]
-    out["idle_us"] = out["graph_wall_us"] - seen["kernel_us_per_call"]
-    return out
-
 
 def profile_system(session, system, prompt: list[int], tokens: int, reps: int) -> dict:
     gen = session.generator(system)
@@ -163,7 +72,7 @@ def write_md(doc: dict, path: Path) -> None:
             p = s.get(name)
             if p is None:
                 continue
-            k = p["graph"] if p["graph"]["kernels_per_call"] else p["plain"]
+            k = seen(p)
             fams = [k["families"].get(f) for f, _ in FAMILIES] + [k["families"].get("other")]
             cells = " | ".join(f"{f['us']:.1f} ({f['kernels']:.0f})" if f else "-" for f in fams)
             lines.append(f"| {s['system']} | {name} | {p['graph_wall_us']:.1f} ({p['plain_wall_us']:.1f}) | "
@@ -175,7 +84,7 @@ def write_md(doc: dict, path: Path) -> None:
             p = s.get(name)
             if p is None:
                 continue
-            k = p["graph"] if p["graph"]["kernels_per_call"] else p["plain"]
+            k = seen(p)
             lines += ["", f"{name}: top kernels per call", "", "| kernel | family | n | µs |", "|---|---|---|---|"]
             lines += [f"| `{t['name']}` | {t['family']} | {t['kernels']:.1f} | {t['us']:.1f} |" for t in k["top"]]
     path.write_text("\n".join(lines) + "\n")

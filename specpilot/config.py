@@ -104,7 +104,8 @@ class System:
     # A round's pieces under torch.compile with static shapes (`models.ops.compiled_static`): fewer,
     # fused kernels where they are launch bound. draft_compile: the proposal (every drafter but n-gram),
     # which changes drafts only, never the target's tokens; verify_compile: the target's verify
-    # forward, acceptance and commit (fused arithmetic may round differently: the guard decides).
+    # forward, acceptance and commit, or AR's step without a drafter (fused arithmetic may round
+    # differently: the guard decides).
     # Triton projections (kernel = 'triton') stay one opaque op each (`kernels.op`). CUDA only
     # (eager elsewhere).
     draft_compile: bool = False

@@ -101,9 +101,11 @@ class Generator:
         verify_compile: bool = False,
     ):
         self.target = target
-        # a round's verification (target forward, acceptance, commit) compiled with static shapes, or eager
+        # a round's verification (target forward, acceptance, commit) compiled with static shapes, or
+        # eager; without a drafter, the AR step (target forward, argmax, commit) likewise
         self.verify_compile = verify_compile
         self._verify = ops.compiled_static(verify_step, target.device) if verify_compile else verify_step
+        self._ar_step = ops.compiled_static(ar_step, target.device) if verify_compile else ar_step
         self.drafters = drafters or {}
         self.eos_ids = tuple(eos_ids)
         self.fault = parse_fault(fault) if isinstance(fault, str) or fault is None else fault
@@ -192,7 +194,7 @@ class Generator:
         any row reads or writes this round must lie below it: the caller's bound)."""
         cache = ws.cache if span is None else ws.cache.span(span)
         if not self.speculative:
-            ar_step(self.target, cache, ws.state, self.fault)
+            self._ar_step(self.target, cache, ws.state, self.fault)
             return None
         drafter = self.drafters[tier]
         if tree is None:

@@ -47,3 +47,25 @@ def test_attention_table_gives_each_variant_its_share_of_the_floor_and_token_agr
                           "attention": {"128": row}})
     line = next(li for li in text.splitlines() if li.startswith("| 128 |"))
     assert line == "| 128 | 5.000 (72.0%) | 4.000 (90.0%) | 4.500 (80.0%) | 3.600 (100.0%) | False / True / True |"
+
+
+def test_steps_table_gives_each_configuration_both_floors_tokens_and_its_kernel_families(driver):
+    from specpilot.bench.kernel_profile import summarize
+
+    meta = {"model": "m", "date": "d", "gpu": "g", "torch": "t", "commit": "c", "errors": {}}
+    kernels = [("nvjet_tst_64x8_64x16", 30.0), ("fmha_cutlassF_bf16", 10.0), ("triton_poi_fused_add_0", 5.0)]
+    none = summarize([], 1)
+
+    def row(ms, own, same, graph):
+        step = {"graph_wall_us": 50.0, "plain_wall_us": 90.0, "idle_us": 5.0,
+                "graph": summarize(kernels, 1) if graph else none, "plain": summarize(kernels[:1], 1)}
+        return {"ms_per_step": ms, "own_floor_ms": own, "same_tokens_as_baseline": same, "step": step}
+
+    steps = {"cublas+sdpa": row(5.0, 3.3, True, True), "w12+split_kv+compiled": row(4.0, 2.4, False, False)}
+    text = driver.render({**meta, "floor_ms": {"all_parameters": 3.6, "streamed_per_token": 3.3}, "steps": steps})
+    lines = {li.split(" |")[0]: li for li in text.splitlines() if li.startswith("| cublas+sdpa") or li.startswith("| w12")}
+    assert lines["| cublas+sdpa"] == ("| cublas+sdpa | 5.000 | 72.0% | 66.0% | True | 50 | 3 | 5 | 10 (1) | 30 (1) | - "
+                                      "| 5 (1) | - | - |")
+    # the profiler saw nothing inside this replay: the plain launches' kernels
+    assert lines["| w12+split_kv+compiled"] == ("| w12+split_kv+compiled | 4.000 | 90.0% | 60.0% | False | 50 | 1 | 5 | "
+                                                "- | 30 (1) | - | - | - | - |")

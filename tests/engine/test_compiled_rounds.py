@@ -180,3 +180,34 @@ def test_compiled_rounds_over_split_attention_call_the_op_and_give_the_eager_tok
     layers = session.target.config.num_layers, session.drafter_model.config.num_layers
     assert ops_per_graph == sorted([layers[0], layers[1] * stock.depth])  # verification; the proposal's draft steps
     assert (compiled.outputs, compiled.accept_lengths) == (eager.outputs, eager.accept_lengths)
+
+
+def test_verify_compile_without_a_drafter_compiles_the_ar_step_and_gives_its_tokens(traced, target_dir, drafter_dir,
+                                                                                    make_prompts):
+    """AR under verify_compile: its step (forward, argmax, commit) is the compiled function, and the
+    tokens are eager AR's, for rows of different prompt lengths."""
+    ar = System(drafter=DrafterKind.NONE)
+    session = Session.load(Deployment(name="a", target=str(target_dir), drafter=str(drafter_dir), stock=ar),
+                           device="cpu", dtype=torch.float32)
+    prompts = make_prompts(3, seed=5)
+    eager = session.generator(ar).generate(prompts, 12).outputs
+    assert not traced
+    compiled = session.generator(dataclasses.replace(ar, name="compiled", verify_compile=True)).generate(prompts, 12)
+    assert len(traced) == 1  # one graph: the AR step, captured once and replayed
+    assert compiled.outputs == eager
+
+
+def test_the_ar_step_traces_as_one_graph(target_dir, make_prompts, monkeypatch):
+    """On the CUDA path (fused elementwise ops on) the AR step does not break its graph."""
+    from specpilot.engine.generator import Generator
+    from specpilot.engine.steps import ar_step
+
+    gen = Generator(load_model(target_dir))
+    gen.generate(make_prompts(2), 4)
+    ws = next(reversed(gen.workspaces.values()))
+    monkeypatch.setattr(ops, "fusion_enabled", lambda device: True)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        explained = torch._dynamo.explain(ar_step)(gen.target, ws.cache, ws.state, None)
+    torch._dynamo.reset()
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0)

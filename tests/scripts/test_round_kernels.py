@@ -1,31 +1,19 @@
-"""scripts/round_kernels.py on CPU: kernel families, the per-call summary and the table (the
-profiling itself needs a GPU)."""
+"""scripts/round_kernels.py on CPU: the table and the refusal without CUDA (the profiling itself
+needs a GPU)."""
 
 import torch
+
+from specpilot.bench.kernel_profile import summarize
 
 KERNELS = [("sm90_xmma_gemm_bf16bf16_bf16f32", 6.0), ("nvjet_tst_64x8_64x16", 4.0),
            ("fmha_cutlassF_bf16_aligned_64x64", 9.0), ("void at::native::sbtopk::gatherTopK<float>", 3.0),
            ("triton_poi_fused_add_mul_0", 1.5), ("Memset (Device)", 0.5), ("void at::native::elementwise", 2.0)]
 
 
-def test_kernel_names_fall_into_their_families(bench_script):
-    s = bench_script("round_kernels")
-    assert [s.family(n) for n, _ in KERNELS] == ["gemm", "gemm", "attention", "topk/sort", "fused triton",
-                                                  "copy/fill", "other"]
-
-
-def test_the_summary_is_per_call(bench_script):
-    s = bench_script("round_kernels").summarize(KERNELS * 2, calls=2)
-    assert s["kernels_per_call"] == 7 and s["kernel_us_per_call"] == 26.0
-    assert s["families"]["gemm"] == {"kernels": 2, "us": 10.0}
-    assert list(s["families"])[0] == "gemm"  # largest first
-    assert s["top"][0]["name"] == "fmha_cutlassF_bf16_aligned_64x64" and s["top"][0]["us"] == 9.0
-
-
 def test_the_table_reads_the_replay_or_else_the_plain_launches(bench_script, tmp_path):
     s = bench_script("round_kernels")
-    seen = s.summarize(KERNELS, 1)
-    none = s.summarize([], 1)
+    seen = summarize(KERNELS, 1)
+    none = summarize([], 1)
     doc = {"deployment": "fixture-x16", "tokens": 8, "reps": 1,
            "environment": {"gpu": "H200", "git_commit": "abc", "versions": {"torch": "x"}},
            "systems": [{"system": "stock", "draft_forwards": 5, "tree_nodes": 8, "tokens_per_round": 3.5,

@@ -261,10 +261,11 @@ class KnobAgent(Proposer):
                 moves.append((GapKind.DRAFT_KERNELS, {"draft_compile": True},
                               "the draft proposal compiled whole with static shapes: a launch-bound drafter's "
                               "dozens of small kernels per level fused into a few"))
-            if inc.drafter is not DrafterKind.NONE and not inc.verify_compile:
+            if not inc.verify_compile:
+                step = ("verification (target forward, acceptance, commit)" if inc.drafter is not DrafterKind.NONE
+                        else "the AR step (target forward, argmax, commit)")
                 moves.append((GapKind.VERIFY_KERNELS, {"verify_compile": True},
-                              "verification (target forward, acceptance, commit) compiled with static shapes: "
-                              "the work between the projections fused"))
+                              f"{step} compiled with static shapes: the work between the projections fused"))
             if inc.attention is AttentionKernel.SDPA:  # every cached forward, the drafter's steps above all
                 gap = GapKind.DRAFT_KERNELS if inc.drafter in COMPILED_DRAFTERS else GapKind.VERIFY_KERNELS
                 moves.append((gap, {"attention": AttentionKernel.SPLIT_KV.value},

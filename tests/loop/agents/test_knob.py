@@ -248,6 +248,10 @@ def test_on_gpu_it_proposes_compiling_the_proposal_and_the_verification_once():
     changed = [set(p.candidate.changes_from(compiled.candidate)) for p in again]
     assert again and not any({"draft_compile", "verify_compile"} & c for c in changed)
     assert {"kernel"} in changed and {"kernel", "w12"} in changed  # the Triton kernels inside the compiled verification
+    ar = Incumbent(Candidate(STOCK.with_changes(name="ar", drafter=DrafterKind.NONE)), 1, 0.1)
+    ar_compiled = [p for p in KnobAgent().propose(context(incumbent=ar, limit=40))
+                   if p.candidate.changes_from(ar.candidate) == {"verify_compile": [False, True]}]
+    assert len(ar_compiled) == 1 and "the AR step" in ar_compiled[0].rationale
 
 
 
