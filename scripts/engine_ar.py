@@ -12,7 +12,7 @@ Measures, in one run on one GPU:
 - AR decode at batch 1 by attention kernel (torch's SDPA vs the split-KV kernel, `attention =
   "split_kv"`) under cuBLAS and Triton BF16 projections, at the default prompt and a long one;
 - the step's configurations (`STEPS`: projections x attention x the AR step compiled whole, as
-  `verify_compile` runs it): ms/step against the all-parameter BF16 floor and against the bytes
+  `verify_compile` runs it x our kernels launched with programmatic dependent launch, PDL): ms/step against the all-parameter BF16 floor and against the bytes
   that configuration streams (W12's planes), tokens against cuBLAS + SDPA eager, and the step
   profiled kernel by kernel (families, device idle) as a CUDA graph replay.
 
@@ -303,15 +303,18 @@ def attention_variants(model, prompt_lens, new_tokens) -> dict:
     return out
 
 
-# (projections, attention, AR step compiled): the step configurations the `steps` section runs,
-# the first one the baseline of the token comparison
-STEPS = (("cublas", "sdpa", False), ("cublas", "sdpa", True), ("cublas", "split_kv", True),
-         ("triton_bf16", "split_kv", False), ("triton_bf16", "split_kv", True), ("w12", "split_kv", True))
+# (projections, attention, AR step compiled, our kernels launched with PDL): the step configurations
+# the `steps` section runs, the first one the baseline of the token comparison
+STEPS = (("cublas", "sdpa", False, False), ("cublas", "sdpa", True, False), ("cublas", "split_kv", True, False),
+         ("cublas", "split_kv", True, True), ("triton_bf16", "split_kv", False, False),
+         ("triton_bf16", "split_kv", True, False), ("triton_bf16", "split_kv", True, True),
+         ("w12", "split_kv", True, False), ("w12", "split_kv", True, True))
 
 
-def step_variants(model, prompt_len, new_tokens, bandwidth, reps=20) -> dict:
+def step_variants(model, prompt_len, new_tokens, bandwidth, reps=20, done=None) -> dict:
     """AR decode at batch 1 per `STEPS` configuration, each against its streamed bytes, and its
-    step (the generator's own: forward, argmax, commit) profiled on the state the run left."""
+    step (the generator's own: forward, argmax, commit) profiled on the state the run left;
+    `done(rows so far)` after each configuration (a run cut short keeps what it finished)."""
     import copy
 
     from specpilot.bench.kernel_profile import piece
@@ -320,9 +323,12 @@ def step_variants(model, prompt_len, new_tokens, bandwidth, reps=20) -> dict:
     from specpilot.models.linear import swap_projections
     from specpilot.models.transformer import use_attention
 
+    import os
+
     out = {}
-    for proj, attention, compiled in STEPS:
-        name = f"{proj}+{attention}" + ("+compiled" if compiled else "")
+    for proj, attention, compiled, pdl in STEPS:
+        name = f"{proj}+{attention}" + ("+compiled" if compiled else "") + ("+pdl" if pdl else "")
+        os.environ["SPECPILOT_PDL"] = "1" if pdl else "0"  # read at each launch; graphs keep what they captured
         memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
         clone = copy.deepcopy(model, memo)
         if proj != "cublas":
@@ -337,12 +343,13 @@ def step_variants(model, prompt_len, new_tokens, bandwidth, reps=20) -> dict:
         ws = next(reversed(gen.workspaces.values()))  # its rows are done: a step rewrites the same slot
         with torch.inference_mode():
             row["step"] = piece(lambda: gen._round(ws, 0), reps)  # the generator's own step (compiled or not)
+        row["same_tokens_as_baseline"] = row["outputs"] == next(iter(out.values()), row)["outputs"]
         out[name] = row
         del gen, clone
         torch.cuda.empty_cache()
-    base = next(iter(out.values()))["outputs"]
-    for row in out.values():
-        row["same_tokens_as_baseline"] = row["outputs"] == base
+        if done is not None:
+            done({k: {f: v for f, v in r.items() if f != "outputs"} for k, r in out.items()})
+    os.environ.pop("SPECPILOT_PDL", None)
     for row in out.values():
         row.pop("outputs")
     return out
@@ -409,7 +416,11 @@ def main():
     if "attention" not in a.skip:
         section("attention", lambda: attention_variants(model, (a.prompt_len, a.long_prompt), a.new_tokens))
     if "steps" not in a.skip:
-        section("steps", lambda: step_variants(model, a.prompt_len, a.new_tokens, bw))
+        def keep_steps(rows):
+            res["steps"] = rows
+            save()
+
+        section("steps", lambda: step_variants(model, a.prompt_len, a.new_tokens, bw, done=keep_steps))
     (a.out / "engine_ar.md").write_text(render(res))
     print(render(res))
 
@@ -487,7 +498,8 @@ def render(res: dict) -> str:
 
         fams = [f for f, _ in FAMILIES] + ["other"]
         L += ["", "AR decode at batch 1 by step configuration (projections + attention, `compiled`: the AR step under "
-              "torch.compile as `verify_compile` runs it). % of the all-parameter BF16 byte floor, and of the bytes "
+              "torch.compile as `verify_compile` runs it, `pdl`: the Triton kernels launched with programmatic "
+              "dependent launch, SPECPILOT_PDL=1). % of the all-parameter BF16 byte floor, and of the bytes "
               "this configuration streams per token (W12: its packed planes). Step: the generator's own step "
               "(forward, argmax, commit) replayed as a CUDA graph on the state the run left, profiled, µs per call "
               "(kernels):", "",

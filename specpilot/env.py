@@ -66,6 +66,12 @@ def triton_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def pdl() -> bool:
+    """True when `SPECPILOT_PDL=1`: the Triton kernels launch with programmatic dependent launch
+    (`specpilot.kernels.launch.pdl`; Hopper and later)."""
+    return os.environ.get("SPECPILOT_PDL", "0") == "1"
+
+
 def home() -> Path:
     """Where SpecPilot keeps its memory database, run outputs and tuned kernel tables (`SPECPILOT_HOME`)."""
     return Path(os.environ.get("SPECPILOT_HOME", Path.home() / ".specpilot"))

@@ -143,7 +143,19 @@ def variants(quick: bool = False) -> list[Variant]:
                                    c, cfg.num_warps, cfg.num_stages, cfg.max_registers))
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))
     out += attention_variants(quick)
+    out += pdl_variants(out)
     return list({v.label: v for v in out}.values())
+
+
+# variants compiled again as launched with programmatic dependent launch (`launch.pdl`): a GEMV, a
+# GEMM, the split-KV kernel and its merge, in both weight formats / directly or merged
+PDL_OF = ("gemv n8 k1024 w2 s1 bm1", "gemm n64 k256 w4 s3 bm16", "attention d128 bm16 bf16", "merge d128 bm16 bf16")
+
+
+def pdl_variants(base: list[Variant]) -> list[Variant]:
+    """The variants of `PDL_OF` with PDL on, labelled '... pdl'."""
+    return [dataclasses.replace(v, label=v.label + " pdl", constexprs={**v.constexprs, "PDL": True})
+            for v in base if v.label.startswith(PDL_OF)]
 
 
 def attention_variants(quick: bool = False) -> list[Variant]:
@@ -174,6 +186,8 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
     from triton.compiler import ASTSource
 
     fn = _kernel(v.kernel)
+    if "PDL" in fn.arg_names and "PDL" not in v.constexprs:  # a launch passes it (False: no PDL), never an int
+        v = dataclasses.replace(v, constexprs={**v.constexprs, "PDL": False})
     signature, attrs = (_attention_signature if v.kernel.startswith("attention") else _projection_signature)(fn, v)
     constants = {(fn.arg_names.index(k),): val for k, val in v.constexprs.items() if k in fn.arg_names}
     t = time.monotonic()
@@ -261,7 +275,13 @@ def main_loop_profile(kernel, v: Variant) -> dict:
     shared_ops = sum(bool(re.search(r"\s(STS|LDS|BAR)\b", line)) for _, line in code)  # whole kernel
     return {"label": v.label, "loop_instructions": len(body), "weights_per_thread": weights,
             "per_weight": len(body) / weights, "shared_bytes": kernel.metadata.shared, "kernel_shared_ops": shared_ops,
-            "mix": dict(ops.most_common()), "atomics": re.findall(r"\batom\.global\.[\w.]+", kernel.asm["ptx"])}
+            "mix": dict(ops.most_common()), "atomics": re.findall(r"\batom\.global\.[\w.]+", kernel.asm["ptx"]),
+            "grid_dependency": grid_dependency(kernel.asm["ptx"])}
+
+
+def grid_dependency(ptx: str) -> dict:
+    """How often the PTX waits for the previous grid and releases the next one (PDL)."""
+    return {op: ptx.count(f"griddepcontrol.{op}") for op in ("wait", "launch_dependents")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             prof = main_loop_profile(keep["kernel"], v)
             print(f"{prof['label']}: {prof['loop_instructions']} instructions per K step, "
                   f"{prof.get('per_weight', float('nan')):.2f} per weight; {prof.get('mix')}; "
-                  f"atomics {prof.get('atomics')}; shared-memory ops in the kernel {prof.get('kernel_shared_ops')}")
+                  f"atomics {prof.get('atomics')}; shared-memory ops in the kernel {prof.get('kernel_shared_ops')}; "
+                  f"grid dependency {grid_dependency(keep['kernel'].asm['ptx'])}")
         return 0
     failures = 0
     vs = variants(args.quick)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from specpilot import env
+from specpilot.kernels.launch import launch_options, pdl
 
 BLOCK_N = 64  # keys per inner step
 # Queries per row up to which a call counts as "few" (decode, drafting, a verify tree of up to 256
@@ -92,6 +93,7 @@ def split_attention_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     o_part = torch.empty(B * Hkv, parts, M, D, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(B * Hkv, parts, M, dtype=torch.float32, device=q.device)
     tiles = _cdiv(M, plan.block_m)
+    pdl_launch = pdl(q.device)
     split_attention_kernel[(plan.n_split, tiles, B * Hkv)](
         q, k_cache, v_cache, bias, o_part, lse_part, out,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -99,12 +101,12 @@ def split_attention_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         out.stride(0), out.stride(1), out.stride(2),
         T, G, Hkv, M, S, plan.chunk, plan.n_split, 1.0 / math.sqrt(D),
         D=D, BLOCK_M=plan.block_m, BLOCK_N=BLOCK_N, DOT_BF16=q.dtype == torch.bfloat16 and not interpret,
-        DIRECT=direct,
+        DIRECT=direct, PDL=pdl_launch, **launch_options(pdl_launch),
     )
     if not direct:
         merge_splits_kernel[(tiles, B * Hkv)](
             o_part, lse_part, out, out.stride(0), out.stride(1), out.stride(2),
-            T, G, Hkv, M, plan.n_split, D=D, BLOCK_M=plan.block_m,
+            T, G, Hkv, M, plan.n_split, D=D, BLOCK_M=plan.block_m, PDL=pdl_launch, **launch_options(pdl_launch),
         )
     return out.to(q.dtype)
 

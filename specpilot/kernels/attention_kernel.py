@@ -3,6 +3,8 @@
 import triton
 import triton.language as tl
 
+from specpilot.kernels.tiles import release_dependents, wait_for_inputs
+
 
 @triton.jit
 def _dot(a, b, DOT_BF16: tl.constexpr):
@@ -18,6 +20,7 @@ def split_attention_kernel(
     sq_b, sq_t, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sb_b, sb_m, sb_s, so_b, so_t, so_h,
     T, G, Hkv, M, S, chunk, n_split, scale,
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr, DIRECT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One (key split, query tile, batch row x KV head): softmax(q k^T * scale + bias) v over the
     split's keys, normalised within the split, and its log-sum-exp (-inf where the split admits no
@@ -33,6 +36,7 @@ def split_attention_kernel(
     t = m % T
     h = j * G + m // T
     d = tl.arange(0, D)
+    wait_for_inputs(PDL)  # q, the cache and the bias are all written by the kernels before this one
     q = tl.load(q_ptr + b * sq_b + t[:, None] * sq_t + h[:, None] * sq_h + d[None, :], mask=m_ok[:, None], other=0.0)
     run_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     run_sum = tl.zeros([BLOCK_M], tl.float32)
@@ -56,6 +60,7 @@ def split_attention_kernel(
             v = tl.load(v_ptr + b * sv_b + j * sv_h + n[:, None] * sv_s + d[None, :], mask=n_ok[:, None], other=0.0)
             acc = acc * alpha[:, None] + _dot(p, v, DOT_BF16)
             run_max = new_max
+    release_dependents(PDL)
     some = run_sum > 0
     out = acc / tl.where(some, run_sum, 1.0)[:, None]
     lse = tl.where(some, run_max + tl.log(tl.where(some, run_sum, 1.0)), float("-inf"))
@@ -72,7 +77,7 @@ def split_attention_kernel(
 def merge_splits_kernel(
     o_part_ptr, lse_part_ptr, o_ptr, so_b, so_t, so_h,
     T, G, Hkv, M, n_split,
-    D: tl.constexpr, BLOCK_M: tl.constexpr,
+    D: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """The splits of one (query tile, batch row x KV head) weighted by exp(lse - max lse): the
     softmax over all keys. A query no split admits gets zeros."""
@@ -83,6 +88,7 @@ def merge_splits_kernel(
     m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = m < M
     d = tl.arange(0, D)
+    wait_for_inputs(PDL)
     top = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for sp in range(0, n_split):
         lse = tl.load(lse_part_ptr + (bj * n_split + sp) * M + m, mask=m_ok, other=float("-inf"))
@@ -96,6 +102,7 @@ def merge_splits_kernel(
         part = tl.load(o_part_ptr + row[:, None] * D + d[None, :], mask=m_ok[:, None], other=0.0)
         acc += w[:, None] * part
         total += w
+    release_dependents(PDL)
     out = acc / tl.where(total > 0, total, 1.0)[:, None]
     t = m % T
     h = j * G + m // T

@@ -60,7 +60,7 @@ from specpilot.kernels.configs import (
     gemm_candidates,
 )
 from specpilot.kernels.escape_blocks import SLOT_STEP, escape_blocks
-from specpilot.kernels.launch import Launch, bf16_dots, prepare_launch, ptx_decode
+from specpilot.kernels.launch import Launch, bf16_dots, launch_options, prepare_launch, ptx_decode
 from specpilot.kernels.reference import reference_linear
 from specpilot.kernels.tma import descriptors as tma_descriptors
 from specpilot.kernels.tma import x_descriptor
@@ -164,7 +164,7 @@ def _gemm_kernel(
     IS_W12: tl.constexpr, DOT_BF16: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     STAGES: tl.constexpr, ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, GATHER_T: tl.constexpr,
-    TMA: tl.constexpr, TMA_X: tl.constexpr,
+    TMA: tl.constexpr, TMA_X: tl.constexpr, PDL: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -180,6 +180,7 @@ def _gemm_kernel(
         esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits, 0 = padding
     if IS_W12:  # issued before the loop: the [BN] base bytes, cold in L2, arrive under it
         scale = tiles.row_scale(base_ptr, rows, N)  # [BN]
+    tiles.wait_for_inputs(PDL)  # the loads above read the weight only; x and the stores come after
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
     # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
     for step in tl.range(step0, step1, num_stages=STAGES):
@@ -200,6 +201,7 @@ def _gemm_kernel(
             xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
         # The first step's MMA ignores acc: Triton turns the select into wgmma's use-accumulator flag.
         acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
+    tiles.release_dependents(PDL)
     if IS_W12 and ESC_MODE == ESC_BLOCKS:
         acc = _escape_block(x_ptr, xt_ptr, esc_word, esc_bits, m, M, stride_xm, acc, BLOCK_N, DOT_BF16, GATHER_T)
 
@@ -279,8 +281,9 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         IS_W12=run.ops.is_w12, DOT_BF16=bf16_dots(x, run.ops),
         BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_N=run.even_n, EVEN_K=run.even_k, PTX_DECODE=ptx_decode(config),
-        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=slot,
+        STAGES=config.num_stages, ESC_MODE=mode.value, ESC_SLOT=slot, PDL=run.pdl,
         num_warps=config.num_warps, num_stages=config.num_stages, maxnreg=config.max_registers,
+        **launch_options(run.pdl),
     )
     return run.y.to(x.dtype)
 

@@ -50,7 +50,7 @@ from specpilot.kernels.configs import (
     gemv_candidates,
 )
 from specpilot.kernels.gemm import ESC_BLOCKS, ESC_EPILOGUE, escape_operands
-from specpilot.kernels.launch import prepare_launch, ptx_decode
+from specpilot.kernels.launch import launch_options, prepare_launch, ptx_decode
 from specpilot.kernels.reference import reference_linear
 from specpilot.kernels.workspace import SplitKWorkspace
 from specpilot.w12.weight import W12Weight
@@ -248,7 +248,7 @@ def _gemv_kernel(
     IS_W12: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PTX_DECODE: tl.constexpr,
     ESC_CHUNK: tl.constexpr, STAGES: tl.constexpr, PAIRS: tl.constexpr, X_PAIRS: tl.constexpr,
-    ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr,
+    ESC_MODE: tl.constexpr, ESC_SLOT: tl.constexpr, PDL: tl.constexpr = False,
 ):
     G: tl.constexpr = BLOCK_K // tiles.WORD
     pid_n = tl.program_id(0)
@@ -274,6 +274,7 @@ def _gemv_kernel(
             esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits of the scaled entry, 0 = padding
     if IS_W12:  # issued before the loop: the [BN] base bytes, cold in L2, arrive under it
         scale = tiles.row_scale(base_ptr, rows, N)  # [BN]
+    tiles.wait_for_inputs(PDL)  # the loads above read the weight only; x and the stores come after
     # One [BN, G] accumulator per activation row (unrolled: BLOCK_M <= 8); unused ones fold away.
     acc0 = tl.zeros([BLOCK_N, G], dtype=tl.float32)
     acc1 = tl.zeros_like(acc0)
@@ -302,6 +303,7 @@ def _gemv_kernel(
             acc5 = _fma_codes(acc5, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 5, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
             acc6 = _fma_codes(acc6, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 6, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
             acc7 = _fma_codes(acc7, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 7, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
+    tiles.release_dependents(PDL)
     if IS_W12 and ESC_MODE == ESC_BLOCKS and ESC_IN_ACC:  # scaled entries, before any sum
         acc0 = _entries_into_acc(acc0, x_ptr, 0, M, stride_xm, esc_word, esc_v, BLOCK_N, X_PAIRS)
         if BLOCK_M > 1:
@@ -377,8 +379,8 @@ def gemv(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
         IS_W12=run.ops.is_w12, BLOCK_M=bm, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         EVEN_M=x.shape[0] == bm, EVEN_N=run.even_n, EVEN_K=run.even_k,
         PTX_DECODE=ptx_decode(config), ESC_CHUNK=ESCAPE_CHUNK, STAGES=config.num_stages,
-        PAIRS=dense_pairs(weight), X_PAIRS=x_pairs(x, config, run.even_k),
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        PAIRS=dense_pairs(weight), X_PAIRS=x_pairs(x, config, run.even_k), PDL=run.pdl,
+        num_warps=config.num_warps, num_stages=config.num_stages, **launch_options(run.pdl),
     )
     return run.y.to(x.dtype)
 

@@ -126,6 +126,7 @@ class Launch:
     even_n: bool  # N a multiple of block_n
     even_k: bool  # K a multiple of block_k
     steps_per_split: int  # K steps each of the grid's K splits covers
+    pdl: bool = False  # launched with programmatic dependent launch (`pdl`)
 
 
 def prepare_launch(x: torch.Tensor, weight, config: LaunchConfig, path: KernelPath, max_m: int,
@@ -144,7 +145,7 @@ def prepare_launch(x: torch.Tensor, weight, config: LaunchConfig, path: KernelPa
             M, ops.N, ops.K, ops.Kp, plan.split_k, plan.steps_per_split,
             x.stride(0), y.stride(0), ops.stride_w, ops.stride_hi)
     return Launch(ops, y, (n_tiles, plan.split_k), args, ops.N % config.block_n == 0, ops.K % config.block_k == 0,
-                  plan.steps_per_split)
+                  plan.steps_per_split, pdl(x.device))
 
 
 def bf16_dots(x: torch.Tensor, ops: WeightOperands) -> bool:
@@ -161,3 +162,24 @@ def output_buffer(x: torch.Tensor, N: int) -> torch.Tensor:
 def ptx_decode(config: LaunchConfig | None = None) -> bool:
     """Whether W12 tiles decode with the inline-PTX decoder: on a GPU, unless the config opts out."""
     return not env.triton_interpret() and (config is None or config.ptx_decode)
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def pdl(device: torch.device) -> bool:
+    """Whether the kernels launch with programmatic dependent launch: `SPECPILOT_PDL=1`, on a GPU
+    of compute capability 9.0 or later, not under the interpreter. A kernel so launched may start
+    while the one before it in the stream finishes: it loads its weights' side data, then waits
+    (`tiles.wait_for_inputs`) before it reads activations or stores anything. CUDA graphs keep the
+    launch attribute of each kernel they capture."""
+    if not env.pdl() or device.type != "cuda" or env.triton_interpret():
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
+
+
+def launch_options(pdl_launch: bool) -> dict:
+    """Extra keyword arguments of a kernel launch: `launch_pdl` when launching with PDL."""
+    return {"launch_pdl": True} if pdl_launch else {}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from specpilot.w12 import layout
 
@@ -256,6 +257,25 @@ def escape_correction_mn(
         term = xe[:, :, None] * v[None, :, None] - xe[:, :, None] * p[None, None, :]  # [BM, CHUNK, BN]
         corr += tl.sum(tl.where(own[None, :, :], term, 0.0), axis=1)
     return corr
+
+
+@triton.jit
+def wait_for_inputs(PDL: tl.constexpr):
+    """Under programmatic dependent launch (`launch.pdl`), block until the kernel before this one in
+    the stream has finished and its writes are visible. A kernel may load only what no kernel writes
+    (weights, their scales and escapes) before this, and may store nothing before it: its output
+    buffer can be memory the previous kernel still reads."""
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
+def release_dependents(PDL: tl.constexpr):
+    """Under programmatic dependent launch, let the next kernel's programs start (they wait in
+    `wait_for_inputs` until this kernel is done): called once a program's main loop is over, so
+    that the waiting programs never take an SM from this kernel's own."""
+    if PDL:
+        gdc_launch_dependents()
 
 
 @triton.jit

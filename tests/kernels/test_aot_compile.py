@@ -130,3 +130,20 @@ def test_split_attention_streams_the_cache_in_16_byte_loads_into_tensor_cores():
             mix = ast.literal_eval(line.split("; ")[1])
             assert mix.get("LDG.E.128") == 8, line
             assert any(op.startswith(mma) for op in mix), line
+
+
+def test_kernels_launched_with_pdl_wait_for_the_previous_grid_once_and_release_the_next_once():
+    """The variants with PDL on (`kernels.launch.pdl`): one griddepcontrol.wait (before the
+    activations are read) and one launch_dependents (after the main loop) in the PTX of a GEMV, a
+    GEMM, the split-KV kernel and its merge; without PDL, neither."""
+    run = aot("--quick", "--sass", "bm16 bf16", needs="cuobjdump")
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()
+    grid = {line.split(":")[0]: ast.literal_eval(line.rsplit("grid dependency ", 1)[1]) for line in lines}
+    with_pdl = {label: g for label, g in grid.items() if label.endswith(" pdl")}
+    assert {label.split(" bm16")[0] for label in with_pdl} == {"gemm n64 k256 w4 s3", "attention d128", "merge d128"}
+    assert all(g == {"wait": 1, "launch_dependents": 1} for g in with_pdl.values()), with_pdl
+    assert all(g == {"wait": 0, "launch_dependents": 0} for label, g in grid.items() if label not in with_pdl)
+    gemv = aot("--quick", "--sass", "gemv n8 k1024 w2 s1 bm1 bf16", needs="cuobjdump")
+    assert [ast.literal_eval(line.rsplit("grid dependency ", 1)[1]) for line in gemv.stdout.strip().splitlines()] == [
+        {"wait": 0, "launch_dependents": 0}, {"wait": 1, "launch_dependents": 1}]
