@@ -17,7 +17,7 @@ Measures, in one run on one GPU:
   profiled kernel by kernel (families, device idle) as a CUDA graph replay.
 
 Writes engine_ar.json and engine_ar.md under --out (numbers from this run only).
-Usage: python scripts/engine_ar.py --out DIR [--commit HASH] [--quick]
+Usage: python scripts/engine_ar.py --out DIR [--commit HASH] [--skip SECTION ...] [--steps NAME ...]
 """
 
 from __future__ import annotations
@@ -311,7 +311,11 @@ STEPS = (("cublas", "sdpa", False, False), ("cublas", "sdpa", True, False), ("cu
          ("w12", "split_kv", True, False), ("w12", "split_kv", True, True))
 
 
-def step_variants(model, prompt_len, new_tokens, bandwidth, reps=20, done=None) -> dict:
+def step_name(proj: str, attention: str, compiled: bool, pdl: bool) -> str:
+    return f"{proj}+{attention}" + ("+compiled" if compiled else "") + ("+pdl" if pdl else "")
+
+
+def step_variants(model, prompt_len, new_tokens, bandwidth, reps=20, done=None, only=()) -> dict:
     """AR decode at batch 1 per `STEPS` configuration, each against its streamed bytes, and its
     step (the generator's own: forward, argmax, commit) profiled on the state the run left;
     `done(rows so far)` after each configuration (a run cut short keeps what it finished)."""
@@ -327,7 +331,9 @@ def step_variants(model, prompt_len, new_tokens, bandwidth, reps=20, done=None) 
 
     out = {}
     for proj, attention, compiled, pdl in STEPS:
-        name = f"{proj}+{attention}" + ("+compiled" if compiled else "") + ("+pdl" if pdl else "")
+        name = step_name(proj, attention, compiled, pdl)
+        if only and name not in only:
+            continue
         os.environ["SPECPILOT_PDL"] = "1" if pdl else "0"  # read at each launch; graphs keep what they captured
         memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
         clone = copy.deepcopy(model, memo)
@@ -364,6 +370,9 @@ def main():
     ap.add_argument("--hf-tokens", type=int, default=32)
     ap.add_argument("--skip", nargs="*", default=[], help="sections to skip: hf, curve, kernels, attention, steps")
     ap.add_argument("--long-prompt", type=int, default=1536, help="the attention section's long prompt")
+    ap.add_argument("--steps", nargs="*", default=[], choices=[step_name(*s) for s in STEPS],
+                    help="the steps section's configurations to run (default: all; the first one run is the "
+                         "baseline of the token comparison)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     res = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": a.commit,
@@ -420,7 +429,7 @@ def main():
             res["steps"] = rows
             save()
 
-        section("steps", lambda: step_variants(model, a.prompt_len, a.new_tokens, bw, done=keep_steps))
+        section("steps", lambda: step_variants(model, a.prompt_len, a.new_tokens, bw, done=keep_steps, only=a.steps))
     (a.out / "engine_ar.md").write_text(render(res))
     print(render(res))
 

@@ -280,8 +280,12 @@ def main_loop_profile(kernel, v: Variant) -> dict:
 
 
 def grid_dependency(ptx: str) -> dict:
-    """How often the PTX waits for the previous grid and releases the next one (PDL)."""
-    return {op: ptx.count(f"griddepcontrol.{op}") for op in ("wait", "launch_dependents")}
+    """How often the PTX waits for the previous grid and releases the next one (PDL), and how many
+    global loads come before its first wait (what a kernel reads while the previous one finishes)."""
+    out = {op: ptx.count(f"griddepcontrol.{op}") for op in ("wait", "launch_dependents")}
+    head = ptx.split("griddepcontrol.wait", 1)[0] if out["wait"] else ""
+    out["loads_before_wait"] = head.count("ld.global") + head.count("cp.async.bulk.tensor")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

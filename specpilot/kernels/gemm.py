@@ -85,6 +85,33 @@ def _dot(a, b, acc, DOT_BF16: tl.constexpr):
 
 
 @triton.jit
+def _weight_tile(w_ptr, hi_ptr, lo_desc, hi_desc, rows, row0, step, N, K, Kp, stride_w, stride_hi,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+                 PTX_DECODE: tl.constexpr, IS_W12: tl.constexpr, TMA: tl.constexpr):
+    """Weight tile [BN, BK] of K tile `step` (W12 decoded, scaled), by TMA or plain loads."""
+    if IS_W12 and TMA:  # boxes [BN, G] of the int64 lo / int32 hi groups; zeros past N and Kp
+        g0 = step * (BLOCK_K // 8)
+        w = tiles.decode_tile(lo_desc.load([row0, g0]), hi_desc.load([row0, g0]), BLOCK_N, BLOCK_K, PTX_DECODE, False)
+    elif IS_W12:
+        w = tiles.load_w12_tile(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi,
+                                BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, False)
+    elif TMA:  # box [BN, BK]; zeros past N and K
+        w = lo_desc.load([row0, step * BLOCK_K])
+    else:
+        w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
+    return w
+
+
+@triton.jit
+def _x_tile(x_ptr, x_desc, m, M, K, step, stride_xm, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+            TMA_X: tl.constexpr):
+    """x^T tile [BK, BM] of K tile `step`, by TMA (a box [BM, BK] of x, transposed) or plain loads."""
+    if TMA_X:  # box [BM, BK] of x; zeros past M and K
+        return tl.trans(x_desc.load([0, step * BLOCK_K]))
+    return _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)
+
+
+@triton.jit
 def _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     """x^T tile [BK, BM] of K tile `step` (rows >= M and columns >= K read as zero)."""
     k = step * BLOCK_K + tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
@@ -180,25 +207,21 @@ def _gemm_kernel(
         esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits, 0 = padding
     if IS_W12:  # issued before the loop: the [BN] base bytes, cold in L2, arrive under it
         scale = tiles.row_scale(base_ptr, rows, N)  # [BN]
-    tiles.wait_for_inputs(PDL)  # the loads above read the weight only; x and the stores come after
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # y^T tile [BN, BM]
+    if PDL:  # the first step's weight tile loads (and decodes) before the wait: it is no kernel's output
+        w = _weight_tile(w_ptr, hi_ptr, lo_desc, hi_desc, rows, row0, step0, N, K, Kp, stride_w, stride_hi,
+                         BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, IS_W12, TMA)
+    tiles.wait_for_inputs(PDL)  # the loads above read the weight only; x and the stores come after
+    if PDL:
+        acc = _dot(w, _x_tile(x_ptr, x_desc, m, M, K, step0, stride_xm, BLOCK_K, EVEN_K, TMA_X), acc, DOT_BF16)
+        first = step0 + 1
+    else:
+        first = step0
     # STAGES > 1: Triton software-pipelines the loads of this loop through shared memory.
-    for step in tl.range(step0, step1, num_stages=STAGES):
-        if IS_W12 and TMA:  # boxes [BN, G] of the int64 lo / int32 hi groups; zeros past N and Kp
-            g0 = step * (BLOCK_K // 8)
-            w = tiles.decode_tile(lo_desc.load([row0, g0]), hi_desc.load([row0, g0]),
-                                  BLOCK_N, BLOCK_K, PTX_DECODE, False)  # [BN, BK] scaled
-        elif IS_W12:
-            w = tiles.load_w12_tile(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi,
-                                    BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, False)  # [BN, BK] scaled
-        elif TMA:  # box [BN, BK]; zeros past N and K
-            w = lo_desc.load([row0, step * BLOCK_K])
-        else:
-            w = tiles.load_dense_tile(w_ptr, rows, step, N, K, stride_w, BLOCK_K, EVEN_N, EVEN_K)
-        if TMA_X:  # box [BM, BK] of x; zeros past M and K
-            xt = tl.trans(x_desc.load([0, step * BLOCK_K]))  # [BK, BM]
-        else:
-            xt = _load_xt(x_ptr, m, M, K, step, stride_xm, BLOCK_K, EVEN_K)  # [BK, BM]
+    for step in tl.range(first, step1, num_stages=STAGES):
+        w = _weight_tile(w_ptr, hi_ptr, lo_desc, hi_desc, rows, row0, step, N, K, Kp, stride_w, stride_hi,
+                         BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PTX_DECODE, IS_W12, TMA)
+        xt = _x_tile(x_ptr, x_desc, m, M, K, step, stride_xm, BLOCK_K, EVEN_K, TMA_X)
         # The first step's MMA ignores acc: Triton turns the select into wgmma's use-accumulator flag.
         acc = _dot(w, xt, tl.where(step == step0, 0.0, acc), DOT_BF16)
     tiles.release_dependents(PDL)

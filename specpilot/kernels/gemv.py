@@ -234,6 +234,40 @@ def _put_row(out, acc, row, m):
     return tl.where((m == row)[:, None], tl.sum(acc, axis=1)[None, :], out)
 
 
+@triton.jit
+def _step_codes(w_ptr, hi_ptr, rows, step, N, K, Kp, stride_w, stride_hi, BLOCK_K: tl.constexpr,
+                EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, IS_W12: tl.constexpr, PTX_DECODE: tl.constexpr,
+                PAIRS: tl.constexpr):
+    """One K step's weights: (col0 [G], the 8 codes [BN, G] each, W12 scaled): G = BLOCK_K / 8 groups."""
+    G: tl.constexpr = BLOCK_K // tiles.WORD
+    g = step * G + tl.max_contiguous(tl.multiple_of(tl.arange(0, G), G), G)  # [G] groups
+    col0 = (g // 4) * 32 + (g % 4) * 2  # [G] the column of each group's code 0
+    if IS_W12:
+        lo, hi = tiles.load_groups(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi, BLOCK_K, EVEN_N, EVEN_K)
+        o0, o1, o2, o3, o4, o5, o6, o7 = tiles.decode_groups(lo, hi, PTX_DECODE, True)  # [BN, G] each, scaled
+    else:
+        o0, o1, o2, o3, o4, o5, o6, o7 = _dense_codes(w_ptr, rows, col0, N, K, stride_w, EVEN_N, EVEN_K, PAIRS)
+    return col0, o0, o1, o2, o3, o4, o5, o6, o7
+
+
+@triton.jit
+def _step_fma(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, col0, M, K,
+              stride_xm, BLOCK_M: tl.constexpr, EVEN_M: tl.constexpr, EVEN_K: tl.constexpr, X_PAIRS: tl.constexpr):
+    """Each activation row's accumulator plus one K step's codes times x (rows past BLOCK_M untouched)."""
+    acc0 = _fma_codes(acc0, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 0, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
+    if BLOCK_M > 1:
+        acc1 = _fma_codes(acc1, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 1, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
+    if BLOCK_M > 2:
+        acc2 = _fma_codes(acc2, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 2, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
+        acc3 = _fma_codes(acc3, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 3, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
+    if BLOCK_M > 4:
+        acc4 = _fma_codes(acc4, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 4, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
+        acc5 = _fma_codes(acc5, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 5, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
+        acc6 = _fma_codes(acc6, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 6, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
+        acc7 = _fma_codes(acc7, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 7, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+
+
 @triton.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
 def _gemv_kernel(
     # pointers
@@ -274,7 +308,6 @@ def _gemv_kernel(
             esc_bits = tl.load(ebv_ptr + e)  # [SLOT] BF16 bits of the scaled entry, 0 = padding
     if IS_W12:  # issued before the loop: the [BN] base bytes, cold in L2, arrive under it
         scale = tiles.row_scale(base_ptr, rows, N)  # [BN]
-    tiles.wait_for_inputs(PDL)  # the loads above read the weight only; x and the stores come after
     # One [BN, G] accumulator per activation row (unrolled: BLOCK_M <= 8); unused ones fold away.
     acc0 = tl.zeros([BLOCK_N, G], dtype=tl.float32)
     acc1 = tl.zeros_like(acc0)
@@ -284,25 +317,25 @@ def _gemv_kernel(
     acc5 = tl.zeros_like(acc0)
     acc6 = tl.zeros_like(acc0)
     acc7 = tl.zeros_like(acc0)
-    for step in tl.range(step0, step1, num_stages=STAGES):
-        g = step * G + tl.max_contiguous(tl.multiple_of(tl.arange(0, G), G), G)  # [G] groups
-        col0 = (g // 4) * 32 + (g % 4) * 2  # [G] the column of each group's code 0
-        if IS_W12:
-            lo, hi = tiles.load_groups(w_ptr, hi_ptr, rows, step, N, Kp, stride_w, stride_hi, BLOCK_K, EVEN_N, EVEN_K)
-            o0, o1, o2, o3, o4, o5, o6, o7 = tiles.decode_groups(lo, hi, PTX_DECODE, True)  # [BN, G] each, scaled
-        else:
-            o0, o1, o2, o3, o4, o5, o6, o7 = _dense_codes(w_ptr, rows, col0, N, K, stride_w, EVEN_N, EVEN_K, PAIRS)
-        acc0 = _fma_codes(acc0, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 0, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
-        if BLOCK_M > 1:
-            acc1 = _fma_codes(acc1, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 1, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
-        if BLOCK_M > 2:
-            acc2 = _fma_codes(acc2, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 2, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
-            acc3 = _fma_codes(acc3, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 3, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
-        if BLOCK_M > 4:
-            acc4 = _fma_codes(acc4, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 4, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
-            acc5 = _fma_codes(acc5, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 5, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
-            acc6 = _fma_codes(acc6, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 6, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
-            acc7 = _fma_codes(acc7, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, 7, col0, M, K, stride_xm, EVEN_M, EVEN_K, X_PAIRS)
+    if PDL:  # the first step's weights load (and decode) before the wait: they are no kernel's output
+        col0, o0, o1, o2, o3, o4, o5, o6, o7 = _step_codes(
+            w_ptr, hi_ptr, rows, step0, N, K, Kp, stride_w, stride_hi, BLOCK_K, EVEN_N, EVEN_K, IS_W12, PTX_DECODE,
+            PAIRS)
+    tiles.wait_for_inputs(PDL)  # the loads above read the weight only; x and the stores come after
+    if PDL:
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _step_fma(
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, col0, M, K,
+            stride_xm, BLOCK_M, EVEN_M, EVEN_K, X_PAIRS)
+        first = step0 + 1
+    else:
+        first = step0
+    for step in tl.range(first, step1, num_stages=STAGES):
+        col0, o0, o1, o2, o3, o4, o5, o6, o7 = _step_codes(
+            w_ptr, hi_ptr, rows, step, N, K, Kp, stride_w, stride_hi, BLOCK_K, EVEN_N, EVEN_K, IS_W12, PTX_DECODE,
+            PAIRS)
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _step_fma(
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, o0, o1, o2, o3, o4, o5, o6, o7, x_ptr, col0, M, K,
+            stride_xm, BLOCK_M, EVEN_M, EVEN_K, X_PAIRS)
     tiles.release_dependents(PDL)
     if IS_W12 and ESC_MODE == ESC_BLOCKS and ESC_IN_ACC:  # scaled entries, before any sum
         acc0 = _entries_into_acc(acc0, x_ptr, 0, M, stride_xm, esc_word, esc_v, BLOCK_N, X_PAIRS)

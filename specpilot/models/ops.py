@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from specpilot import env
+from specpilot.kernels import launch
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -80,13 +81,25 @@ def allow_recompiles() -> None:
         config.accumulated_recompile_limit = 8 * RECOMPILE_LIMIT
 
 
+def inductor_options(device: torch.device) -> dict | None:
+    """Inductor's options for code compiled for `device`: its Triton kernels launched with
+    programmatic dependent launch where ours are (`kernels.launch.pdl`, SPECPILOT_PDL=1) and this
+    torch has the option; else None (the defaults)."""
+    if not launch.pdl(device):
+        return None
+    import torch._inductor.config as inductor_config
+
+    return {"triton.enable_pdl": True} if hasattr(inductor_config.triton, "enable_pdl") else None
+
+
 @functools.cache
-def _compiled(name: str, backend: str = "inductor"):
+def _compiled(name: str, backend: str = "inductor", pdl: bool = False):
     # dynamic=True: one compilation serves every batch size and token count (decode step, tree
     # verification, draft expansions, prefill); with static shapes each new (B, T) recompiles, and
     # a real workload soon hits torch.compile's recompile limit.
     allow_recompiles()  # process-wide, so once, at the first compilation
-    return torch.compile(FUSABLE[name], dynamic=True, fullgraph=True, backend=backend)
+    options = {"triton.enable_pdl": True} if pdl else None
+    return torch.compile(FUSABLE[name], dynamic=True, fullgraph=True, backend=backend, options=options)
 
 
 def fused(name: str, device: torch.device):
@@ -95,7 +108,7 @@ def fused(name: str, device: torch.device):
     neighbours: a compiled op called there would end the traced graph (a graph break per forward)."""
     if torch.compiler.is_compiling() or not fusion_enabled(device):
         return FUSABLE[name]
-    return _compiled(name)
+    return _compiled(name, pdl=True) if inductor_options(device) is not None else _compiled(name)
 
 
 # backend of `compiled_static`: a torch.compile backend name or callable (the CPU tests trace with
@@ -112,4 +125,6 @@ def compiled_static(fn, device: torch.device):
     if STATIC_BACKEND == "inductor" and not fusion_enabled(device):
         return fn
     allow_recompiles()
+    if STATIC_BACKEND == "inductor":
+        return torch.compile(fn, dynamic=False, backend=STATIC_BACKEND, options=inductor_options(device))
     return torch.compile(fn, dynamic=False, backend=STATIC_BACKEND)

@@ -69,3 +69,10 @@ def test_steps_table_gives_each_configuration_both_floors_tokens_and_its_kernel_
     # the profiler saw nothing inside this replay: the plain launches' kernels
     assert lines["| w12+split_kv+compiled"] == ("| w12+split_kv+compiled | 4.000 | 90.0% | 60.0% | False | 50 | 1 | 5 | "
                                                 "- | 30 (1) | - | - | - | - |")
+
+
+def test_step_configurations_have_distinct_names_and_the_baseline_runs_first(driver):
+    names = [driver.step_name(*s) for s in driver.STEPS]
+    assert len(set(names)) == len(names)
+    assert names[0] == "cublas+sdpa"  # eager cuBLAS + SDPA: what the other rows' tokens are compared with
+    assert {"triton_bf16+split_kv+compiled+pdl", "w12+split_kv+compiled+pdl"} <= set(names)

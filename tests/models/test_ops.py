@@ -70,3 +70,13 @@ def test_inside_a_compiled_function_fused_hands_out_the_plain_ops(monkeypatch):
     torch._dynamo.reset()
     h, y = ops.add_rms_norm(x, x, w, 1e-6)
     assert len(graphs) == 1 and torch.equal(out, ops.silu_mul(torch.cat([y, h], -1)))
+
+
+def test_inductor_launches_its_kernels_with_pdl_where_ours_do(monkeypatch):
+    from specpilot.kernels import launch
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(launch, "pdl", lambda device: False)
+    assert ops.inductor_options(cuda) is None
+    monkeypatch.setattr(launch, "pdl", lambda device: True)
+    assert ops.inductor_options(cuda) == {"triton.enable_pdl": True}  # this torch has the option
