@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--w12", action="store_true", help="run projections from W12 weights (implies --kernel triton)")
     p.add_argument("--attention", choices=[a.value for a in AttentionKernel],
                    help="cached attention: torch's SDPA (default) or the split-KV Triton kernel")
+    p.add_argument("--compile", action="store_true",
+                   help="draft_compile and verify_compile: the round's proposal and verification (AR: its step) "
+                        "under torch.compile (CUDA; inert elsewhere)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run eagerly instead of replaying CUDA graphs")
     p.add_argument("--fault", help="inject a fault: 'logit-bias:VALUE:every=K:after=T' or 'accept-unverified'")
     p.add_argument("--save-jsonl", help="write {prompt_ids, output_ids} per prompt to this JSONL file (for `specpilot guard`)")
@@ -129,6 +132,9 @@ def system_from_args(args, dep: Deployment) -> System:
         changes["w12"], changes["kernel"] = True, Kernel.TRITON
     if getattr(args, "attention", None):
         changes["attention"] = AttentionKernel(args.attention)
+    if getattr(args, "compile", False):
+        changes["verify_compile"] = True
+        changes["draft_compile"] = changes.get("drafter", system.drafter) not in (DrafterKind.NONE, DrafterKind.NGRAM)
     if args.no_cuda_graphs:
         changes["cuda_graphs"] = False
     if args.fault:

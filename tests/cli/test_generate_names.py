@@ -35,6 +35,9 @@ def name_of(*argv: str) -> str:
     (("--depth", "3", "--topk", "1"), "stock+depth=3+topk=1+tree_budget=3"),
     (("--drafter", "ngram", "--no-cuda-graphs"), "ngram+cuda_graphs=false"),
     (("--attention", "split_kv"), "stock+attention=split_kv"),
+    (("--compile",), "stock+draft_compile=true+verify_compile=true"),
+    (("--drafter", "none", "--compile"), "ar+verify_compile=true"),  # AR compiles its step; it drafts nothing
+    (("--drafter", "ngram", "--compile"), "ngram+verify_compile=true"),  # prompt lookup runs on the host
 ])
 def test_the_name_says_what_runs(argv, name):
     assert name_of(*argv) == name
