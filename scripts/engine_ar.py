@@ -103,10 +103,10 @@ def weight_bytes(model: Transformer) -> dict:
     return {"all_parameters": total, "streamed_per_token": total - embed.numel() * embed.element_size() + row}
 
 
-def ar_decode(model, prompt_len, new_tokens, batch=1, repeats=3, compiled=False, keep=False) -> dict:
+def ar_decode(model, prompt_len, new_tokens, batch=1, repeats=3, compiled=False, keep=False, pdl=False) -> dict:
     """AR decode with CUDA graphs: median ms/step of `repeats` runs (`compiled`: the AR step under
-    torch.compile, as `verify_compile` runs it); with `keep`, the generator too."""
-    gen = Generator(model, eos_ids=(), cuda_graphs=True, sync_every=8, verify_compile=compiled)
+    torch.compile, as `verify_compile` runs it; `pdl`: the system knob); with `keep`, the generator too."""
+    gen = Generator(model, eos_ids=(), cuda_graphs=True, sync_every=8, verify_compile=compiled, pdl=pdl)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, model.config.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(batch)]
     gen.generate(prompts, 8)  # capture + compile
@@ -327,21 +327,18 @@ def step_variants(model, prompt_len, new_tokens, bandwidth, reps=20, done=None, 
     from specpilot.models.linear import swap_projections
     from specpilot.models.transformer import use_attention
 
-    import os
-
     out = {}
     for proj, attention, compiled, pdl in STEPS:
         name = step_name(proj, attention, compiled, pdl)
         if only and name not in only:
             continue
-        os.environ["SPECPILOT_PDL"] = "1" if pdl else "0"  # read at each launch; graphs keep what they captured
         memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
         clone = copy.deepcopy(model, memo)
         if proj != "cublas":
             swap_projections(clone, w12=proj == "w12")
         use_attention(clone, AttentionKernel(attention))
         t = time.perf_counter()
-        row = ar_decode(clone, prompt_len, new_tokens, compiled=compiled, keep=True)
+        row = ar_decode(clone, prompt_len, new_tokens, compiled=compiled, keep=True, pdl=pdl)
         row["setup_s"] = time.perf_counter() - t
         gen = row.pop("generator")
         row["streamed_bytes"] = streamed_bytes(clone)
@@ -355,7 +352,6 @@ def step_variants(model, prompt_len, new_tokens, bandwidth, reps=20, done=None, 
         torch.cuda.empty_cache()
         if done is not None:
             done({k: {f: v for f, v in r.items() if f != "outputs"} for k, r in out.items()})
-    os.environ.pop("SPECPILOT_PDL", None)
     for row in out.values():
         row.pop("outputs")
     return out
@@ -508,7 +504,7 @@ def render(res: dict) -> str:
         fams = [f for f, _ in FAMILIES] + ["other"]
         L += ["", "AR decode at batch 1 by step configuration (projections + attention, `compiled`: the AR step under "
               "torch.compile as `verify_compile` runs it, `pdl`: the Triton kernels launched with programmatic "
-              "dependent launch, SPECPILOT_PDL=1). % of the all-parameter BF16 byte floor, and of the bytes "
+              "dependent launch, the `pdl` knob). % of the all-parameter BF16 byte floor, and of the bytes "
               "this configuration streams per token (W12: its packed planes). Step: the generator's own step "
               "(forward, argmax, commit) replayed as a CUDA graph on the state the run left, profiled, µs per call "
               "(kernels):", "",

@@ -114,6 +114,10 @@ class System:
     # cache into splits so that a call with few queries (decode, a drafter's frontier, a tree) fills
     # the GPU; CUDA only (or under TRITON_INTERPRET=1).
     attention: AttentionKernel = AttentionKernel.SDPA
+    # Programmatic dependent launch (Hopper and later): our Triton kernels and inductor's start while
+    # the kernel before them finishes, loading their weights, and wait for it before reading its
+    # output (`kernels.launch.pdl`); CUDA only, the same arithmetic.
+    pdl: bool = False
 
     def __post_init__(self):
         if self.drafter is not DrafterKind.NONE:
@@ -248,7 +252,8 @@ class System:
 
 _LATER_KNOBS = {"block_size": 16, "tree_construction": TreeConstruction.BEST_FIRST.value, "kernel_table": "",
                 "shared_budget": 0, "row_depth_margin": 0, "segment_tokens": 0, "attention_span": 256,
-                "draft_compile": False, "verify_compile": False, "attention": AttentionKernel.SDPA.value}
+                "draft_compile": False, "verify_compile": False, "attention": AttentionKernel.SDPA.value,
+                "pdl": False}
 
 
 @dataclass(frozen=True)

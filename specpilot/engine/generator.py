@@ -10,6 +10,7 @@ Does not own what a round computes (`steps.py`, `drafters/`) or how models are l
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ from specpilot.engine.state import DecodeState, extract_outputs
 from specpilot.engine.steps import ar_step, prefill, verify_step
 from specpilot.engine.tree import DraftTree
 from specpilot.errors import ConfigError
+from specpilot.kernels import launch
 from specpilot.models import ops
 from specpilot.models.transformer import Transformer
 
@@ -76,6 +78,15 @@ class Workspace:
     packing: PackingCache | None = None  # continuous batching's packed prefill cache (`engine.packed_prefill`)
 
 
+def _launching(method):
+    """`method` of a Generator run inside its `launching()` context."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.launching():
+            return method(self, *args, **kwargs)
+    return run
+
+
 def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
@@ -99,13 +110,17 @@ class Generator:
         segment_tokens: int = 0,
         attention_span: int = 0,
         verify_compile: bool = False,
+        pdl: bool = False,
     ):
         self.target = target
+        # the kernels this generator launches use programmatic dependent launch (`launching`)
+        self.pdl = pdl
         # a round's verification (target forward, acceptance, commit) compiled with static shapes, or
         # eager; without a drafter, the AR step (target forward, argmax, commit) likewise
         self.verify_compile = verify_compile
-        self._verify = ops.compiled_static(verify_step, target.device) if verify_compile else verify_step
-        self._ar_step = ops.compiled_static(ar_step, target.device) if verify_compile else ar_step
+        with self.launching():  # inductor's kernels launch as ours do
+            self._verify = ops.compiled_static(verify_step, target.device) if verify_compile else verify_step
+            self._ar_step = ops.compiled_static(ar_step, target.device) if verify_compile else ar_step
         self.drafters = drafters or {}
         self.eos_ids = tuple(eos_ids)
         self.fault = parse_fault(fault) if isinstance(fault, str) or fault is None else fault
@@ -144,6 +159,11 @@ class Generator:
         self.max_positions = target.rope_cos.shape[0]
 
     # ---- setup -------------------------------------------------------------------------
+    def launching(self):
+        """The context every launch of this generator runs in: with `pdl`, programmatic dependent
+        launch (`kernels.launch.pdl_scope`); else what SPECPILOT_PDL says."""
+        return launch.pdl_scope(True if self.pdl else None)
+
     @property
     def speculative(self) -> bool:
         return bool(self.drafters)
@@ -189,6 +209,7 @@ class Generator:
         return ws
 
     # ---- rounds ------------------------------------------------------------------------
+    @_launching
     def _round(self, ws: Workspace, tier: int, tree: DraftTree | None = None, span: int | None = None):
         """One round; with `span`, the target attends over cache slots 0..span-1 only (every slot
         any row reads or writes this round must lie below it: the caller's bound)."""
@@ -215,6 +236,7 @@ class Generator:
             ws.graphs[key] = g
         return g(*host_tree) if host_tree is not None else g()
 
+    @_launching
     def _capture(self, ws: Workspace, tier: int, span: int | None = None) -> GraphedCallable:
         drafter = self.drafters.get(tier)
         B = ws.state.batch
@@ -236,6 +258,7 @@ class Generator:
             return GraphedCallable(fn, static_inputs=(tokens, parents))
         return GraphedCallable(lambda: self._round(ws, tier, span=span))
 
+    @_launching
     def _warm_prefill(self, ws: Workspace, tier: int) -> None:
         """Run every padded prefill shape of this workspace once (up to WARM_PREFILL_TOKENS), target
         and drafter, so no request pays a shape's first-time cost inside its timing. One tier is
@@ -252,6 +275,7 @@ class Generator:
 
     # ---- the loop ----------------------------------------------------------------------
     @torch.inference_mode()
+    @_launching
     def generate(self, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = True) -> GenerationResult:
         """Greedy tokens for every prompt: up to `max_new_tokens` each, fewer where a row emits EOS,
         unless `stop_at_eos` is False (fixed-length runs, e.g. benchmarks: every row gets exactly
@@ -323,6 +347,7 @@ class Generator:
             result.gpu_prefill_seconds = events[0].elapsed_time(events[1]) / 1e3
         return result
 
+    @_launching
     def _prefill(self, ws: Workspace, prompts: list[list[int]]):
         """The target's prefill; the drafter's feature layers' outputs per row when it reads them."""
         if self.feature_layers:
@@ -330,6 +355,7 @@ class Generator:
         prefill(self.target, ws.cache, prompts, bucket=self.prefill_bucket)
         return None
 
+    @_launching
     def _start_drafter(self, tier: int, prompts: list[list[int]], state: DecodeState, features=None) -> None:
         """Start the tier's drafter (with the prefill's target features if it reads them); every
         tier then shares its draft cache."""

@@ -158,7 +158,7 @@ def profile(gen: Generator, prompts: list[list[int]], max_new_tokens: int,
     prefix = state.cache_prefix()
     B = state.batch
     drafter = next(iter(gen.drafters.values()), None)
-    with torch.inference_mode():
+    with torch.inference_mode(), gen.launching():  # the pieces launch as the generator's rounds do
         if drafter is not None and not drafter.needs_host_tokens:
             draft_ms = time_ms(lambda: drafter.propose(state), device)
             tree = drafter.propose(state)

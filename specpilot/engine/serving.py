@@ -297,6 +297,10 @@ class ServingEngine:
         each gets exactly the tokens a single-request greedy decode would give it."""
         if not requests:
             raise ConfigError("no requests to serve")
+        with self.generator.launching():  # packed prefills too launch as the generator's rounds do
+            return self._run(requests, stop_at_eos)
+
+    def _run(self, requests: list[Request], stop_at_eos: bool) -> ServingResult:
         gen = self.generator
         eos_ids = gen.eos_ids if stop_at_eos else ()
         ws, tiers, tier = self._prepare(requests, eos_ids)

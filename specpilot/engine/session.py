@@ -25,6 +25,7 @@ from specpilot.engine.drafters.eagle3 import Eagle3Drafter
 from specpilot.engine.drafters.ngram import NgramDrafter
 from specpilot.engine.generator import Generator
 from specpilot.errors import CheckpointError, ConfigError
+from specpilot.kernels import launch
 from specpilot.models.dflash import DFlashModel
 from specpilot.models.dflash_checkpoint import is_dflash_dir, load_dflash
 from specpilot.models.eagle3 import Eagle3Model
@@ -175,6 +176,10 @@ class Session:
         return self._drafter_models[key]
 
     def _build(self, system: System) -> Generator:
+        with launch.pdl_scope(True if system.pdl else None):  # compiled proposals: inductor launches as ours
+            return self._build_in_scope(system)
+
+    def _build_in_scope(self, system: System) -> Generator:
         target = self._target_for(system)
         drafters = {}
         tiers = sorted({system.depth, *system.adaptive_depth})
@@ -221,6 +226,7 @@ class Session:
             segment_tokens=system.segment_tokens,
             attention_span=system.attention_span,
             verify_compile=system.verify_compile,
+            pdl=system.pdl,
         )
 
     def encode_prompt(self, text: str) -> list[int]:

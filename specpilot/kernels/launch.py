@@ -12,6 +12,8 @@ config choice (`configs.py`).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 from dataclasses import dataclass
 
@@ -169,13 +171,29 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+_scope: contextvars.ContextVar[bool | None] = contextvars.ContextVar("specpilot_pdl", default=None)
+
+
+@contextlib.contextmanager
+def pdl_scope(on: bool | None):
+    """Within: the kernels launch with PDL iff `on` (a system's `pdl` knob; None: `SPECPILOT_PDL`
+    decides), where `pdl` allows it at all."""
+    token = _scope.set(on)
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
 def pdl(device: torch.device) -> bool:
-    """Whether the kernels launch with programmatic dependent launch: `SPECPILOT_PDL=1`, on a GPU
-    of compute capability 9.0 or later, not under the interpreter. A kernel so launched may start
-    while the one before it in the stream finishes: it loads its weights' side data, then waits
-    (`tiles.wait_for_inputs`) before it reads activations or stores anything. CUDA graphs keep the
-    launch attribute of each kernel they capture."""
-    if not env.pdl() or device.type != "cuda" or env.triton_interpret():
+    """Whether the kernels launch with programmatic dependent launch: inside `pdl_scope(True)` (or,
+    outside any scope, with `SPECPILOT_PDL=1`), on a GPU of compute capability 9.0 or later, not
+    under the interpreter. A kernel so launched may start while the one before it in the stream
+    finishes: it loads its weights (and their side data), then waits (`tiles.wait_for_inputs`)
+    before it reads activations or stores anything. CUDA graphs keep the launch attribute of each
+    kernel they capture."""
+    wanted = _scope.get()
+    if not (env.pdl() if wanted is None else wanted) or device.type != "cuda" or env.triton_interpret():
         return False
     return _capability(device.index if device.index is not None else torch.cuda.current_device())[0] >= 9
 

@@ -38,6 +38,7 @@ def name_of(*argv: str) -> str:
     (("--compile",), "stock+draft_compile=true+verify_compile=true"),
     (("--drafter", "none", "--compile"), "ar+verify_compile=true"),  # AR compiles its step; it drafts nothing
     (("--drafter", "ngram", "--compile"), "ngram+verify_compile=true"),  # prompt lookup runs on the host
+    (("--pdl",), "stock+pdl=true"),
 ])
 def test_the_name_says_what_runs(argv, name):
     assert name_of(*argv) == name

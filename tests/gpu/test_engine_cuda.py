@@ -109,9 +109,10 @@ def test_rounds_over_split_attention_equal_ar_over_sdpa_in_float32(target_dir, d
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
 def test_kernels_launched_with_pdl_give_the_tokens_of_plain_launches(bf16_dirs, prompts, monkeypatch, compiled):
-    """SPECPILOT_PDL=1 (on sm_90 and later): the Triton projections and the split-KV attention start
-    while the kernel before them finishes and wait for it before reading: BF16 AR and speculative
-    rounds under CUDA graphs give the tokens of the same kernels launched plainly, bit for bit."""
+    """pdl (sm_90 and later): the Triton projections, the split-KV attention and, compiled,
+    inductor's kernels start while the kernel before them finishes and wait for it before reading:
+    BF16 AR and speculative rounds under CUDA graphs give the tokens of the same kernels launched
+    plainly, bit for bit."""
     from specpilot.config import AttentionKernel
     from specpilot.kernels import launch
     from specpilot.models.linear import swap_projections
@@ -119,21 +120,22 @@ def test_kernels_launched_with_pdl_give_the_tokens_of_plain_launches(bf16_dirs, 
 
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90")
-
-    def run():
-        target = load_model(bf16_dirs[0], device="cuda", dtype=torch.bfloat16)
-        swap_projections(target, w12=False)
-        use_attention(target, AttentionKernel.SPLIT_KV)
-        draft = load_model(bf16_dirs[1], device="cuda", dtype=torch.bfloat16)
-        use_attention(draft, AttentionKernel.SPLIT_KV)
-        ar = Generator(target, verify_compile=compiled).generate(prompts, NEW_TOKENS).outputs
-        drafter = DraftModelDrafter(draft, 4, topk=3, tree_budget=12, compiled=compiled)
-        spec = Generator(target, {drafter.depth: drafter}, verify_compile=compiled).generate(prompts, NEW_TOKENS)
-        return ar, spec.outputs
-
     monkeypatch.delenv("SPECPILOT_PDL", raising=False)
-    plain = run()
-    monkeypatch.setenv("SPECPILOT_PDL", "1")
-    assert launch.pdl(torch.device("cuda"))
+    target = load_model(bf16_dirs[0], device="cuda", dtype=torch.bfloat16)
+    swap_projections(target, w12=False)
+    use_attention(target, AttentionKernel.SPLIT_KV)
+    draft = load_model(bf16_dirs[1], device="cuda", dtype=torch.bfloat16)
+    use_attention(draft, AttentionKernel.SPLIT_KV)
+
+    def run(pdl: bool):
+        with launch.pdl_scope(True if pdl else None):  # as Session builds a system's drafters
+            drafter = DraftModelDrafter(draft, 4, topk=3, tree_budget=12, compiled=compiled)
+        ar = Generator(target, verify_compile=compiled, pdl=pdl).generate(prompts, NEW_TOKENS).outputs
+        spec = Generator(target, {drafter.depth: drafter}, verify_compile=compiled, pdl=pdl)
+        return ar, spec.generate(prompts, NEW_TOKENS).outputs
+
+    plain = run(False)
+    with launch.pdl_scope(True):
+        assert launch.pdl(torch.device("cuda"))
     torch._dynamo.reset()
-    assert run() == plain
+    assert run(True) == plain

@@ -34,3 +34,23 @@ def test_pdl_needs_the_variable_a_hopper_gpu_and_no_interpreter(monkeypatch, gpu
 def test_launch_options_add_the_attribute_only_with_pdl():
     assert launch.launch_options(True) == {"launch_pdl": True}
     assert launch.launch_options(False) == {}
+
+
+def test_a_scope_decides_over_the_variable(monkeypatch, gpu_of):
+    """A system's `pdl` knob opens `pdl_scope(True)`; a system without it opens `pdl_scope(None)`,
+    where SPECPILOT_PDL still decides (a benchmark can force it process-wide)."""
+    cuda = torch.device("cuda", 0)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("SPECPILOT_PDL", raising=False)
+    gpu_of(9)
+    with launch.pdl_scope(True):
+        assert launch.pdl(cuda)
+        with launch.pdl_scope(None):
+            assert not launch.pdl(cuda)
+        assert launch.pdl(cuda)  # restored on exit
+    assert not launch.pdl(cuda)
+    monkeypatch.setenv("SPECPILOT_PDL", "1")
+    with launch.pdl_scope(None):
+        assert launch.pdl(cuda)
+    with launch.pdl_scope(False):
+        assert not launch.pdl(cuda)

@@ -51,7 +51,14 @@ from specpilot.loop.recall import change_key
 from specpilot.loop.systems import DRAFTER_SWITCHES, Candidate, describe, short_name
 
 GPU_ONLY = frozenset({"cuda_graphs", "sync_every", "kernel", "w12", "kernel_lm_head", "kernel_table", "draft_compile",
-                      "verify_compile", "attention"})
+                      "verify_compile", "attention", "pdl"})
+def triton_launches(system: System) -> bool:
+    """Whether `system` runs Triton kernels that `pdl` could launch early: ours (projections,
+    split-KV attention) or inductor's (a compiled proposal or verification)."""
+    return (system.kernel is Kernel.TRITON or system.attention is AttentionKernel.SPLIT_KV
+            or system.draft_compile or system.verify_compile)
+
+
 # drafters whose proposal `draft_compile` compiles
 COMPILED_DRAFTERS = (DrafterKind.MODEL, DrafterKind.EAGLE3, DrafterKind.DFLASH)
 MIN_PREDICTED_SAVING = 0.005  # a predicted move must be at least 0.5% faster than the measurement
@@ -272,6 +279,11 @@ class KnobAgent(Proposer):
                               "split-KV attention: a call with few queries (a drafter's frontier, the tree, a decode "
                               "step) cut along the cache into enough programs to fill the GPU, where torch's fused "
                               "kernels run a few dozen programs that each walk the whole cache"))
+            if not inc.pdl and triton_launches(inc):
+                moves.append((GapKind.VERIFY_KERNELS, {"pdl": True},
+                              "programmatic dependent launch: each of our Triton kernels and inductor's starts "
+                              "while the one before it finishes, streaming its first weights, instead of after "
+                              "a launch gap"))
         if inc.drafter is DrafterKind.MODEL:
             moves.append((GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.NGRAM.value},
                           "prompt lookup instead of the draft model: no draft forwards at all"))

@@ -324,3 +324,19 @@ def test_a_switch_measured_slower_at_this_shape_is_proposed_at_the_shape_its_own
     fast_here = replace(cost, switch_rounds={})  # not measured in full: only the measured switch, as before
     assert not [p for p in KnobAgent().propose(context(fast_here))
                 if p.candidate.system.drafter is DrafterKind.EAGLE3 and p.predicted_ms_per_token]
+
+
+def test_on_gpu_it_proposes_pdl_once_where_triton_kernels_run():
+    """pdl launches our kernels and inductor's early: proposed under verify-kernels on an incumbent
+    that runs some (compiled rounds, Triton projections, split attention), never on one that runs
+    only cuBLAS and cuDNN, and not again once on."""
+    def pdl_moves(system):
+        inc = Incumbent(Candidate(system), 1, 0.1)
+        return [p for p in KnobAgent().propose(context(incumbent=inc, limit=60))
+                if p.candidate.changes_from(inc.candidate) == {"pdl": [False, True]}]
+
+    assert not pdl_moves(STOCK)  # the stock fixture: cuBLAS, SDPA, eager
+    for knobs in ({"verify_compile": True}, {"kernel": Kernel.TRITON}, {"attention": AttentionKernel.SPLIT_KV}):
+        moves = pdl_moves(STOCK.with_changes(name="k", **knobs))
+        assert len(moves) == 1 and moves[0].gap.value == "verify-kernels", knobs
+    assert not pdl_moves(STOCK.with_changes(name="on", verify_compile=True, pdl=True))
