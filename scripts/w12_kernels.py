@@ -80,7 +80,7 @@ from specpilot.kernels.timing import (  # noqa: E402
 from specpilot.w12 import decode, encode  # noqa: E402
 from specpilot.w12.layout import bits_to_bf16  # noqa: E402
 
-M_ORDER = (1, 32, 8, 64, 2, 4, 16)  # the targets first, in case the budget runs out
+M_ORDER = (1, 32, 8, 64, 2, 4, 16, 128)  # the targets first, in case the budget runs out; 128: verify trees
 TARGET_MS = (1, 32)  # swept for every projection before any other M
 DEVICE = "cuda"
 # (N, K, M values, check every candidate config?): a shape every candidate tiles evenly (so its

@@ -65,7 +65,7 @@ def twin_of(kind: str, key: Key, cfg: LaunchConfig) -> LaunchConfig | None:
     if kind == "tma":
         return dataclasses.replace(cfg, tma=True) if cfg.path is KernelPath.GEMM and not cfg.tma else None
     if kind == "n128":
-        return N128 if key[0] == WeightFormat.W12.value and key[1] == kc.GEMM_MAX_M and cfg != N128 else None
+        return N128 if key[0] == WeightFormat.W12.value and key[1] == kc.RULE_MAX_M and cfg != N128 else None
     raise ValueError(f"no twin kind {kind!r}: one of {TWINS}")
 
 

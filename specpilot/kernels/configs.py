@@ -8,8 +8,9 @@ search (`search.py`), or choosing between kernels and cuBLAS (`dispatch.py`).
 
 Choice order for (format, M, N, K) on a device (`choose`): an entry of the tuned table for the
 device (keyed by the M bucket, N, K: a launch config, or a `Fallback` where decoding then cuBLAS
-was measured faster), else the fallback rule (the heuristic config up to GEMM_MAX_M
-rows, decode then cuBLAS above). The tuned table is the shipped one with the user's cache over it
+was measured faster), else the fallback rule (the heuristic config up to RULE_MAX_M
+rows, decode then cuBLAS above; a tuned config takes the kernels up to GEMM_MAX_M rows). The
+tuned table is the shipped one with the user's cache over it
 (`user_cache.py`: tables tuned on this machine, for these software versions) and, for a loop
 candidate, its own table over both. All are deterministic, so a given deployment always runs the
 same reduction order.
@@ -30,7 +31,9 @@ from specpilot.kernels import user_cache
 from specpilot.w12.layout import K_PAD
 
 GEMV_MAX_M = 8  # the GEMV kernel keeps one [BLOCK_N, BLOCK_K / 8] partial-sum tile per row in registers
-GEMM_MAX_M = 64  # beyond this the projection is compute-bound: decode once, then cuBLAS
+GEMM_MAX_M = 128  # the tensor-core kernel's row limit: a tuned table may choose it up to here
+RULE_MAX_M = 64  # the fallback rule's: untuned shapes above it decode the weight, then cuBLAS (a verify
+# tree of 65-128 rows is compute-heavy; there the kernels run only where the kernel search timed them faster)
 GEMV_DEFAULT_MAX_M = 0  # heuristic crossover: untuned shapes take the GEMM at every M. The GEMV
 # (~4 SASS instructions per W12 weight at M = 1, plus ~1.4 per extra row; the GEMM ~2.6 at M <= 16)
 # wins on some projections at M = 1 and loses on all from M = 2: a tuned-table choice, not a default
@@ -336,9 +339,9 @@ tuned_table.cache_clear = _clear_tables  # tests that point TUNED_DIR elsewhere 
 
 
 def fallback_rule(fmt: WeightFormat, M: int, N: int, K: int) -> Choice:
-    """The choice where nothing was measured: our kernels up to GEMM_MAX_M rows (the heuristic
+    """The choice where nothing was measured: our kernels up to RULE_MAX_M rows (the heuristic
     config), above them decoding into the shared buffer then cuBLAS (no memory beyond W12's)."""
-    return Fallback.UNPACK_CUBLAS if M > GEMM_MAX_M else heuristic_config(M, fmt, N, K)
+    return Fallback.UNPACK_CUBLAS if M > RULE_MAX_M else heuristic_config(M, fmt, N, K)
 
 
 def choose(fmt: WeightFormat, M: int, N: int, K: int, device_name: str = "", table: str = "") -> Choice:

@@ -114,7 +114,8 @@ def linear(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConf
     Runs `config`, else what `configs.choose` picks for these M rows on this device (`table`: a
     candidate's tuned table over the device's): our GEMV/GEMM kernels with a launch config, or
     cuBLAS on the weight decoded into a shared buffer (or kept decoded), the measured faster path of
-    a row count or, where nothing was measured, the rule (kernels up to 64 rows, decode then cuBLAS above).
+    a row count or, where nothing was measured, the rule (kernels up to RULE_MAX_M rows, decode then
+    cuBLAS above).
     """
     N, K = weight.shape
     x2d = x.reshape(-1, K)  # [M, K]

@@ -1,4 +1,4 @@
-"""GEMM path: y[M, N] = x[M, K] @ W[N, K].T on tensor cores for 1..64 rows, W12 or plain weights.
+"""GEMM path: y[M, N] = x[M, K] @ W[N, K].T on tensor cores for 1..128 rows, W12 or plain weights.
 
 Owns the `tl.dot` kernel, its launcher and its reference. The weights are the MMA's A operand
 ("swap AB"): each program computes y^T [BLOCK_N, BLOCK_M] += W tile [BLOCK_N, BLOCK_K] @ x^T tile
@@ -287,7 +287,7 @@ def plan_launch(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: Launc
 
 def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig,
          workspace: SplitKWorkspace | None = None, escapes: str = "auto") -> torch.Tensor:
-    """y [M, N] in x's dtype for x [M, K] (1 <= M <= 64) and a W12 or plain weight [N, K].
+    """y [M, N] in x's dtype for x [M, K] (1 <= M <= GEMM_MAX_M = 128) and a W12 or plain weight [N, K].
 
     `escapes` picks how W12 escapes are added, for tests and `scripts/w12_escape_cost.py`: "auto"
     (escape blocks where the weight has them, else the epilogue), "blocks", "epilogue" -- all exact --

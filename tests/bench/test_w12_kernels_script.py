@@ -75,7 +75,7 @@ def test_merge_tuned_command_writes_a_table_the_kernels_read(sweep, tmp_path, mo
 def test_ms_takes_only_the_swept_row_counts(sweep, capsys):
     with pytest.raises(SystemExit):
         sweep.main(["--out", "/dev/null", "--ms", "3"])
-    assert "--ms takes row counts of [1, 2, 4, 8, 16, 32, 64], got [3]" in capsys.readouterr().err
+    assert "--ms takes row counts of [1, 2, 4, 8, 16, 32, 64, 128], got [3]" in capsys.readouterr().err
 
 
 def test_a_shipped_run_takes_any_row_count_the_dispatcher_serves(sweep, capsys):
@@ -83,13 +83,13 @@ def test_a_shipped_run_takes_any_row_count_the_dispatcher_serves(sweep, capsys):
     only): --shipped times those row counts too, after the targets; a sweep keeps the bounds."""
     assert sweep.row_counts([24, 32, 17, 1], False, True) == (1, 32, 17, 24)
     assert sweep.row_counts(None, False, True) == sweep.M_ORDER
-    with pytest.raises(ValueError, match=r"--ms takes row counts of \[1, 2, 4, 8, 16, 32, 64\], got \[24\]"):
+    with pytest.raises(ValueError, match=r"--ms takes row counts of \[1, 2, 4, 8, 16, 32, 64, 128\], got \[24\]"):
         sweep.row_counts([24, 32], False, False)
-    for bad in ("65", "0"):
+    for bad in ("129", "0"):
         with pytest.raises(SystemExit) as err:
             sweep.main(["--out", "/dev/null", "--shipped", "--ms", bad])
         assert err.value.code == 2
-        assert f"--ms takes row counts of 1-64 with --shipped, got [{bad}]" in capsys.readouterr().err
+        assert f"--ms takes row counts of 1-128 with --shipped, got [{bad}]" in capsys.readouterr().err
 
 
 def test_quick_and_shipped_are_refused_together(sweep, capsys):

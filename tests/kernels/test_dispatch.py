@@ -247,16 +247,21 @@ def test_rows_the_table_does_not_cover_run_the_kernels(weight, make_x, to_device
         4, WeightFormat.DENSE, 37, 300)  # the row is W12's
 
 
-def test_a_tuned_config_entry_above_the_kernels_rows_is_not_taken(tmp_path, monkeypatch):
+def test_a_tuned_config_runs_the_kernels_up_to_their_row_limit_and_not_above(tmp_path, monkeypatch):
+    """Above RULE_MAX_M rows an untuned shape decodes then calls cuBLAS; a tuned config there takes
+    the kernels (a 65-128 row verify tree, where the search timed them faster), up to GEMM_MAX_M."""
     pinned = LaunchConfig(KernelPath.GEMM, block_n=64, block_k=128)
     from specpilot.kernels.search import tuned_document
 
-    (tmp_path / "nvidia_h200.json").write_text(json.dumps(tuned_document("x", {("w12", 128, 37, 300): pinned})))
+    doc = tuned_document("x", {("w12", 128, 37, 300): pinned, ("w12", 256, 37, 300): pinned})
+    (tmp_path / "nvidia_h200.json").write_text(json.dumps(doc))
     monkeypatch.setattr(configs, "TUNED_DIR", tmp_path)
     monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
     configs.tuned_table.cache_clear()
     try:
-        assert configs.choose(WeightFormat.W12, 100, 37, 300, "NVIDIA H200") is configs.Fallback.UNPACK_CUBLAS
+        assert configs.choose(WeightFormat.W12, 100, 37, 300, "NVIDIA H200") == pinned
+        assert configs.choose(WeightFormat.W12, 100, 37, 301, "NVIDIA H200") is configs.Fallback.UNPACK_CUBLAS
+        assert configs.choose(WeightFormat.W12, 200, 37, 300, "NVIDIA H200") is configs.Fallback.UNPACK_CUBLAS
     finally:
         configs.tuned_table.cache_clear()
 

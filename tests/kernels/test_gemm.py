@@ -1,4 +1,4 @@
-"""Tensor-core GEMM kernel (1..64 rows) vs the reference, W12 and plain weights (interpreter on CPU)."""
+"""Tensor-core GEMM kernel (1..128 rows) vs the reference, W12 and plain weights (interpreter on CPU)."""
 
 import dataclasses
 
@@ -26,7 +26,7 @@ def weights(make_weight, to_device):
     return {"w12": to_device(encode(w)), "dense": to_device(w)}
 
 
-@pytest.mark.parametrize("M", [1, 3, 8, 17, 64])
+@pytest.mark.parametrize("M", [1, 3, 8, 17, 64, 65, 128])  # 65 and 128: verify trees, a 128-row block
 @pytest.mark.parametrize("fmt", ["w12", "dense"])
 @pytest.mark.parametrize("config", CONFIGS[:2], ids=lambda c: c.label())
 def test_matches_reference(weights, make_x, check, M, fmt, config):
@@ -92,13 +92,13 @@ def test_escape_blocks_match_the_reference(make_x, to_device, check, block_weigh
     enc = to_device(encode(block_weight(37, 300)))
     mode, found = escape_plan(enc, config)
     assert mode == ESC_BLOCKS and found.entries > enc.num_escapes  # some escapes took two entries
-    for M in (1, 17):
+    for M in (1, 17, 100):
         x = make_x(M, 300)
         check(gemm(x, enc, config), x, enc)
         check(gemm(x, enc, config, escapes="epilogue"), x, enc)
 
 
-@pytest.mark.parametrize("M", [1, 17, 33])
+@pytest.mark.parametrize("M", [1, 17, 33, 100])
 @pytest.mark.parametrize("split_k", [1, 2])
 @pytest.mark.slow
 def test_gather_from_transposed_x_equals_the_row_gather(make_x, to_device, check, block_weight, M, split_k):
@@ -171,7 +171,7 @@ def test_tma_falls_back_to_cp_async_where_a_descriptor_cannot_describe_the_weigh
         LaunchConfig(KernelPath.GEMV, block_n=4, block_k=128, tma=True)
 
 
-@pytest.mark.parametrize("M", [16, 27, 48])
+@pytest.mark.parametrize("M", [16, 27, 48, 100])
 @pytest.mark.parametrize("config", [
     LaunchConfig(KernelPath.GEMM, block_n=16, block_k=128, num_stages=2),
     LaunchConfig(KernelPath.GEMM, block_n=32, block_k=256, split_k=2, tma=True),
@@ -285,7 +285,7 @@ def test_rejects_bad_inputs(weights, make_x):
     from specpilot.kernels.gemm import gemm
 
     with pytest.raises(ValueError, match="rows"):
-        gemm(make_x(65, 300), weights["w12"], CONFIGS[0])
+        gemm(make_x(129, 300), weights["w12"], CONFIGS[0])
     with pytest.raises(ValueError, match="gemv config"):
         gemm(make_x(2, 300), weights["w12"], LaunchConfig(KernelPath.GEMV, 4, 128))
     with pytest.raises(ValueError, match="block_n"):
