@@ -292,16 +292,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", type=int, default=90, help="compute capability x 10 (default 90: H100/H200)")
     p.add_argument("--quick", action="store_true", help="even tiles and the smallest row block only")
-    p.add_argument("--sass", metavar="TEXT", help="only variants whose label contains TEXT; print the "
-                   "instruction mix of each one's K loop and instructions per weight")
+    p.add_argument("--sass", metavar="TEXT", nargs="+", help="only variants whose label contains one of the "
+                   "TEXTs; print the instruction mix of each one's K loop and instructions per weight")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET"):
         print("error: unset TRITON_INTERPRET: the interpreter does not compile", file=sys.stderr)
         return 2
     if args.sass:
-        chosen = [v for v in variants(args.quick) if args.sass in v.label]
+        chosen = [v for v in variants(args.quick) if any(text in v.label for text in args.sass)]
         if not chosen:
-            print(f"error: no variant label contains {args.sass!r}", file=sys.stderr)
+            print(f"error: no variant label contains {' or '.join(map(repr, args.sass))}", file=sys.stderr)
             return 2
         for v in chosen:
             keep: dict = {}
