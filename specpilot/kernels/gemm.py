@@ -42,6 +42,10 @@ the same tiles, so the same output bit for bit; a weight TMA cannot describe kee
 when x fills at least three quarters of the box's rows; with fewer they take the plain loads
 (`tma.x_descriptor`).
 
+Launched with programmatic dependent launch (`launch.pdl`), a program loads its first weight tile
+(and its escapes) before it waits for the previous kernel (`tiles.wait_for_inputs`); the first MMA
+then reads x after the wait and the loop runs from the second step (the same sums in the same order).
+
 Does not own tile decoding (`tiles.py`), config choice (`configs.py`) or dispatch (`dispatch.py`).
 """
 

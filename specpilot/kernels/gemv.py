@@ -31,6 +31,10 @@ through shared memory (on 8B qkv at M = 1: 13.32 µs against 14.24, 13.82 with e
 Wider slabs keep the one-hot sum. Weights without blocks take the CSR correction of the program
 that finishes a row block (three dependent loads after the loop).
 
+Launched with programmatic dependent launch (`launch.pdl`), a program loads and decodes its first
+K step's weights and its escapes before it waits for the previous kernel (`tiles.wait_for_inputs`),
+then reads x; the sums run in the same order either way.
+
 Does not own tile decoding (`tiles.py`), config choice (`configs.py`) or the M-based dispatch
 (`dispatch.py`).
 """

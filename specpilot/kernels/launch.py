@@ -2,12 +2,13 @@
 
 Owns: flattening a `W12Weight` or a plain weight into the pointer/size/stride arguments of the
 kernels (one kernel body serves both formats), validating activations, planning the split-K grid,
-choosing the decoder (inline PTX on a GPU), and the two concessions to Triton's CPU interpreter
-(TRITON_INTERPRET=1), which computes on the raw bits of bfloat16 values in `tl.dot` and truncates
-float32 -> bfloat16 casts instead of rounding them (triton-lang/triton#11584): there, dots run on
-float32 operands (the same values, since both are exact BF16) and outputs are stored as float32
-and rounded by PyTorch. No Triton import. Does not own the kernels (`gemv.py`, `gemm.py`) or
-config choice (`configs.py`).
+choosing the decoder (inline PTX on a GPU), whether a launch uses programmatic dependent launch
+(`pdl`, `pdl_scope`: every kernel of the package asks here), and the two concessions to Triton's
+CPU interpreter (TRITON_INTERPRET=1), which computes on the raw bits of bfloat16 values in
+`tl.dot` and truncates float32 -> bfloat16 casts instead of rounding them
+(triton-lang/triton#11584): there, dots run on float32 operands (the same values, since both are
+exact BF16) and outputs are stored as float32 and rounded by PyTorch. No Triton import. Does not
+own the kernels (`gemv.py`, `gemm.py`) or config choice (`configs.py`).
 """
 
 from __future__ import annotations
