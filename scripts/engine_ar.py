@@ -328,14 +328,17 @@ def step_variants(model, prompt_len, new_tokens, bandwidth, reps=20, done=None, 
     from specpilot.models.transformer import use_attention
 
     out = {}
+    clones = {}  # projections -> the model with them (weights shared; W12 encoded once)
     for proj, attention, compiled, pdl in STEPS:
         name = step_name(proj, attention, compiled, pdl)
         if only and name not in only:
             continue
-        memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
-        clone = copy.deepcopy(model, memo)
-        if proj != "cublas":
-            swap_projections(clone, w12=proj == "w12")
+        if proj not in clones:
+            memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+            clones[proj] = copy.deepcopy(model, memo)
+            if proj != "cublas":
+                swap_projections(clones[proj], w12=proj == "w12")
+        clone = clones[proj]
         use_attention(clone, AttentionKernel(attention))
         t = time.perf_counter()
         row = ar_decode(clone, prompt_len, new_tokens, compiled=compiled, keep=True, pdl=pdl)
@@ -348,7 +351,7 @@ def step_variants(model, prompt_len, new_tokens, bandwidth, reps=20, done=None, 
             row["step"] = piece(lambda: gen._round(ws, 0), reps)  # the generator's own step (compiled or not)
         row["same_tokens_as_baseline"] = row["outputs"] == next(iter(out.values()), row)["outputs"]
         out[name] = row
-        del gen, clone
+        del gen
         torch.cuda.empty_cache()
         if done is not None:
             done({k: {f: v for f, v in r.items() if f != "outputs"} for k, r in out.items()})
