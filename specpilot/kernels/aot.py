@@ -100,12 +100,25 @@ def _descriptor_types(c: dict, w12: bool) -> dict:
     return {"lo_desc": f"tensordesc<bf16[{n}, {k}]>", "hi_desc": f"tensordesc<bf16[{n}, {k}]>", **x}
 
 
+# tiles whose every escape mode and format `--quick` compiles: the GEMM's untuned defaults
+# (`configs.heuristic_config`) and the first GEMV tile; the other candidates compile in their
+# main mode only (W12 escape blocks, plain BF16), which exercises the same code per tile
+FULL_QUICK_TILES = {(64, 256, 4, 3), (64, 128, 4, 3), (128, 128, 8, 3), (8, 1024, 2, 1)}
+
+
 def variants(quick: bool = False) -> list[Variant]:
-    """Every candidate config x format x (even, uneven tiles) x (smallest, largest row block)."""
+    """Every candidate config x format x (even, uneven tiles) x (smallest, largest row block);
+    `quick`: even tiles, the smallest row block, every mode of `FULL_QUICK_TILES` only."""
     seen: dict[LaunchConfig, list[int]] = {}
     for M in range(1, GEMM_MAX_M + 1):
         for cfg in kc.candidates(M):
             seen.setdefault(cfg, []).append(M)
+    def tile(cfg: LaunchConfig) -> tuple[int, int, int, int]:
+        return cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages
+
+    def modes(cfg: LaunchConfig, all_modes: tuple) -> tuple:
+        return all_modes if not quick or tile(cfg) in FULL_QUICK_TILES else all_modes[:1]
+
     out = []
     for cfg, ms in seen.items():
         path = cfg.path.value
@@ -117,18 +130,18 @@ def variants(quick: bool = False) -> list[Variant]:
                     label = f"{cfg.label()} bm{bm} {'w12' if w12 else 'bf16'} {'even' if even else 'masked'}"
                     if cfg.path is KernelPath.GEMV:  # W12: escape blocks (ESC_MODE 1) in the accumulators
                         # (a slab of <= G = block_k / 8 entries) or one-hot after the loop (wider), or the epilogue (2)
-                        for mode, slot in (((1, 16), (1, 256), (2, 16)) if w12 else ((0, 16),)):
+                        for mode, slot in (modes(cfg, ((1, 16), (1, 256), (2, 16))) if w12 else ((0, 16),)):
                             name = label + {0: "", 1: " blocks" + (" wide" if slot > 16 else ""), 2: " epilogue"}[mode]
                             out.append(Variant(path, name, {**c, "ESC_MODE": mode, "ESC_SLOT": slot},
                                                cfg.num_warps, cfg.num_stages))
                         continue
                     # W12: escape blocks (ESC_MODE 1, gathering from x or from x^T) or the epilogue's CSR correction (2)
-                    for mode, gather_t in (((1, False), (2, False), (1, True)) if w12 else ((0, False),)):
+                    for mode, gather_t in (modes(cfg, ((1, False), (2, False), (1, True))) if w12 else ((0, False),)):
                         name = label + {0: "", 1: " blocks", 2: " epilogue"}[mode] + (" xT" if gather_t else "")
                         out.append(Variant(path, name, {**c, "ESC_MODE": mode, "ESC_SLOT": 64, "GATHER_T": gather_t},
                                            cfg.num_warps, cfg.num_stages, cfg.max_registers))
-    four_warps = dict.fromkeys(c for M in (16, 32) for c in kc.gemm_candidates(M) if c.num_warps == 4)
-    for cfg in four_warps:  # the register cap of three programs per SM (LaunchConfig.resident)
+    four_warps = list(dict.fromkeys(c for M in (16, 32) for c in kc.gemm_candidates(M) if c.num_warps == 4))
+    for cfg in four_warps[:1] if quick else four_warps:  # the register cap of three programs per SM (LaunchConfig.resident)
         capped = dataclasses.replace(cfg, resident=3)
         c = {**_constexprs(capped, 32, True, True), "ESC_MODE": 1, "ESC_SLOT": 64, "GATHER_T": False}
         out.append(Variant("gemm", f"{capped.label()} bm32 w12 even blocks", c, cfg.num_warps, cfg.num_stages,
@@ -137,7 +150,7 @@ def variants(quick: bool = False) -> list[Variant]:
                               if c.block_k <= 256)  # a plain weight's TMA box is <= 256 wide; 8 warps: the M > 32 heuristic
     for cfg in tma_tiles:  # the weight tiles loaded by TMA (`tma.py`), the sweep's tma variants; from 16
         for t, bm in ((dataclasses.replace(cfg, tma=True), 16), (dataclasses.replace(cfg, tma=True, tma_x=True), 32)):
-            for w12 in (True, False):  # rows also with x's tiles by TMA (tma_x)
+            for w12 in (True, False) if not quick or tile(cfg) in FULL_QUICK_TILES else (True,):  # also x by TMA (tma_x)
                 c = {**_constexprs(t, bm, w12, True), "ESC_MODE": 1 if w12 else 0, "ESC_SLOT": 64, "GATHER_T": False}
                 out.append(Variant("gemm", f"{t.label()} bm{bm} {'w12' if w12 else 'bf16'} even{' blocks' if w12 else ''}",
                                    c, cfg.num_warps, cfg.num_stages, cfg.max_registers))

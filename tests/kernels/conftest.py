@@ -191,3 +191,27 @@ def check():
 @pytest.fixture(scope="session")
 def check_w12_equals_plain():
     return assert_w12_equals_plain
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _aot(*args: str, needs: str):
+    """Run the AOT tool (`python -m specpilot.kernels.aot`) with `args` in a fresh process, where
+    Triton is imported without TRITON_INTERPRET; skip unless Triton's NVIDIA backend ships the
+    tool `needs` (ptxas, cuobjdump)."""
+    import subprocess
+
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not os.path.exists(os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin", needs)):
+        pytest.skip(f"Triton with its NVIDIA backend (bundled {needs}) is not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = env.get("TRITON_DEFAULT_FP_FUSION", "1")
+    return subprocess.run([sys.executable, "-m", "specpilot.kernels.aot", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def aot():
+    """`_aot`: the AOT tool's run, for the compile and SASS tests."""
+    return _aot

@@ -1,33 +1,12 @@
-"""Every kernel variant compiles for sm_90 (H100/H200) -- checked without a GPU.
-
-The interpreter tests run the kernels' Python but never compile them; these run
-`python -m specpilot.kernels.aot` in a fresh process (Triton must be imported there without
-TRITON_INTERPRET), which compiles candidate configs to cubins with Triton's bundled ptxas.
-"""
+"""The sm_90 (H100/H200) code of chosen kernel variants, read from their SASS and PTX without a GPU
+(`python -m specpilot.kernels.aot --sass`, the `aot` fixture; that every variant compiles is
+`test_aot_variants.py`)."""
 
 import ast
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.slow  # AOT compilation: minutes on two cores
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def aot(*args: str, needs: str) -> subprocess.CompletedProcess:
-    """Run the AOT tool with `args`; skip unless Triton's NVIDIA backend ships the tool `needs`."""
-    spec = importlib.util.find_spec("triton")
-    if spec is None or not (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / needs).exists():
-        pytest.skip(f"Triton with its NVIDIA backend (bundled {needs}) is not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = env.get("TRITON_DEFAULT_FP_FUSION", "1")
-    return subprocess.run([sys.executable, "-m", "specpilot.kernels.aot", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
 
 
 def plain_launches(stdout: str) -> list[str]:
@@ -35,13 +14,7 @@ def plain_launches(stdout: str) -> list[str]:
     return [line for line in stdout.strip().splitlines() if " pdl:" not in line]
 
 
-def test_every_kernel_variant_compiles_for_sm90():
-    run = aot("--quick", needs="ptxas")
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "kernel variants compiled for sm_90" in run.stdout
-
-
-def test_sass_profile_counts_the_k_loop():
+def test_sass_profile_counts_the_k_loop(aot):
     """The GEMV's K loop on sm_90: 16-byte weight loads, x pairs through the read-only cache
     (LDG.E.CONSTANT, the inline-PTX gather), one FFMA per weight, and nothing through shared
     memory (the decoded codes meet x where they were loaded; reordering them into column order
@@ -65,7 +38,7 @@ def test_sass_profile_counts_the_k_loop():
     assert shared[" blocks"] == shared["bf16"] < shared[" blocks wide"], shared
 
 
-def test_w12_gemm_decodes_straight_into_the_mma_fragment():
+def test_w12_gemm_decodes_straight_into_the_mma_fragment(aot):
     """The tensor-core path on sm_90: the planes stream through shared memory with cp.async
     (LDGSTS), the MMA is wgmma (HGMMA), and W12's decoded weights are never stored to shared
     memory (no STS in the K loop): the groups are loaded straight into the A fragment's layout."""
@@ -81,7 +54,7 @@ def test_w12_gemm_decodes_straight_into_the_mma_fragment():
         assert cost < 4.0  # ~1.25 to decode, the rest MMA, addressing and copies
 
 
-def test_sass_profile_finds_the_k_loop_of_tma_loads():
+def test_sass_profile_finds_the_k_loop_of_tma_loads(aot):
     """With TMA the mbarrier waits' retry paths sit after the kernel's last EXIT and branch back
     into the body; the profile skips those spans (one of them, K loop plus epilogue, read as 874
     instructions per K step at n64 k128 bm32) and counts the loop itself: one K step of n64 k128
@@ -98,7 +71,7 @@ def test_sass_profile_finds_the_k_loop_of_tma_loads():
     assert bf16 < w12 < 4.5
 
 
-def test_w12_gemm_k_loop_waits_once_per_step():
+def test_w12_gemm_k_loop_waits_once_per_step(aot):
     """ptxas keeps the K loop's wgmmas asynchronous: far fewer waits (WARPGROUP.DEPBAR) than MMAs.
     Serialized (info C7515, when the accumulator starts from a plain move of zeros; see gemm.py)
     every HGMMA is followed by its own wait."""
@@ -111,7 +84,7 @@ def test_w12_gemm_k_loop_waits_once_per_step():
         assert mmas >= 16 and waits * 8 <= mmas, line
 
 
-def test_split_k_reset_is_relaxed():
+def test_split_k_reset_is_relaxed(aot):
     """The split-K ticket is acq_rel (it orders the partials); the counter's reset is relaxed: an
     acq_rel one puts another fence on the last split's path (0.3-0.45 µs per call at M = 1 on the
     H200)."""
@@ -122,7 +95,7 @@ def test_split_k_reset_is_relaxed():
         assert atomics == ["atom.global.gpu.acq_rel.add.u32", "atom.global.gpu.relaxed.exch.b32"], line
 
 
-def test_split_attention_streams_the_cache_in_16_byte_loads_into_tensor_cores():
+def test_split_attention_streams_the_cache_in_16_byte_loads_into_tensor_cores(aot):
     """The split-KV kernel's key loop on sm_90: K and V tiles in 16-byte loads (a tile of 64 keys x
     64 dims per tensor: 8 per thread of 128), the products on the tensor cores (mma.sync at 16
     query rows, wgmma at 64), with and without the merge."""
@@ -137,7 +110,7 @@ def test_split_attention_streams_the_cache_in_16_byte_loads_into_tensor_cores():
             assert any(op.startswith(mma) for op in mix), line
 
 
-def test_kernels_launched_with_pdl_wait_for_the_previous_grid_once_and_release_the_next_once():
+def test_kernels_launched_with_pdl_wait_for_the_previous_grid_once_and_release_the_next_once(aot):
     """The variants with PDL on (`kernels.launch.pdl`): one griddepcontrol.wait and one
     launch_dependents (after the main loop) in the PTX of a GEMV, a GEMM, the split-KV kernel and
     its merge; without PDL, neither. The projections load their first weight tile before the wait
