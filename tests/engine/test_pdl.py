@@ -5,6 +5,7 @@ arithmetic, so the tokens are those without it. (Whether the kernels then launch
 
 import dataclasses
 
+import pytest
 import torch
 
 from specpilot.config import Deployment, DrafterKind, System
@@ -18,19 +19,25 @@ def _session(target_dir, drafter_dir):
                         device="cpu", dtype=torch.float32), stock
 
 
-def test_the_knob_runs_every_forward_in_the_pdl_scope_and_changes_no_token(target_dir, drafter_dir, make_prompts,
-                                                                           monkeypatch):
+@pytest.fixture
+def seen(monkeypatch):
+    """The PDL scope of every Transformer forward from here on."""
     from specpilot.models import transformer
 
-    session, stock = _session(target_dir, drafter_dir)
-    seen: list = []
+    scopes: list = []
     forward = transformer.Transformer.forward
 
     def recording(self, *args, **kwargs):
-        seen.append(launch._scope.get())
+        scopes.append(launch._scope.get())
         return forward(self, *args, **kwargs)
 
     monkeypatch.setattr(transformer.Transformer, "forward", recording)
+    return scopes
+
+
+def test_the_knob_runs_every_forward_in_the_pdl_scope_and_changes_no_token(target_dir, drafter_dir, make_prompts,
+                                                                           seen):
+    session, stock = _session(target_dir, drafter_dir)
     prompts = make_prompts(2, seed=3)
     plain = session.generator(stock).generate(prompts, 10)
     assert seen and set(seen) == {None}  # without the knob: SPECPILOT_PDL decides
@@ -42,21 +49,12 @@ def test_the_knob_runs_every_forward_in_the_pdl_scope_and_changes_no_token(targe
     assert launch._scope.get() is None  # nothing leaks out of the run
 
 
-def test_a_served_run_and_the_profile_run_in_the_scope(target_dir, drafter_dir, make_prompts, monkeypatch):
+def test_a_served_run_and_the_profile_run_in_the_scope(target_dir, drafter_dir, make_prompts, seen):
     from specpilot.engine import profile
     from specpilot.engine.serving import Request, ServingEngine
-    from specpilot.models import transformer
 
     session, stock = _session(target_dir, drafter_dir)
     gen = session.generator(dataclasses.replace(stock, name="pdl", pdl=True))
-    seen: list = []
-    forward = transformer.Transformer.forward
-
-    def recording(self, *args, **kwargs):
-        seen.append(launch._scope.get())
-        return forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(transformer.Transformer, "forward", recording)
     requests = [Request(tuple(p), max_new=6) for p in make_prompts(3, seed=4)]
     ServingEngine(gen, 2, prefill_chunk=16).run(requests)
     assert seen and set(seen) == {True}
