@@ -7,9 +7,9 @@ For the deployment's projections at the rows the system runs them (the kernel ag
 `deployment_shapes`: verification at batch x (tree_budget + 1) rows, drafting at batch x topk,
 the prefill buckets up to 257 rows) and the target's projections at each of --rows, it runs the
 kernel agent's tuning on the deployment's own weights in W12 (`loop.agents.kernel.tune`: the
-package's config search up to 64 rows, and cuBLAS on the weight decoded at each call or kept
-decoded, each row count taking the fastest), then times cuBLAS on the plain BF16 weights for each
-shape with the same timer (CUDA-graph replays over rotating weight sets, median). A shape's ratio
+package's config search up to `GEMM_MAX_M` rows, and cuBLAS on the weight decoded at each call or
+kept decoded, each row count taking the fastest), then times cuBLAS on the plain BF16 weights for
+each shape with the same timer (CUDA-graph replays over rotating weight sets, median). A shape's ratio
 is cuBLAS BF16 time / W12's best: >= 1 where W12 is no slower. Writes OUT/w12_paths.json and .md,
 and OUT/tuned_<gpu>.json (every shape's best W12 choice, the table the dispatcher reads);
 --install merges that table into this machine's user cache ($SPECPILOT_HOME/kernels/<gpu>/).

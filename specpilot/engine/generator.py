@@ -162,7 +162,7 @@ class Generator:
     def launching(self):
         """The context every launch of this generator runs in: with `pdl`, programmatic dependent
         launch (`kernels.launch.pdl_scope`); else what SPECPILOT_PDL says."""
-        return launch.pdl_scope(True if self.pdl else None)
+        return launch.knob_scope(self.pdl)
 
     @property
     def speculative(self) -> bool:

@@ -176,7 +176,7 @@ class Session:
         return self._drafter_models[key]
 
     def _build(self, system: System) -> Generator:
-        with launch.pdl_scope(True if system.pdl else None):  # compiled proposals: inductor launches as ours
+        with launch.knob_scope(system.pdl):  # compiled proposals: inductor launches as ours
             return self._build_in_scope(system)
 
     def _build_in_scope(self, system: System) -> Generator:

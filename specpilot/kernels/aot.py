@@ -268,7 +268,7 @@ def main_loop_profile(kernel, v: Variant) -> dict:
     loops = [(at - int(m.group(1), 16), int(m.group(1), 16), at) for at, line in code
              if (m := re.search(r"BRA\s.*?0x([0-9a-f]+)", line)) and int(m.group(1), 16) < at <= end]
     if not loops:
-        return {"label": v.label, "loop_instructions": 0}
+        return {"label": v.label, "loop_instructions": 0, "grid_dependency": grid_dependency(kernel.asm["ptx"])}
 
     def streaming(loop):
         """The K loop streams weights with vector loads (escape loops gather 2-byte values; the
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{prof['label']}: {prof['loop_instructions']} instructions per K step, "
                   f"{prof.get('per_weight', float('nan')):.2f} per weight; {prof.get('mix')}; "
                   f"atomics {prof.get('atomics')}; shared-memory ops in the kernel {prof.get('kernel_shared_ops')}; "
-                  f"grid dependency {grid_dependency(keep['kernel'].asm['ptx'])}")
+                  f"grid dependency {prof['grid_dependency']}")
         return 0
     failures = 0
     vs = variants(args.quick)

@@ -186,6 +186,12 @@ def pdl_scope(on: bool | None):
         _scope.reset(token)
 
 
+def knob_scope(knob: bool):
+    """`pdl_scope` of a system's `pdl` knob: on, every launch within uses PDL; off, `SPECPILOT_PDL`
+    decides (the knob never turns PDL off)."""
+    return pdl_scope(True if knob else None)
+
+
 def pdl(device: torch.device) -> bool:
     """Whether the kernels launch with programmatic dependent launch: inside `pdl_scope(True)` (or,
     outside any scope, with `SPECPILOT_PDL=1`), on a GPU of compute capability 9.0 or later, not

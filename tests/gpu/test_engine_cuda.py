@@ -128,7 +128,7 @@ def test_kernels_launched_with_pdl_give_the_tokens_of_plain_launches(bf16_dirs, 
     use_attention(draft, AttentionKernel.SPLIT_KV)
 
     def run(pdl: bool):
-        with launch.pdl_scope(True if pdl else None):  # as Session builds a system's drafters
+        with launch.knob_scope(pdl):  # as Session builds a system's drafters
             drafter = DraftModelDrafter(draft, 4, topk=3, tree_budget=12, compiled=compiled)
         ar = Generator(target, verify_compile=compiled, pdl=pdl).generate(prompts, NEW_TOKENS).outputs
         spec = Generator(target, {drafter.depth: drafter}, verify_compile=compiled, pdl=pdl)

@@ -54,3 +54,10 @@ def test_a_scope_decides_over_the_variable(monkeypatch, gpu_of):
         assert launch.pdl(cuda)
     with launch.pdl_scope(False):
         assert not launch.pdl(cuda)
+    monkeypatch.delenv("SPECPILOT_PDL")
+    with launch.knob_scope(True):  # a system's knob: on turns PDL on, off leaves the variable to decide
+        assert launch.pdl(cuda)
+    with launch.knob_scope(False):
+        assert not launch.pdl(cuda)
+        monkeypatch.setenv("SPECPILOT_PDL", "1")
+        assert launch.pdl(cuda)
