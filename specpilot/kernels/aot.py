@@ -113,11 +113,11 @@ def variants(quick: bool = False) -> list[Variant]:
     for M in range(1, GEMM_MAX_M + 1):
         for cfg in kc.candidates(M):
             seen.setdefault(cfg, []).append(M)
-    def tile(cfg: LaunchConfig) -> tuple[int, int, int, int]:
-        return cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages
 
     def modes(cfg: LaunchConfig, all_modes: tuple) -> tuple:
-        return all_modes if not quick or tile(cfg) in FULL_QUICK_TILES else all_modes[:1]
+        """All of `all_modes`, or under `quick` the first (the main one) unless the tile is full."""
+        full = (cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages) in FULL_QUICK_TILES
+        return all_modes if not quick or full else all_modes[:1]
 
     out = []
     for cfg, ms in seen.items():
@@ -150,7 +150,7 @@ def variants(quick: bool = False) -> list[Variant]:
                               if c.block_k <= 256)  # a plain weight's TMA box is <= 256 wide; 8 warps: the M > 32 heuristic
     for cfg in tma_tiles:  # the weight tiles loaded by TMA (`tma.py`), the sweep's tma variants; from 16
         for t, bm in ((dataclasses.replace(cfg, tma=True), 16), (dataclasses.replace(cfg, tma=True, tma_x=True), 32)):
-            for w12 in (True, False) if not quick or tile(cfg) in FULL_QUICK_TILES else (True,):  # also x by TMA (tma_x)
+            for w12 in modes(cfg, (True, False)):  # W12 first: the main mode; rows also with x by TMA (tma_x)
                 c = {**_constexprs(t, bm, w12, True), "ESC_MODE": 1 if w12 else 0, "ESC_SLOT": 64, "GATHER_T": False}
                 out.append(Variant("gemm", f"{t.label()} bm{bm} {'w12' if w12 else 'bf16'} even{' blocks' if w12 else ''}",
                                    c, cfg.num_warps, cfg.num_stages, cfg.max_registers))

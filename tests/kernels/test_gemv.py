@@ -42,7 +42,6 @@ ROWS = [(c, M) for c in HERE for M in (1, 8)] + [(c, 3) for c in CONFIGS[:2]]
 def test_matches_reference(weights, make_x, check, M, fmt, config):
     from specpilot.kernels.gemv import gemv
 
-
     x = make_x(M, 300)  # float32 output: the bound is tight enough to see a lost escape
     check(gemv(x, weights[fmt], config), x, weights[fmt])
 
