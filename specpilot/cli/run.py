@@ -162,6 +162,10 @@ def run_command(args) -> int:
     from specpilot.loop.run import RunOptions, run_loop
     from specpilot.loop.state import default_out
 
+    if args.resume and not args.out:
+        from specpilot.errors import ConfigError
+
+        raise ConfigError("--resume continues the run in --out: name it (--out RUN_DIR)")
     devices = worker_devices(args.devices)
     config = config_from_args(args, "cuda" if devices[0].startswith("cuda") else "cpu")
     out = args.out or str(default_out(load_deployment(args.deployment).name))

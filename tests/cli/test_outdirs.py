@@ -50,3 +50,11 @@ def test_interrupted_bench_exits_130_and_leaves_no_directory(interrupted_bench, 
 def test_standalone_bench_exits_130_too(interrupted_bench, tmp_path, capsys):
     assert bench_cli.main(["--out", str(tmp_path / "o")]) == INTERRUPTED
     assert "interrupted" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_resume_without_out_is_one_error_line_and_creates_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
+    assert main(["run", "--resume", "--devices", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --resume continues the run in --out: name it (--out RUN_DIR)"]
+    assert not (tmp_path / "home").exists()
