@@ -11,7 +11,8 @@ Each round it proposes, best first:
    steps of the incumbent's (depth +-2, topk one step in 1/2/4/8, node budget two steps on its
    ladder), the model's best shape anywhere, the ceiling's shape, plain AR decoding when it was
    measured faster than drafting, and each other loaded drafter measured faster switched in
-   (`CostTable.switch_ms_per_token`). Only moves predicted faster than the measurement are kept;
+   (`CostTable.switch_ms_per_token`). Only moves predicted faster than the measurement are kept,
+   and of shapes predicted alike only the one that drafts the fewest rows (`distinct_shapes`);
    savings the acceptance model extrapolates are ranked at `MODEL_TRUST` of their size against
    measured ones (AR, drafter switches). Each other drafter measured switched in also gets the
    shape its own table predicts best (`CostTable.switched`). From AR, the shapes the last
@@ -52,6 +53,8 @@ from specpilot.loop.systems import DRAFTER_SWITCHES, Candidate, describe, short_
 
 GPU_ONLY = frozenset({"cuda_graphs", "sync_every", "kernel", "w12", "kernel_lm_head", "kernel_table", "draft_compile",
                       "verify_compile", "attention", "pdl"})
+
+
 def triton_launches(system: System) -> bool:
     """Whether `system` runs Triton kernels that `pdl` could launch early: ours (projections,
     split-KV attention) or inductor's (a compiled proposal or verification)."""
@@ -174,10 +177,9 @@ class KnobAgent(Proposer):
                       for b in _step(BUDGETS, here.budget, 2)}
             best = min(tree_shapes(MAX_DEPTH), key=cost.predict_ms_per_token)
             shapes |= {best} | ({cost.ceiling_shape} if cost.ceiling_shape else set())
-            for s in sorted(shapes):
-                if s != here and s.budget <= s.num_candidates:
-                    consider(s, {"depth": s.depth, "topk": s.topk, "tree_budget": s.budget},
-                             f"tree {here.label()} -> {s.label()}")
+            for s in distinct_shapes(cost, [s for s in shapes if s != here and s.budget <= s.num_candidates]):
+                consider(s, {"depth": s.depth, "topk": s.topk, "tree_budget": s.budget},
+                         f"tree {here.label()} -> {s.label()}")
             consider(None, ar_changes(inc), "plain AR decoding (drafting does not pay here)")
         elif inc.drafter is DrafterKind.NONE:
             self._reenter(ctx, moves)
@@ -427,6 +429,20 @@ def drafter_kinds(deployment) -> set[DrafterKind]:
     if deployment.eagle3:
         kinds.add(DrafterKind.EAGLE3)
     return kinds
+
+
+def distinct_shapes(cost, shapes) -> list[TreeShape]:
+    """`shapes` (sorted) less each one the cost model cannot tell from a cheaper one: shapes that
+    predict the same ms/token (the acceptance model fills their node budgets with the same best
+    nodes, and a draft level costs the same whatever its topk) keep only the one with the fewest
+    draft rows (topk), then nodes, then levels. Timing both would spend a round's candidate slot
+    on a move the model ranks no differently from one already timed."""
+    kept: list[tuple[TreeShape, float]] = []
+    for s in sorted(shapes, key=lambda s: (s.topk, s.budget, s.depth)):
+        t = cost.predict_ms_per_token(s)
+        if not any(math.isclose(t, u, rel_tol=1e-9) for _, u in kept):
+            kept.append((s, t))
+    return sorted(s for s, _ in kept)
 
 
 def rank_key(measured: float, predicted: float, modelled: bool) -> float:

@@ -1,5 +1,7 @@
 """The knob agent: memory seeds first, predicted moves by the cost model, exploratory moves by gap."""
 
+import math
+
 import pytest
 from loop_fixtures import CONFIG, SLOW_SWITCH, STOCK, context, cost_table, evaluation, fingerprint
 
@@ -28,6 +30,22 @@ def test_on_gpu_predicted_tree_moves_come_first_best_predicted_first():
     explored = {k for p in out if p.predicted_ms_per_token is None for k in p.candidate.changes_from(ctx.stock)}
     assert {"kernel", "w12", "attention"} <= explored
     assert len({p.hash for p in out}) == len(out) and ctx.incumbent.candidate.hash not in {p.hash for p in out}
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_of_tree_shapes_predicted_alike_only_the_one_drafting_fewest_rows_is_proposed(device):
+    """The fixture's table predicts depth 3 with 8 nodes alike at topk 2, 4 and 8 (the same best
+    nodes fill the budget): one candidate, topk 2, not three."""
+    from specpilot.loop.acceptance import TreeShape
+
+    ctx = context(device=device)
+    alike = [TreeShape(3, k, 8) for k in (2, 4, 8)]
+    assert len({ctx.cost.predict_ms_per_token(s) for s in alike}) == 1
+    shapes = [p.details["shape"] for p in KnobAgent().propose(ctx) if p.details.get("shape")]
+    times = [ctx.cost.predict_ms_per_token(TreeShape(**s)) for s in shapes]
+    assert shapes and all(not math.isclose(a, b, rel_tol=1e-9) for i, a in enumerate(times) for b in times[:i])
+    assert {"depth": 3, "topk": 2, "budget": 8} in shapes
+    assert not {(s["topk"], s["budget"]) for s in shapes if s["depth"] == 3} & {(4, 8), (8, 8)}
 
 
 def test_on_cpu_knobs_without_effect_there_are_never_proposed():
