@@ -12,7 +12,8 @@
                  memory already judged is not timed again, its stored verdict is logged and reused.
                  When nothing new is left, the agents without a slot are asked before the round
                  counts as idle
-    5. evaluate  `Controller.evaluate_round`: each candidate is gated by token forcing (a failure
+    5. evaluate  the noise floor is chosen (again, when the load changed: `choose_noise`), then
+                 `Controller.evaluate_round`: each candidate is gated by token forcing (a failure
                  rejects it untimed), timed against the incumbent in paired blocks, p-values are
                  corrected across the round (Holm), and the significant winner is re-measured on
                  fresh blocks; that re-measurement decides
@@ -77,6 +78,10 @@ class RoundInputs:
     seed: int = 0  # the run's seed (which rounds explore, and with whom)
     seeds: tuple[Proposal, ...] = ()  # systems validated on similar deployments, timed first (`seeds.py`)
     slots: SlotPolicy = SlotPolicy.GAPS  # how the slots are shared among the agents
+    # called once the round has candidates to time, before timing them: the noise floor to judge
+    # them by and its memory id (the loop chooses it again there when the load changed, so a round
+    # with nothing new to time measures nothing); its seconds do not count as the round's
+    choose_noise: Callable[[], tuple[NoiseFloor, int | None]] | None = None
 
 
 @dataclass(frozen=True)
@@ -163,17 +168,22 @@ def run_round(r: RoundInputs, journal: Journal) -> RoundOutcome:
                      nothing_new=True, seconds=time.monotonic() - start)
         return RoundOutcome(r.index, r.label, inc, inc, cost, sum(counts.values()), (), tuple(reused), (), None,
                             time.monotonic() - start, errors, plan)
+    noise, noise_id, chosen = r.noise, r.noise_id, 0.0
+    if r.choose_noise is not None:
+        t = time.monotonic()
+        noise, noise_id = r.choose_noise()
+        chosen = time.monotonic() - t
     journal.emit(EventKind.SELECTED, f"timing {len(selected)} candidate(s) against {inc.name!r}:\n" + "\n".join(
         f"  {i + 1}. {p.candidate.name} [{p.agent}{' -> ' + p.gap.value if p.gap else ''}] "
         f"{p.candidate.describe_changes(inc.candidate)}: {p.rationale}"
         for i, p in enumerate(selected)), r.index, candidates=[p.to_dict(inc.candidate) for p in selected])
     specs = [p.candidate.runner_spec(r.deployment_file, r.runner) for p in selected]
-    result = r.controller.evaluate_round(inc.candidate.runner_spec(r.deployment_file, r.runner), specs, r.noise)
+    result = r.controller.evaluate_round(inc.candidate.runner_spec(r.deployment_file, r.runner), specs, noise)
     commit = source_commit()
     evaluated = []
     for p, e in zip(selected, result.evaluations, strict=True):
         entry = r.memory.record_evaluation(r.fingerprint, e, r.config, round=r.label, patch=p.candidate.patch,
-                                           incumbent_patch=inc.candidate.patch, noise_id=r.noise_id, commit=commit)
+                                           incumbent_patch=inc.candidate.patch, noise_id=noise_id, commit=commit)
         evaluated.append(Evaluated(p, e, entry))
         journal.emit(EventKind.EVALUATION, evaluation_line(p, e, entry), r.index,
                      **evaluation_record(p, e, entry, inc.candidate))
@@ -189,7 +199,7 @@ def run_round(r: RoundInputs, journal: Journal) -> RoundOutcome:
                      incumbent=new_inc.name, incumbent_hash=new_inc.candidate.hash, entry_id=promoted.entry_id,
                      gain=gain, cumulative_gain=new_inc.cumulative_gain, previous=inc.name)
     release(selected, keep=(new_inc.candidate, inc.candidate), setup=r.setup)
-    seconds = time.monotonic() - start
+    seconds = time.monotonic() - start - chosen
     journal.emit(EventKind.ROUND_END, f"round {r.index} done in {seconds:.0f} s: "
                  + (f"{new_inc.name!r} promoted" if promoted else "no promotion"), r.index,
                  promoted=new_inc.name if promoted else None, nothing_new=False, seconds=seconds)

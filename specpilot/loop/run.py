@@ -10,8 +10,9 @@
                (taken when it comes free, between rounds)
     noise      the stock-vs-stock noise floor for this deployment and timing procedure: from the
                memory when one was measured under a comparable load (`memory.evaluate.reusable_noise`),
-               else measured now and stored with its load; checked again before every round against
-               the load the last round ran under, and re-chosen when that changed
+               else measured now and stored with its load; checked again before a round times its
+               candidates against the load the last round ran under, and re-chosen when that
+               changed (a round with nothing new to time measures no noise)
     resume     the incumbent is the memory's best validated system (`state.py`)
     seeds      what similar deployments validated, rebuilt on this deployment (`seeds.py`): each
                one offered or skipped is a journal line with its similarity; the offered ones
@@ -246,23 +247,25 @@ class _Run:
             f"  {note}", index, noise=self.noise.to_dict(), noise_id=self.noise_id, measured=costs is not None,
             threshold=threshold, load=self.noise_load.to_dict(), why=note)
 
-    def _check_load(self, index: int) -> None:
-        """Before a round: take the timing lock if it came free, and choose the noise floor again when
-        the load now (the last round's) is not comparable to the one it was measured under."""
+    def _check_load(self, index: int) -> tuple:
+        """Before a round times its candidates: take the timing lock if it came free, and choose the
+        noise floor again when the load now (the last round's) is not comparable to the one it was
+        measured under. Returns the floor and its memory id (`RoundInputs.choose_noise`)."""
         was_held = self.lock.held
         now = self.lock.current() if self.lock.try_acquire() and not was_held else self.last_load
         if now is None or (now.contended and self.noise_load.contended):
-            return  # nothing timed yet, or still contended as the floor was
+            return self.noise, self.noise_id  # nothing timed yet, or still contended as the floor was
         why = not_comparable(self.noise_load, now)
         if why is None:
-            return
+            return self.noise, self.noise_id
         if not self.budget.fits(self.per_evaluation):
             self.journal.say(f"round {index}: the load changed since the noise floor was measured ({why}); "
                              "no time left to choose it again: keeping it")
-            return
+            return self.noise, self.noise_id
         self.journal.say(f"round {index}: the load changed since the noise floor was measured ({why}): "
                          "choosing it again")
         self._noise(now, index)
+        return self.noise, self.noise_id
 
     def measure(self, c: Candidate):
         """The cost table of `c`: in this process, or from its worktree when it carries a patch."""
@@ -289,7 +292,6 @@ class _Run:
         bench = bench_config(self.deployment, c.final_prompts, c.final_tokens, c.seed)
         try:
             while done < c.rounds:
-                self._check_load(index)
                 cost = cost or self.measure(incumbent.candidate)
                 past = [o.seconds for o in outcomes if not o.nothing_new]
                 estimate = round_seconds(past, self.per_evaluation, c.max_candidates, self.backend.parallelism)
@@ -319,7 +321,8 @@ class _Run:
                         index, round_label(self.paths.run_id, index), self.setup, incumbent, self.stock, self.enabled,
                         self.controller, self.ccfg, self.noise, self.noise_id, self.memory, self.fp,
                         self.deployment_file, self.options.runner, candidates, self.measure, self.session, cost,
-                        tuple(history), c.seed, self.seeds if not outcomes else (), c.slots), j)
+                        tuple(history), c.seed, self.seeds if not outcomes else (), c.slots,
+                        lambda i=index: self._check_load(i)), j)
                 self.last_load = window.load
                 self.memory.tag_load([x.entry_id for x in outcome.evaluated], window.load)
                 if window.load.contended and outcome.evaluated:

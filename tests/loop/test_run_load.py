@@ -1,5 +1,6 @@
-"""Between rounds the loop takes the timing lock if it came free and chooses the noise floor again
-when the load changed (`_Run._check_load`, on a bare run object: no models, injected loads)."""
+"""Before a round times its candidates the loop takes the timing lock if it came free and chooses the
+noise floor again when the load changed (`_Run._check_load`, on a bare run object: no models,
+injected loads); it returns the floor the round judges by."""
 
 import pytest
 
@@ -28,23 +29,29 @@ def run(tmp_path):
     r.lock = TimingLock(["cpu"], tmp_path / "m.sqlite", home=tmp_path / "home", probe=FixedProbe(share=0.05),
                         say=r.journal.say)
     r.last_load, r.noise_load, r.chosen = None, load(0.05), []
-    r._noise = lambda now, index: r.chosen.append((now, index))
+    r.noise, r.noise_id = "floor 0", 0
+
+    def choose(now, index):  # records the call; the floor chosen is named after it
+        r.chosen.append((now, index))
+        r.noise, r.noise_id = f"floor {len(r.chosen)}", len(r.chosen)
+
+    r._noise = choose
     yield r
     r.lock.release()
 
 
 def test_nothing_is_chosen_again_before_a_round_ran_or_under_a_comparable_load(run):
     run.lock.acquire()
-    run._check_load(1)
+    assert run._check_load(1) == ("floor 0", 0)
     run.last_load = load(0.12)
-    run._check_load(2)
+    assert run._check_load(2) == ("floor 0", 0)
     assert run.chosen == []
 
 
 def test_a_busier_machine_chooses_the_noise_floor_again(run):
     run.lock.acquire()
     run.last_load = load(0.5)
-    run._check_load(3)
+    assert run._check_load(3) == ("floor 1", 1)  # the round judges by the floor chosen again
     assert run.chosen == [(load(0.5), 3)] and "5% of the CPU then and 50% now" in run.journal.lines[-1]
 
 
@@ -78,5 +85,5 @@ def test_no_budget_left_keeps_the_floor(run):
     run.lock.acquire()
     run.budget = Budget(1.0)
     run.last_load = load(0.6)
-    run._check_load(4)
+    assert run._check_load(4) == ("floor 0", 0)
     assert run.chosen == [] and "keeping it" in run.journal.lines[-1]

@@ -112,23 +112,47 @@ def test_selection_fills_each_agents_slots_then_hands_unused_ones_on(tmp_path):
 class Controller:
     """Rejects every candidate, untimed work: what the round does with slots is under test here."""
 
+    def __init__(self):
+        self.noises = []  # the noise floor of each round it timed
+
     def evaluate_round(self, incumbent, specs, noise):
+        self.noises.append(noise)
         systems = [System.from_dict({k: v for k, v in s.system.items() if k != "name"}, name=s.system["name"])
                    for s in specs]
         evs = tuple(evaluation(system, gain=-0.05, verdict=Outcome.REJECT) for system in systems)
         return RoundResult(evs, None)
 
 
-def run(tmp_path, agents, cost, seeds=(), policy=SlotPolicy.GAPS, index=1):
+def noise_floor(spread: float = 0.001) -> NoiseFloor:
+    return NoiseFloor(GainEstimate((spread, -spread, 0.0005, 0.0, -0.0005), resamples=500), "p")
+
+
+def run(tmp_path, agents, cost, seeds=(), policy=SlotPolicy.GAPS, index=1, choose_noise=None, controller=None):
     journal = Journal(tmp_path / "decisions.jsonl", quiet=True)
     setup = LoopSetup(DEPLOYMENT, "cuda", "NVIDIA H200", None, tmp_path)
-    noise = NoiseFloor(GainEstimate((0.001, -0.001, 0.0005, 0.0, -0.0005), resamples=500), "p")
     with Memory(tmp_path / "m.sqlite") as memory:
         r = RoundInputs(index, f"t/r{index}", setup, Incumbent(Candidate(STOCK)), Candidate(STOCK), tuple(agents),
-                        Controller(), CONFIG, noise, None, memory, fingerprint(), "fx", "x:y", 3,
-                        lambda c: cost, None, cost, (), 0, tuple(seeds), policy)
+                        controller or Controller(), CONFIG, noise_floor(), None, memory, fingerprint(), "fx", "x:y",
+                        3, lambda c: cost, None, cost, (), 0, tuple(seeds), policy, choose_noise)
         outcome = run_round(r, journal)
     return outcome, Journal.read(tmp_path / "decisions.jsonl")
+
+
+def test_the_noise_floor_is_chosen_only_when_the_round_has_candidates_to_time(tmp_path):
+    """A round with nothing new to time measures no noise (the loop re-chooses it there when the
+    load changed); one with candidates judges them by the floor chosen for it."""
+    chosen, again = [], noise_floor(0.01)
+
+    def choose():
+        chosen.append(1)
+        return again, None
+
+    _, events = run(tmp_path / "a", [Fake("knob", moves=0)], table(acceptance=0.5), choose_noise=choose)
+    assert chosen == [] and any(e.data.get("nothing_new") for e in events if e.kind is EventKind.ROUND_END)
+    controller = Controller()
+    outcome, _ = run(tmp_path / "b", [Fake("knob")], table(acceptance=0.5), choose_noise=choose,
+                     controller=controller)
+    assert chosen == [1] and controller.noises == [again] and len(outcome.evaluated) == 3
 
 
 def test_a_round_asks_only_the_agents_with_slots_and_records_the_split(tmp_path):
