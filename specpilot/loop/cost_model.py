@@ -268,6 +268,13 @@ class CostTable:
         draft = self.draft_forward_floor_ms(shape.topk, bits) * shape.depth if self.profile.drafter_bytes else 0.0
         return (draft + self.verify_floor_ms(shape.nodes, bits)) / self.tokens_per_round_for(shape)
 
+    @property
+    def bits_per_weight(self) -> float:
+        """Bits per touched target parameter in the format the measured system runs (32 for the
+        fixture's float32 on CPU, ~16 for BF16, ~12 for W12), beside the formats' floors."""
+        p = self.profile
+        return 8 * p.target_bytes / p.target_params if p.target_params else math.nan
+
     def format_floor(self, fmt: str) -> FormatFloor | None:
         return next((f for f in self.format_floors if f.format == fmt), None)
 
@@ -322,7 +329,7 @@ class CostTable:
             lines.append(f"  {g.kind.value:<16}{g.measured_ms:>12.3f}{g.floor_ms:>10.3f}"
                          f"{g.saving_ms_per_token:>14.3f}{share:>8.1%}" + ("  (estimate)" if g.estimated else ""))
         if self.format_floors:
-            lines.append("  ceiling by weight format: " + ", ".join(
+            lines.append(f"  ceiling by weight format (this system: {self.bits_per_weight:.1f} bits): " + ", ".join(
                 f"{f.format} ({f.bits_per_weight:g} bits) {f.ceiling_ms_per_token:.3f} ms/token"
                 for f in self.format_floors))
         return "\n".join(lines)

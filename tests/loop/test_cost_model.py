@@ -111,6 +111,9 @@ def test_format_floors_show_the_room_of_every_weight_format():
     back = CostTable.from_dict(json.loads(json.dumps(t.to_dict())))
     assert back.format_floors == t.format_floors
     assert "w12 (12.01 bits)" in t.render()
+    # what the measured system runs, beside them: its weight bytes per touched parameter
+    assert t.bits_per_weight == 8 * p.target_bytes / p.target_params
+    assert f"(this system: {t.bits_per_weight:.1f} bits)" in t.render()
     old = {k: v for k, v in t.to_dict().items() if k != "format_floors"}  # a table stored before formats
     assert CostTable.from_dict(old).format_floors == ()
 
