@@ -37,6 +37,22 @@ from specpilot.guard.divergence import first_divergence
 AR_NAME = "ar"
 
 
+def check_shared_settings(config) -> None:
+    """The settings every benchmark config has (`BenchConfig`, `serving.ServingConfig`), each
+    refused with one line naming its flag."""
+    check_set_names(config.sets)
+    if config.n_prompts < 0:
+        raise ConfigError(f"--n-prompts must be >= 0 (0 = every prompt), got {config.n_prompts}")
+    if config.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {config.max_new_tokens}")
+    if config.warmup_tokens < 1:
+        raise ConfigError(f"--warmup-tokens must be >= 1, got {config.warmup_tokens}")
+    if not 0.5 <= config.level < 1:
+        raise ConfigError(f"--level must be in [0.5, 1), got {config.level}")
+    if config.resamples < 100:
+        raise ConfigError(f"--resamples must be >= 100, got {config.resamples}")
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """The settings of one benchmark run; `specpilot bench` flags map onto these fields."""
@@ -54,21 +70,11 @@ class BenchConfig:
     ignore_eos: bool = False  # decode exactly max_new_tokens per prompt, through any EOS
 
     def __post_init__(self):
-        check_set_names(self.sets)
-        if self.n_prompts < 0:
-            raise ConfigError(f"--n-prompts must be >= 0 (0 = every prompt), got {self.n_prompts}")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        check_shared_settings(self)
         if self.batch < 1:
             raise ConfigError(f"--batch must be >= 1, got {self.batch}")
         if self.n_prompts and self.n_prompts % self.batch:
             raise ConfigError(f"--n-prompts {self.n_prompts} is not a multiple of --batch {self.batch}")
-        if self.warmup_tokens < 1:
-            raise ConfigError(f"--warmup-tokens must be >= 1, got {self.warmup_tokens}")
-        if not 0.5 <= self.level < 1:
-            raise ConfigError(f"--level must be in [0.5, 1), got {self.level}")
-        if self.resamples < 100:
-            raise ConfigError(f"--resamples must be >= 100, got {self.resamples}")
 
     @classmethod
     def for_deployment(cls, deployment: Deployment, **overrides) -> "BenchConfig":

@@ -26,9 +26,8 @@ from typing import Callable
 
 import numpy as np
 
-from specpilot.bench.datasets import check_set_names
 from specpilot.bench.prompts import BenchPrompt
-from specpilot.bench.runner import AR_NAME, PromptInfo
+from specpilot.bench.runner import AR_NAME, PromptInfo, check_shared_settings
 from specpilot.bench.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, IntervalMethod
 from specpilot.config import Deployment, System, load_system
 from specpilot.errors import ConfigError
@@ -54,11 +53,7 @@ class ServingConfig:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        check_set_names(self.sets)
-        if self.n_prompts < 0:
-            raise ConfigError(f"--n-prompts must be >= 0 (0 = every prompt), got {self.n_prompts}")
-        if self.max_new_tokens < 1:
-            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        check_shared_settings(self)
         if not self.concurrency or min(self.concurrency) < 1:
             raise ConfigError(f"--concurrency must be >= 1, got {list(self.concurrency)}")
         if len(set(self.concurrency)) != len(self.concurrency):
@@ -69,12 +64,6 @@ class ServingConfig:
             raise ConfigError(f"--requests-per-slot must be >= 1, got {self.requests_per_slot}")
         if self.units < 0:
             raise ConfigError(f"--units must be >= 0 (0 = as many as the prompts give), got {self.units}")
-        if self.warmup_tokens < 1:
-            raise ConfigError(f"--warmup-tokens must be >= 1, got {self.warmup_tokens}")
-        if not 0.5 <= self.level < 1:
-            raise ConfigError(f"--level must be in [0.5, 1), got {self.level}")
-        if self.resamples < 100:
-            raise ConfigError(f"--resamples must be >= 100, got {self.resamples}")
 
     @classmethod
     def for_deployment(cls, deployment: Deployment, **overrides) -> "ServingConfig":

@@ -174,7 +174,6 @@ def system_name(base: System, run: System) -> str:
 
 
 def run_generate(args) -> int:
-    from specpilot.config import DrafterKind
     from specpilot.engine.faults import parse_fault
     from specpilot.engine.session import Session
     from specpilot.errors import ConfigError

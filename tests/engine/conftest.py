@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+from specpilot.models.loading import load_model
+
 # Triton fixes interpreted vs compiled when `triton.language` is first imported, which Dynamo does:
 # without CUDA, import it under TRITON_INTERPRET=1 now, at collection (as tests/kernels/conftest.py).
 if not torch.cuda.is_available() and importlib.util.find_spec("triton") and "triton.language" not in sys.modules:
@@ -30,3 +32,15 @@ def interpreted_kernels(monkeypatch):
     gemv = importlib.import_module("specpilot.kernels.gemv")
     if not (isinstance(standard.zeros, InterpretedFunction) and isinstance(gemv._gemv_kernel, InterpretedFunction)):
         pytest.skip("triton was imported compiled before TRITON_INTERPRET=1 could be set")
+
+
+@pytest.fixture(scope="module")
+def target(target_dir):
+    """The random test target (float32, CPU), loaded once per module."""
+    return load_model(target_dir)
+
+
+@pytest.fixture(scope="module")
+def draft(drafter_dir):
+    """The random test drafter (float32, CPU), loaded once per module."""
+    return load_model(drafter_dir)

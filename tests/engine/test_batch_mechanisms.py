@@ -18,19 +18,8 @@ from specpilot.engine.serving import Request, ServingEngine
 from specpilot.engine.state import DecodeState
 from specpilot.engine.steps import prefill
 from specpilot.errors import ConfigError
-from specpilot.models.loading import load_model
 
 from tests.engine.test_lossless import assert_identical
-
-
-@pytest.fixture(scope="module")
-def target(target_dir):
-    return load_model(target_dir)
-
-
-@pytest.fixture(scope="module")
-def draft(drafter_dir):
-    return load_model(drafter_dir)
 
 
 @pytest.fixture(scope="module")

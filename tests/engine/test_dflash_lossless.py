@@ -22,14 +22,8 @@ from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.steps import prefill
 from specpilot.models.dflash import random_dflash
 from specpilot.models.dflash_checkpoint import load_dflash, write_dflash
-from specpilot.models.loading import load_model
 
 from tests.engine.test_lossless import N_PROMPTS, NEW_TOKENS, assert_identical  # noqa: F401
-
-
-@pytest.fixture(scope="module")
-def target(target_dir):
-    return load_model(target_dir)
 
 
 @pytest.fixture(scope="module")

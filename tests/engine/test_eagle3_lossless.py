@@ -22,14 +22,8 @@ from specpilot.engine.steps import prefill
 from specpilot.engine.tree import DraftTree
 from specpilot.models.eagle3 import random_eagle3
 from specpilot.models.eagle3_checkpoint import load_eagle3, write_eagle3
-from specpilot.models.loading import load_model
 
 from tests.engine.test_lossless import N_PROMPTS, NEW_TOKENS, assert_identical
-
-
-@pytest.fixture(scope="module")
-def target(target_dir):
-    return load_model(target_dir)
 
 
 @pytest.fixture(scope="module")

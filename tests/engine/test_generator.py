@@ -7,17 +7,6 @@ from specpilot.engine.drafters.draft_model import DraftModelDrafter
 from specpilot.engine.generator import Generator
 from specpilot.engine.state import DecodeState, commit_tokens, extract_outputs
 from specpilot.errors import ConfigError
-from specpilot.models.loading import load_model
-
-
-@pytest.fixture(scope="module")
-def target(target_dir):
-    return load_model(target_dir)
-
-
-@pytest.fixture(scope="module")
-def draft(drafter_dir):
-    return load_model(drafter_dir)
 
 
 def test_commit_tokens_respects_counts_eos_and_limit():

@@ -13,11 +13,6 @@ from specpilot.models.loading import load_model
 B, CAP = 4, 64
 
 
-@pytest.fixture(scope="module")
-def target(target_dir):
-    return load_model(target_dir)
-
-
 def fresh(model) -> KVCache:
     return KVCache.allocate(model.config, B, CAP, model.device, model.dtype)
 

@@ -20,19 +20,8 @@ from specpilot.engine.state import DecodeState
 from specpilot.engine.steps import prefill, verify_step
 from specpilot.engine.tree import DraftTree
 from specpilot.errors import ConfigError
-from specpilot.models.loading import load_model
 
 from tests.conftest import random_requests
-
-
-@pytest.fixture(scope="module")
-def target(target_dir):
-    return load_model(target_dir)
-
-
-@pytest.fixture(scope="module")
-def draft(drafter_dir):
-    return load_model(drafter_dir)
 
 
 @pytest.fixture(scope="module")

@@ -20,16 +20,6 @@ from specpilot.models.loading import load_model
 
 
 @pytest.fixture(scope="module")
-def target(target_dir):
-    return load_model(target_dir)
-
-
-@pytest.fixture(scope="module")
-def draft(drafter_dir):
-    return load_model(drafter_dir)
-
-
-@pytest.fixture(scope="module")
 def requests():
     """9 requests: prompt lengths 1..45, token limits 3..24; every third repeats a motif (n-gram)."""
     g = torch.Generator().manual_seed(11)
