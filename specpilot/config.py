@@ -80,6 +80,10 @@ class System:
     kernel: Kernel = Kernel.CUBLAS
     kernel_lm_head: bool = False  # also route lm_head through `kernel`
     kernel_table: str = ""  # a tuned kernel table over the GPU's (a file, or a candidate id of the user cache)
+    # The draft model's projections and lm_head: cuBLAS, or our Triton kernels on its BF16 weights,
+    # choosing from `kernel_table` over the GPU's table (`engine.session.with_draft_kernels`). Only
+    # the draft model (drafter = "model") reads it; the target's projections are `kernel`'s.
+    draft_kernel: Kernel = Kernel.CUBLAS
     fault: str = ""  # deliberate fault for guard testing (see specpilot.engine.faults)
     # DFlash drafts block_size - 1 tokens per round in one forward; depth, topk, draft_window and
     # adaptive_depth do not apply to it, tree_budget does (nodes of a best/spine-first tree).
@@ -138,8 +142,8 @@ class System:
             raise ConfigError(f"system {self.name!r}: sync_every must be >= 1")
         if self.w12 and self.kernel is not Kernel.TRITON:
             raise ConfigError(f"system {self.name!r}: w12 = true needs kernel = 'triton'")
-        if self.kernel_table and self.kernel is not Kernel.TRITON:
-            raise ConfigError(f"system {self.name!r}: kernel_table needs kernel = 'triton'")
+        if self.kernel_table and Kernel.TRITON not in (self.kernel, self.draft_kernel):
+            raise ConfigError(f"system {self.name!r}: kernel_table needs kernel = 'triton' (or draft_kernel)")
         if not (1 <= self.ngram_min <= self.ngram_max):
             raise ConfigError(f"system {self.name!r}: need 1 <= ngram_min <= ngram_max")
         for d in self.adaptive_depth:
@@ -229,8 +233,8 @@ class System:
         kw = dict(d)
         if name is not None:
             kw.setdefault("name", name)
-        for knob, kind in (("drafter", DrafterKind), ("kernel", Kernel), ("tree_construction", TreeConstruction),
-                           ("attention", AttentionKernel)):
+        for knob, kind in (("drafter", DrafterKind), ("kernel", Kernel), ("draft_kernel", Kernel),
+                           ("tree_construction", TreeConstruction), ("attention", AttentionKernel)):
             if knob in kw and not isinstance(kw[knob], kind):
                 try:
                     kw[knob] = kind(kw[knob])
@@ -253,7 +257,7 @@ class System:
 _LATER_KNOBS = {"block_size": 16, "tree_construction": TreeConstruction.BEST_FIRST.value, "kernel_table": "",
                 "shared_budget": 0, "row_depth_margin": 0, "segment_tokens": 0, "attention_span": 256,
                 "draft_compile": False, "verify_compile": False, "attention": AttentionKernel.SDPA.value,
-                "pdl": False}
+                "pdl": False, "draft_kernel": Kernel.CUBLAS.value}
 
 
 @dataclass(frozen=True)

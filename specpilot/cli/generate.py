@@ -41,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--kernel", choices=[k.value for k in Kernel], help="projection kernel")
     p.add_argument("--w12", action="store_true", help="run projections from W12 weights (implies --kernel triton)")
+    p.add_argument("--draft-kernel", choices=[k.value for k in Kernel],
+                   help="the draft model's projection kernel (its projections and lm_head)")
     p.add_argument("--attention", choices=[a.value for a in AttentionKernel],
                    help="cached attention: torch's SDPA (default) or the split-KV Triton kernel")
     p.add_argument("--compile", action="store_true",
@@ -132,6 +134,8 @@ def system_from_args(args, dep: Deployment) -> System:
         changes["kernel"] = Kernel(args.kernel)
     if args.w12:
         changes["w12"], changes["kernel"] = True, Kernel.TRITON
+    if getattr(args, "draft_kernel", None):
+        changes["draft_kernel"] = Kernel(args.draft_kernel)
     if getattr(args, "attention", None):
         changes["attention"] = AttentionKernel(args.attention)
     if getattr(args, "compile", False):

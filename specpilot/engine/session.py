@@ -88,6 +88,20 @@ def with_kernels(model: Transformer, system: System) -> Transformer:
     return clone
 
 
+def with_draft_kernels(model: Transformer | None, system: System) -> Transformer | None:
+    """The draft model itself for cuBLAS (`draft_kernel`); otherwise a clone sharing every tensor
+    whose projections and lm_head run our Triton kernels on its weights, choosing from the system's
+    `kernel_table`. None stays None."""
+    if model is None or system.draft_kernel is Kernel.CUBLAS:
+        return model
+    _check_triton_device(model.device, system, "draft_kernel = 'triton'")
+    from specpilot.models.linear import swap_projections
+
+    clone = _shared_clone(model)
+    swap_projections(clone, w12=False, lm_head=True, table=system.kernel_table)
+    return clone
+
+
 def _load_beside(deployment: Deployment, kind: str, is_kind, load, target, device, dtype):
     """The feature-conditioned drafter a deployment names in field `kind`, widened to the target's
     width (it was trained for the target at width target / target_expand)."""
@@ -168,10 +182,14 @@ class Session:
         return self._targets[key]
 
     def _drafter_for(self, role: str, system: System):
-        """The session's draft model, EAGLE-3 head or DFlash drafter (`role`) with the system's attention."""
-        key = (role, system.attention)
+        """The session's draft model, EAGLE-3 head or DFlash drafter (`role`) with the system's
+        attention (and, the draft model, its `draft_kernel`)."""
+        kernels = (system.draft_kernel, system.kernel_table if system.draft_kernel is Kernel.TRITON else "")
+        key = (role, system.attention, *(kernels if role == "model" else ()))
         if key not in self._drafter_models:
             model = {"model": self.drafter_model, "eagle3": self.eagle3_model, "dflash": self.dflash_model}[role]
+            if role == "model":
+                model = with_draft_kernels(model, system)
             self._drafter_models[key] = with_attention(model, system)
         return self._drafter_models[key]
 

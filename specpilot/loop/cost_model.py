@@ -34,8 +34,9 @@ Floors by format (`format_floors`): the same floors and ceiling with the weights
 in each format the engine can run (`FORMAT_BITS`: BF16, W12), whatever the measured system runs,
 so the table shows the room a format would give (the gaps stay those of the measured format).
 
-Owns: `GapKind`, `Gap`, `CostTable` (with `predict_ms_per_token` for any tree shape, what the knob
-agent ranks moves by), `analyze`, `render`. Does not own measuring (engine) or acting on gaps
+Owns: `GapKind`, `Gap`, `CostTable` (with `predict_ms_per_token` for any tree shape and
+`predict_format_ms_per_token` for another weight format, what the knob agent ranks moves by),
+`analyze`, `render`. Does not own measuring (engine) or acting on gaps
 (proposer agents).
 """
 
@@ -244,6 +245,18 @@ class CostTable:
             return float("nan")
         draft = self.draft_forward_ms * shape.depth
         return (draft + self.verify_ms_at(shape.nodes) + self.overhead_ms) / self.tokens_per_round_for(shape)
+
+    def predict_format_ms_per_token(self, fmt: str) -> float:
+        """Estimated ms/token of the measured system with the target's weights in format `fmt` (a
+        `FORMAT_BITS` key): its verify forward scaled by the ratio of that format's floor to the
+        measured format's (the kernels keep today's distance from their floor), drafting and
+        overhead as measured; NaN without format floors (a table stored before them). Whether the
+        format's kernels keep that distance at this tree's row count is what timing it answers."""
+        f = self.format_floor(fmt)
+        if f is None or not self.verify_floor > 0:
+            return math.nan
+        verify = self.verify_ms * f.verify_floor_ms / self.verify_floor
+        return (self.draft_ms + verify + self.overhead_ms) / self.tokens_per_round
 
     def switched(self, kind: str) -> CostTable | None:
         """The cost table of this system with drafter `kind` switched in, from its measured rounds

@@ -39,6 +39,7 @@ def name_of(*argv: str) -> str:
     (("--drafter", "none", "--compile"), "ar+verify_compile=true"),  # AR compiles its step; it drafts nothing
     (("--drafter", "ngram", "--compile"), "ngram+verify_compile=true"),  # prompt lookup runs on the host
     (("--pdl",), "stock+pdl=true"),
+    (("--draft-kernel", "triton"), "stock+draft_kernel=triton"),
 ])
 def test_the_name_says_what_runs(argv, name):
     assert name_of(*argv) == name

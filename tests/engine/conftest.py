@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specpilot.models.loading import load_model
+from specpilot.models.random_checkpoint import tiny_config, write_random_checkpoint, write_truncated_drafter
 
 # Triton fixes interpreted vs compiled when `triton.language` is first imported, which Dynamo does:
 # without CUDA, import it under TRITON_INTERPRET=1 now, at collection (as tests/kernels/conftest.py).
@@ -44,3 +45,11 @@ def target(target_dir):
 def draft(drafter_dir):
     """The random test drafter (float32, CPU), loaded once per module."""
     return load_model(drafter_dir)
+
+
+@pytest.fixture(scope="module")
+def bf16_dirs(tmp_path_factory):
+    """A two-layer target with exactly-BF16 weights (W12 encodes nothing else) and a one-layer drafter."""
+    root = tmp_path_factory.mktemp("bf16")
+    target = write_random_checkpoint(root / "target", tiny_config(num_layers=2), seed=0, dtype=torch.bfloat16)
+    return target, write_truncated_drafter(target, root / "drafter", num_layers=1)

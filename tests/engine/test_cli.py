@@ -90,8 +90,11 @@ def test_impossible_settings(capsys, target_dir, flag, value, message):
     assert code == 2 and message in one_error_line(err)
 
 
-def test_split_attention_on_a_cpu_without_the_interpreter_is_one_error_line(capsys, target_dir, monkeypatch):
+@pytest.mark.parametrize("flag, value, knob", [("--attention", "split_kv", "attention = 'split_kv'"),
+                                               ("--draft-kernel", "triton", "draft_kernel = 'triton'")])
+def test_triton_kernels_on_a_cpu_without_the_interpreter_are_one_error_line(capsys, target_dir, drafter_dir,
+                                                                            monkeypatch, flag, value, knob):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    code, _, err = run(capsys, "generate", "--target", str(target_dir), "--prompt", "x", "--device", "cpu",
-                       "--attention", "split_kv")
-    assert code == 2 and "attention = 'split_kv' needs a CUDA device" in one_error_line(err)
+    code, _, err = run(capsys, "generate", "--target", str(target_dir), "--drafter", str(drafter_dir), "--prompt",
+                       "x", "--device", "cpu", flag, value)
+    assert code == 2 and f"{knob} needs a CUDA device" in one_error_line(err)

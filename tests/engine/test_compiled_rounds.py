@@ -16,7 +16,6 @@ from specpilot.models.dflash import random_dflash
 from specpilot.models.dflash_checkpoint import write_dflash
 from specpilot.models.eagle3_checkpoint import write_eagle3
 from specpilot.models.loading import load_model
-from specpilot.models.random_checkpoint import tiny_config, write_random_checkpoint, write_truncated_drafter
 
 @pytest.fixture
 def traced(monkeypatch):
@@ -108,14 +107,6 @@ def test_with_inductor_on_cpu_the_knobs_leave_the_plain_functions():
         return x + 1
 
     assert ops.STATIC_BACKEND == "inductor" and ops.compiled_static(f, torch.device("cpu")) is f
-
-
-@pytest.fixture(scope="module")
-def bf16_dirs(tmp_path_factory):
-    """A two-layer target with exactly-BF16 weights (W12 encodes nothing else) and a one-layer drafter."""
-    root = tmp_path_factory.mktemp("bf16")
-    target = write_random_checkpoint(root / "target", tiny_config(num_layers=2), seed=0, dtype=torch.bfloat16)
-    return target, write_truncated_drafter(target, root / "drafter", num_layers=1)
 
 
 @pytest.mark.parametrize("w12", [False, True])

@@ -1,6 +1,7 @@
 """The cost model: floors, gaps, the ceiling and predictions, on synthetic GPU profiles and one measured on the H200."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,11 @@ def test_format_floors_show_the_room_of_every_weight_format():
     assert f"(this system: {t.bits_per_weight:.1f} bits)" in t.render()
     old = {k: v for k, v in t.to_dict().items() if k != "format_floors"}  # a table stored before formats
     assert CostTable.from_dict(old).format_floors == ()
+    # the system in another format: its verify forward at today's distance from that format's floor
+    verify = t.verify_ms * w12.verify_floor_ms / t.verify_floor
+    assert t.predict_format_ms_per_token("w12") == (t.draft_ms + verify + t.overhead_ms) / t.tokens_per_round
+    assert t.predict_format_ms_per_token("bf16") < t.ms_per_token  # measured 6.7 GB, 6.6 GB in bf16
+    assert math.isnan(CostTable.from_dict(old).predict_format_ms_per_token("w12"))
 
 
 def test_the_verify_curve_is_measured_as_far_as_the_search_reaches():

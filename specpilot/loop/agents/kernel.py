@@ -23,10 +23,12 @@ draft step, the prefill buckets up to MAX_ROWS) -- it
    searched costs no search;
 4. keeps the choices at least `MIN_SPEEDUP` faster than today's and writes them, over the
    incumbent's own table, to a table file of the candidate in the user cache
-   (`kernels.user_cache.candidate_path`). The candidate is the incumbent with two knobs,
-   `kernel = "triton"` and `kernel_table = <that file>`: any worker loads it, no git checkout or
-   worktree needed. When the loop promotes it, `promote_table` merges the file into the user cache
-   of the GPU and these versions, so every later run on this machine starts from it.
+   (`kernels.user_cache.candidate_path`). The candidate is the incumbent with `kernel_table = <that
+   file>` and the kernels turned on for each model with a shape that gained: `kernel = "triton"`
+   for the target's, `draft_kernel = "triton"` for the draft model's (counted only when it drafts,
+   on plain weights): any worker loads it, no git checkout or worktree needed. When the loop
+   promotes it, `promote_table` merges the file into the user cache of the GPU and these
+   versions, so every later run on this machine starts from it.
 Timings are `kernels.timing.GraphTimer`'s: CUDA-graph replays, as the engine runs the kernels.
 
 On CPU (or without Triton) it is off, and says so once. Today's choice, the floor and the timers sit
@@ -48,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from specpilot.config import Kernel, System
+from specpilot.config import DrafterKind, Kernel, System
 from specpilot.engine.generator import PREFILL_BUCKET
 from specpilot.kernels import user_cache
 from specpilot.kernels.configs import (
@@ -153,10 +155,10 @@ def deployment_shapes(target, drafter, system: System, batch: int, tree_nodes: i
     one), counted per decode round: the target's verification over batch x tree nodes rows; the
     drafter's expansions over batch x topk rows, `draft_forwards` of them; and each prefill bucket
     of both models up to MAX_ROWS rows per batch row, counted 0 (prefill runs once per request).
-    The drafter's shapes count only with `drafter_kernels`: today the engine swaps the target's
-    projections only (`engine.session.with_kernels`), so the drafter's entries are tuned for when
-    it runs the kernels but save nothing yet. One shape per (name, rows); the search times a size
-    once however many shapes share it."""
+    The drafter's shapes count only with `drafter_kernels` (the incumbent drafts with the draft
+    model, whose projections `draft_kernel` can turn to the kernels; counted 0 otherwise: tuned,
+    but saving nothing). One shape per (name, rows); the search times a size once however many
+    shapes share it."""
     out = [ProjectionShape(s.name, s.m, s.n, s.k, s.count)
            for s in projection_shapes(target, batch * tree_nodes, system.kernel_lm_head)]
     models = [("", target, system.kernel_lm_head)]
@@ -254,13 +256,15 @@ def _label(choice: Choice) -> str:
 
 
 def table_document(device_name: str, fmt: str, existing: dict, timings: list[ShapeTiming],
-                   every: bool = False) -> dict:
-    """A tuned table: `existing` ({(format, m, n, k): choice}) plus the improvements (`every`: each
-    shape's best, improved or not, as a cuBLAS incumbent turning to the kernels needs: a shape
-    without an entry would run the untuned heuristic instead of the cuBLAS it ran)."""
+                   every=False) -> dict:
+    """A tuned table: `existing` ({(format, m, n, k): choice}) plus the improvements (`every`, a bool
+    or a predicate on shapes: each such shape's best, improved or not, as a model on cuBLAS turning
+    to the kernels needs: a shape without an entry would run the untuned heuristic instead of the
+    cuBLAS it ran)."""
     entries: dict = dict(existing)
+    needs = every if callable(every) else (lambda shape: every)
     for t in timings:
-        if t.improved or every:
+        if t.improved or needs(t.shape):
             entries[(fmt, m_bucket(t.shape.m), t.shape.n, t.shape.k)] = choice_of(t.best)
     return tuned_document(device_name, entries, written_by="specpilot.loop.agents.kernel")
 
@@ -305,17 +309,23 @@ def promote_table(previous: System, promoted: System, device_name: str) -> Path 
     return user_cache.promote(user_cache.resolve(promoted.kernel_table, slug), slug)
 
 
+def is_drafter_shape(shape: ProjectionShape) -> bool:
+    return shape.name.startswith("drafter.")
+
+
 class GpuKernelBench:
     """Real timings on the loop's GPU, on the deployment's own weights (W12-encoded if `w12`);
-    today's choice as the dispatcher makes it under the incumbent's `table`, or cuBLAS (`cublas`)."""
+    today's choice as the dispatcher makes it under the incumbent's `table`, or cuBLAS where that
+    model runs it (`cublas`: the target's projections; `draft_cublas`: the drafter's)."""
 
-    def __init__(self, target, drafter, w12: bool, bandwidth_gbps: float, table: str = "", cublas: bool = False):
+    def __init__(self, target, drafter, w12: bool, bandwidth_gbps: float, table: str = "", cublas: bool = False,
+                 draft_cublas: bool = True):
         from specpilot.kernels.dispatch import device_name
         from specpilot.kernels.launch import sm_count
         from specpilot.kernels.timing import GraphTimer
 
         self.models = [m for m in (target, drafter) if m is not None]
-        self.table, self.cublas = table, cublas
+        self.table, self.cublas, self.draft_cublas = table, cublas, draft_cublas
         self.weight_format = WeightFormat.W12 if w12 else WeightFormat.DENSE
         self.bandwidth = bandwidth_gbps * 1e9  # bytes moved per second, as the cost model counts it
         self.device = target.device
@@ -352,8 +362,8 @@ class GpuKernelBench:
     def current(self, shape: ProjectionShape) -> Choice:
         from specpilot.kernels.configs import choose
 
-        if self.cublas:  # a cuBLAS incumbent: plain F.linear, which the unpack path is for plain weights
-            return Fallback.UNPACK_CUBLAS
+        if self.draft_cublas if is_drafter_shape(shape) else self.cublas:
+            return Fallback.UNPACK_CUBLAS  # plain F.linear, which the unpack path is for plain weights
         return choose(self.weight_format, shape.m, shape.n, shape.k, self.device_name, self.table)
 
     def floor_us(self, shape: ProjectionShape) -> float:
@@ -384,7 +394,8 @@ class KernelAgent(Proposer):
             return []
         system = ctx.incumbent.candidate.system
         bench = GpuKernelBench(session.target, getattr(session, "drafter_model", None), system.w12,
-                               ctx.cost.profile.bandwidth_gbps, system.kernel_table, system.kernel is Kernel.CUBLAS)
+                               ctx.cost.profile.bandwidth_gbps, system.kernel_table, system.kernel is Kernel.CUBLAS,
+                               system.draft_kernel is Kernel.CUBLAS)
         return self.propose_with(ctx, bench)
 
     def propose_with(self, ctx: ProposerContext, bench) -> list[Proposal]:
@@ -392,8 +403,11 @@ class KernelAgent(Proposer):
         inc = ctx.incumbent.candidate
         profile = ctx.cost.profile
         drafter = getattr(ctx.models, "drafter_model", None)
+        # the draft model's projections save time when it drafts and the kernels can take them: plain
+        # weights (a bench of the target's W12 planes times no BF16 drafter shape)
+        drafts = inc.system.drafter is DrafterKind.MODEL and bench.weight_format is WeightFormat.DENSE
         shapes = deployment_shapes(ctx.models.target.config, drafter.config if drafter is not None else None,
-                                   inc.system, profile.batch, profile.tree_nodes, profile.draft_forwards)
+                                   inc.system, profile.batch, profile.tree_nodes, profile.draft_forwards, drafts)
         slug = device_slug(bench.device_name)
         fmt = bench.weight_format.value
         today = {s: choice_dict(bench.current(s)) for s in shapes}
@@ -410,18 +424,29 @@ class KernelAgent(Proposer):
         if not better or saved_us * 1e-3 < 0.005 * ctx.cost.round_ms:
             ctx.log(f"kernel: nothing beats today's choice by {MIN_SPEEDUP - 1:.0%} where it matters")
             return []
-        every = inc.system.kernel is Kernel.CUBLAS  # the candidate turns to the kernels: every shape needs its best
-        kept = {shape_key(fmt, s): choice_of(searched[shape_key(fmt, s)]["best"]) for s in done} if every else {}
+        # the kernels for the target where one of its shapes that run every round gained (or it runs
+        # them already), for the draft model where one of its did
+        gained = [is_drafter_shape(t.shape) for t in better if t.saving_us]
+        target = False in gained or inc.system.kernel is Kernel.TRITON
+        draft = True in gained or inc.system.draft_kernel is Kernel.TRITON
+        turning = {False: target and inc.system.kernel is Kernel.CUBLAS,  # a model turning from cuBLAS to the
+                   True: draft and inc.system.draft_kernel is Kernel.CUBLAS}  # kernels: each shape needs its best
+
+        def every(shape: ProjectionShape) -> bool:
+            return turning[is_drafter_shape(shape)]
+
+        kept = {shape_key(fmt, s): choice_of(searched[shape_key(fmt, s)]["best"]) for s in done if every(s)}
         document = table_document(bench.device_name, fmt, {**kept, **own_entries(inc.system, slug)}, timings, every)
         digest = hashlib.sha256(json.dumps(document["entries"], sort_keys=True).encode()).hexdigest()[:8]
         table_id = f"{fmt}-{digest}"  # by content: a table judged before is the same candidate, not timed again
         path = user_cache.write_document(user_cache.candidate_path(slug, table_id), document)
-        system = inc.system.with_changes(kernel=Kernel.TRITON, kernel_table=str(path),
-                                         name=f"kernel:tuned-{ctx.round_label}")
+        system = inc.system.with_changes(kernel=Kernel.TRITON if target else inc.system.kernel,
+                                         draft_kernel=Kernel.TRITON if draft else inc.system.draft_kernel,
+                                         kernel_table=str(path), name=f"kernel:tuned-{ctx.round_label}")
         shapes_text = ", ".join(f"{t.shape.name}@{t.shape.m} {t.current_us:.0f}->{t.best_us:.0f} us"
                                 for t in sorted(better, key=lambda t: -t.saving_us)[:4])
         why = (f"tuned kernels for {len(better)} projection shape(s) ({shapes_text}): "
                f"{saved_us:.0f} us less per round of {ctx.cost.round_ms * 1e3:.0f} us")
-        gap = GapKind.VERIFY_KERNELS if any("." not in t.shape.name for t in better) else GapKind.DRAFT_KERNELS
+        gap = GapKind.VERIFY_KERNELS if any(not is_drafter_shape(t.shape) for t in better) else GapKind.DRAFT_KERNELS
         return [Proposal(self.name, Candidate(system, inc.patch, inc.workdir), why, gap, None,
                          {"timings": [t.to_dict() for t in timings], "table": str(path)})]

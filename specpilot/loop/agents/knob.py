@@ -10,25 +10,27 @@ Each round it proposes, best first:
    predict_ms_per_token`, measured costs + the fitted acceptance model): tree shapes within two
    steps of the incumbent's (depth +-2, topk one step in 1/2/4/8, node budget two steps on its
    ladder), the model's best shape anywhere, the ceiling's shape, plain AR decoding when it was
-   measured faster than drafting, and each other loaded drafter measured faster switched in
-   (`CostTable.switch_ms_per_token`). Only moves predicted faster than the measurement are kept,
-   and of shapes predicted alike only the one that drafts the fewest rows (`distinct_shapes`);
-   savings the acceptance model extrapolates are ranked at `MODEL_TRUST` of their size against
-   measured ones (AR, drafter switches). Each other drafter measured switched in also gets the
-   shape its own table predicts best (`CostTable.switched`). From AR, the shapes the last
-   speculative system's table predicts faster.
+   measured faster than drafting, W12 weights on a GPU priced by the cost table's format floors
+   (`CostTable.predict_format_ms_per_token`), and each other loaded drafter measured faster
+   switched in (`CostTable.switch_ms_per_token`). Only moves predicted faster than the
+   measurement are kept, and of shapes predicted alike only the one that drafts the fewest rows
+   (`distinct_shapes`); savings the models extrapolate (shapes, formats) are ranked at
+   `MODEL_TRUST` of their size against measured ones (AR, drafter switches). Each other drafter
+   measured switched in also gets the shape its own table predicts best (`CostTable.switched`).
+   From AR, the shapes the last speculative system's table predicts faster.
 3. *Exploratory moves*, which the model cannot price, ordered by the size of the gap they target:
    the other drafters (draft model <-> n-gram, and each feature-conditioned drafter the deployment
    loads: EAGLE-3, DFlash, unless measured more than 10% slower switched in), DFlash tree
    constructions and budgets, adaptive depth tiers, the batch mechanisms for a batched regime
    (shared node budget, per-request depth, segment admission), and on GPU CUDA graphs, the
-   proposal and the verification compiled (`draft_compile`, `verify_compile`), fewer host syncs
-   (`sync_every`), Triton kernels, W12 weights, the Triton lm_head. Under continuous
+   proposal and the verification compiled (`draft_compile`, `verify_compile`), the draft model on
+   the Triton kernels (`draft_kernel`), fewer host syncs (`sync_every`), Triton kernels, W12
+   weights (where the format floors do not price them), the Triton lm_head. Under continuous
    batching without segment admission, each drafter switch is also proposed with segment
    admission, ahead of the gap order (`segment_admission`).
 Predicted and exploratory moves are interleaved 2:1 so a round times at least one of each when
 both exist. Knobs that change nothing on the device are never proposed (on CPU: CUDA graphs,
-sync_every, kernel choice and W12). A knob move on a patched incumbent keeps its patch.
+sync_every, kernel choices and W12). A knob move on a patched incumbent keeps its patch.
 
 The loop drops proposals the memory has already judged, so the search moves outward round by
 round as the neighbourhood is used up, and re-centres whenever a move is promoted. An exploratory
@@ -52,13 +54,14 @@ from specpilot.loop.recall import change_key
 from specpilot.loop.systems import DRAFTER_SWITCHES, Candidate, describe, short_name
 
 GPU_ONLY = frozenset({"cuda_graphs", "sync_every", "kernel", "w12", "kernel_lm_head", "kernel_table", "draft_compile",
-                      "verify_compile", "attention", "pdl"})
+                      "verify_compile", "attention", "pdl", "draft_kernel"})
 
 
 def triton_launches(system: System) -> bool:
     """Whether `system` runs Triton kernels that `pdl` could launch early: ours (projections,
     split-KV attention) or inductor's (a compiled proposal or verification)."""
     return (system.kernel is Kernel.TRITON or system.attention is AttentionKernel.SPLIT_KV
+            or (system.draft_kernel is Kernel.TRITON and system.drafter is DrafterKind.MODEL)
             or system.draft_compile or system.verify_compile)
 
 
@@ -94,7 +97,8 @@ class KnobAgent(Proposer):
         inc = ctx.incumbent.candidate
         seeds = self._memory_seeds(ctx)
         predicted = self._predicted(ctx)
-        explore = self._exploratory(ctx)
+        priced = {p.hash for p in predicted}
+        explore = [p for p in self._exploratory(ctx) if p.hash not in priced]  # e.g. W12, when priced
         ordered = seeds + interleave(predicted, explore, EXPLORE_EVERY)
         # The cap counts only proposals the memory has not judged: the loop drops judged ones (and
         # says so); a cap applied before that would keep proposing the same first few moves and
@@ -185,6 +189,8 @@ class KnobAgent(Proposer):
             self._reenter(ctx, moves)
         if shaped and cost.shape is not None:
             self._switched_shapes(ctx, moves)
+        if ctx.on_gpu and not inc.w12:
+            self._format_move(ctx, moves)
         served = segment_admission(ctx.deployment.regime, inc)
         for kind, t in sorted(cost.switch_ms_per_token.items()):  # measured: ranked at full trust, like AR
             if kind in SWITCHES_BY_NAME and math.isfinite(t) and t < measured * (1 - MIN_PREDICTED_SAVING):
@@ -198,6 +204,23 @@ class KnobAgent(Proposer):
                     moves.append((rank_key(measured, t, False), p))
         moves.sort(key=lambda m: (m[0], m[1].candidate.name))
         return [p for _, p in moves]
+
+    def _format_move(self, ctx: ProposerContext, moves: list) -> None:
+        """W12 weights, priced by the cost table's format floors (`CostTable.predict_format_ms_per_token`:
+        the verify forward at today's distance from its floor, with 12.01 bits per weight)."""
+        cost, inc = ctx.cost, ctx.incumbent.candidate.system
+        t, measured = cost.predict_format_ms_per_token("w12"), cost.ms_per_token
+        if not (math.isfinite(t) and t < measured * (1 - MIN_PREDICTED_SAVING)):
+            return  # e.g. a verify forward bound by compute: fewer bytes do not shorten it
+        triton = inc.kernel is Kernel.TRITON
+        changes = {"w12": True} if triton else {"kernel": Kernel.TRITON.value, "w12": True}
+        floor = cost.format_floor("w12").verify_floor_ms
+        why = (f"W12 weights (12.01 bits, lossless){'' if triton else ' under the Triton kernels'}: verify floor "
+               f"{cost.verify_floor:.3f} -> {floor:.3f} ms; predicted {t:.3f} ms/token vs {measured:.3f} measured "
+               f"({1 - t / measured:.0%} less) at today's distance from the floor")
+        p = self._proposal(ctx, changes, GapKind.VERIFY_KERNELS, why, t, format="w12")
+        if p is not None:
+            moves.append((rank_key(measured, t, True), p))
 
     def _switched_shapes(self, ctx: ProposerContext, moves: list) -> None:
         """Each other drafter measured switched in at the incumbent's shape, at the tree shape its
@@ -281,6 +304,10 @@ class KnobAgent(Proposer):
                               "split-KV attention: a call with few queries (a drafter's frontier, the tree, a decode "
                               "step) cut along the cache into enough programs to fill the GPU, where torch's fused "
                               "kernels run a few dozen programs that each walk the whole cache"))
+            if inc.drafter is DrafterKind.MODEL and inc.draft_kernel is Kernel.CUBLAS:
+                moves.append((GapKind.DRAFT_KERNELS, {"draft_kernel": Kernel.TRITON.value},
+                              "the draft model's projections and lm_head through the Triton kernels: its few rows "
+                              "(topk per level) on the GEMV path, launched like the target's"))
             if not inc.pdl and triton_launches(inc):
                 moves.append((GapKind.VERIFY_KERNELS, {"pdl": True},
                               "programmatic dependent launch: each of our Triton kernels and inductor's starts "

@@ -20,6 +20,7 @@ from specpilot.loop.agents.kernel import (
     table_document,
     tune,
 )
+from specpilot.loop.systems import Candidate, Incumbent
 from specpilot.models.random_checkpoint import tiny_config
 
 SLOW = LaunchConfig(KernelPath.GEMV, block_n=4, block_k=512)  # today's choice: no candidate of the search
@@ -196,7 +197,8 @@ def test_the_deployments_shapes_are_the_row_counts_it_runs():
 def test_the_tuned_table_is_a_knob_level_candidate_promoted_into_the_user_cache(tmp_path, monkeypatch):
     """No git checkout: the table goes to a candidate file of the user cache, the candidate is the
     incumbent with kernel = triton and kernel_table = that file; decode then cuBLAS enters the
-    table where it is faster (here on the drafter's down projection); promoting merges the file."""
+    table where it is faster (here on the drafter's down projection, so the draft model turns to
+    the kernels too: draft_kernel = triton); promoting merges the file."""
     from specpilot.kernels import configs
 
     monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
@@ -209,7 +211,7 @@ def test_the_tuned_table_is_a_knob_level_candidate_promoted_into_the_user_cache(
     bench = SimulatedBench(unpack_fast={(128, 512)})  # the drafter's down: [C=128, I=512]
     (p,) = KernelAgent(AgentOptions(kernel_budget_s=60)).propose_with(ctx, bench)
     inc = ctx.incumbent.candidate
-    assert p.candidate.system.diff(inc.system).keys() == {"kernel", "kernel_table"}
+    assert p.candidate.system.diff(inc.system).keys() == {"kernel", "kernel_table", "draft_kernel"}
     assert p.candidate.patch is None and p.candidate.workdir is None
     assert p.candidate.system.kernel.value == "triton" and p.gap.value == "verify-kernels"
     table = Path(p.candidate.system.kernel_table)
@@ -233,6 +235,42 @@ def test_the_tuned_table_is_a_knob_level_candidate_promoted_into_the_user_cache(
     assert configs.choose_config(WeightFormat.DENSE, 8, 256, 1024, "NVIDIA H200") == FAST
     assert promote_table(p.candidate.system, p.candidate.system, "NVIDIA H200") is None  # nothing new
     configs.tuned_table.cache_clear()
+
+
+class DrafterOnlyBench(SimulatedBench):
+    """No config beats today's on any size; decode then cuBLAS is 3x faster on `unpack_fast`."""
+
+    def time(self, problem, config):
+        trial = super().time(problem, config)
+        return Trial(config, us=3 * problem.n * problem.k * 2 / 4e6 + 200.0) if trial.us else trial
+
+
+def test_a_gain_on_the_draft_models_shapes_alone_turns_only_the_draft_model_to_the_kernels(tmp_path, monkeypatch):
+    """The drafter's shapes count (per draft forward) while it drafts with the draft model: a gain
+    there is a draft-kernels candidate that leaves the target on cuBLAS; a W12 bench (the target's
+    planes) counts none of them."""
+    from specpilot.config import Kernel
+
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
+    target = tiny_config(hidden_size=256, intermediate_size=1024)
+    drafter = tiny_config(hidden_size=128, intermediate_size=512, num_layers=1)
+    models = SimpleNamespace(target=SimpleNamespace(config=target), drafter_model=SimpleNamespace(config=drafter))
+    ctx = context(checkout=None, scratch=tmp_path / "scratch", models=models)
+    (p,) = KernelAgent(AgentOptions(kernel_budget_s=60)).propose_with(ctx, DrafterOnlyBench(unpack_fast={(128, 512)}))
+    inc = ctx.incumbent.candidate.system
+    assert p.candidate.system.diff(inc).keys() == {"draft_kernel", "kernel_table"}
+    assert p.candidate.system.kernel is Kernel.CUBLAS and p.candidate.system.draft_kernel is Kernel.TRITON
+    assert p.gap.value == "draft-kernels" and "drafter.down@" in p.rationale
+    (down,) = [t for t in p.details["timings"] if t["shape"]["name"] == "drafter.down"]
+    assert down["shape"]["count"] == 1 * ctx.cost.profile.draft_forwards  # one layer, each draft forward
+    entries = json.loads(Path(p.candidate.system.kernel_table).read_text())["entries"]
+    drafter_sizes = {(s.n, s.k) for s in projection_shapes(drafter, 4, True)}
+    assert entries and all((e["n"], e["k"]) in drafter_sizes for e in entries)  # the drafter's turn only
+    on_w12 = Incumbent(Candidate(inc.with_changes(name="w12", kernel=Kernel.TRITON, w12=True)))
+    ctx = context(incumbent=on_w12, checkout=None, scratch=tmp_path / "scratch", models=models)
+    (q,) = KernelAgent(AgentOptions(kernel_budget_s=60)).propose_with(ctx, W12Bench())
+    counts = [t["shape"]["count"] for t in q.details["timings"] if t["shape"]["name"].startswith("drafter.")]
+    assert counts and not any(counts) and q.candidate.system.draft_kernel is Kernel.CUBLAS
 
 
 class W12Bench(SimulatedBench):

@@ -28,7 +28,8 @@ def test_on_gpu_predicted_tree_moves_come_first_best_predicted_first():
     assert out[0] is predicted[0] and out[0].candidate.system.tree_budget > 7  # memory bound: a wider tree
     assert out[2].predicted_ms_per_token is None  # every third: an exploratory move
     explored = {k for p in out if p.predicted_ms_per_token is None for k in p.candidate.changes_from(ctx.stock)}
-    assert {"kernel", "w12", "attention"} <= explored
+    assert {"kernel", "attention"} <= explored
+    assert any(p.candidate.system.w12 for p in predicted)  # priced by the format floors
     assert len({p.hash for p in out}) == len(out) and ctx.incumbent.candidate.hash not in {p.hash for p in out}
 
 
@@ -46,6 +47,31 @@ def test_of_tree_shapes_predicted_alike_only_the_one_drafting_fewest_rows_is_pro
     assert shapes and all(not math.isclose(a, b, rel_tol=1e-9) for i, a in enumerate(times) for b in times[:i])
     assert {"depth": 3, "topk": 2, "budget": 8} in shapes
     assert not {(s["topk"], s["budget"]) for s in shapes if s["depth"] == 3} & {(4, 8), (8, 8)}
+
+
+def test_on_gpu_w12_is_a_predicted_move_priced_by_the_format_floors():
+    """The verify forward at today's distance from its floor with 12.01 bits a weight: a predicted
+    move, ranked with the shapes, not one exploratory move among a dozen; none where the incumbent
+    runs W12 already, and where the verify forward is bound by compute it stays exploratory."""
+    from loop_fixtures import gpu_profile
+
+    from specpilot.config import Kernel
+    from specpilot.loop.acceptance import TreeShape
+    from specpilot.loop.cost_model import analyze
+
+    ctx = context()
+    out = KnobAgent().propose(ctx)
+    (w12,) = [p for p in out if p.candidate.system.w12]
+    assert w12.candidate.changes_from(ctx.incumbent.candidate) == {"kernel": ["cublas", "triton"], "w12": [False, True]}
+    assert w12.predicted_ms_per_token == ctx.cost.predict_format_ms_per_token("w12") < ctx.cost.ms_per_token
+    assert w12.gap.value == "verify-kernels" and "verify floor 1.691 -> 1.255 ms" in w12.rationale
+    assert out.index(w12) < 6  # ranked among the predicted moves, ahead of most exploratory ones
+    on_w12 = STOCK.with_changes(name="w12", kernel=Kernel.TRITON, w12=True)
+    assert not [p for p in KnobAgent().propose(context(incumbent=Incumbent(Candidate(on_w12)))) if "w12" in
+                p.candidate.changes_from(Candidate(on_w12))]
+    compute_bound = analyze(gpu_profile(matmul_tflops=20.0), TreeShape.of(STOCK), STOCK.name, 4096)
+    (explored,) = [p for p in KnobAgent().propose(context(cost=compute_bound, limit=60)) if p.candidate.system.w12]
+    assert explored.predicted_ms_per_token is None
 
 
 def test_on_cpu_knobs_without_effect_there_are_never_proposed():
@@ -354,7 +380,24 @@ def test_on_gpu_it_proposes_pdl_once_where_triton_kernels_run():
                 if p.candidate.changes_from(inc.candidate) == {"pdl": [False, True]}]
 
     assert not pdl_moves(STOCK)  # the stock fixture: cuBLAS, SDPA, eager
-    for knobs in ({"verify_compile": True}, {"kernel": Kernel.TRITON}, {"attention": AttentionKernel.SPLIT_KV}):
+    for knobs in ({"verify_compile": True}, {"kernel": Kernel.TRITON}, {"attention": AttentionKernel.SPLIT_KV},
+                  {"draft_kernel": Kernel.TRITON}):
         moves = pdl_moves(STOCK.with_changes(name="k", **knobs))
         assert len(moves) == 1 and moves[0].gap.value == "verify-kernels", knobs
     assert not pdl_moves(STOCK.with_changes(name="on", verify_compile=True, pdl=True))
+    # the draft model's kernels launch only while it drafts
+    assert not pdl_moves(STOCK.with_changes(name="n", drafter=DrafterKind.NGRAM, draft_kernel=Kernel.TRITON))
+
+
+def test_on_gpu_it_proposes_the_draft_models_kernels_while_it_drafts():
+    def draft_kernel_moves(system, device="cuda"):
+        inc = Incumbent(Candidate(system), 1, 0.1)
+        return [p for p in KnobAgent().propose(context(incumbent=inc, limit=60, device=device))
+                if "draft_kernel" in p.candidate.changes_from(inc.candidate)]
+
+    (move,) = draft_kernel_moves(STOCK)
+    assert move.candidate.changes_from(Candidate(STOCK)) == {"draft_kernel": ["cublas", "triton"]}
+    assert move.gap.value == "draft-kernels" and move.predicted_ms_per_token is None
+    assert not draft_kernel_moves(STOCK, device="cpu")
+    assert not draft_kernel_moves(STOCK.with_changes(name="e", drafter=DrafterKind.EAGLE3))
+    assert not draft_kernel_moves(STOCK.with_changes(name="on", draft_kernel=Kernel.TRITON))

@@ -1,0 +1,59 @@
+"""`draft_kernel`: the draft model's projections and lm_head on our Triton kernels (BF16 weights,
+the system's `kernel_table`), the target's as `kernel` says. The kernels run under Triton's
+interpreter on CPU."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from specpilot.config import Deployment, DrafterKind, Kernel, System
+from specpilot.engine.session import Session
+from specpilot.errors import ConfigError
+from specpilot.kernels import op
+from specpilot.models.linear import TritonLinear
+
+STOCK = System(drafter=DrafterKind.MODEL, depth=2, topk=2, tree_budget=4)
+
+
+def session(bf16_dirs) -> Session:
+    target, drafter = bf16_dirs
+    return Session.load(Deployment(name="k", target=str(target), drafter=str(drafter), stock=STOCK),
+                        device="cpu", dtype=torch.float32)
+
+
+def test_the_draft_model_runs_the_kernels_with_the_table_and_the_rounds_keep_the_ar_tokens(
+        interpreted_kernels, bf16_dirs, make_prompts, monkeypatch):
+    s = session(bf16_dirs)
+    prompts = make_prompts(1, seed=3, lo=4, hi=8)
+    want = s.generator(STOCK.plain_ar()).generate(prompts, 5).outputs
+    calls = []
+    linear = op.linear
+    monkeypatch.setattr(op, "linear", lambda x, handle, table: calls.append(table) or linear(x, handle, table))
+    system = dataclasses.replace(STOCK, name="drafted", draft_kernel=Kernel.TRITON, kernel_table="/tmp/t.json")
+    gen = s.generator(system)
+    assert gen.generate(prompts, 5).outputs == want
+    draft = next(iter(gen.drafters.values())).model
+    swapped = [m for m in draft.modules() if isinstance(m, TritonLinear)]
+    assert len(swapped) == 4 + 1 and {m.table for m in swapped} == {"/tmp/t.json"}  # one layer and the lm_head
+    assert draft.lm_head.weight is s.drafter_model.lm_head.weight  # shared, not copied
+    assert not any(isinstance(m, TritonLinear) for m in gen.target.modules())  # the target stays on cuBLAS
+    assert not any(isinstance(m, TritonLinear) for m in s.drafter_model.modules())  # the session's model too
+    assert calls and set(calls) == {"/tmp/t.json"}  # the kernels ran, with the table
+
+
+def test_without_a_gpu_or_the_interpreter_it_is_one_config_error(bf16_dirs, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ConfigError, match="draft_kernel = 'triton' needs a CUDA device"):
+        session(bf16_dirs).generator(dataclasses.replace(STOCK, name="d", draft_kernel=Kernel.TRITON))
+
+
+def test_the_knob_reads_from_toml_carries_a_table_alone_and_leaves_default_fingerprints_alone():
+    on = System.from_dict({"draft_kernel": "triton", "kernel_table": "/tmp/t.json"}, name="d")
+    assert on.draft_kernel is Kernel.TRITON and on.kernel is Kernel.CUBLAS and 'draft_kernel = "triton"' in on.to_toml()
+    assert dataclasses.replace(STOCK, draft_kernel=Kernel.CUBLAS).fingerprint() == STOCK.fingerprint()
+    assert on.fingerprint() != on.with_changes(draft_kernel=Kernel.CUBLAS, kernel=Kernel.TRITON).fingerprint()
+    with pytest.raises(ConfigError, match="draft_kernel"):
+        System.from_dict({"draft_kernel": "cutlass"}, name="x")
+    with pytest.raises(ConfigError, match="kernel_table needs kernel"):
+        System(kernel_table="/tmp/t.json")
