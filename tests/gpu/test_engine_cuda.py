@@ -139,3 +139,26 @@ def test_kernels_launched_with_pdl_give_the_tokens_of_plain_launches(bf16_dirs, 
         assert launch.pdl(torch.device("cuda"))
     torch._dynamo.reset()
     assert run(True) == plain
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
+def test_a_draft_model_on_the_triton_kernels_keeps_the_ar_tokens_in_float32(bf16_dirs, prompts, full_precision,
+                                                                           compiled):
+    """draft_kernel: the draft model's projections and lm_head on our Triton kernels (CUDA graphs;
+    compiled, one `specpilot::linear` op each), the target on cuBLAS: AR's tokens."""
+    import dataclasses
+
+    from specpilot.config import Deployment, DrafterKind, Kernel, System
+    from specpilot.engine.session import Session
+    from specpilot.models.linear import TritonLinear
+
+    stock = System(drafter=DrafterKind.MODEL, depth=4, topk=3, tree_budget=12)
+    dep = Deployment(name="d", target=str(bf16_dirs[0]), drafter=str(bf16_dirs[1]), stock=stock)
+    session = Session.load(dep, device="cuda", dtype=torch.float32)
+    ar = session.generator(stock.plain_ar()).generate(prompts, NEW_TOKENS).outputs
+    system = dataclasses.replace(stock, name="d", draft_kernel=Kernel.TRITON, draft_compile=compiled)
+    gen = session.generator(system)
+    assert any(isinstance(m, TritonLinear) for m in next(iter(gen.drafters.values())).model.modules())
+    for p, e, g in zip(prompts, ar, gen.generate(prompts, NEW_TOKENS).outputs):
+        if e != g:
+            pytest.fail(first_divergence(session.target, p, e, g))
