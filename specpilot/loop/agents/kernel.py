@@ -46,7 +46,7 @@ import hashlib
 import importlib.util
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -153,30 +153,34 @@ def deployment_shapes(target, drafter, system: System, batch: int, tree_nodes: i
                       draft_forwards: int, drafter_kernels: bool = False) -> list[ProjectionShape]:
     """The projections the incumbent runs (target and drafter `ModelConfig`s; drafter None without
     one), counted per decode round: the target's verification over batch x tree nodes rows; the
-    drafter's expansions over batch x topk rows, `draft_forwards` of them; and each prefill bucket
-    of both models up to MAX_ROWS rows per batch row, counted 0 (prefill runs once per request).
-    The drafter's shapes count only with `drafter_kernels` (the incumbent drafts with the draft
-    model, whose projections `draft_kernel` can turn to the kernels; counted 0 otherwise: tuned,
-    but saving nothing). One shape per (name, rows); the search times a size once however many
-    shapes share it."""
+    draft model's `draft_forwards`: its catch-up over batch x window rows (the lm_head on each
+    row's root only), then its expansions over batch x topk rows; and each prefill bucket of both
+    models up to MAX_ROWS rows per batch row, counted 0 (prefill runs once per request). The
+    drafter's shapes count only with `drafter_kernels` (the incumbent drafts with the draft model,
+    whose projections `draft_kernel` can turn to the kernels; counted 0 otherwise: tuned, but
+    saving nothing). One shape per (name, rows), its counts summed; the search times a size once
+    however many shapes share it."""
     out = [ProjectionShape(s.name, s.m, s.n, s.k, s.count)
            for s in projection_shapes(target, batch * tree_nodes, system.kernel_lm_head)]
     models = [("", target, system.kernel_lm_head)]
     if drafter is not None and system.speculative and draft_forwards:
-        rows = batch * max(1, system.topk)
-        out += [ProjectionShape(f"drafter.{s.name}", s.m, s.n, s.k, s.count * draft_forwards * drafter_kernels)
-                for s in projection_shapes(drafter, rows, True)]
+        on = int(drafter_kernels)
+        catch_up = projection_shapes(drafter, batch * system.window, False) + [
+            s for s in projection_shapes(drafter, batch, True) if s.name == "lm_head"]
+        expansion = projection_shapes(drafter, batch * max(1, system.topk), True)
+        out += [ProjectionShape(f"drafter.{s.name}", s.m, s.n, s.k, s.count * on) for s in catch_up]
+        out += [ProjectionShape(f"drafter.{s.name}", s.m, s.n, s.k, s.count * (draft_forwards - 1) * on)
+                for s in expansion]
         models.append(("drafter.", drafter, True))
     for bucket in range(PREFILL_BUCKET, MAX_ROWS + 1, PREFILL_BUCKET):
         for prefix, config, lm_head in models:
             out += [ProjectionShape(f"{prefix}{s.name}@prefill", s.m, s.n, s.k, 0)
                     for s in projection_shapes(config, batch * bucket, lm_head)]
-    seen, unique = set(), []
+    merged: dict[tuple[str, int], ProjectionShape] = {}
     for s in out:
-        if (s.name, s.m) not in seen:
-            seen.add((s.name, s.m))
-            unique.append(s)
-    return unique
+        key = (s.name, s.m)
+        merged[key] = replace(merged[key], count=merged[key].count + s.count) if key in merged else s
+    return list(merged.values())
 
 
 def tune(shapes: list[ProjectionShape], bench: KernelBench, budget_s: float,

@@ -184,11 +184,18 @@ def test_the_deployments_shapes_are_the_row_counts_it_runs():
     for s in shapes:
         rows.setdefault(s.name, []).append(s.m)
     assert rows["down"] == [129] and "lm_head" not in rows  # verification; lm_head only with kernel_lm_head
-    assert rows["drafter.qkv"] == [8] and rows["drafter.lm_head"] == [8]  # topk x batch per draft step
+    # the catch-up over the window (depth + 1 = 8 rows, the lm_head on the root only), then 6
+    # expansions over topk x batch = 8 rows: one shape per row count, counts summed
+    assert rows["drafter.qkv"] == [8] and rows["drafter.lm_head"] == [1, 8]
     assert rows["gate_up@prefill"] == rows["drafter.o@prefill"] == [64, 128, 192, 256]  # buckets up to 257 rows
-    by_name = {s.name: s for s in shapes}
-    assert by_name["drafter.down"].count == 7 and by_name["down"].count == 4 and by_name["qkv@prefill"].count == 0
-    assert by_name["drafter.lm_head"].n == drafter.vocab_size
+    by_name = {(s.name, s.m): s for s in shapes}
+    assert by_name["drafter.down", 8].count == 7 and by_name["down", 129].count == 4
+    assert by_name["qkv@prefill", 64].count == 0
+    assert by_name["drafter.lm_head", 1].count == 1 and by_name["drafter.lm_head", 8].count == 6
+    assert by_name["drafter.lm_head", 8].n == drafter.vocab_size
+    narrow = deployment_shapes(target, drafter, system.with_changes(topk=4), 1, 129, 7, drafter_kernels=True)
+    counts = {s.m: s.count for s in narrow if s.name == "drafter.down"}
+    assert counts == {8: 1, 4: 6}  # the catch-up's window and the expansions' rows apart
     today = deployment_shapes(target, drafter, system, batch=1, tree_nodes=129, draft_forwards=7)
     assert [s.name for s in today] == [s.name for s in shapes]  # tuned all the same
     assert {s.count for s in today if s.name.startswith("drafter.")} == {0}  # the drafter runs cuBLAS today
@@ -261,8 +268,8 @@ def test_a_gain_on_the_draft_models_shapes_alone_turns_only_the_draft_model_to_t
     assert p.candidate.system.diff(inc).keys() == {"draft_kernel", "kernel_table"}
     assert p.candidate.system.kernel is Kernel.CUBLAS and p.candidate.system.draft_kernel is Kernel.TRITON
     assert p.gap.value == "draft-kernels" and "drafter.down@" in p.rationale
-    (down,) = [t for t in p.details["timings"] if t["shape"]["name"] == "drafter.down"]
-    assert down["shape"]["count"] == 1 * ctx.cost.profile.draft_forwards  # one layer, each draft forward
+    downs = [t["shape"]["count"] for t in p.details["timings"] if t["shape"]["name"] == "drafter.down"]
+    assert sum(downs) == 1 * ctx.cost.profile.draft_forwards  # one layer, each draft forward (catch-up, expansions)
     entries = json.loads(Path(p.candidate.system.kernel_table).read_text())["entries"]
     drafter_sizes = {(s.n, s.k) for s in projection_shapes(drafter, 4, True)}
     assert entries and all((e["n"], e["k"]) in drafter_sizes for e in entries)  # the drafter's turn only
