@@ -207,13 +207,20 @@ class KnobAgent(Proposer):
 
     def _format_move(self, ctx: ProposerContext, moves: list) -> None:
         """W12 weights, priced by the cost table's format floors (`CostTable.predict_format_ms_per_token`:
-        the verify forward at today's distance from its floor, with 12.01 bits per weight)."""
+        the verify forward at today's distance from its floor, with 12.01 bits per weight); not once
+        the same change was last timed without a gain on an earlier incumbent (the kernels did not
+        keep that distance), where the exploratory moves may still time it again."""
         cost, inc = ctx.cost, ctx.incumbent.candidate.system
         t, measured = cost.predict_format_ms_per_token("w12"), cost.ms_per_token
         if not (math.isfinite(t) and t < measured * (1 - MIN_PREDICTED_SAVING)):
             return  # e.g. a verify forward bound by compute: fewer bytes do not shorten it
         triton = inc.kernel is Kernel.TRITON
         changes = {"w12": True} if triton else {"kernel": Kernel.TRITON.value, "w12": True}
+        timed = ctx.recall.slower_changes(0.0).get(change_key(changes))
+        if timed is not None:  # the floors' estimate held no gain there: left to the exploratory moves
+            ctx.log(f"knob: not pricing {describe(timed.candidate.diff)} by the format floors again: "
+                    f"{timed.gain:+.1%} on an earlier incumbent (entry {timed.id})")
+            return
         floor = cost.format_floor("w12").verify_floor_ms
         why = (f"W12 weights (12.01 bits, lossless){'' if triton else ' under the Triton kernels'}: verify floor "
                f"{cost.verify_floor:.3f} -> {floor:.3f} ms; predicted {t:.3f} ms/token vs {measured:.3f} measured "

@@ -74,6 +74,32 @@ def test_on_gpu_w12_is_a_predicted_move_priced_by_the_format_floors():
     assert explored.predicted_ms_per_token is None
 
 
+def test_w12_timed_without_a_gain_on_an_earlier_incumbent_is_not_priced_again(tmp_path):
+    """The floors' estimate held no gain there: W12 goes back among the exploratory moves (where a
+    loss under 10% is still asked again) instead of leading every later round."""
+    from specpilot.config import Kernel
+
+    w12 = STOCK.with_changes(name="w12", kernel=Kernel.TRITON, w12=True)
+    wide = STOCK.with_changes(name="wide", tree_budget=24, topk=8)
+    here = fingerprint("fx")
+
+    def w12_moves(gain: float) -> tuple[list, list[str]]:
+        with Memory(tmp_path / f"m{gain}.sqlite") as memory:
+            memory.record_evaluation(here, evaluation(w12, gain=gain, verdict=Outcome.REJECT), CONFIG)
+            recall = Recall.snapshot(memory, here)
+        lines: list[str] = []
+        out = KnobAgent().propose(context(incumbent=Incumbent(Candidate(wide), 1, 0.1), recall=recall,
+                                          log=lines.append, limit=60))
+        return [p for p in out if p.candidate.system.w12], lines
+
+    (explored,), lines = w12_moves(-0.02)
+    assert explored.predicted_ms_per_token is None
+    assert any("not pricing kernel cublas->triton, w12 false->true by the format floors again: -2.0%" in line
+               for line in lines)
+    (priced,), lines = w12_moves(0.03)  # it gained there: still priced
+    assert priced.predicted_ms_per_token is not None and not lines
+
+
 def test_on_cpu_knobs_without_effect_there_are_never_proposed():
     out = KnobAgent().propose(context(device="cpu"))
     assert out
