@@ -41,6 +41,7 @@ no torch. Does not own measuring acceptance (engine) or costs (`cost_model.py`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -114,6 +115,13 @@ def node_values(shape: TreeShape, alpha: float, decay: float,
     return v[keep], dep[keep]
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _expected_drafts(shape: TreeShape, alpha: float, decay: float, rank: float) -> float:
+    """The sum of `node_values`, memoised: the ceiling search, every format's ceiling and the knob
+    agent's ranking price the same ~1,000 shapes under one fitted model."""
+    return float(node_values(shape, alpha, decay, rank)[0].sum())
+
+
 def depth_curve(shape: TreeShape, alpha: float, decay: float, rank: float = DEFAULT_RANK_DECAY) -> np.ndarray:
     """[K] the model's P(accepted drafts >= d) for d = 1..K."""
     v, dep = node_values(shape, alpha, decay, rank)
@@ -131,7 +139,7 @@ class AcceptanceModel:
 
     def expected_drafts(self, shape: TreeShape) -> float:
         """Expected accepted draft tokens per round for `shape`."""
-        return float(node_values(shape, self.alpha, self.decay, self.rank)[0].sum())
+        return _expected_drafts(shape, self.alpha, self.decay, self.rank)
 
     def tokens_per_round(self, shape: TreeShape) -> float:
         """Expected tokens committed per round (accepted drafts + the bonus token)."""
