@@ -13,6 +13,18 @@ from specpilot.loop.systems import Candidate, Incumbent
 from specpilot.memory.store import Memory
 
 
+def proposed_after(tmp_path, timed, gain: float) -> tuple[list, list[str]]:
+    """The proposals on a new incumbent (a wider tree) once `timed` (stock with one change) was
+    timed at `gain` against stock and rejected, and the agent's log lines."""
+    here = fingerprint("fx")
+    with Memory(tmp_path / f"m-{timed.name}{gain}.sqlite") as memory:
+        memory.record_evaluation(here, evaluation(timed, gain=gain, verdict=Outcome.REJECT), CONFIG)
+        recall = Recall.snapshot(memory, here)
+    lines: list[str] = []
+    wide = Incumbent(Candidate(STOCK.with_changes(name="wide", tree_budget=24, topk=8)), 1, 0.1)
+    return KnobAgent().propose(context(incumbent=wide, recall=recall, log=lines.append, limit=60)), lines
+
+
 def test_interleave_takes_every_third_from_the_second_list():
     assert interleave([1, 2, 3, 4], ["a", "b"], 3) == [1, 2, "a", 3, 4, "b"]
     assert interleave([], ["a"], 3) == ["a"] and interleave([1], [], 3) == [1]
@@ -80,16 +92,9 @@ def test_w12_timed_without_a_gain_on_an_earlier_incumbent_is_not_priced_again(tm
     from specpilot.config import Kernel
 
     w12 = STOCK.with_changes(name="w12", kernel=Kernel.TRITON, w12=True)
-    wide = STOCK.with_changes(name="wide", tree_budget=24, topk=8)
-    here = fingerprint("fx")
 
     def w12_moves(gain: float) -> tuple[list, list[str]]:
-        with Memory(tmp_path / f"m{gain}.sqlite") as memory:
-            memory.record_evaluation(here, evaluation(w12, gain=gain, verdict=Outcome.REJECT), CONFIG)
-            recall = Recall.snapshot(memory, here)
-        lines: list[str] = []
-        out = KnobAgent().propose(context(incumbent=Incumbent(Candidate(wide), 1, 0.1), recall=recall,
-                                          log=lines.append, limit=60))
+        out, lines = proposed_after(tmp_path, w12, gain)
         return [p for p in out if p.candidate.system.w12], lines
 
     (explored,), lines = w12_moves(-0.02)
@@ -358,21 +363,14 @@ def test_on_gpu_it_proposes_compiling_the_verification_over_the_triton_kernels()
 
 def test_an_exploratory_change_that_lost_clearly_on_an_earlier_incumbent_is_not_proposed_again(tmp_path):
     ngram = STOCK.with_changes(name="ngram", drafter=DrafterKind.NGRAM)
-    wide = STOCK.with_changes(name="wide", tree_budget=24, topk=8)
-    here = fingerprint("fx")
 
-    def proposed_after(loss: float) -> tuple[bool, list[str]]:
-        with Memory(tmp_path / f"m{loss}.sqlite") as memory:
-            memory.record_evaluation(here, evaluation(ngram, gain=loss, verdict=Outcome.REJECT), CONFIG)
-            recall = Recall.snapshot(memory, here)
-        lines: list[str] = []
-        out = KnobAgent().propose(context(incumbent=Incumbent(Candidate(wide), 1, 0.1), recall=recall,
-                                          log=lines.append))
+    def shown_after(loss: float) -> tuple[bool, list[str]]:
+        out, lines = proposed_after(tmp_path, ngram, loss)
         return any(p.candidate.system.drafter is DrafterKind.NGRAM for p in out), lines
 
-    shown, lines = proposed_after(-0.25)
+    shown, lines = shown_after(-0.25)
     assert not shown and any("not proposing drafter model->ngram again: -25.0%" in line for line in lines)
-    shown, lines = proposed_after(-0.05)  # within the noise of a new incumbent: asked again
+    shown, lines = shown_after(-0.05)  # within the noise of a new incumbent: asked again
     assert shown and not lines
 
 
