@@ -73,19 +73,25 @@ def with_attention(model, system: System):
     return clone
 
 
-def with_kernels(model: Transformer, system: System) -> Transformer:
-    """The model itself for cuBLAS; otherwise a clone sharing every tensor, projections swapped."""
-    if system.kernel is Kernel.CUBLAS:
-        return model
-    _check_triton_device(model.device, system, "kernel = 'triton'")
+def _swapped(model: Transformer, system: System, setting: str, w12: bool, lm_head: bool) -> Transformer:
+    """A clone sharing every tensor, its projections (and `lm_head`) on our kernels reading the
+    system's `kernel_table`; `setting` names the knob in the error off a GPU."""
+    _check_triton_device(model.device, system, setting)
     from specpilot.models.linear import swap_projections
 
     clone = _shared_clone(model)
-    swap_projections(clone, w12=system.w12, lm_head=system.kernel_lm_head, table=system.kernel_table)
+    swap_projections(clone, w12=w12, lm_head=lm_head, table=system.kernel_table)
     for module in clone.modules():  # W12Linear modules of a W12 checkpoint were there before the swap
         if hasattr(module, "table"):
             module.table = system.kernel_table
     return clone
+
+
+def with_kernels(model: Transformer, system: System) -> Transformer:
+    """The model itself for cuBLAS; otherwise a clone sharing every tensor, projections swapped."""
+    if system.kernel is Kernel.CUBLAS:
+        return model
+    return _swapped(model, system, "kernel = 'triton'", system.w12, system.kernel_lm_head)
 
 
 def with_draft_kernels(model: Transformer | None, system: System) -> Transformer | None:
@@ -94,12 +100,7 @@ def with_draft_kernels(model: Transformer | None, system: System) -> Transformer
     `kernel_table`. None stays None."""
     if model is None or system.draft_kernel is Kernel.CUBLAS:
         return model
-    _check_triton_device(model.device, system, "draft_kernel = 'triton'")
-    from specpilot.models.linear import swap_projections
-
-    clone = _shared_clone(model)
-    swap_projections(clone, w12=False, lm_head=True, table=system.kernel_table)
-    return clone
+    return _swapped(model, system, "draft_kernel = 'triton'", w12=False, lm_head=True)
 
 
 def _load_beside(deployment: Deployment, kind: str, is_kind, load, target, device, dtype):

@@ -247,25 +247,30 @@ class _Run:
             f"  {note}", index, noise=self.noise.to_dict(), noise_id=self.noise_id, measured=costs is not None,
             threshold=threshold, load=self.noise_load.to_dict(), why=note)
 
-    def _check_load(self, index: int) -> tuple:
+    def _noise_for_round(self, index: int) -> tuple:
+        """The noise floor round `index` judges its candidates by, and its memory id
+        (`RoundInputs.choose_noise`): chosen again first where the load changed (`_check_load`)."""
+        self._check_load(index)
+        return self.noise, self.noise_id
+
+    def _check_load(self, index: int) -> None:
         """Before a round times its candidates: take the timing lock if it came free, and choose the
         noise floor again when the load now (the last round's) is not comparable to the one it was
-        measured under. Returns the floor and its memory id (`RoundInputs.choose_noise`)."""
+        measured under."""
         was_held = self.lock.held
         now = self.lock.current() if self.lock.try_acquire() and not was_held else self.last_load
         if now is None or (now.contended and self.noise_load.contended):
-            return self.noise, self.noise_id  # nothing timed yet, or still contended as the floor was
+            return  # nothing timed yet, or still contended as the floor was
         why = not_comparable(self.noise_load, now)
         if why is None:
-            return self.noise, self.noise_id
+            return
         if not self.budget.fits(self.per_evaluation):
             self.journal.say(f"round {index}: the load changed since the noise floor was measured ({why}); "
                              "no time left to choose it again: keeping it")
-            return self.noise, self.noise_id
+            return
         self.journal.say(f"round {index}: the load changed since the noise floor was measured ({why}): "
                          "choosing it again")
         self._noise(now, index)
-        return self.noise, self.noise_id
 
     def measure(self, c: Candidate):
         """The cost table of `c`: in this process, or from its worktree when it carries a patch."""
@@ -322,7 +327,7 @@ class _Run:
                         self.controller, self.ccfg, self.noise, self.noise_id, self.memory, self.fp,
                         self.deployment_file, self.options.runner, candidates, self.measure, self.session, cost,
                         tuple(history), c.seed, self.seeds if not outcomes else (), c.slots,
-                        lambda i=index: self._check_load(i)), j)
+                        lambda i=index: self._noise_for_round(i)), j)
                 self.last_load = window.load
                 self.memory.tag_load([x.entry_id for x in outcome.evaluated], window.load)
                 if window.load.contended and outcome.evaluated:

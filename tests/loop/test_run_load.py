@@ -1,6 +1,6 @@
 """Before a round times its candidates the loop takes the timing lock if it came free and chooses the
 noise floor again when the load changed (`_Run._check_load`, on a bare run object: no models,
-injected loads); it returns the floor the round judges by."""
+injected loads); the round judges by the floor `_Run._noise_for_round` returns after it."""
 
 import pytest
 
@@ -42,16 +42,16 @@ def run(tmp_path):
 
 def test_nothing_is_chosen_again_before_a_round_ran_or_under_a_comparable_load(run):
     run.lock.acquire()
-    assert run._check_load(1) == ("floor 0", 0)
+    assert run._noise_for_round(1) == ("floor 0", 0)
     run.last_load = load(0.12)
-    assert run._check_load(2) == ("floor 0", 0)
+    assert run._noise_for_round(2) == ("floor 0", 0)
     assert run.chosen == []
 
 
 def test_a_busier_machine_chooses_the_noise_floor_again(run):
     run.lock.acquire()
     run.last_load = load(0.5)
-    assert run._check_load(3) == ("floor 1", 1)  # the round judges by the floor chosen again
+    assert run._noise_for_round(3) == ("floor 1", 1)  # the round judges by the floor chosen again
     assert run.chosen == [(load(0.5), 3)] and "5% of the CPU then and 50% now" in run.journal.lines[-1]
 
 
@@ -85,5 +85,5 @@ def test_no_budget_left_keeps_the_floor(run):
     run.lock.acquire()
     run.budget = Budget(1.0)
     run.last_load = load(0.6)
-    assert run._check_load(4) == ("floor 0", 0)
+    assert run._noise_for_round(4) == ("floor 0", 0)
     assert run.chosen == [] and "keeping it" in run.journal.lines[-1]

@@ -430,14 +430,15 @@ class KernelAgent(Proposer):
             return []
         # the kernels for the target where one of its shapes that run every round gained (or it runs
         # them already), for the draft model where one of its did
-        gained = [is_drafter_shape(t.shape) for t in better if t.saving_us]
+        gained = {is_drafter_shape(t.shape) for t in better if t.saving_us}  # True: a draft model's shape
         target = False in gained or inc.system.kernel is Kernel.TRITON
         draft = True in gained or inc.system.draft_kernel is Kernel.TRITON
-        turning = {False: target and inc.system.kernel is Kernel.CUBLAS,  # a model turning from cuBLAS to the
-                   True: draft and inc.system.draft_kernel is Kernel.CUBLAS}  # kernels: each shape needs its best
 
         def every(shape: ProjectionShape) -> bool:
-            return turning[is_drafter_shape(shape)]
+            """Its model turns from cuBLAS to the kernels: each of its shapes needs its best."""
+            if is_drafter_shape(shape):
+                return draft and inc.system.draft_kernel is Kernel.CUBLAS
+            return target and inc.system.kernel is Kernel.CUBLAS
 
         kept = {shape_key(fmt, s): choice_of(searched[shape_key(fmt, s)]["best"]) for s in done if every(s)}
         document = table_document(bench.device_name, fmt, {**kept, **own_entries(inc.system, slug)}, timings, every)
