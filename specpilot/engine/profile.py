@@ -43,6 +43,7 @@ class StepProfile:
     drafter_params: int
     draft_forwards: int  # draft-model forwards per round (catch-up + expansions)
     context: float  # mean cached tokens per row during the profiled generation
+    head_params: int = 0  # of target_params, the lm_head's (left in BF16 by W12; 0: stored before)
 
     @property
     def ms_per_token(self) -> float:
@@ -200,4 +201,5 @@ def profile(gen: Generator, prompts: list[list[int]], max_new_tokens: int,
         drafter_params=touched_params(dmodel) if dmodel is not None else 0,
         draft_forwards=depth if dmodel is not None else 0,
         context=sum(len(p) for p in prompts) / len(prompts) + result.num_tokens / len(prompts) / 2,
+        head_params=gen.target.lm_head.weight.numel(),
     )

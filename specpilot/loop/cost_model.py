@@ -53,8 +53,10 @@ MAX_DEPTH = 16
 TOPKS = (1, 2, 4, 8)
 BUDGETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
 # bits per weight of each format the engine runs: BF16, and W12 at its size without escapes at
-# K = 4096 (12.0098, `w12.layout`) plus a little for escapes (8-bit views join once they exist)
+# K = 4096 (12.0098, `w12.layout`) plus a little for escapes (8-bit views join once they exist);
+# the lm_head stays at HEAD_BITS in every format (W12 encodes the projections, not the lm_head)
 FORMAT_BITS = {"bf16": 16.0, "w12": 12.01}
+HEAD_BITS = 16.0
 
 
 class GapKind(enum.Enum):
@@ -195,10 +197,11 @@ class CostTable:
     # ---- floors ------------------------------------------------------------------------------
     def verify_floor_ms(self, nodes: int, bits: float | None = None) -> float:
         """Floor of a target forward over `nodes` nodes: its measured weight bytes, or (`bits`) its
-        params touched per token at that many bits each."""
+        params touched per token at that many bits each, the lm_head's at `HEAD_BITS`."""
         p = self.profile
         kv = p.kv_bytes_per_token * p.context * p.batch
-        weights = p.target_bytes if bits is None else p.target_params * bits / 8
+        weights = p.target_bytes if bits is None else ((p.target_params - p.head_params) * bits
+                                                       + p.head_params * HEAD_BITS) / 8
         return forward_floor_ms(p.target_params, weights, kv, nodes * p.batch, p)
 
     def draft_forward_floor_ms(self, topk: int = 1, bits: float | None = None) -> float:

@@ -97,12 +97,15 @@ def test_format_floors_show_the_room_of_every_weight_format():
     measured system runs; the gaps stay those of the measured format."""
     from specpilot.loop.cost_model import FORMAT_BITS, CostTable
 
-    t = cost_table()
+    t = cost_table(head_params=300_000_000)
     p = t.profile
     assert [f.format for f in t.format_floors] == list(FORMAT_BITS) == ["bf16", "w12"]
     bf16, w12 = t.format_floor("bf16"), t.format_floor("w12")
     kv = p.kv_bytes_per_token * p.context
-    assert w12.verify_floor_ms == pytest.approx((p.target_params * 12.01 / 8 + kv) / 4e12 * 1e3, rel=1e-12)
+    # the projections at 12.01 bits, the lm_head (which W12 leaves in BF16) at 16
+    weights = 3_000_000_000 * 12.01 / 8 + 300_000_000 * 2
+    assert w12.verify_floor_ms == pytest.approx((weights + kv) / 4e12 * 1e3, rel=1e-12)
+    assert cost_table().format_floor("w12").verify_floor_ms < w12.verify_floor_ms  # a profile without it
     assert w12.draft_floor_ms == pytest.approx(
         t.draft_forward_floor_ms(t.shape.topk, 12.01) * p.draft_forwards, rel=1e-12)
     assert w12.verify_floor_ms < bf16.verify_floor_ms < t.verify_floor  # 6.6 GB of BF16 params < 6.7 GB measured
