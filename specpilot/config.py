@@ -80,9 +80,10 @@ class System:
     kernel: Kernel = Kernel.CUBLAS
     kernel_lm_head: bool = False  # also route lm_head through `kernel`
     kernel_table: str = ""  # a tuned kernel table over the GPU's (a file, or a candidate id of the user cache)
-    # The draft model's projections and lm_head: cuBLAS, or our Triton kernels on its BF16 weights,
-    # choosing from `kernel_table` over the GPU's table (`engine.session.with_draft_kernels`). Only
-    # the draft model (drafter = "model") reads it; the target's projections are `kernel`'s.
+    # The drafter's own projections, lm_head and feature fusion (a draft model, an EAGLE-3 head, a
+    # DFlash drafter): cuBLAS, or our Triton kernels on its BF16 weights, choosing from
+    # `kernel_table` over the GPU's table (`engine.session.with_draft_kernels`); the target's
+    # projections (and the lm_head DFlash drafts through) are `kernel`'s.
     draft_kernel: Kernel = Kernel.CUBLAS
     fault: str = ""  # deliberate fault for guard testing (see specpilot.engine.faults)
     # DFlash drafts block_size - 1 tokens per round in one forward; depth, topk, draft_window and

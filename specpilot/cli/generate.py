@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kernel", choices=[k.value for k in Kernel], help="projection kernel")
     p.add_argument("--w12", action="store_true", help="run projections from W12 weights (implies --kernel triton)")
     p.add_argument("--draft-kernel", choices=[k.value for k in Kernel],
-                   help="the draft model's projection kernel (its projections and lm_head)")
+                   help="the drafter's projection kernel (its projections, lm_head and feature fusion)")
     p.add_argument("--attention", choices=[a.value for a in AttentionKernel],
                    help="cached attention: torch's SDPA (default) or the split-KV Triton kernel")
     p.add_argument("--compile", action="store_true",

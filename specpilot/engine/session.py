@@ -73,14 +73,14 @@ def with_attention(model, system: System):
     return clone
 
 
-def _swapped(model: Transformer, system: System, setting: str, w12: bool, lm_head: bool) -> Transformer:
-    """A clone sharing every tensor, its projections (and `lm_head`) on our kernels reading the
-    system's `kernel_table`; `setting` names the knob in the error off a GPU."""
+def _swapped(model, system: System, setting: str, w12: bool, lm_head: bool, heads: tuple[str, ...] = ()):
+    """A clone sharing every tensor, its projections (and `lm_head`, and `heads`) on our kernels
+    reading the system's `kernel_table`; `setting` names the knob in the error off a GPU."""
     _check_triton_device(model.device, system, setting)
     from specpilot.models.linear import swap_projections
 
     clone = _shared_clone(model)
-    swap_projections(clone, w12=w12, lm_head=lm_head, table=system.kernel_table)
+    swap_projections(clone, w12=w12, lm_head=lm_head, table=system.kernel_table, heads=heads)
     for module in clone.modules():  # W12Linear modules of a W12 checkpoint were there before the swap
         if hasattr(module, "table"):
             module.table = system.kernel_table
@@ -94,13 +94,14 @@ def with_kernels(model: Transformer, system: System) -> Transformer:
     return _swapped(model, system, "kernel = 'triton'", system.w12, system.kernel_lm_head)
 
 
-def with_draft_kernels(model: Transformer | None, system: System) -> Transformer | None:
-    """The draft model itself for cuBLAS (`draft_kernel`); otherwise a clone sharing every tensor
-    whose projections and lm_head run our Triton kernels on its weights, choosing from the system's
-    `kernel_table`. None stays None."""
+def with_draft_kernels(model, system: System):
+    """The drafter's own model (a draft model, an EAGLE-3 head, a DFlash drafter) itself for cuBLAS
+    (`draft_kernel`); otherwise a clone sharing every tensor whose projections, lm_head and feature
+    fusion (`fc`) run our Triton kernels on its weights, choosing from the system's `kernel_table`.
+    (DFlash drafts through the target's lm_head, which `kernel` decides.) None stays None."""
     if model is None or system.draft_kernel is Kernel.CUBLAS:
         return model
-    return _swapped(model, system, "draft_kernel = 'triton'", w12=False, lm_head=True)
+    return _swapped(model, system, "draft_kernel = 'triton'", w12=False, lm_head=True, heads=("fc",))
 
 
 def _load_beside(deployment: Deployment, kind: str, is_kind, load, target, device, dtype):
@@ -184,14 +185,12 @@ class Session:
 
     def _drafter_for(self, role: str, system: System):
         """The session's draft model, EAGLE-3 head or DFlash drafter (`role`) with the system's
-        attention (and, the draft model, its `draft_kernel`)."""
+        attention and `draft_kernel`."""
         kernels = (system.draft_kernel, system.kernel_table if system.draft_kernel is Kernel.TRITON else "")
-        key = (role, system.attention, *(kernels if role == "model" else ()))
+        key = (role, system.attention, *kernels)
         if key not in self._drafter_models:
             model = {"model": self.drafter_model, "eagle3": self.eagle3_model, "dflash": self.dflash_model}[role]
-            if role == "model":
-                model = with_draft_kernels(model, system)
-            self._drafter_models[key] = with_attention(model, system)
+            self._drafter_models[key] = with_attention(with_draft_kernels(model, system), system)
         return self._drafter_models[key]
 
     def _build(self, system: System) -> Generator:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from specpilot.errors import ConfigError
 from specpilot.kernels import dispatch, op
-from specpilot.models.transformer import Transformer, replace_linears
+from specpilot.models.transformer import replace_linears
 
 
 class TritonLinear(nn.Module):
@@ -54,9 +54,11 @@ class TritonLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, dtype={self.weight.dtype}"
 
 
-def swap_projections(model: Transformer, w12: bool, lm_head: bool = False, table: str = "") -> int:
-    """Replace projections by `W12Linear` (w12) or `TritonLinear` modules that choose their
-    kernels from `table` (a `kernel_table` knob) over the device's tuned table; returns how many."""
+def swap_projections(model: nn.Module, w12: bool, lm_head: bool = False, table: str = "",
+                     heads: tuple[str, ...] = ()) -> int:
+    """Replace projections (and the lm_head, and `heads`: see `replace_linears`) by `W12Linear`
+    (w12) or `TritonLinear` modules that choose their kernels from `table` (a `kernel_table` knob)
+    over the device's tuned table; returns how many."""
     from specpilot.models.w12_linear import W12Linear
     from specpilot.w12.codec import encode, exact_bf16
 
@@ -67,4 +69,4 @@ def swap_projections(model: Transformer, w12: bool, lm_head: bool = False, table
             return TritonLinear.from_linear(linear, table)
         return W12Linear(encode(exact_bf16(linear.weight, name)), table)
 
-    return replace_linears(model, make, lm_head=lm_head)
+    return replace_linears(model, make, lm_head=lm_head, heads=heads)

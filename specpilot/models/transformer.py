@@ -275,18 +275,31 @@ def projection_names() -> tuple[str, ...]:
     return ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
-def replace_linears(model: Transformer, make: Callable[[str, nn.Linear], nn.Module], lm_head: bool = False) -> int:
-    """Swap every block projection (and optionally lm_head) for `make(name, linear)`."""
+def decoder_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, block) of each decoder block: `layers.i` of a Transformer or a DFlash drafter, the
+    `midlayer` of an EAGLE-3 head."""
+    layers = getattr(model, "layers", None)
+    if layers is not None:
+        return [(f"layers.{i}", block) for i, block in enumerate(layers)]
+    return [("midlayer", model.midlayer)]
+
+
+def replace_linears(model: nn.Module, make: Callable[[str, nn.Linear], nn.Module], lm_head: bool = False,
+                    heads: tuple[str, ...] = ()) -> int:
+    """Swap every block projection (`decoder_blocks`), optionally the lm_head, and each top-level
+    linear of `heads` the model has (a feature drafter's `fc`) for `make(name, linear)`."""
     count = 0
-    for i, block in enumerate(model.layers):
+    for prefix, block in decoder_blocks(model):
         for suffix in projection_names():
             parent_name, attr = suffix.rsplit(".", 1)
             parent = block.get_submodule(parent_name)
             old = getattr(parent, attr)
             if isinstance(old, nn.Linear):
-                setattr(parent, attr, make(f"layers.{i}.{suffix}", old))
+                setattr(parent, attr, make(f"{prefix}.{suffix}", old))
                 count += 1
-    if lm_head and isinstance(model.lm_head, nn.Linear):
-        model.lm_head = make("lm_head", model.lm_head)
-        count += 1
+    for name in (("lm_head",) if lm_head else ()) + heads:
+        old = getattr(model, name, None)
+        if isinstance(old, nn.Linear):
+            setattr(model, name, make(name, old))
+            count += 1
     return count

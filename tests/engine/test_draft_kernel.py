@@ -1,6 +1,6 @@
-"""`draft_kernel`: the draft model's projections and lm_head on our Triton kernels (BF16 weights,
-the system's `kernel_table`), the target's as `kernel` says. The kernels run under Triton's
-interpreter on CPU."""
+"""`draft_kernel`: the drafter's own projections, lm_head and feature fusion (a draft model, an
+EAGLE-3 head, a DFlash drafter) on our Triton kernels (the system's `kernel_table`), the target's as
+`kernel` says. The kernels run under Triton's interpreter on CPU."""
 
 import dataclasses
 
@@ -57,3 +57,40 @@ def test_the_knob_reads_from_toml_carries_a_table_alone_and_leaves_default_finge
         System.from_dict({"draft_kernel": "cutlass"}, name="x")
     with pytest.raises(ConfigError, match="kernel_table needs kernel"):
         System(kernel_table="/tmp/t.json")
+
+
+@pytest.fixture(scope="module")
+def feature_drafter_dirs(bf16_dirs, tmp_path_factory):
+    """An EAGLE-3 head and a DFlash drafter for the two-layer target."""
+    from specpilot.models.dflash import random_dflash
+    from specpilot.models.dflash_checkpoint import write_dflash
+    from specpilot.models.eagle3 import random_eagle3
+    from specpilot.models.eagle3_checkpoint import write_eagle3
+    from specpilot.models.loading import load_model
+
+    config = load_model(bf16_dirs[0]).config
+    root = tmp_path_factory.mktemp("feature")
+    eagle3 = random_eagle3(config, layer_ids=(0, 1, 1), seed=5)
+    return {DrafterKind.EAGLE3: write_eagle3(eagle3, root / "e", dtype=torch.float32),
+            DrafterKind.DFLASH: write_dflash(random_dflash(config, num_layers=1, block_size=4, mask_token_id=3),
+                                             root / "d", dtype=torch.float32)}
+
+
+@pytest.mark.parametrize("kind, swapped", [(DrafterKind.EAGLE3, 4 + 2), (DrafterKind.DFLASH, 4 + 1)])
+def test_a_feature_drafters_own_weights_run_the_kernels_and_the_rounds_keep_the_ar_tokens(
+        interpreted_kernels, bf16_dirs, feature_drafter_dirs, make_prompts, kind, swapped):
+    """EAGLE-3: its layer's projections, `fc` and its lm_head; DFlash: its layer's and `fc` (it
+    drafts through the target's lm_head, which stays `kernel`'s)."""
+    stock = System(drafter=kind, depth=2, topk=2, tree_budget=4, block_size=4)
+    s = Session.load(Deployment(name="f", target=str(bf16_dirs[0]), drafter=str(feature_drafter_dirs[kind]),
+                                stock=stock), device="cpu", dtype=torch.float32)
+    prompts = make_prompts(1, seed=4, lo=4, hi=8)
+    want = s.generator(stock.plain_ar()).generate(prompts, 5).outputs
+    gen = s.generator(dataclasses.replace(stock, name="k", draft_kernel=Kernel.TRITON, kernel_table="/tmp/t.json"))
+    assert gen.generate(prompts, 5).outputs == want
+    own = s.eagle3_model if kind is DrafterKind.EAGLE3 else s.dflash_model
+    draft = next(iter(gen.drafters.values())).model
+    assert draft is not own and isinstance(draft.fc, TritonLinear) and draft.fc.weight is own.fc.weight
+    assert sum(isinstance(m, TritonLinear) for m in draft.modules()) == swapped
+    assert {m.table for m in draft.modules() if isinstance(m, TritonLinear)} == {"/tmp/t.json"}
+    assert not any(isinstance(m, TritonLinear) for m in [*own.modules(), *gen.target.modules()])

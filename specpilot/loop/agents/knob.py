@@ -56,17 +56,19 @@ from specpilot.loop.systems import DRAFTER_SWITCHES, Candidate, describe, short_
 GPU_ONLY = frozenset({"cuda_graphs", "sync_every", "kernel", "w12", "kernel_lm_head", "kernel_table", "draft_compile",
                       "verify_compile", "attention", "pdl", "draft_kernel"})
 
+# drafters with a model of their own: whose proposal `draft_compile` compiles, whose weights
+# `draft_kernel` turns to the Triton kernels
+COMPILED_DRAFTERS = (DrafterKind.MODEL, DrafterKind.EAGLE3, DrafterKind.DFLASH)
+
 
 def triton_launches(system: System) -> bool:
     """Whether `system` runs Triton kernels that `pdl` could launch early: ours (projections,
     split-KV attention) or inductor's (a compiled proposal or verification)."""
     return (system.kernel is Kernel.TRITON or system.attention is AttentionKernel.SPLIT_KV
-            or (system.draft_kernel is Kernel.TRITON and system.drafter is DrafterKind.MODEL)
+            or (system.draft_kernel is Kernel.TRITON and system.drafter in COMPILED_DRAFTERS)
             or system.draft_compile or system.verify_compile)
 
 
-# drafters whose proposal `draft_compile` compiles
-COMPILED_DRAFTERS = (DrafterKind.MODEL, DrafterKind.EAGLE3, DrafterKind.DFLASH)
 MIN_PREDICTED_SAVING = 0.005  # a predicted move must be at least 0.5% faster than the measurement
 # Savings the acceptance model extrapolates count at this share of their size when ranked against
 # measured ones (AR is measured each round): on the fixture, shape moves predicted ~20% faster
@@ -311,10 +313,10 @@ class KnobAgent(Proposer):
                               "split-KV attention: a call with few queries (a drafter's frontier, the tree, a decode "
                               "step) cut along the cache into enough programs to fill the GPU, where torch's fused "
                               "kernels run a few dozen programs that each walk the whole cache"))
-            if inc.drafter is DrafterKind.MODEL and inc.draft_kernel is Kernel.CUBLAS:
+            if inc.drafter in COMPILED_DRAFTERS and inc.draft_kernel is Kernel.CUBLAS:
                 moves.append((GapKind.DRAFT_KERNELS, {"draft_kernel": Kernel.TRITON.value},
-                              "the draft model's projections and lm_head through the Triton kernels: its few rows "
-                              "(topk per level) on the GEMV path, launched like the target's"))
+                              "the drafter's own projections and lm_head through the Triton kernels: its few rows "
+                              "(topk per level, or a DFlash block) on the GEMV path, launched like the target's"))
             if not inc.pdl and triton_launches(inc):
                 moves.append((GapKind.VERIFY_KERNELS, {"pdl": True},
                               "programmatic dependent launch: each of our Triton kernels and inductor's starts "

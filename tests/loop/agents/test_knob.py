@@ -409,11 +409,12 @@ def test_on_gpu_it_proposes_pdl_once_where_triton_kernels_run():
         moves = pdl_moves(STOCK.with_changes(name="k", **knobs))
         assert len(moves) == 1 and moves[0].gap.value == "verify-kernels", knobs
     assert not pdl_moves(STOCK.with_changes(name="on", verify_compile=True, pdl=True))
-    # the draft model's kernels launch only while it drafts
+    # the drafter's kernels launch only while a drafter with a model of its own drafts
+    assert len(pdl_moves(STOCK.with_changes(name="e", drafter=DrafterKind.EAGLE3, draft_kernel=Kernel.TRITON))) == 1
     assert not pdl_moves(STOCK.with_changes(name="n", drafter=DrafterKind.NGRAM, draft_kernel=Kernel.TRITON))
 
 
-def test_on_gpu_it_proposes_the_draft_models_kernels_while_it_drafts():
+def test_on_gpu_it_proposes_the_drafters_kernels_while_a_drafter_with_a_model_drafts():
     def draft_kernel_moves(system, device="cuda"):
         inc = Incumbent(Candidate(system), 1, 0.1)
         return [p for p in KnobAgent().propose(context(incumbent=inc, limit=60, device=device))
@@ -423,5 +424,8 @@ def test_on_gpu_it_proposes_the_draft_models_kernels_while_it_drafts():
     assert move.candidate.changes_from(Candidate(STOCK)) == {"draft_kernel": ["cublas", "triton"]}
     assert move.gap.value == "draft-kernels" and move.predicted_ms_per_token is None
     assert not draft_kernel_moves(STOCK, device="cpu")
-    assert not draft_kernel_moves(STOCK.with_changes(name="e", drafter=DrafterKind.EAGLE3))
+    for kind in (DrafterKind.EAGLE3, DrafterKind.DFLASH):  # their heads have projections of their own
+        (move,) = draft_kernel_moves(STOCK.with_changes(name="f", drafter=kind))
+        assert move.candidate.system.drafter is kind
+    assert not draft_kernel_moves(STOCK.with_changes(name="n", drafter=DrafterKind.NGRAM))
     assert not draft_kernel_moves(STOCK.with_changes(name="on", draft_kernel=Kernel.TRITON))
