@@ -141,19 +141,40 @@ def test_kernels_launched_with_pdl_give_the_tokens_of_plain_launches(bf16_dirs, 
     assert run(True) == plain
 
 
+@pytest.fixture(scope="module")
+def drafter_dirs(bf16_dirs, ckpt_root):
+    """The drafters with a model of their own for the BF16 target: its truncated draft model, an
+    EAGLE-3 head and a DFlash drafter."""
+    from specpilot.config import DrafterKind
+    from specpilot.models.dflash import random_dflash
+    from specpilot.models.dflash_checkpoint import write_dflash
+    from specpilot.models.eagle3 import random_eagle3
+    from specpilot.models.eagle3_checkpoint import write_eagle3
+    from specpilot.models.loading import load_model
+
+    config = load_model(bf16_dirs[0]).config
+    eagle3 = random_eagle3(config, seed=5)
+    dflash = random_dflash(config, num_layers=1, block_size=6, mask_token_id=3)
+    return {DrafterKind.MODEL: bf16_dirs[1],
+            DrafterKind.EAGLE3: write_eagle3(eagle3, ckpt_root / "bf16-eagle3", dtype=torch.float32),
+            DrafterKind.DFLASH: write_dflash(dflash, ckpt_root / "bf16-dflash", dtype=torch.float32)}
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
-def test_a_draft_model_on_the_triton_kernels_keeps_the_ar_tokens_in_float32(bf16_dirs, prompts, full_precision,
-                                                                           compiled):
-    """draft_kernel: the draft model's projections and lm_head on our Triton kernels (CUDA graphs;
-    compiled, one `specpilot::linear` op each), the target on cuBLAS: AR's tokens."""
+@pytest.mark.parametrize("kind", ["model", "eagle3", "dflash"])
+def test_a_drafter_on_the_triton_kernels_keeps_the_ar_tokens_in_float32(bf16_dirs, drafter_dirs, prompts,
+                                                                        full_precision, compiled, kind):
+    """draft_kernel: the drafter's own projections, lm_head and fc on our Triton kernels (CUDA
+    graphs; compiled, one `specpilot::linear` op each), the target on cuBLAS: AR's tokens."""
     import dataclasses
 
     from specpilot.config import Deployment, DrafterKind, Kernel, System
     from specpilot.engine.session import Session
     from specpilot.models.linear import TritonLinear
 
-    stock = System(drafter=DrafterKind.MODEL, depth=4, topk=3, tree_budget=12)
-    dep = Deployment(name="d", target=str(bf16_dirs[0]), drafter=str(bf16_dirs[1]), stock=stock)
+    kind = DrafterKind(kind)
+    stock = System(drafter=kind, depth=4, topk=3, tree_budget=12, block_size=6)
+    dep = Deployment(name="d", target=str(bf16_dirs[0]), drafter=str(drafter_dirs[kind]), stock=stock)
     session = Session.load(dep, device="cuda", dtype=torch.float32)
     ar = session.generator(stock.plain_ar()).generate(prompts, NEW_TOKENS).outputs
     system = dataclasses.replace(stock, name="d", draft_kernel=Kernel.TRITON, draft_compile=compiled)
