@@ -25,8 +25,8 @@ draft step, the prefill buckets up to MAX_ROWS) -- it
    incumbent's own table, to a table file of the candidate in the user cache
    (`kernels.user_cache.candidate_path`). The candidate is the incumbent with `kernel_table = <that
    file>` and the kernels turned on for each model with a shape that gained: `kernel = "triton"`
-   for the target's, `draft_kernel = "triton"` for the draft model's (counted only when it drafts,
-   on plain weights): any worker loads it, no git checkout or worktree needed. When the loop
+   for the target's, `draft_kernel = "triton"` for the drafter's (its own weights: a draft model,
+   an EAGLE-3 head or a DFlash drafter, counted only on plain weights): any worker loads it, no git checkout or worktree needed. When the loop
    promotes it, `promote_table` merges the file into the user cache of the GPU and these
    versions, so every later run on this machine starts from it.
 Timings are `kernels.timing.GraphTimer`'s: CUDA-graph replays, as the engine runs the kernels.
@@ -149,33 +149,74 @@ def projection_shapes(config, rows: int, lm_head: bool) -> list[ProjectionShape]
     return out
 
 
+# drafters with weights of their own, which `draft_kernel` can turn to the kernels: the session's
+# attribute holding each
+OWN_MODELS = {DrafterKind.MODEL: "drafter_model", DrafterKind.EAGLE3: "eagle3_model",
+              DrafterKind.DFLASH: "dflash_model"}
+
+
+def drafter_weights(kind: DrafterKind, drafter) -> dict[str, tuple[int, int, int]]:
+    """{name: (n, k, calls per forward)} of a drafter's own projections, lm_head and feature fusion
+    (`fc`): a draft model's (`drafter` the model or its `ModelConfig`), an EAGLE-3 head's or a
+    DFlash drafter's (`drafter` the model, for its `config` and `spec`). An EAGLE-3 layer's qkv
+    reads [embedding ; hidden] (2C); a DFlash drafter drafts through the target's lm_head."""
+    if kind is DrafterKind.MODEL:
+        return {s.name: (s.n, s.k, s.count) for s in projection_shapes(getattr(drafter, "config", drafter), 1, True)}
+    c, spec = drafter.config, drafter.spec
+    out = {s.name: (s.n, s.k, s.count) for s in projection_shapes(c, 1, False)}
+    C = c.hidden_size
+    if kind is DrafterKind.EAGLE3:
+        out["qkv"] = ((c.num_heads + 2 * c.num_kv_heads) * c.head_dim, 2 * C, c.num_layers)
+        out["fc"] = (C, len(spec.layer_ids) * spec.target_hidden_size, 1)
+        out["lm_head"] = (spec.draft_vocab_size, C, 1)
+    else:
+        out["fc"] = (C, len(spec.target_layer_ids) * C, 1)
+    return out
+
+
+def drafter_round(kind: DrafterKind, system: System, batch: int, draft_forwards: int) -> list[tuple[str, int, int]]:
+    """(name, rows, forwards per round) of the drafter's own projections in one decode round: a
+    draft model's catch-up over batch x window rows (its lm_head on the roots), then its
+    `draft_forwards - 1` expansions over batch x topk; an EAGLE-3 head's catch-up over batch x
+    (depth + 1) rows through `fc` and its layer (lm_head on the roots), then its expansions; a
+    DFlash drafter's context (`fc` and its layers' projections) and its block, each over batch x
+    block_size rows."""
+    blocks = ("qkv", "o", "gate_up", "down")
+    expansions = [(n, batch * max(1, system.topk), draft_forwards - 1) for n in (*blocks, "lm_head")]
+    if kind is DrafterKind.MODEL:
+        return [(n, batch * system.window, 1) for n in blocks] + [("lm_head", batch, 1)] + expansions
+    if kind is DrafterKind.EAGLE3:
+        catch_up = [(n, batch * (system.depth + 1), 1) for n in (*blocks, "fc")]
+        return catch_up + [("lm_head", batch, 1)] + expansions
+    rows = batch * system.block_size
+    return [(n, rows, 2) for n in blocks] + [("fc", rows, 1)]
+
+
 def deployment_shapes(target, drafter, system: System, batch: int, tree_nodes: int,
                       draft_forwards: int, drafter_kernels: bool = False) -> list[ProjectionShape]:
-    """The projections the incumbent runs (target and drafter `ModelConfig`s; drafter None without
-    one), counted per decode round: the target's verification over batch x tree nodes rows; the
-    draft model's `draft_forwards`: its catch-up over batch x window rows (the lm_head on each
-    row's root only), then its expansions over batch x topk rows; and each prefill bucket of both
-    models up to MAX_ROWS rows per batch row, counted 0 (prefill runs once per request). The
-    drafter's shapes count only with `drafter_kernels` (the incumbent drafts with the draft model,
-    whose projections `draft_kernel` can turn to the kernels; counted 0 otherwise: tuned, but
-    saving nothing). One shape per (name, rows), its counts summed; the search times a size once
-    however many shapes share it."""
+    """The projections the incumbent runs (`target` its `ModelConfig`; `drafter` what
+    `drafter_weights` reads for the incumbent's drafter, None without one), counted per decode
+    round: the target's verification over batch x tree nodes rows; the drafter's own projections
+    as `drafter_round` runs them; and each prefill bucket of both models up to MAX_ROWS rows per
+    batch row, counted 0 (prefill runs once per request). The drafter's shapes count only with
+    `drafter_kernels` (its projections can turn to the kernels: `draft_kernel`; counted 0
+    otherwise: tuned, but saving nothing). One shape per (name, rows), its counts summed; the
+    search times a size once however many shapes share it."""
     out = [ProjectionShape(s.name, s.m, s.n, s.k, s.count)
            for s in projection_shapes(target, batch * tree_nodes, system.kernel_lm_head)]
-    models = [("", target, system.kernel_lm_head)]
-    if drafter is not None and system.speculative and draft_forwards:
-        on = int(drafter_kernels)
-        catch_up = projection_shapes(drafter, batch * system.window, False) + [
-            s for s in projection_shapes(drafter, batch, True) if s.name == "lm_head"]
-        expansion = projection_shapes(drafter, batch * max(1, system.topk), True)
-        out += [ProjectionShape(f"drafter.{s.name}", s.m, s.n, s.k, s.count * on) for s in catch_up]
-        out += [ProjectionShape(f"drafter.{s.name}", s.m, s.n, s.k, s.count * (draft_forwards - 1) * on)
-                for s in expansion]
-        models.append(("drafter.", drafter, True))
-    for bucket in range(PREFILL_BUCKET, MAX_ROWS + 1, PREFILL_BUCKET):
-        for prefix, config, lm_head in models:
-            out += [ProjectionShape(f"{prefix}{s.name}@prefill", s.m, s.n, s.k, 0)
-                    for s in projection_shapes(config, batch * bucket, lm_head)]
+    buckets = range(PREFILL_BUCKET, MAX_ROWS + 1, PREFILL_BUCKET)
+    for rows in buckets:
+        out += [ProjectionShape(f"{s.name}@prefill", s.m, s.n, s.k, 0)
+                for s in projection_shapes(target, batch * rows, system.kernel_lm_head)]
+    kind = system.drafter
+    if drafter is not None and kind in OWN_MODELS and system.speculative and draft_forwards:
+        weights, on = drafter_weights(kind, drafter), int(drafter_kernels)
+        for name, rows, forwards in drafter_round(kind, system, batch, draft_forwards):
+            n, k, calls = weights[name]
+            out.append(ProjectionShape(f"drafter.{name}", rows, n, k, calls * forwards * on))
+        for rows in buckets:
+            out += [ProjectionShape(f"drafter.{name}@prefill", batch * rows, n, k, 0)
+                    for name, (n, k, _) in weights.items()]
     merged: dict[tuple[str, int], ProjectionShape] = {}
     for s in out:
         key = (s.name, s.m)
@@ -313,6 +354,26 @@ def promote_table(previous: System, promoted: System, device_name: str) -> Path 
     return user_cache.promote(user_cache.resolve(promoted.kernel_table, slug), slug)
 
 
+def own_drafter(session, kind: DrafterKind):
+    """The session's model of drafter `kind` (a draft model, an EAGLE-3 head, a DFlash drafter);
+    None for the others, or where the session holds none."""
+    return getattr(session, OWN_MODELS[kind], None) if kind in OWN_MODELS else None
+
+
+def projection_weight(models, n: int, k: int):
+    """The first [n, k] weight among the models' first blocks' projections, lm_heads and feature
+    fusions (`fc`), in order (target first): a shape's weights to time it on."""
+    from specpilot.models.transformer import decoder_blocks, projection_names
+
+    for model in models:
+        block = decoder_blocks(model)[0][1]
+        heads = [getattr(model, name, None) for name in ("lm_head", "fc")]
+        for module in [block.get_submodule(name) for name in projection_names()] + heads:
+            if module is not None and tuple(module.weight.shape) == (n, k):
+                return module.weight
+    raise KeyError(f"no projection weight of shape [{n}, {k}]")
+
+
 def is_drafter_shape(shape: ProjectionShape) -> bool:
     return shape.name.startswith("drafter.")
 
@@ -339,17 +400,10 @@ class GpuKernelBench:
         self._timer = GraphTimer(lambda p: [self._weight(p.n, p.k)], self._input)
 
     def _weight(self, n: int, k: int):
-        """The [n, k] projection weight of a model's first block (or its lm_head), target first."""
         import torch
 
         if (n, k) not in self._weights:
-            modules = []
-            for model in self.models:
-                block = model.layers[0]
-                modules += [block.self_attn.qkv_proj, block.self_attn.o_proj, block.mlp.gate_up_proj,
-                            block.mlp.down_proj, model.lm_head]
-            module = next(m for m in modules if tuple(m.weight.shape) == (n, k))
-            w = module.weight.detach().to(torch.bfloat16)
+            w = projection_weight(self.models, n, k).detach().to(torch.bfloat16)
             if self.weight_format is WeightFormat.W12:
                 from specpilot.w12 import encode
 
@@ -397,7 +451,7 @@ class KernelAgent(Proposer):
         if session is None:
             return []
         system = ctx.incumbent.candidate.system
-        bench = GpuKernelBench(session.target, getattr(session, "drafter_model", None), system.w12,
+        bench = GpuKernelBench(session.target, own_drafter(session, system.drafter), system.w12,
                                ctx.cost.profile.bandwidth_gbps, system.kernel_table, system.kernel is Kernel.CUBLAS,
                                system.draft_kernel is Kernel.CUBLAS)
         return self.propose_with(ctx, bench)
@@ -406,12 +460,13 @@ class KernelAgent(Proposer):
         """The proposal from a given bench (the GPU one, or a simulated one in tests)."""
         inc = ctx.incumbent.candidate
         profile = ctx.cost.profile
-        drafter = getattr(ctx.models, "drafter_model", None)
-        # the draft model's projections save time when it drafts and the kernels can take them: plain
-        # weights (a bench of the target's W12 planes times no BF16 drafter shape)
-        drafts = inc.system.drafter is DrafterKind.MODEL and bench.weight_format is WeightFormat.DENSE
-        shapes = deployment_shapes(ctx.models.target.config, drafter.config if drafter is not None else None,
-                                   inc.system, profile.batch, profile.tree_nodes, profile.draft_forwards, drafts)
+        kind = inc.system.drafter
+        drafter = own_drafter(ctx.models, kind)
+        # the drafter's projections save time when the kernels can take them: plain weights (a
+        # bench of the target's W12 planes times no BF16 drafter shape)
+        drafts = drafter is not None and bench.weight_format is WeightFormat.DENSE
+        shapes = deployment_shapes(ctx.models.target.config, drafter, inc.system, profile.batch,
+                                   profile.tree_nodes, profile.draft_forwards, drafts)
         slug = device_slug(bench.device_name)
         fmt = bench.weight_format.value
         today = {s: choice_dict(bench.current(s)) for s in shapes}

@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from loop_fixtures import context
 
 from specpilot.kernels import configs as kc
@@ -16,6 +18,7 @@ from specpilot.loop.agents.kernel import (
     KernelAgent,
     deployment_shapes,
     projection_shapes,
+    projection_weight,
     promote_table,
     table_document,
     tune,
@@ -167,8 +170,6 @@ def test_shapes_searched_in_full_without_a_gain_are_not_searched_again_while_the
 
 
 def test_on_a_gpu_it_is_on_without_a_git_checkout(tmp_path):
-    import pytest
-
     pytest.importorskip("triton")
     status = KernelAgent().status(LoopSetup(context().deployment, "cuda", "NVIDIA H200", None, tmp_path))
     assert status.enabled and str(tmp_path) not in status.reason
@@ -200,6 +201,54 @@ def test_the_deployments_shapes_are_the_row_counts_it_runs():
     assert [s.name for s in today] == [s.name for s in shapes]  # tuned all the same
     assert {s.count for s in today if s.name.startswith("drafter.")} == {0}  # the drafter runs cuBLAS today
 
+
+
+def test_a_feature_drafters_own_shapes_are_counted_as_it_runs_them():
+    """EAGLE-3: its catch-up over batch x (depth + 1) rows through fc and its layer (qkv reads 2C),
+    the lm_head on the roots, then depth - 1 expansions over batch x topk; DFlash: its context and
+    its block over batch x block_size rows (projections twice, fc once), no lm_head of its own."""
+    from specpilot.config import DrafterKind
+    from specpilot.models.dflash import DFlashSpec
+    from specpilot.models.eagle3 import Eagle3Spec
+
+    target = tiny_config(hidden_size=256, intermediate_size=1024, num_layers=4)
+    head = tiny_config(hidden_size=256, intermediate_size=512, num_layers=1)
+    eagle3 = SimpleNamespace(config=head, spec=Eagle3Spec((1, 2, 3), 256, 1000))
+    system = context().incumbent.candidate.system.with_changes(drafter=DrafterKind.EAGLE3, depth=5, topk=4,
+                                                               tree_budget=32)
+    shapes = {(s.name, s.m): s for s in deployment_shapes(target, eagle3, system, 2, 33, 5, drafter_kernels=True)}
+    qkv_n = (head.num_heads + 2 * head.num_kv_heads) * head.head_dim
+    assert (shapes["drafter.qkv", 12].n, shapes["drafter.qkv", 12].k) == (qkv_n, 512)  # 2 x (5 + 1) rows
+    assert (shapes["drafter.fc", 12].n, shapes["drafter.fc", 12].k, shapes["drafter.fc", 12].count) == (256, 768, 1)
+    assert shapes["drafter.lm_head", 2].count == 1 and shapes["drafter.lm_head", 2].n == 1000
+    assert shapes["drafter.down", 8].count == shapes["drafter.lm_head", 8].count == 4  # 2 x topk rows, 4 levels
+    assert ("drafter.fc@prefill", 64 * 2) in shapes and ("drafter.fc", 8) not in shapes
+
+    dflash = SimpleNamespace(config=tiny_config(hidden_size=256, intermediate_size=512, num_layers=2),
+                             spec=DFlashSpec((1, 3), block_size=8))
+    system = system.with_changes(drafter=DrafterKind.DFLASH, block_size=8)
+    shapes = {(s.name, s.m): s for s in deployment_shapes(target, dflash, system, 1, 33, 7, drafter_kernels=True)}
+    drafted = {name: s.count for (name, m), s in shapes.items() if name.startswith("drafter.") and s.count}
+    assert drafted == {"drafter.qkv": 4, "drafter.o": 4, "drafter.gate_up": 4, "drafter.down": 4, "drafter.fc": 1}
+    assert shapes["drafter.fc", 8].k == 512 and ("drafter.lm_head", 8) not in shapes
+    off = deployment_shapes(target, dflash, system, 1, 33, 7)  # cuBLAS today: tuned, counted 0
+    assert {s.count for s in off if s.name.startswith("drafter.")} == {0}
+
+
+def test_each_shape_is_timed_on_the_weight_of_its_own_model():
+    """The first block's projections, the lm_head and fc of each model, target first."""
+    from specpilot.models.eagle3 import random_eagle3
+    from specpilot.models.transformer import Transformer
+
+    target = Transformer(tiny_config(hidden_size=64, intermediate_size=128, num_layers=2))
+    head = random_eagle3(target.config, layer_ids=(0, 1, 1))
+    assert projection_weight([target, head], 128 * 2, 64) is target.layers[0].mlp.gate_up_proj.weight
+    qkv = head.midlayer.self_attn.qkv_proj.weight
+    assert qkv.shape[1] == 128 and projection_weight([target, head], *qkv.shape) is qkv
+    assert projection_weight([target, head], *head.fc.weight.shape) is head.fc.weight
+    assert projection_weight([target, head], *target.lm_head.weight.shape) is target.lm_head.weight
+    with pytest.raises(KeyError, match=r"\[7, 7\]"):
+        projection_weight([target], 7, 7)
 
 def test_the_tuned_table_is_a_knob_level_candidate_promoted_into_the_user_cache(tmp_path, monkeypatch):
     """No git checkout: the table goes to a candidate file of the user cache, the candidate is the
@@ -279,6 +328,25 @@ def test_a_gain_on_the_draft_models_shapes_alone_turns_only_the_draft_model_to_t
     counts = [t["shape"]["count"] for t in q.details["timings"] if t["shape"]["name"].startswith("drafter.")]
     assert counts and not any(counts) and q.candidate.system.draft_kernel is Kernel.CUBLAS
 
+
+
+def test_a_gain_on_an_eagle3_heads_shapes_turns_its_kernels_on(tmp_path, monkeypatch):
+    """The incumbent drafts with the EAGLE-3 head: its shapes are the session's head's (fc over the
+    fused features, qkv over 2C), and a gain there turns `draft_kernel` on, the target untouched."""
+    from specpilot.config import DrafterKind, Kernel
+    from specpilot.models.eagle3 import Eagle3Spec
+
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
+    target = tiny_config(hidden_size=256, intermediate_size=1024)
+    head = SimpleNamespace(config=tiny_config(hidden_size=256, intermediate_size=512, num_layers=1),
+                           spec=Eagle3Spec((1, 2, 3), 256, 1000))
+    models = SimpleNamespace(target=SimpleNamespace(config=target), eagle3_model=head, drafter_model=None)
+    inc = Incumbent(Candidate(context().incumbent.candidate.system.with_changes(name="e3", drafter=DrafterKind.EAGLE3)))
+    ctx = context(incumbent=inc, checkout=None, scratch=tmp_path / "scratch", models=models)
+    (p,) = KernelAgent(AgentOptions(kernel_budget_s=60)).propose_with(ctx, DrafterOnlyBench(unpack_fast={(256, 768)}))
+    assert p.candidate.system.diff(inc.candidate.system).keys() == {"draft_kernel", "kernel_table"}
+    assert p.candidate.system.draft_kernel is Kernel.TRITON and p.gap.value == "draft-kernels"
+    assert "drafter.fc@" in p.rationale  # [C, 3 x C_t]: the fusion of three target layers' features
 
 class W12Bench(SimulatedBench):
     """W12 weights: today's choice is the rule's (SLOW up to 64 rows, decode at each call above);
