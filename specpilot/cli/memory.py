@@ -1,4 +1,5 @@
-"""`specpilot memory list|show|deployments|export`: read the memory database.
+"""`specpilot memory list|show|deployments|export|import`: read the memory database, and merge
+another machine's export into it (`import`: a run continued elsewhere, a teammate's results).
 
 `deployments --like NAME` ranks the other stored deployments by their similarity to one of them
 (`DeploymentFingerprint.similarity`, with the differences in words): the ones a run of NAME seeds
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from specpilot.errors import ConfigError
 
-HELP = "list, show or export the memory of evaluated candidates"
+HELP = "list, show, export or import the memory of evaluated candidates"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,6 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(q)
     q.add_argument("--out", help="write to this file instead of stdout")
     q.set_defaults(func=run_export)
+
+    q = msub.add_parser("import", help="merge an export (`memory export`, a run's memory.json) into the memory")
+    common(q)
+    q.add_argument("file", help="the export's JSON file")
+    q.set_defaults(func=run_import)
 
 
 def _open(args):
@@ -159,3 +165,23 @@ def run_export(args) -> int:
     else:
         print(text)
     return 0
+
+
+def run_import(args) -> int:
+    from specpilot import env
+    from specpilot.memory.store import Memory
+
+    try:
+        data = json.loads(Path(args.file).read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read {args.file}: {err.strerror or err}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{args.file} is not JSON ({err})") from None
+    path = Path(args.memory) if args.memory else env.memory_path()
+    with Memory(path) as memory:
+        added = memory.import_export(data)
+    print(f"imported into {path}: " + ", ".join(f"{added[t]} {t.replace('_', ' ')}" for t in
+                                                  ("evaluations", "noise_floors", "systems", "deployments"))
+          + f" ({added['held']} already held)")
+    return 0
+

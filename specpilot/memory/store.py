@@ -13,7 +13,8 @@ Queries: `entries` (filtered list), `get`, `system` (a stored system by hash, pa
 (largest estimated gain over stock along the chain of promotions), `similar_deployments` (other
 deployments by similarity), `similar_validated` (promoted entries of other deployments, most
 similar first — what to try first on a new deployment),
-`export` (everything as plain JSON data). Promotions timed under contention (another timing run,
+`export` (everything as plain JSON data) and `import_export` (merge such a document, another
+machine's, into this one). Promotions timed under contention (another timing run,
 see `control.timing_lock`) count for neither `best_validated` nor `similar_validated`.
 
 Owns: connections, transactions and SQL. Does not own the schema's text (`schema.py`) or what a
@@ -301,6 +302,60 @@ class Memory:
             "noise_floors": table("noise_floors", ("detail", "load")),
             "evaluations": table("evaluations", ("reasons", "guard", "detail", "load")),
         }
+
+    def import_export(self, data: dict) -> dict[str, int]:
+        """Merge an `export` document into this memory, all of it in one transaction or none of it:
+        deployments and systems by their digest and hash; noise floors and evaluations by what
+        they record (deployment, procedure or candidate, incumbent, round and stage, and when), so
+        importing the same document twice adds nothing; noise ids renumbered. Returns the rows
+        added per table and `held` (rows already here). Refused whole (`MemoryStoreError`) for a
+        document that is not an export, comes from a newer schema, or has an evaluation naming a
+        system or deployment that neither it nor this memory holds."""
+        tables = ("deployments", "systems", "noise_floors", "evaluations")
+        if not isinstance(data, dict) or not all(isinstance(data.get(t), list) for t in tables):
+            raise MemoryStoreError("not a memory export (needs lists: " + ", ".join(tables) + ")")
+        if int(data.get("schema_version", 0)) > schema.SCHEMA_VERSION:
+            raise MemoryStoreError(f"the export's schema version {data['schema_version']} is newer than this "
+                                   f"SpecPilot's ({schema.SCHEMA_VERSION}); upgrade SpecPilot")
+        json_cols = {"deployments": ("components",), "systems": ("knobs", "diff"),
+                     "noise_floors": ("detail", "load"), "evaluations": ("reasons", "guard", "detail", "load")}
+        same = {"noise_floors": ("deployment", "procedure", "created_at"),
+                "evaluations": ("deployment", "candidate", "incumbent", "round", "stage", "created_at")}
+        added = dict.fromkeys(tables, 0) | {"held": 0}
+        noise_ids: dict[int, int] = {}
+        with self.transaction() as c:
+            for table in tables:
+                columns = [r[1] for r in c.execute(f"PRAGMA table_info({table})")]
+                for n, row in enumerate(data[table]):
+                    try:
+                        values = {k: row[k] for k in columns if k != "id" and k in row}
+                        for col in json_cols[table]:
+                            if values.get(col) is not None:
+                                values[col] = json.dumps(values[col], sort_keys=True)
+                        if table == "evaluations" and row.get("noise_id") is not None:
+                            values["noise_id"] = noise_ids.get(row["noise_id"])
+                        key = same.get(table)
+                        if key:
+                            where = " AND ".join(f"{k} = ?" for k in key)
+                            found = c.execute(f"SELECT id FROM {table} WHERE {where}",
+                                              [values[k] for k in key]).fetchone()
+                            if found is not None:
+                                if table == "noise_floors":
+                                    noise_ids[row.get("id")] = found[0]
+                                added["held"] += 1
+                                continue
+                        names = list(values)
+                        cur = c.execute(f"INSERT OR IGNORE INTO {table} ({', '.join(names)}) VALUES "
+                                        f"({', '.join('?' for _ in names)})", [values[k] for k in names])
+                    except (KeyError, TypeError, sqlite3.DatabaseError) as err:
+                        raise MemoryStoreError(f"the export's {table}[{n}] cannot be stored: {err}") from None
+                    if cur.rowcount:
+                        added[table] += 1
+                        if table == "noise_floors":
+                            noise_ids[row.get("id")] = cur.lastrowid
+                    else:
+                        added["held"] += 1
+        return added
 
 
 def _load_json(load: Load | None) -> str | None:

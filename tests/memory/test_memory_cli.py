@@ -71,6 +71,29 @@ def test_export_to_file(db, tmp_path):
     assert len(data["evaluations"]) == 3 and len(data["deployments"]) == 2
 
 
+
+def test_an_export_imports_into_another_memory(db, tmp_path, capsys):
+    """`memory import FILE`: another machine's export merged in (a new database is created), the
+    counts printed; the same file again adds nothing; a file that is no export is one error line,
+    the memory as it was."""
+    out, other = tmp_path / "export.json", tmp_path / "elsewhere" / "m.sqlite"
+    assert run_cli(["memory", "export", "--memory", db, "--out", str(out)]) == 0
+    assert run_cli(["memory", "import", str(out), "--memory", str(other)]) == 0
+    assert capsys.readouterr().out.strip() == (f"imported into {other}: 3 evaluations, 0 noise floors, 4 systems, "
+                                               "2 deployments (0 already held)")
+    assert run_cli(["memory", "import", str(out), "--memory", str(other)]) == 0
+    assert capsys.readouterr().out.strip().endswith(": 0 evaluations, 0 noise floors, 0 systems, 0 deployments "
+                                                    "(9 already held)")
+    for bad, message in ((tmp_path / "missing.json", "error: cannot read "), (tmp_path / "bad.json", "is not JSON"),
+                         (tmp_path / "list.json", "error: not a memory export")):
+        if bad.name != "missing.json":
+            bad.write_text("{" if bad.name == "bad.json" else "[]")
+        assert run_cli(["memory", "import", str(bad), "--memory", str(other)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
+    with Memory(other) as m:
+        assert len(m.export()["evaluations"]) == 3
+
 def test_bad_input(db, tmp_path, capsys):
     assert run_cli(["memory", "show", "42", "--memory", db]) == 2
     assert capsys.readouterr().err.strip() == f"error: no memory entry 42 in {db}"

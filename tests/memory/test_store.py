@@ -8,6 +8,7 @@ from memory_fixtures import CONFIG, evaluation, fingerprint, noise_floor, spec
 from specpilot.control.rule import Reason, Outcome
 from specpilot.errors import SpecPilotError
 from specpilot.memory.records import knob_diff, system_hash
+from specpilot.memory.schema import MemoryStoreError
 from specpilot.memory.store import Memory
 
 
@@ -122,3 +123,55 @@ def test_export_is_plain_json(memory, tmp_path):
     assert [len(data[k]) for k in ("deployments", "systems", "noise_floors", "evaluations")] == [1, 2, 1, 1]
     assert data["evaluations"][0]["detail"]["evaluation"]["candidate"]["system"]["name"] == "s1"
     assert data["deployments"][0]["components"]["gpu"] == "NVIDIA H200"
+
+
+def _without_ids(data: dict) -> dict:
+    """An export less what a merge renumbers (row ids, noise ids) and the export's own time."""
+    out = {}
+    for table in ("deployments", "systems", "noise_floors", "evaluations"):
+        out[table] = sorted(json.dumps({k: v for k, v in row.items() if k not in ("id", "noise_id")}, sort_keys=True)
+                            for row in data[table])
+    return out
+
+
+def test_an_export_imported_elsewhere_holds_the_same_records_and_twice_adds_nothing(memory, tmp_path):
+    fp = fingerprint()
+    first = memory.record_noise(fp, noise_floor())
+    deep = memory.record_evaluation(fp, evaluation(spec("deep", depth=8), gain=0.12), CONFIG, round="r1",
+                                    noise_id=first)
+    wide = spec("wide", depth=8, topk=8)
+    memory.record_evaluation(fp, evaluation(wide, spec("deep", depth=8), gain=0.05), CONFIG, round="r2", noise_id=first)
+    memory.record_evaluation(fp, evaluation(spec("lossy", fault="x"), passed=False), CONFIG, round="r2")
+    data = json.loads(json.dumps(memory.export()))
+    with Memory(tmp_path / "other.sqlite") as other:
+        own = other.record_noise(fingerprint("b", gpu="NVIDIA H100"), noise_floor(0.01))  # ids there are taken already
+        assert other.import_export(data) == {"deployments": 1, "systems": 4, "noise_floors": 1, "evaluations": 3,
+                                             "held": 0}
+        merged = other.export()
+        assert _without_ids(merged)["evaluations"] == _without_ids(data)["evaluations"]
+        assert _without_ids(merged)["systems"] == _without_ids(data)["systems"]
+        # the evaluations point at the imported noise floor, renumbered past the one already there
+        (noise,) = [n for n in merged["noise_floors"] if n["deployment"] == fp.digest]
+        assert noise["id"] != own and {e["noise_id"] for e in merged["evaluations"]} == {noise["id"], None}
+        best = other.best_validated(fp.digest)  # the chain of promotions, as on the machine it came from
+        assert best.record.candidate.name == "wide" and best.cumulative_gain == pytest.approx(
+            memory.best_validated(fp.digest).cumulative_gain)
+        assert other.import_export(data) == {"deployments": 0, "systems": 0, "noise_floors": 0, "evaluations": 0,
+                                             "held": 1 + 4 + 1 + 3}
+        assert len(other.export()["evaluations"]) == 3
+    assert memory.get(deep).round == "r1"
+
+
+def test_an_import_that_cannot_be_stored_whole_stores_nothing(memory, tmp_path):
+    fp = fingerprint()
+    memory.record_evaluation(fp, evaluation(spec("deep", depth=8)), CONFIG, round="r1")
+    data = json.loads(json.dumps(memory.export()))
+    broken = {**data, "systems": data["systems"][:1]}  # an evaluation names a system the export lacks
+    with Memory(tmp_path / "other.sqlite") as other:
+        with pytest.raises(MemoryStoreError, match=r"evaluations\[0\] cannot be stored"):
+            other.import_export(broken)
+        assert other.export()["evaluations"] == other.export()["systems"] == other.export()["deployments"] == []
+        with pytest.raises(MemoryStoreError, match="newer than this SpecPilot"):
+            other.import_export({**data, "schema_version": data["schema_version"] + 1})
+        with pytest.raises(MemoryStoreError, match="not a memory export"):
+            other.import_export({"evaluations": []})
