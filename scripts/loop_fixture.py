@@ -23,7 +23,8 @@ GPU is used (comparisons then run one at a time, so nothing overlaps the timing)
 Writes into --out, flat (6 files, each well under 16 MB): report.md, report.json, decisions.jsonl,
 trajectory.png, gaps.png and memory.json (the memory's entries for this run's deployment). The
 memory database itself stays in $SPECPILOT_HOME (default ~/.specpilot). An --out that holds files
-is refused unless --resume (continue that run).
+is refused unless --resume (continue that run). To continue on another machine (a later GPU call):
+`specpilot memory import OUT/memory.json --memory DB`, then `--out OUT --resume --memory DB`.
 """
 
 from __future__ import annotations
