@@ -141,7 +141,8 @@ def check_memory_holds(previous, memory: Memory, paths: RunPaths) -> None:
             missing.append(entry)
     if missing:
         recorded = next((e.data.get("memory") for e in reversed(previous) if e.kind is EventKind.START), None)
-        where = f"; they were written to {recorded}: pass --memory {recorded}" if recorded else ""
+        where = (f"; they were written to {recorded}: pass --memory {recorded}, or import its export into this one "
+                 f"(specpilot memory import)" if recorded else "")
         raise ConfigError(f"the run in {paths.out} recorded memory entries {', '.join(map(str, missing))}, which "
                           f"{memory.path} does not hold{where}")
 

@@ -307,8 +307,9 @@ class Memory:
         """Merge an `export` document into this memory, all of it in one transaction or none of it:
         deployments and systems by their digest and hash; noise floors and evaluations by what
         they record (deployment, procedure or candidate, incumbent, round and stage, and when), so
-        importing the same document twice adds nothing; noise ids renumbered. Returns the rows
-        added per table and `held` (rows already here). Refused whole (`MemoryStoreError`) for a
+        importing the same document twice adds nothing; their ids kept where free here (a run's
+        journal names its entries: `--resume` on another machine), renumbered otherwise. Returns
+        the rows added per table and `held` (rows already here). Refused whole (`MemoryStoreError`) for a
         document that is not an export, comes from a newer schema, or has an evaluation naming a
         system or deployment that neither it nor this memory holds."""
         tables = ("deployments", "systems", "noise_floors", "evaluations")
@@ -344,6 +345,9 @@ class Memory:
                                     noise_ids[row.get("id")] = found[0]
                                 added["held"] += 1
                                 continue
+                        if key and row.get("id") is not None and c.execute(
+                                f"SELECT 1 FROM {table} WHERE id = ?", (row["id"],)).fetchone() is None:
+                            values["id"] = row["id"]  # kept where free: a run's journal names its entries
                         names = list(values)
                         cur = c.execute(f"INSERT OR IGNORE INTO {table} ({', '.join(names)}) VALUES "
                                         f"({', '.join('?' for _ in names)})", [values[k] for k in names])

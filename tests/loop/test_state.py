@@ -60,10 +60,14 @@ def test_resuming_against_a_memory_that_lacks_the_runs_entries_is_refused(home, 
         assert resume_point(paths, old, fp.digest, STOCK, None, resume=True).incumbent.name == "wider"
     with Memory(tmp_path / "new.sqlite") as new:
         with pytest.raises(ConfigError, match=f"recorded memory entries {entry}, which .*new.sqlite does not hold; "
-                                              f"they were written to .*old.sqlite: pass --memory .*old.sqlite"):
+                                              f"they were written to .*old.sqlite: pass --memory .*old.sqlite, or import "
+                                              f"its export into this one"):
             resume_point(paths, new, fp.digest, STOCK, None, resume=True)
         other = new.record_evaluation(fp, evaluation(STOCK.with_changes(name="x", depth=3), gain=0.1), CONFIG)
         assert other == entry  # the same id holding another system is no match either
         with pytest.raises(ConfigError, match="does not hold"):
             resume_point(paths, new, fp.digest, STOCK, None, resume=True)
         assert resume_point(paths, new, fp.digest, STOCK, None, resume=False).incumbent.name == "x"  # a new run: fine
+    with Memory(tmp_path / "old.sqlite") as old, Memory(tmp_path / "elsewhere.sqlite") as elsewhere:
+        elsewhere.import_export(old.export())  # `specpilot memory import` of the old machine's export
+        assert resume_point(paths, elsewhere, fp.digest, STOCK, None, resume=True).incumbent.name == "wider"
