@@ -27,8 +27,9 @@ draft step, the prefill buckets up to MAX_ROWS) -- it
    file>` and the kernels turned on for each model with a shape that gained: `kernel = "triton"`
    for the target's, `draft_kernel = "triton"` for the drafter's (its own weights: a draft model,
    an EAGLE-3 head or a DFlash drafter, counted only on plain weights): any worker loads it, no
-   git checkout or worktree needed. When the loop promotes it, `promote_table` merges the file into the user cache of the GPU and these
-   versions, so every later run on this machine starts from it.
+   git checkout or worktree needed. When the loop promotes it, `promote_table` merges the file
+   into the user cache of the GPU and these versions, so every later run on this machine starts
+   from it.
 Timings are `kernels.timing.GraphTimer`'s: CUDA-graph replays, as the engine runs the kernels.
 
 On CPU (or without Triton) it is off, and says so once. Today's choice, the floor and the timers sit
