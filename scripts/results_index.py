@@ -20,6 +20,9 @@ SOURCES = (
     ("controller/timing_probe.*", "timing probe; noise floor and candidate cost", "timing_probe.py"),
     ("controller/first_request_*", "first request vs its repeat", "first_request.py"),
     ("engine/engine_ar_kernels.*", "AR decode: cuBLAS, Triton BF16, W12", "engine_ar.py --skip hf curve"),
+    ("engine/steps/*", "AR decode by step configuration: projections, attention, compiled, PDL, vs byte floor",
+     "engine_ar.py --skip hf curve kernels attention --steps cublas+sdpa cublas+split_kv+compiled "
+     "cublas+split_kv+compiled+pdl triton_bf16+split_kv+compiled+pdl w12+split_kv+compiled+pdl (under timeout 200)"),
     ("engine/engine_ar.*", "AR decode vs byte floor, verify cost", "engine_ar.py"),
     ("engine/round_compile/*", "rounds eager vs draft_compile, and with verify_compile",
      "round_compile.py --system scripts/systems/d6k8n64.toml --prompts 3"),
@@ -59,11 +62,18 @@ SOURCES = (
     ("w12/w12_refine*", "tuned table vs n128 twins", "w12_refine.py --confirm"),
     ("w12/tree128/*", "W12 vs cuBLAS, 128-node tree, fixture-x16", "specpilot bench"),
     ("w12/paths/*", "W12's fastest path per shape vs cuBLAS, tuned and installed", "w12_paths.py --install"),
+    ("w12/paths_d6k8n64/*", "W12's fastest path per shape vs cuBLAS at 65-257 rows, 64-node tree",
+     "w12_paths.py --system scripts/systems/d6k8n64.toml --rows 65 96 128 --budget-s 45"),
 )
 
 # provenance a file records wrongly, from the run logs: (path, commit it records, note); shown
 # under the index while the file still records that commit, so a re-run drops its note
 ERRATA = (
+    ("engine/steps/engine_ar.{json,md}", "ed8baef", "ran on the working tree of f918326 (the device copy's base "
+     "was the session's first commit); .md rendered from the .json by engine_ar.render (the call's timeout cut "
+     "the run in its fifth configuration, before the script writes the .md)"),
+    ("w12/paths_d6k8n64/w12_paths.{json,md}", "ed8baef", "ran on the working tree of f918326 (the device copy's "
+     "base was the session's first commit)"),
     ("controller/first_request_*.json", "-", "ran at 4505547 (compile, no-compile) and 2db4fec (padded)"),
     ("w12/w12_escape_cost.{json,md}", "b0c0d4e", "ran at 70e2a89 (b0c0d4e was a typo of the run command)"),
     ("drafters/recipe/dflash_recipe.{json,md}", "5674dcb", "ran on the working tree of fc8981e (the device copy's "
