@@ -43,7 +43,7 @@ NOT_DIVISIBLE = {"M", "split_k", "steps_per_split"}  # the launchers never speci
 # split-KV attention (`attention_kernel.py`): its tensors' pointers in the model's dtype (float32
 # for the partial outputs), the softmax scale a float; its integers may take any value
 ATTENTION_POINTERS = {"q_ptr": "act", "k_ptr": "act", "v_ptr": "act", "bias_ptr": "act", "o_ptr": "act",
-                      "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32"}
+                      "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "count_ptr": "*i32"}
 SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes per block (opt-in maximum)
 
 
@@ -173,8 +173,9 @@ def pdl_variants(base: list[Variant]) -> list[Variant]:
 
 def attention_variants(quick: bool = False) -> list[Variant]:
     """The split-KV kernel at each query tile `plan_splits` picks, head sizes 64 and 128, BF16 dots
-    (BF16 models) and IEEE float32 ones (float32 models), writing partials or (one split) the
-    output directly; the merge kernel likewise."""
+    (BF16 models) and IEEE float32 ones (float32 models), writing partials that the last split
+    merges or (one split) the output directly; the merge kernel (where the counters do not fit)
+    likewise."""
     from specpilot.kernels.attention import BLOCK_N
 
     out = []
@@ -184,7 +185,8 @@ def attention_variants(quick: bool = False) -> list[Variant]:
                 name = f"attention d{D} bm{bm} {'bf16' if bf16 else 'fp32'}"
                 act = "*bf16" if bf16 else "*fp32"
                 for direct in (False, True):  # several splits, merged; one, written directly
-                    c = {"D": D, "BLOCK_M": bm, "BLOCK_N": BLOCK_N, "DOT_BF16": bf16, "DIRECT": direct}
+                    c = {"D": D, "BLOCK_M": bm, "BLOCK_N": BLOCK_N, "DOT_BF16": bf16, "DIRECT": direct,
+                         "MERGE": not direct}
                     out.append(Variant("attention", name + (" direct" if direct else ""), c, 4, 3, activations=act))
                 out.append(Variant("attention_merge", name.replace("attention", "merge"), {"D": D, "BLOCK_M": bm}, 4, 1,
                                    activations=act))

@@ -8,8 +8,10 @@ Why: flash-style kernels tile the query axis and walk the keys of a tile in one 
 with a few queries (one decode token, a drafter's frontier, a 65-node tree) then has few query
 tiles: unless the kernel also splits the keys, a few dozen programs walk the whole cache in sequence
 on a GPU of 132 SMs. Here the keys are cut into splits so that the grid
-fills the GPU; each program returns its split's normalised output and log-sum-exp, and a second
-kernel merges the splits (the flash-decoding scheme).
+fills the GPU; each program returns its split's normalised output and log-sum-exp, and the last
+split of each query tile to finish merges them (the flash-decoding scheme, without a second launch:
+an arrival counter per tile in the projections' workspace, `kernels.workspace`, zero between
+launches; a second kernel merges where the counters would not fit).
 
 The rules:
 - Same semantics as `F.scaled_dot_product_attention(q, k, v, attn_mask=bias)` with the GQA
@@ -34,6 +36,7 @@ import torch
 
 from specpilot import env
 from specpilot.kernels.launch import launch_options, pdl
+from specpilot.kernels.workspace import shared_workspace
 
 BLOCK_N = 64  # keys per inner step
 # Queries per row up to which a call counts as "few" (decode, drafting, a verify tree of up to 256
@@ -93,17 +96,19 @@ def split_attention_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     o_part = torch.empty(B * Hkv, parts, M, D, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(B * Hkv, parts, M, dtype=torch.float32, device=q.device)
     tiles = _cdiv(M, plan.block_m)
+    counters = shared_workspace(q.device).counters
+    merge_here = not direct and tiles * B * Hkv <= counters.numel()
     pdl_launch = pdl(q.device)
     split_attention_kernel[(plan.n_split, tiles, B * Hkv)](
-        q, k_cache, v_cache, bias, o_part, lse_part, out,
+        q, k_cache, v_cache, bias, o_part, lse_part, out, counters,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), bias.stride(0), bias.stride(2), bias.stride(3),
         out.stride(0), out.stride(1), out.stride(2),
         T, G, Hkv, M, S, plan.chunk, plan.n_split, 1.0 / math.sqrt(D),
         D=D, BLOCK_M=plan.block_m, BLOCK_N=BLOCK_N, DOT_BF16=q.dtype == torch.bfloat16 and not interpret,
-        DIRECT=direct, PDL=pdl_launch, **launch_options(pdl_launch),
+        DIRECT=direct, MERGE=merge_here, PDL=pdl_launch, **launch_options(pdl_launch),
     )
-    if not direct:
+    if not direct and not merge_here:
         merge_splits_kernel[(tiles, B * Hkv)](
             o_part, lse_part, out, out.stride(0), out.stride(1), out.stride(2),
             T, G, Hkv, M, plan.n_split, D=D, BLOCK_M=plan.block_m, PDL=pdl_launch, **launch_options(pdl_launch),

@@ -16,16 +16,21 @@ def _dot(a, b, DOT_BF16: tl.constexpr):
 
 @triton.jit
 def split_attention_kernel(
-    q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, lse_part_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, bias_ptr, o_part_ptr, lse_part_ptr, o_ptr, count_ptr,
     sq_b, sq_t, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sb_b, sb_m, sb_s, so_b, so_t, so_h,
     T, G, Hkv, M, S, chunk, n_split, scale,
     D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_BF16: tl.constexpr, DIRECT: tl.constexpr,
-    PDL: tl.constexpr = False,
+    MERGE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """One (key split, query tile, batch row x KV head): softmax(q k^T * scale + bias) v over the
     split's keys, normalised within the split, and its log-sum-exp (-inf where the split admits no
     key for a query). Query row m of KV head j is query t = m % T of head j * G + m // T. Key tiles
-    the bias masks for every query of the tile are skipped: their K/V are never loaded."""
+    the bias masks for every query of the tile are skipped: their K/V are never loaded.
+
+    MERGE: the last split of a (query tile, batch row x KV head) to arrive at its counter (in
+    `count_ptr`, zero between launches) merges all splits in split order, as `merge_splits_kernel`
+    would (the same sums in the same order: the same output), and resets the counter; no second
+    launch."""
     split = tl.program_id(0)
     tile = tl.program_id(1)
     bj = tl.program_id(2)
@@ -71,6 +76,43 @@ def split_attention_kernel(
         row = (bj * n_split + split) * M + m  # o_part [B*Hkv, n_split, M, D], lse_part [B*Hkv, n_split, M]
         tl.store(o_part_ptr + row[:, None] * D + d[None, :], out, mask=m_ok[:, None])
         tl.store(lse_part_ptr + row, lse, mask=m_ok)
+        if MERGE:
+            # every thread's partial stores before the arrival (acq_rel, gpu scope); the last
+            # split reads the others' from L2 (.cg), and resets the counter for the next launch
+            tl.debug_barrier()
+            counter = count_ptr + bj * tl.num_programs(1) + tile
+            if tl.atomic_add(counter, 1) == n_split - 1:
+                _merge(o_part_ptr, lse_part_ptr, o_ptr, so_b, so_t, so_h, bj, b, j, m, m_ok, T, G, M, n_split,
+                       D, ".cg")
+                tl.atomic_xchg(counter, 0, sem="relaxed")
+
+
+@triton.jit
+def _merge(o_part_ptr, lse_part_ptr, o_ptr, so_b, so_t, so_h, bj, b, j, m, m_ok, T, G, M, n_split,
+           D: tl.constexpr, CACHE: tl.constexpr):
+    """Write the splits of one (query tile, batch row x KV head) weighted by exp(lse - max lse):
+    the softmax over all keys, in split order. A split that admits no key for a query (weight 0)
+    is not read; a query no split admits gets zeros."""
+    d = tl.arange(0, D)
+    top = tl.full(m.shape, float("-inf"), tl.float32)
+    for sp in range(0, n_split):
+        lse = tl.load(lse_part_ptr + (bj * n_split + sp) * M + m, mask=m_ok, other=float("-inf"), cache_modifier=CACHE)
+        top = tl.maximum(top, lse)
+    shift = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.zeros(m.shape, tl.float32)
+    acc = tl.zeros([m.shape[0], D], tl.float32)
+    for sp in range(0, n_split):
+        row = (bj * n_split + sp) * M + m
+        w = tl.exp(tl.load(lse_part_ptr + row, mask=m_ok, other=float("-inf"), cache_modifier=CACHE) - shift)
+        part = tl.load(o_part_ptr + row[:, None] * D + d[None, :], mask=(m_ok & (w > 0))[:, None], other=0.0,
+                       cache_modifier=CACHE)
+        acc += w[:, None] * part
+        total += w
+    out = acc / tl.where(total > 0, total, 1.0)[:, None]
+    t = m % T
+    h = j * G + m // T
+    tl.store(o_ptr + b * so_b + t[:, None] * so_t + h[:, None] * so_h + d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None])
 
 
 @triton.jit
@@ -79,32 +121,12 @@ def merge_splits_kernel(
     T, G, Hkv, M, n_split,
     D: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """The splits of one (query tile, batch row x KV head) weighted by exp(lse - max lse): the
-    softmax over all keys. A query no split admits gets zeros."""
+    """`_merge` of one (query tile, batch row x KV head), as a second launch (where the counters of
+    the split kernel's own merge do not fit)."""
     tile = tl.program_id(0)
     bj = tl.program_id(1)
-    b = bj // Hkv
-    j = bj % Hkv
     m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_ok = m < M
-    d = tl.arange(0, D)
     wait_for_inputs(PDL)
-    top = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for sp in range(0, n_split):
-        lse = tl.load(lse_part_ptr + (bj * n_split + sp) * M + m, mask=m_ok, other=float("-inf"))
-        top = tl.maximum(top, lse)
-    shift = tl.where(top == float("-inf"), 0.0, top)
-    total = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for sp in range(0, n_split):
-        row = (bj * n_split + sp) * M + m
-        w = tl.exp(tl.load(lse_part_ptr + row, mask=m_ok, other=float("-inf")) - shift)  # [BLOCK_M]
-        part = tl.load(o_part_ptr + row[:, None] * D + d[None, :], mask=m_ok[:, None], other=0.0)
-        acc += w[:, None] * part
-        total += w
     release_dependents(PDL)
-    out = acc / tl.where(total > 0, total, 1.0)[:, None]
-    t = m % T
-    h = j * G + m // T
-    tl.store(o_ptr + b * so_b + t[:, None] * so_t + h[:, None] * so_h + d[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=m_ok[:, None])
+    _merge(o_part_ptr, lse_part_ptr, o_ptr, so_b, so_t, so_h, bj, bj // Hkv, bj % Hkv, m, m < M, T, G, M, n_split,
+           D, "")

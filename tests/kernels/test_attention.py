@@ -180,3 +180,31 @@ def test_key_tiles_no_query_may_see_are_never_read(device):
     clean = split_attention(q, k, v, bias)
     k[:, :, 128:], v[:, :, 128:] = float("nan"), float("nan")
     assert torch.equal(split_attention(q, k, v, bias), clean)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_last_split_merges_as_the_second_launch_would_and_leaves_its_counters_at_zero(dtype, device,
+                                                                                        monkeypatch):
+    """The split kernel's own merge (the last split of a tile to arrive) gives the merge kernel's
+    output bit for bit, run after run; its counters are zero again after each launch; where the
+    counters would not fit, the second launch merges."""
+    from specpilot.kernels import attention, attention_kernel
+    from specpilot.kernels.workspace import shared_workspace
+
+    B, T, H, Hkv, D, S = 2, 3, 4, 2, 16, 320
+    q, k, v = operands(B, T, H, Hkv, D, S, dtype, device, seed=3)
+    bias = tree_bias(B, T, H // Hkv, S, 200, dtype).to(device)
+    assert attention.plan_splits(B * Hkv, 2 * T, S, SMS_OFF_GPU if device == "cpu" else 132).n_split > 1
+    launched = []
+    merge = attention_kernel.merge_splits_kernel
+    monkeypatch.setattr(attention_kernel, "merge_splits_kernel",
+                        type("Spy", (), {"__getitem__": lambda self, grid: launched.append(grid) or merge[grid]})())
+    fused = [split_attention(q, k, v, bias) for _ in range(2)]
+    assert not launched and torch.equal(fused[0], fused[1])
+    assert not shared_workspace(q.device).counters.any()
+    monkeypatch.setattr(attention, "shared_workspace",
+                        lambda device: type("W", (), {"counters": torch.zeros(1, dtype=torch.int32, device=device)}))
+    second = split_attention(q, k, v, bias)
+    assert launched and torch.equal(second, fused[0])
+    err = (second.cpu().double() - reference(q.cpu(), k.cpu(), v.cpu(), bias.cpu())).abs().max().item()
+    assert err <= bound(dtype)
