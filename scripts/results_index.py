@@ -62,7 +62,7 @@ SOURCES = (
     ("w12/w12_refine*", "tuned table vs n128 twins", "w12_refine.py --confirm"),
     ("w12/tree128/*", "W12 vs cuBLAS, 128-node tree, fixture-x16", "specpilot bench"),
     ("w12/paths/*", "W12's fastest path per shape vs cuBLAS, tuned and installed", "w12_paths.py --install"),
-    ("w12/paths_d6k8n64/*", "W12's fastest path per shape vs cuBLAS at 65-257 rows, 64-node tree",
+    ("w12/paths_d6k8n64/*", "W12's fastest path per shape vs cuBLAS, the 64-node tree's shapes (1-256 rows)",
      "w12_paths.py --system scripts/systems/d6k8n64.toml --rows 65 96 128 --budget-s 45"),
 )
 
