@@ -61,11 +61,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.set_defaults(func=run_import)
 
 
-def _open(args):
+def _path(args) -> Path:
+    """The memory database `--memory` names, else the default one."""
     from specpilot import env
+
+    return Path(args.memory) if args.memory else env.memory_path()
+
+
+def _open(args):
     from specpilot.memory.store import Memory
 
-    path = Path(args.memory) if args.memory else env.memory_path()
+    path = _path(args)
     if not path.is_file():
         raise ConfigError(f"no memory database at {path}")
     return Memory(path)
@@ -168,7 +174,6 @@ def run_export(args) -> int:
 
 
 def run_import(args) -> int:
-    from specpilot import env
     from specpilot.memory.store import Memory
 
     try:
@@ -177,7 +182,7 @@ def run_import(args) -> int:
         raise ConfigError(f"cannot read {args.file}: {err.strerror or err}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{args.file} is not JSON ({err})") from None
-    path = Path(args.memory) if args.memory else env.memory_path()
+    path = _path(args)
     with Memory(path) as memory:
         added = memory.import_export(data)
     print(f"imported into {path}: " + ", ".join(f"{added[t]} {t.replace('_', ' ')}" for t in

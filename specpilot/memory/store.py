@@ -309,9 +309,9 @@ class Memory:
         they record (deployment, procedure or candidate, incumbent, round and stage, and when), so
         importing the same document twice adds nothing; their ids kept where free here (a run's
         journal names its entries: `--resume` on another machine), renumbered otherwise. Returns
-        the rows added per table and `held` (rows already here). Refused whole (`MemoryStoreError`) for a
-        document that is not an export, comes from a newer schema, or has an evaluation naming a
-        system or deployment that neither it nor this memory holds."""
+        the rows added per table and `held` (rows already here). Refused whole
+        (`MemoryStoreError`) for a document that is not an export, comes from a newer schema, or
+        has an evaluation naming a system or deployment that neither it nor this memory holds."""
         tables = ("deployments", "systems", "noise_floors", "evaluations")
         if not isinstance(data, dict) or not all(isinstance(data.get(t), list) for t in tables):
             raise MemoryStoreError("not a memory export (needs lists: " + ", ".join(tables) + ")")
@@ -335,31 +335,30 @@ class Memory:
                                 values[col] = json.dumps(values[col], sort_keys=True)
                         if table == "evaluations" and row.get("noise_id") is not None:
                             values["noise_id"] = noise_ids.get(row["noise_id"])
-                        key = same.get(table)
-                        if key:
-                            where = " AND ".join(f"{k} = ?" for k in key)
-                            found = c.execute(f"SELECT id FROM {table} WHERE {where}",
-                                              [values[k] for k in key]).fetchone()
-                            if found is not None:
-                                if table == "noise_floors":
-                                    noise_ids[row.get("id")] = found[0]
-                                added["held"] += 1
-                                continue
-                        if key and row.get("id") is not None and c.execute(
-                                f"SELECT 1 FROM {table} WHERE id = ?", (row["id"],)).fetchone() is None:
-                            values["id"] = row["id"]  # kept where free: a run's journal names its entries
-                        names = list(values)
-                        cur = c.execute(f"INSERT OR IGNORE INTO {table} ({', '.join(names)}) VALUES "
-                                        f"({', '.join('?' for _ in names)})", [values[k] for k in names])
+                        stored, new = _import_row(c, table, values, same.get(table), row.get("id"))
                     except (KeyError, TypeError, sqlite3.DatabaseError) as err:
                         raise MemoryStoreError(f"the export's {table}[{n}] cannot be stored: {err}") from None
-                    if cur.rowcount:
-                        added[table] += 1
-                        if table == "noise_floors":
-                            noise_ids[row.get("id")] = cur.lastrowid
-                    else:
-                        added["held"] += 1
+                    added[table if new else "held"] += 1
+                    if table == "noise_floors":
+                        noise_ids[row.get("id")] = stored
         return added
+
+
+def _import_row(c, table: str, values: dict, key: tuple[str, ...] | None, row_id: int | None) -> tuple[int, bool]:
+    """(its id here, whether it was added) of one exported row: a row recording the same `key`
+    columns is the one held; otherwise inserted, under `row_id` where that id is free (a keyed
+    table), and a row whose primary key is held already (deployments, systems) is ignored."""
+    if key:
+        found = c.execute(f"SELECT id FROM {table} WHERE " + " AND ".join(f"{k} = ?" for k in key),
+                          [values[k] for k in key]).fetchone()
+        if found is not None:
+            return found[0], False
+        if row_id is not None and c.execute(f"SELECT 1 FROM {table} WHERE id = ?", (row_id,)).fetchone() is None:
+            values = {**values, "id": row_id}  # kept where free: a run's journal names its entries
+    names = list(values)
+    cur = c.execute(f"INSERT OR IGNORE INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)})",
+                    [values[k] for k in names])
+    return cur.lastrowid, bool(cur.rowcount)
 
 
 def _load_json(load: Load | None) -> str | None:
