@@ -42,6 +42,11 @@ from specpilot.memory.records import (MemoryRecord, StoredNoise, SystemRecord, V
                                       system_hash)
 from specpilot.memory.schema import MemoryStoreError, now
 
+# the tables an export holds, in the order an import stores them (what an evaluation names first),
+# and their JSON columns
+JSON_COLUMNS = {"deployments": ("components",), "systems": ("knobs", "diff"), "noise_floors": ("detail", "load"),
+                "evaluations": ("reasons", "guard", "detail", "load")}
+
 
 def connect(path: Path) -> sqlite3.Connection:
     """Open (creating if needed) and migrate the database at `path`."""
@@ -297,10 +302,7 @@ class Memory:
         return {
             "schema_version": self.schema_version,
             "exported_at": now(),
-            "deployments": table("deployments", ("components",)),
-            "systems": table("systems", ("knobs", "diff")),
-            "noise_floors": table("noise_floors", ("detail", "load")),
-            "evaluations": table("evaluations", ("reasons", "guard", "detail", "load")),
+            **{name: table(name, cols) for name, cols in JSON_COLUMNS.items()},
         }
 
     def import_export(self, data: dict) -> dict[str, int]:
@@ -312,14 +314,12 @@ class Memory:
         the rows added per table and `held` (rows already here). Refused whole
         (`MemoryStoreError`) for a document that is not an export, comes from a newer schema, or
         has an evaluation naming a system or deployment that neither it nor this memory holds."""
-        tables = ("deployments", "systems", "noise_floors", "evaluations")
+        tables = tuple(JSON_COLUMNS)
         if not isinstance(data, dict) or not all(isinstance(data.get(t), list) for t in tables):
             raise MemoryStoreError("not a memory export (needs lists: " + ", ".join(tables) + ")")
         if int(data.get("schema_version", 0)) > schema.SCHEMA_VERSION:
             raise MemoryStoreError(f"the export's schema version {data['schema_version']} is newer than this "
                                    f"SpecPilot's ({schema.SCHEMA_VERSION}); upgrade SpecPilot")
-        json_cols = {"deployments": ("components",), "systems": ("knobs", "diff"),
-                     "noise_floors": ("detail", "load"), "evaluations": ("reasons", "guard", "detail", "load")}
         same = {"noise_floors": ("deployment", "procedure", "created_at"),
                 "evaluations": ("deployment", "candidate", "incumbent", "round", "stage", "created_at")}
         added = dict.fromkeys(tables, 0) | {"held": 0}
@@ -330,7 +330,7 @@ class Memory:
                 for n, row in enumerate(data[table]):
                     try:
                         values = {k: row[k] for k in columns if k != "id" and k in row}
-                        for col in json_cols[table]:
+                        for col in JSON_COLUMNS[table]:
                             if values.get(col) is not None:
                                 values[col] = json.dumps(values[col], sort_keys=True)
                         if table == "evaluations" and row.get("noise_id") is not None:
