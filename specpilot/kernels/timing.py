@@ -86,6 +86,18 @@ def weight_sets(N: int, K: int, set_bytes: float) -> int:
     return max(MIN_SETS, min(MAX_SETS, math.ceil(L2_COVER_BYTES / set_bytes)))
 
 
+def copies(weight, count: int) -> list:
+    """`weight` and `count - 1` fresh copies of it (a BF16 tensor's clones, or a W12Weight's planes
+    cloned, with nothing derived yet): rotating sets made of one real weight."""
+    from specpilot.w12 import W12Weight
+
+    def clone(w):
+        if isinstance(w, W12Weight):
+            return W12Weight.from_planes(w.shape, {k: v.clone() for k, v in w.planes().items()})
+        return w.clone()
+    return [weight] + [clone(weight) for _ in range(count - 1)]
+
+
 def random_weight(N: int, K: int, device: str = "cuda") -> torch.Tensor:
     """BF16 [N, K] normal weights of std WEIGHT_STD with no zeros (a zero is a W12 escape)."""
     w = torch.randn(N, K, device=device, dtype=torch.bfloat16) * WEIGHT_STD
@@ -148,18 +160,23 @@ class GraphTimer:
         checked = self.check(problem, config)
         if checked.error is not None:
             return checked
-        x, sets, _, _ = self.case(problem)
         try:
-            us = self._time_calls([lambda w=w: run_config(x, w, config) for w in sets])
+            us = self._time_calls(self.calls(problem, config))
         except Exception as err:  # noqa: BLE001 - a config that fails is reported, not raised
             return dataclasses.replace(checked, error=failure(err))
         return dataclasses.replace(checked, us=us)
 
+    def calls(self, problem: Problem, choice: LaunchConfig | Fallback) -> list[Callable[[], object]]:
+        """One call of `choice` (a config, unchecked here, or a fallback) per weight set of `problem`:
+        what `graph_time_us` times, alone or beside another choice's (`rotated_rounds`)."""
+        x, sets, _, _ = self.case(problem)
+        run = run_fallback if isinstance(choice, Fallback) else run_config
+        return [lambda w=w: run(x, w, choice) for w in sets]
+
     def time_fallback(self, problem: Problem, fallback: Fallback) -> float | None:
         """µs per call of cuBLAS on the decoded weight (`dispatch.run_fallback`: bit-exact by
         construction, so unchecked) over the problem's weight sets; None if it fails."""
-        x, sets, _, _ = self.case(problem)
         try:
-            return self._time_calls([lambda w=w: run_fallback(x, w, fallback) for w in sets])
+            return self._time_calls(self.calls(problem, fallback))
         except Exception:  # noqa: BLE001 - a path that fails is not a choice
             return None

@@ -397,11 +397,16 @@ class GpuKernelBench:
         self.device = target.device
         self.device_name = device_name(target.device)
         self.sm_count = sm_count(target.device)
-        self._weights: dict[tuple[int, int], object] = {}
-        self._timer = GraphTimer(lambda p: [self._weight(p.n, p.k)], self._input)
+        self._weights: dict[tuple[int, int], list] = {}
+        self._timer = GraphTimer(lambda p: self._weight_sets(p.n, p.k), self._input)
 
-    def _weight(self, n: int, k: int):
+    def _weight_sets(self, n: int, k: int) -> list:
+        """The model's [n, k] weight (W12-encoded for a W12 bench) and copies of it, together
+        beyond L2 (`timing.weight_sets`): each call reads its weight from HBM, as in a forward,
+        whatever the weight's size."""
         import torch
+
+        from specpilot.kernels.timing import copies, weight_sets
 
         if (n, k) not in self._weights:
             w = projection_weight(self.models, n, k).detach().to(torch.bfloat16)
@@ -409,7 +414,8 @@ class GpuKernelBench:
                 from specpilot.w12 import encode
 
                 w = encode(w)
-            self._weights[n, k] = w
+            set_bytes = n * k * (1.5 if self.weight_format is WeightFormat.W12 else 2.0)
+            self._weights[n, k] = copies(w, weight_sets(n, k, set_bytes))
         return self._weights[n, k]
 
     def _input(self, p: Problem):
@@ -435,6 +441,10 @@ class GpuKernelBench:
 
     def time_fallback(self, problem: Problem, fallback: Fallback) -> float | None:
         return self._timer.time_fallback(problem, fallback)
+
+    def calls(self, problem: Problem, choice: Choice) -> list:
+        """`choice`'s calls over the problem's weight sets, to time beside another bench's."""
+        return self._timer.calls(problem, choice)
 
 
 @register("kernel")

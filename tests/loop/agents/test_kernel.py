@@ -12,9 +12,10 @@ from loop_fixtures import context
 from specpilot.kernels import configs as kc
 from specpilot.kernels import user_cache
 from specpilot.kernels.configs import Fallback, KernelPath, LaunchConfig, WeightFormat
-from specpilot.kernels.search import Trial
+from specpilot.kernels.search import Problem, Trial
 from specpilot.loop.agents.base import AgentOptions, LoopSetup
 from specpilot.loop.agents.kernel import (
+    GpuKernelBench,
     KernelAgent,
     deployment_shapes,
     projection_shapes,
@@ -249,6 +250,42 @@ def test_each_shape_is_timed_on_the_weight_of_its_own_model():
     assert projection_weight([target, head], *target.lm_head.weight.shape) is target.lm_head.weight
     with pytest.raises(KeyError, match=r"\[7, 7\]"):
         projection_weight([target], 7, 7)
+
+@pytest.mark.parametrize("w12", [False, True])
+def test_the_bench_times_each_shape_over_copies_of_its_weight_beyond_l2(w12):
+    """A shape's calls rotate over the model's weight and fresh copies of it, together past
+    L2_COVER_BYTES (a single weight would stay in L2 and time faster than a forward reads it);
+    each copy gives the model weight's output."""
+    import torch
+
+    from specpilot.kernels import timing
+    from specpilot.models.transformer import Transformer
+
+    torch.manual_seed(0)
+    target = Transformer(tiny_config(hidden_size=64, intermediate_size=128, num_layers=2)).bfloat16()
+    bench = GpuKernelBench(target, None, w12, 1000.0)
+    fmt = WeightFormat.W12 if w12 else WeightFormat.DENSE
+    problem = Problem(fmt, 256, 64, 3)
+    sets = bench._timer.case(problem)[1]
+    assert len(sets) == timing.MAX_SETS  # 64 x 256 is far below L2: as many copies as allowed
+    planes = [s.lo if w12 else s for s in sets]
+    assert len({t.data_ptr() for t in planes}) == len(sets)
+    weight = target.layers[0].mlp.gate_up_proj.weight
+    if w12:  # the planes of the weight's encoding, copied (decoding them needs the Triton kernels)
+        from specpilot.w12 import encode
+
+        first = encode(weight).planes()
+        assert all(torch.equal(s.planes()[k], v) for s in sets for k, v in first.items())
+        assert all(not s.derived for s in sets)
+    else:
+        expected = torch.nn.functional.linear(bench._timer.case(problem)[0], weight)  # [3, 256]
+        outputs = [c() for c in bench.calls(problem, Fallback.UNPACK_CUBLAS)]
+        assert len(outputs) == len(sets)
+        assert all(torch.equal(y.view(torch.int16), expected.view(torch.int16)) for y in outputs)
+    assert len(bench.calls(problem, LaunchConfig(KernelPath.GEMV, block_n=8, block_k=128, num_warps=2))) == len(sets)
+    assert timing.weight_sets(4096, 4096, 4096 * 4096 * 2) == 6  # 33.6 MB each: 6 past 200 MB
+    assert timing.weight_sets(151936, 4096, 151936 * 4096 * 2) == timing.MIN_SETS
+
 
 def test_the_tuned_table_is_a_knob_level_candidate_promoted_into_the_user_cache(tmp_path, monkeypatch):
     """No git checkout: the table goes to a candidate file of the user cache, the candidate is the
