@@ -29,6 +29,12 @@ class DrafterKind(enum.Enum):
     NONE = "none"  # plain AR decoding
 
 
+# the drafters with weights of their own, by the `Session` attribute holding each: what
+# `draft_kernel` and `draft_compile` act on
+DRAFTER_MODELS = {DrafterKind.MODEL: "drafter_model", DrafterKind.EAGLE3: "eagle3_model",
+                  DrafterKind.DFLASH: "dflash_model"}
+
+
 class TreeConstruction(enum.Enum):
     """How a block drafter (DFlash) turns its per-position distributions into a draft tree."""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specpilot import env
-from specpilot.config import AttentionKernel, Deployment, DrafterKind, Kernel, System
+from specpilot.config import DRAFTER_MODELS, AttentionKernel, Deployment, DrafterKind, Kernel, System
 from specpilot.engine.drafters.dflash import DFlashDrafter
 from specpilot.engine.drafters.draft_model import DraftModelDrafter
 from specpilot.engine.drafters.eagle3 import Eagle3Drafter
@@ -183,13 +183,13 @@ class Session:
             self._targets[key] = with_attention(with_kernels(self.target, system), system)
         return self._targets[key]
 
-    def _drafter_for(self, role: str, system: System):
-        """The session's draft model, EAGLE-3 head or DFlash drafter (`role`) with the system's
-        attention and `draft_kernel`."""
+    def _drafter_for(self, kind: DrafterKind, system: System):
+        """The session's draft model, EAGLE-3 head or DFlash drafter (`kind`, one of
+        `DRAFTER_MODELS`) with the system's attention and `draft_kernel`."""
         kernels = (system.draft_kernel, system.kernel_table if system.draft_kernel is Kernel.TRITON else "")
-        key = (role, system.attention, *kernels)
+        key = (kind, system.attention, *kernels)
         if key not in self._drafter_models:
-            model = {"model": self.drafter_model, "eagle3": self.eagle3_model, "dflash": self.dflash_model}[role]
+            model = getattr(self, DRAFTER_MODELS[kind])
             self._drafter_models[key] = with_attention(with_draft_kernels(model, system), system)
         return self._drafter_models[key]
 
@@ -207,7 +207,7 @@ class Session:
                     f"system {system.name!r} drafts with a model but deployment "
                     f"{self.deployment.name!r} has drafter = {self.deployment.drafter!r}"
                 )
-            model = self._drafter_for("model", system)
+            model = self._drafter_for(DrafterKind.MODEL, system)
             for d in tiers:
                 drafters[d] = DraftModelDrafter(model, d, system.topk, system.tree_budget, system.window,
                                                 system.shared_budget, system.row_depth_margin, system.draft_compile)
@@ -218,7 +218,7 @@ class Session:
                     f"has drafter = {self.deployment.drafter!r}, not a DFlash drafter directory"
                 )
             drafters[system.block_size - 1] = DFlashDrafter(
-                self._drafter_for("dflash", system), target, system.block_size, system.tree_budget,
+                self._drafter_for(DrafterKind.DFLASH, system), target, system.block_size, system.tree_budget,
                 system.tree_construction, system.shared_budget, system.row_depth_margin, system.draft_compile,
             )
         elif system.drafter is DrafterKind.EAGLE3:
@@ -227,7 +227,7 @@ class Session:
                     f"system {system.name!r} drafts with EAGLE-3 but deployment {self.deployment.name!r} "
                     f"has drafter = {self.deployment.drafter!r}, not an EAGLE-3 head directory"
                 )
-            head = self._drafter_for("eagle3", system)
+            head = self._drafter_for(DrafterKind.EAGLE3, system)
             for d in tiers:  # the tiers share one head cache (`Generator._start_drafter`)
                 drafters[d] = Eagle3Drafter(head, target, d, system.topk, system.tree_budget, system.shared_budget,
                                             system.row_depth_margin, system.draft_compile)

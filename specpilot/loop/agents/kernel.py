@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from specpilot.config import DrafterKind, Kernel, System
+from specpilot.config import DRAFTER_MODELS, DrafterKind, Kernel, System
 from specpilot.engine.generator import PREFILL_BUCKET
 from specpilot.kernels import user_cache
 from specpilot.kernels.configs import (
@@ -150,12 +150,6 @@ def projection_shapes(config, rows: int, lm_head: bool) -> list[ProjectionShape]
     return out
 
 
-# drafters with weights of their own, which `draft_kernel` can turn to the kernels: the session's
-# attribute holding each
-OWN_MODELS = {DrafterKind.MODEL: "drafter_model", DrafterKind.EAGLE3: "eagle3_model",
-              DrafterKind.DFLASH: "dflash_model"}
-
-
 def drafter_weights(kind: DrafterKind, drafter) -> dict[str, tuple[int, int, int]]:
     """{name: (n, k, calls per forward)} of a drafter's own projections, lm_head and feature fusion
     (`fc`): a draft model's (`drafter` the model or its `ModelConfig`), an EAGLE-3 head's or a
@@ -210,7 +204,7 @@ def deployment_shapes(target, drafter, system: System, batch: int, tree_nodes: i
         out += [ProjectionShape(f"{s.name}@prefill", s.m, s.n, s.k, 0)
                 for s in projection_shapes(target, batch * rows, system.kernel_lm_head)]
     kind = system.drafter
-    if drafter is not None and kind in OWN_MODELS and system.speculative and draft_forwards:
+    if drafter is not None and kind in DRAFTER_MODELS and system.speculative and draft_forwards:
         weights, on = drafter_weights(kind, drafter), int(drafter_kernels)
         for name, rows, forwards in drafter_round(kind, system, batch, draft_forwards):
             n, k, calls = weights[name]
@@ -358,7 +352,7 @@ def promote_table(previous: System, promoted: System, device_name: str) -> Path 
 def own_drafter(session, kind: DrafterKind):
     """The session's model of drafter `kind` (a draft model, an EAGLE-3 head, a DFlash drafter);
     None for the others, or where the session holds none."""
-    return getattr(session, OWN_MODELS[kind], None) if kind in OWN_MODELS else None
+    return getattr(session, DRAFTER_MODELS[kind], None) if kind in DRAFTER_MODELS else None
 
 
 def projection_weight(models, n: int, k: int):

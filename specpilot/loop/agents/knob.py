@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
-from specpilot.config import AttentionKernel, DrafterKind, Kernel, System
+from specpilot.config import DRAFTER_MODELS, AttentionKernel, DrafterKind, Kernel, System
 from specpilot.errors import ConfigError
 from specpilot.loop.acceptance import TreeShape
 from specpilot.loop.agents.base import Proposal, Proposer, ProposerContext, register
@@ -56,16 +56,12 @@ from specpilot.loop.systems import DRAFTER_SWITCHES, Candidate, describe, short_
 GPU_ONLY = frozenset({"cuda_graphs", "sync_every", "kernel", "w12", "kernel_lm_head", "kernel_table", "draft_compile",
                       "verify_compile", "attention", "pdl", "draft_kernel"})
 
-# drafters with a model of their own: whose proposal `draft_compile` compiles, whose weights
-# `draft_kernel` turns to the Triton kernels
-COMPILED_DRAFTERS = (DrafterKind.MODEL, DrafterKind.EAGLE3, DrafterKind.DFLASH)
-
 
 def triton_launches(system: System) -> bool:
     """Whether `system` runs Triton kernels that `pdl` could launch early: ours (projections,
     split-KV attention) or inductor's (a compiled proposal or verification)."""
     return (system.kernel is Kernel.TRITON or system.attention is AttentionKernel.SPLIT_KV
-            or (system.draft_kernel is Kernel.TRITON and system.drafter in COMPILED_DRAFTERS)
+            or (system.draft_kernel is Kernel.TRITON and system.drafter in DRAFTER_MODELS)
             or system.draft_compile or system.verify_compile)
 
 
@@ -298,7 +294,7 @@ class KnobAgent(Proposer):
                           f"plain AR decoding: measured {ar:.3f} ms/token, within {AR_CLOSE - 1:.0%} of the "
                           f"incumbent's {measured:.3f}"))
         if ctx.on_gpu:  # the same drafter and target in fewer kernels, before other drafters
-            if inc.drafter in COMPILED_DRAFTERS and not inc.draft_compile:
+            if inc.drafter in DRAFTER_MODELS and not inc.draft_compile:
                 moves.append((GapKind.DRAFT_KERNELS, {"draft_compile": True},
                               "the draft proposal compiled whole with static shapes: a launch-bound drafter's "
                               "dozens of small kernels per level fused into a few"))
@@ -308,12 +304,12 @@ class KnobAgent(Proposer):
                 moves.append((GapKind.VERIFY_KERNELS, {"verify_compile": True},
                               f"{step} compiled with static shapes: the work between the projections fused"))
             if inc.attention is AttentionKernel.SDPA:  # every cached forward, the drafter's steps above all
-                gap = GapKind.DRAFT_KERNELS if inc.drafter in COMPILED_DRAFTERS else GapKind.VERIFY_KERNELS
+                gap = GapKind.DRAFT_KERNELS if inc.drafter in DRAFTER_MODELS else GapKind.VERIFY_KERNELS
                 moves.append((gap, {"attention": AttentionKernel.SPLIT_KV.value},
                               "split-KV attention: a call with few queries (a drafter's frontier, the tree, a decode "
                               "step) cut along the cache into enough programs to fill the GPU, where torch's fused "
                               "kernels run a few dozen programs that each walk the whole cache"))
-            if inc.drafter in COMPILED_DRAFTERS and inc.draft_kernel is Kernel.CUBLAS:
+            if inc.drafter in DRAFTER_MODELS and inc.draft_kernel is Kernel.CUBLAS:
                 moves.append((GapKind.DRAFT_KERNELS, {"draft_kernel": Kernel.TRITON.value},
                               "the drafter's own projections and lm_head through the Triton kernels: its few rows "
                               "(topk per level, or a DFlash block) on the GEMV path, launched like the target's"))
