@@ -247,6 +247,7 @@ def auto_split_k(n_tiles: int, k_steps: int, sm_count: int, programs_per_sm: int
     return max(1, min(MAX_SPLIT_K, want, k_steps // 2))
 
 
+@functools.cache
 def device_slug(device_name: str) -> str:
     """'NVIDIA H200' -> 'nvidia_h200' (file name of the device's tuned table)."""
     return re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
@@ -333,6 +334,7 @@ def _clear_tables() -> None:
     for fn in (shipped_table, _cached_layer, _layered):
         fn.cache_clear()
     _recent.clear()
+    _choices.clear()
 
 
 tuned_table.cache_clear = _clear_tables  # tests that point TUNED_DIR elsewhere clear the memo
@@ -344,14 +346,28 @@ def fallback_rule(fmt: WeightFormat, M: int, N: int, K: int) -> Choice:
     return Fallback.UNPACK_CUBLAS if M > RULE_MAX_M else heuristic_config(M, fmt, N, K)
 
 
+CHOICES_KEPT = 4096  # `choose`'s memo is emptied past this many (device, table, format, M, N, K)
+_choices: dict[tuple, tuple[dict | None, Choice]] = {}
+
+
 def choose(fmt: WeightFormat, M: int, N: int, K: int, device_name: str = "", table: str = "") -> Choice:
     """What runs an [M, K] x [K, N] projection in `fmt` on the named device: the tuned table's
     entry (a launch config, or a `Fallback` where that was measured faster), else `fallback_rule`.
-    A launch config for more rows than the kernels take is not taken."""
-    tuned = tuned_table(device_slug(device_name), table).get((fmt.value, m_bucket(M), N, K)) if device_name else None
-    if tuned is not None and (isinstance(tuned, Fallback) or M <= GEMM_MAX_M):
-        return tuned
-    return fallback_rule(fmt, M, N, K)
+    A launch config for more rows than the kernels take is not taken. Every projection call asks:
+    the answer is memoised against the table it was read from (`tuned_table`'s, the same object
+    until a file changes), so a repeated call costs two dict lookups."""
+    tuned = tuned_table(device_slug(device_name), table) if device_name else None
+    key = (device_name, table, fmt, M, N, K)
+    hit = _choices.get(key)
+    if hit is not None and hit[0] is tuned:
+        return hit[1]
+    entry = tuned.get((fmt.value, m_bucket(M), N, K)) if tuned is not None else None
+    choice = entry if entry is not None and (isinstance(entry, Fallback) or M <= GEMM_MAX_M) else \
+        fallback_rule(fmt, M, N, K)
+    if len(_choices) >= CHOICES_KEPT:
+        _choices.clear()
+    _choices[key] = (tuned, choice)
+    return choice
 
 
 def choose_config(fmt: WeightFormat, M: int, N: int, K: int, device_name: str = "", table: str = "") -> LaunchConfig:

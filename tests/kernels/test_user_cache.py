@@ -103,3 +103,19 @@ def test_within_the_recheck_time_a_lookup_looks_at_no_file(tables, monkeypatch):
         assert choose_config(WeightFormat.W12, 2, 64, 128, "NVIDIA H200") == SHIPPED  # the memo, within the hour
     monkeypatch.setattr(configs, "RECHECK_S", 0.0)
     assert choose_config(WeightFormat.W12, 2, 64, 128, "NVIDIA H200") == CACHED
+
+
+def test_a_choice_is_memoised_against_its_table_and_follows_a_changed_file(tables, monkeypatch):
+    """`choose` runs on every projection call: a repeat reads no table entry and builds no config,
+    and a cache file that changed (a new table object) gives its new entry at once."""
+    assert choose(WeightFormat.W12, 2, 64, 128, "NVIDIA H200") == SHIPPED
+    with monkeypatch.context() as mp:
+        mp.setattr(configs, "fallback_rule", lambda *a: (_ for _ in ()).throw(AssertionError("not memoised")))
+        mp.setattr(configs, "m_bucket", lambda *a: (_ for _ in ()).throw(AssertionError("not memoised")))
+        assert choose(WeightFormat.W12, 2, 64, 128, "NVIDIA H200") == SHIPPED
+        untuned = (WeightFormat.W12, 200, 64, 128, "NVIDIA H200")
+    assert choose(*untuned) is Fallback.UNPACK_CUBLAS  # the rule, above its rows
+    write_cache(user_cache.cache_path("nvidia_h200"), {("w12", 2, 64, 128): CACHED,
+                                                       ("w12", 256, 64, 128): Fallback.DECODED_CUBLAS})
+    assert choose(WeightFormat.W12, 2, 64, 128, "NVIDIA H200") == CACHED  # RECHECK_S is 0 here
+    assert choose(*untuned) is Fallback.DECODED_CUBLAS
