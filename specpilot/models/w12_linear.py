@@ -48,9 +48,9 @@ class W12Linear(nn.Module):
 
     @property
     def weight_w12(self) -> W12Weight:
-        view = self._view
-        if view is None or any(getattr(view, n) is not getattr(self, n) for n in PLANES):  # .to(), load_state_dict
-            planes = {n: getattr(self, n) for n in PLANES}
+        view, buffers = self._view, self._buffers  # every forward asks: `_buffers`, not Module.__getattr__
+        if view is None or any(getattr(view, n) is not buffers[n] for n in PLANES):  # .to(), load_state_dict
+            planes = {n: buffers[n] for n in PLANES}
             view = self._view = W12Weight.from_planes((self.out_features, self.in_features), planes)
         return view
 
