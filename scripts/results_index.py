@@ -20,6 +20,8 @@ SOURCES = (
     ("controller/timing_probe.*", "timing probe; noise floor and candidate cost", "timing_probe.py"),
     ("controller/first_request_*", "first request vs its repeat", "first_request.py"),
     ("engine/engine_ar_kernels.*", "AR decode: cuBLAS, Triton BF16, W12", "engine_ar.py --skip hf curve"),
+    ("engine/steps_h100/*", "AR decode by step configuration on an H100 (split-KV merging in its last split)",
+     "engine_ar.py --skip hf curve kernels attention --steps cublas+sdpa triton_bf16+split_kv+compiled+pdl"),
     ("engine/steps/*", "AR decode by step configuration: projections, attention, compiled, PDL, vs byte floor",
      "engine_ar.py --skip hf curve kernels attention --steps cublas+sdpa cublas+split_kv+compiled "
      "cublas+split_kv+compiled+pdl triton_bf16+split_kv+compiled+pdl w12+split_kv+compiled+pdl (under timeout 200)"),
@@ -60,10 +62,12 @@ SOURCES = (
     ("w12/w12_kernels_shipped*", "W12 GEMM vs cuBLAS, shipped configs", "w12_kernels.py --shipped"),
     ("w12/w12_escape_cost.*", "cost of W12 escapes", "w12_escape_cost.py"),
     ("w12/w12_refine*", "tuned table vs n128 twins", "w12_refine.py --confirm"),
+    ("w12/tree128_h100/*", "W12 vs cuBLAS, 128-node tree, fixture-x16, on an H100 (after w12_paths.py)",
+     "specpilot bench --system scripts/systems/tree-d7k8n128.toml --system scripts/systems/tree-d7k8n128-w12.toml "
+     "--n-prompts 6 --max-new-tokens 256"),
     ("w12/tree128/*", "W12 vs cuBLAS, 128-node tree, fixture-x16", "specpilot bench"),
-    ("w12/paths/*", "W12's fastest path per shape vs cuBLAS, tuned and installed", "w12_paths.py --install"),
-    ("w12/paths_d6k8n64/*", "W12's fastest path per shape vs cuBLAS, the 64-node tree's shapes (1-256 rows)",
-     "w12_paths.py --system scripts/systems/d6k8n64.toml --rows 65 96 128 --budget-s 45"),
+    ("w12/paths/*", "W12's fastest path per shape beside cuBLAS BF16, the 128-node tree's shapes, installed",
+     "w12_paths.py --system scripts/systems/tree-d7k8n128.toml --rows 1 129 --budget-s 40 --install"),
 )
 
 # provenance a file records wrongly, from the run logs: (path, commit it records, note); shown
@@ -72,14 +76,14 @@ ERRATA = (
     ("engine/steps/engine_ar.{json,md}", "ed8baef", "ran on the working tree of f918326 (the device copy's base "
      "was the session's first commit); .md rendered from the .json by engine_ar.render (the call's timeout cut "
      "the run in its fifth configuration, before the script writes the .md)"),
-    ("w12/paths_d6k8n64/w12_paths.{json,md}", "ed8baef", "ran on the working tree of f918326 (the device copy's "
-     "base was the session's first commit)"),
     ("controller/first_request_*.json", "-", "ran at 4505547 (compile, no-compile) and 2db4fec (padded)"),
     ("w12/w12_escape_cost.{json,md}", "b0c0d4e", "ran at 70e2a89 (b0c0d4e was a typo of the run command)"),
     ("drafters/recipe/dflash_recipe.{json,md}", "5674dcb", "ran on the working tree of fc8981e (the device copy's "
      "base was the session's first commit)"),
-    ("w12/paths/w12_paths.{json,md}", "b0f18c4", "ran on the working tree of a877aff (its W12 and kernel code as "
-     "at b0f18c4; the device copy's base was the session's first commit)"),
+    ("w12/paths/w12_paths.{json,md}", "f6ef1ba", "ran on the working tree of 5953504 on an H100 (the device "
+     "copy's base was the session's first commit)"),
+    ("w12/tree128_h100/", "f6ef1ba", "ran on the working tree of 5953504 on an H100, after w12_paths.py "
+     "--install (the device copy's base was the session's first commit)"),
     ("w12/tree128/", "b0f18c4", "ran on the working tree of a877aff after w12_paths.py --install (W12 and kernel "
      "code as at b0f18c4)"),
     ("loop/fixture-x16/", "defea74", "rounds 1-3 ran on the working tree of a877aff (the journal and memory "

@@ -133,7 +133,8 @@ def test_a_provenance_block_inside_meta_and_a_system_timed_against_another_syste
     readme = tmp_path / "README.md"
     readme.write_text("<!-- results:begin -->\n<!-- results:end -->\n")
     assert index.main(["--results", str(res), "--readme", str(readme)]) == 0
-    assert "| `w12/paths/w12_paths.json` | W12's fastest path per shape vs cuBLAS, tuned and installed " \
-           "| `w12_paths.py --install` | - | b0f18c4 | NVIDIA H200 |" in (res / "README.md").read_text()
+    assert "| `w12/paths/w12_paths.json` | W12's fastest path per shape beside cuBLAS BF16, the 128-node tree's " \
+           "shapes, installed | `w12_paths.py --system scripts/systems/tree-d7k8n128.toml --rows 1 129 --budget-s 40 " \
+           "--install` | - | b0f18c4 | NVIDIA H200 |" in (res / "README.md").read_text()
     assert "| `fixture-x16` tree-w12 over tree (geomean, 95% CI) | 0.98x [0.96, 1.00] " \
            "| `results/w12/tree128/results.json` |" in readme.read_text()
