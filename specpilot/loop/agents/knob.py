@@ -24,7 +24,8 @@ Each round it proposes, best first:
    constructions and budgets, adaptive depth tiers, the batch mechanisms for a batched regime
    (shared node budget, per-request depth, segment admission), and on GPU CUDA graphs, the
    proposal and the verification compiled (`draft_compile`, `verify_compile`), the draft model on
-   the Triton kernels (`draft_kernel`), fewer host syncs (`sync_every`), Triton kernels, W12
+   the Triton kernels (`draft_kernel`), these launch-level moves together (`launch_bundle`: some gain
+   less alone than the promotion threshold), fewer host syncs (`sync_every`), Triton kernels, W12
    weights (where the format floors do not price them), the Triton lm_head. Under continuous
    batching without segment admission, each drafter switch is also proposed with segment
    admission, ahead of the gap order (`segment_admission`).
@@ -294,30 +295,32 @@ class KnobAgent(Proposer):
                           f"plain AR decoding: measured {ar:.3f} ms/token, within {AR_CLOSE - 1:.0%} of the "
                           f"incumbent's {measured:.3f}"))
         if ctx.on_gpu:  # the same drafter and target in fewer kernels, before other drafters
+            launch: list[tuple[GapKind, dict, str]] = []
             if inc.drafter in DRAFTER_MODELS and not inc.draft_compile:
-                moves.append((GapKind.DRAFT_KERNELS, {"draft_compile": True},
-                              "the draft proposal compiled whole with static shapes: a launch-bound drafter's "
-                              "dozens of small kernels per level fused into a few"))
+                launch.append((GapKind.DRAFT_KERNELS, {"draft_compile": True},
+                               "the draft proposal compiled whole with static shapes: a launch-bound drafter's "
+                               "dozens of small kernels per level fused into a few"))
             if not inc.verify_compile:
                 step = ("verification (target forward, acceptance, commit)" if inc.drafter is not DrafterKind.NONE
                         else "the AR step (target forward, argmax, commit)")
-                moves.append((GapKind.VERIFY_KERNELS, {"verify_compile": True},
-                              f"{step} compiled with static shapes: the work between the projections fused"))
+                launch.append((GapKind.VERIFY_KERNELS, {"verify_compile": True},
+                               f"{step} compiled with static shapes: the work between the projections fused"))
             if inc.attention is AttentionKernel.SDPA:  # every cached forward, the drafter's steps above all
                 gap = GapKind.DRAFT_KERNELS if inc.drafter in DRAFTER_MODELS else GapKind.VERIFY_KERNELS
-                moves.append((gap, {"attention": AttentionKernel.SPLIT_KV.value},
-                              "split-KV attention: a call with few queries (a drafter's frontier, the tree, a decode "
-                              "step) cut along the cache into enough programs to fill the GPU, where torch's fused "
-                              "kernels run a few dozen programs that each walk the whole cache"))
+                launch.append((gap, {"attention": AttentionKernel.SPLIT_KV.value},
+                               "split-KV attention: a call with few queries (a drafter's frontier, the tree, a decode "
+                               "step) cut along the cache into enough programs to fill the GPU, where torch's fused "
+                               "kernels run a few dozen programs that each walk the whole cache"))
             if inc.drafter in DRAFTER_MODELS and inc.draft_kernel is Kernel.CUBLAS:
-                moves.append((GapKind.DRAFT_KERNELS, {"draft_kernel": Kernel.TRITON.value},
-                              "the drafter's own projections and lm_head through the Triton kernels: its few rows "
-                              "(topk per level, or a DFlash block) on the GEMV path, launched like the target's"))
+                launch.append((GapKind.DRAFT_KERNELS, {"draft_kernel": Kernel.TRITON.value},
+                               "the drafter's own projections and lm_head through the Triton kernels: its few rows "
+                               "(topk per level, or a DFlash block) on the GEMV path, launched like the target's"))
             if not inc.pdl and triton_launches(inc):
-                moves.append((GapKind.VERIFY_KERNELS, {"pdl": True},
-                              "programmatic dependent launch: each of our Triton kernels and inductor's starts "
-                              "while the one before it finishes, streaming its first weights, instead of after "
-                              "a launch gap"))
+                launch.append((GapKind.VERIFY_KERNELS, {"pdl": True},
+                               "programmatic dependent launch: each of our Triton kernels and inductor's starts "
+                               "while the one before it finishes, streaming its first weights, instead of after "
+                               "a launch gap"))
+            moves += launch_bundle(inc, launch) + launch
         if inc.drafter is DrafterKind.MODEL:
             moves.append((GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.NGRAM.value},
                           "prompt lookup instead of the draft model: no draft forwards at all"))
@@ -377,6 +380,22 @@ class KnobAgent(Proposer):
                 ctx.log(f"knob: not proposing {describe(diff)} again: {record.gain:+.1%} on an earlier incumbent "
                         f"(entry {record.id}, {record.round})")
         return kept
+
+
+def launch_bundle(inc: System, launch: list[tuple[GapKind, dict, str]]) -> list[tuple[GapKind, dict, str]]:
+    """The launch-level moves (compiled rounds, split-KV attention, the drafter's kernels, PDL)
+    together, as one more move ahead of them where two or more apply, with PDL wherever the bundle
+    runs Triton kernels: alone, some gain less than the promotion threshold (PDL a few tenths of
+    a percent) and could never be promoted, where together they clear it; and one timing answers
+    what several rounds would. Under the gap of its first move."""
+    if len(launch) < 2:
+        return []
+    together = {k: v for _, changes, _ in launch for k, v in changes.items()}
+    if not inc.pdl and triton_launches(inc.with_changes(**together)):
+        together["pdl"] = True
+    names = ", ".join(together)
+    return [(launch[0][0], together, f"the launch-level moves together ({names}): each alone may gain less than "
+                                     "the promotion threshold, together they add up in one timing")]
 
 
 def batch_moves(regime, inc: System) -> list[tuple[GapKind, dict, str]]:

@@ -337,7 +337,7 @@ def test_on_gpu_it_proposes_split_attention_once_under_the_gap_of_the_forwards_i
     assert len(split) == 1 and split[0].gap.value == "draft-kernels"
     ar = Incumbent(Candidate(STOCK.with_changes(name="ar", drafter=DrafterKind.NONE)), 1, 0.1)
     split_ar = [p for p in KnobAgent().propose(context(incumbent=ar, limit=40))
-                if "attention" in p.candidate.changes_from(ar.candidate)]
+                if set(p.candidate.changes_from(ar.candidate)) == {"attention"}]
     assert len(split_ar) == 1 and split_ar[0].gap.value == "verify-kernels"
     done = Incumbent(Candidate(STOCK.with_changes(name="s", attention=AttentionKernel.SPLIT_KV)), 1, 0.1)
     again = KnobAgent().propose(context(incumbent=done, limit=40))
@@ -418,7 +418,7 @@ def test_on_gpu_it_proposes_the_drafters_kernels_while_a_drafter_with_a_model_dr
     def draft_kernel_moves(system, device="cuda"):
         inc = Incumbent(Candidate(system), 1, 0.1)
         return [p for p in KnobAgent().propose(context(incumbent=inc, limit=60, device=device))
-                if "draft_kernel" in p.candidate.changes_from(inc.candidate)]
+                if set(p.candidate.changes_from(inc.candidate)) == {"draft_kernel"}]
 
     (move,) = draft_kernel_moves(STOCK)
     assert move.candidate.changes_from(Candidate(STOCK)) == {"draft_kernel": ["cublas", "triton"]}
@@ -429,3 +429,28 @@ def test_on_gpu_it_proposes_the_drafters_kernels_while_a_drafter_with_a_model_dr
         assert move.candidate.system.drafter is kind
     assert not draft_kernel_moves(STOCK.with_changes(name="n", drafter=DrafterKind.NGRAM))
     assert not draft_kernel_moves(STOCK.with_changes(name="on", draft_kernel=Kernel.TRITON))
+
+
+def test_on_gpu_the_launch_level_moves_are_also_proposed_together_ahead_of_them():
+    """Compiled rounds, split-KV attention, the drafter's kernels and PDL: each alone, and all of
+    them as one move before them (PDL, which alone gains less than the threshold, rides along);
+    none together where one is left, nor on CPU."""
+    launch = {"draft_compile", "verify_compile", "attention", "draft_kernel", "pdl"}
+    out = KnobAgent().propose(context(limit=80))
+    changes = [set(p.candidate.changes_from(Candidate(STOCK))) for p in out]
+    (bundle,) = [p for p, c in zip(out, changes) if c == launch]
+    assert bundle.gap.value == "draft-kernels" and "together" in bundle.rationale
+    assert bundle.candidate.system.pdl and bundle.candidate.system.attention is AttentionKernel.SPLIT_KV
+    assert changes.index(launch) < changes.index({"draft_compile"})
+    assert {"verify_compile"} in changes and {"attention"} in changes and {"draft_kernel"} in changes
+    compiled = STOCK.with_changes(name="c", draft_compile=True, verify_compile=True)
+    inc = Incumbent(Candidate(compiled), 1, 0.1)
+    rest = [set(p.candidate.changes_from(inc.candidate)) for p in KnobAgent().propose(context(incumbent=inc, limit=80))]
+    assert {"attention", "draft_kernel", "pdl"} in rest  # the compiled rounds launch inductor's kernels: PDL alone too
+    one_left = STOCK.with_changes(name="o", draft_compile=True, verify_compile=True, attention=AttentionKernel.SPLIT_KV,
+                                  pdl=True)
+    inc = Incumbent(Candidate(one_left), 1, 0.1)
+    rest = [set(p.candidate.changes_from(inc.candidate)) for p in KnobAgent().propose(context(incumbent=inc, limit=80))]
+    assert {"draft_kernel"} in rest and not any(len(c) > 1 and "draft_kernel" in c for c in rest)
+    assert not any(c >= {"draft_compile", "verify_compile"} for c in
+                   (set(p.candidate.changes_from(Candidate(STOCK))) for p in KnobAgent().propose(context(device="cpu", limit=80))))
