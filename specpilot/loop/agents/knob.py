@@ -391,7 +391,7 @@ def launch_bundle(inc: System, launch: list[tuple[GapKind, dict, str]]) -> list[
     if len(launch) < 2:
         return []
     together = {k: v for _, changes, _ in launch for k, v in changes.items()}
-    if not inc.pdl and triton_launches(inc.with_changes(**together)):
+    if not inc.pdl and triton_launches(inc.with_knobs(together, inc.name)):
         together["pdl"] = True
     names = ", ".join(together)
     return [(launch[0][0], together, f"the launch-level moves together ({names}): each alone may gain less than "
