@@ -156,10 +156,33 @@ def describe(result: BenchResult) -> list[str]:
     ]
 
 
+LENGTH_NOTE = 0.01  # compared outputs whose token totals differ by more than this get a note
+
+
+def length_notes(result: BenchResult) -> list[str]:
+    """One line per comparison (each system against AR, and against its baseline) whose outputs'
+    token totals differ by more than LENGTH_NOTE, in a run that stops at EOS: a speed per token
+    over outputs of different lengths compares different work (a longer output decodes over
+    longer contexts), which fixed-length runs (`--ignore-eos`) avoid."""
+    if result.config.ignore_eos:
+        return []
+    totals = {s.name: s.tokens for s in result.systems}
+    out = []
+    for s in result.systems:
+        pairs = [("AR", s.ar_tokens)] + ([(f"`{s.baseline}`", totals[s.baseline])] if s.baseline in totals else [])
+        for other, tokens in pairs:
+            if tokens and abs(s.tokens / tokens - 1) > LENGTH_NOTE:
+                out.append(f"`{s.name}` generated {s.tokens} tokens, {other} {tokens} ({s.tokens / tokens - 1:+.1%}): "
+                           "their speeds per token come from outputs of different lengths, i.e. different work; "
+                           "`--ignore-eos` decodes the same number of tokens for every system")
+    return out
+
+
 def headline_markdown(result: BenchResult) -> str:
-    """The run's description and its speedup table (sets x systems), as Markdown."""
+    """The run's description, its speedup table (sets x systems) and `length_notes`, as Markdown."""
     lines = [f"{line}  " for line in describe(result)]
-    return "\n".join(lines + ["", _markdown_table(*_headline_rows(result))])
+    notes = [f"- {n}" for n in length_notes(result)]
+    return "\n".join(lines + ["", _markdown_table(*_headline_rows(result))] + ([""] + notes if notes else []))
 
 
 def render_markdown(result: BenchResult) -> str:
@@ -186,6 +209,7 @@ def write_markdown(result: BenchResult, out_dir: Path) -> Path:
 
 def render_terminal(result: BenchResult) -> str:
     lines = [*describe(result), "", _text_table(*_headline_rows(result))]
+    lines += [f"note: {n}" for n in length_notes(result)]
     for s in result.systems:
         lines += ["", f"{s.name}:", _text_table(*_detail_rows(s))]
         div = divergences(result, s.name)

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from specpilot.bench.prompts import BenchPrompt
-from specpilot.bench.report import render_markdown, render_terminal, write_json
+from specpilot.bench.report import length_notes, render_markdown, render_terminal, write_json
 from specpilot.bench.results import BenchResult, summarise
 from specpilot.bench.runner import AR_NAME, BenchConfig, run_benchmark, systems_under_test
 from specpilot.engine.generator import GenerationResult
@@ -85,6 +85,9 @@ def test_speedup_is_the_per_token_ratio_when_the_system_ends_early(early_result,
     assert "| 1536 | 1046 | 2.47x [" in row
     assert "time per generated token" in md and "stopping at EOS" in md
     assert "2.47x" in render_terminal(result) and "3.63x" not in render_terminal(result)
+    # the lengths differ: both renderings say the ratio compares different work, and how to avoid it
+    note = "`stock` generated 1046 tokens, AR 1536 (-31.9%): their speeds per token come from outputs of different"
+    assert f"- {note}" in md and f"note: {note}" in render_terminal(result) and "`--ignore-eos`" in md
 
 
 def test_ignore_eos_reaches_every_generate_call(tiny_deployment):
@@ -98,3 +101,6 @@ def test_ignore_eos_reaches_every_generate_call(tiny_deployment):
     assert all(o.tokens == 256 for m in ms for o in (*m.ar.outputs, *m.systems[0].outputs))
     s = summarise(ms, systems, config)[0].set("mbpp")
     assert s.speedup.estimate == pytest.approx(3.63)  # equal lengths: per token = total time ratio
+    result = BenchResult(tiny_deployment, config, summarise(ms, systems, config), ms, {"versions": {"torch": "x"}},
+                         "2026-01-01T00:00:00Z", ("specpilot", "bench"), False)
+    assert not length_notes(result) and "note:" not in render_terminal(result)

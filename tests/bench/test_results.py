@@ -108,3 +108,16 @@ def test_a_system_that_ends_early_gets_the_per_token_ratio():
     assert t.speedup.no_interval is None and t.speedup.low <= t.speedup.estimate <= t.speedup.high
     d = tree.to_dict(STOCK)["sets"][0]
     assert (d["ar_tokens"], d["tokens"]) == (600, 315) and d["speedup"]["estimate"] == pytest.approx(per_token)
+
+
+def test_outputs_of_different_lengths_get_a_note_against_ar_and_against_the_baseline(tiny_deployment):
+    from specpilot.bench.report import length_notes
+    from specpilot.bench.results import BenchResult
+
+    config = BenchConfig(sets=("mbpp",), n_prompts=6, max_new_tokens=100, resamples=500)
+    ms = early_set()
+    result = BenchResult(tiny_deployment, config, summarise(ms, (STOCK, TREE), config), ms, {"versions": {}},
+                         "2026-01-01T00:00:00Z", ("specpilot", "bench"), False)
+    notes = length_notes(result)  # stock decodes AR's 600 tokens: no note of its own
+    assert len(notes) == 2 and all(n.startswith("`tree` generated 315 tokens, ") for n in notes)
+    assert "AR 600 (-47.5%)" in notes[0] and "`stock` 600 (-47.5%)" in notes[1]
