@@ -1,5 +1,7 @@
 """scripts/w12_paths.py on CPU: the shapes it times, its rows and table from simulated benches."""
 
+import pytest
+
 from specpilot.kernels.configs import Fallback, KernelPath, LaunchConfig, WeightFormat
 from specpilot.kernels.search import Trial
 from specpilot.models.random_checkpoint import tiny_config
@@ -44,7 +46,10 @@ def test_rows_ratios_and_the_table(bench_script, monkeypatch):
     """Each shape's ratio is cuBLAS BF16 beside W12's best as `rotated_rounds` times them (here:
     the calls' labels), not the search's own, fastest-of-several figure."""
     paths = bench_script("w12_paths")
-    monkeypatch.setattr(paths, "rotated_rounds", lambda arms: ({k: v[0] for k, v in arms.items()}, {}))
+    def rounds(arms):  # the calls' labels as the fastest round; cuBLAS's rounds 5% apart
+        return {k: v[0] for k, v in arms.items()}, {k: [v[0], 1.05 * v[0], v[0]] for k, v in arms.items()}
+
+    monkeypatch.setattr(paths, "rotated_rounds", rounds)
     from specpilot.config import System
 
     target = tiny_config(hidden_size=256, intermediate_size=1024, num_layers=2)
@@ -56,9 +61,12 @@ def test_rows_ratios_and_the_table(bench_script, monkeypatch):
     by = {(r["name"], r["M"]): r for r in rows}
     assert by["down", 129]["w12_best"] == {"path": "decoded_cublas"} and by["down", 129]["w12_best_us"] == 1.5
     assert (by["down", 129]["w12_side_us"], by["down", 129]["cublas_bf16_us"]) == (1.6, 1.6)
-    assert by["down", 129]["ratio"] == 1.0
+    assert by["down", 129]["ratio"] == 1.0 and by["down", 129]["cublas_spread"] == pytest.approx(0.05)
     assert "block_n" in by["down@8", 8]["w12_best"] and by["down@8", 8]["ratio"] == 2.2 / 2.1
     text = paths.render(rows, {"gpu": "NVIDIA H200"})
     assert "W12 slower than cuBLAS BF16 on 0 of" in text and "| 1.5 | decoded_cublas | 1.6 | 1.6 | 1.000 |" in text
+    tie, beyond = dict(by["down", 129], ratio=0.96), dict(by["down", 129], ratio=0.94)  # 5% spread
+    assert "on 2 of 2 shapes; by more than cuBLAS's own rounds differ from each other on 1." in paths.render(
+        [tie, beyond], {})
     doc = paths.table_document("NVIDIA H200", "w12", {}, timings, every=True)
     assert {(e["m"], e.get("path")) for e in doc["entries"] if e["m"] == 256} == {(256, "decoded_cublas")}
