@@ -24,6 +24,7 @@ from specpilot.kernels.configs import Fallback, LaunchConfig
 from specpilot.kernels.dispatch import run_config, run_fallback
 from specpilot.kernels.reference import error_bound, reference_linear
 from specpilot.kernels.search import Problem, Trial
+from specpilot.w12.weight import W12Weight
 
 L2_COVER_BYTES = 200e6  # the weight sets of one timing together exceed this (>= 3x a 50-60 MB L2)
 WEIGHT_STD = 0.02
@@ -89,8 +90,6 @@ def weight_sets(N: int, K: int, set_bytes: float) -> int:
 def copies(weight, count: int) -> list:
     """`weight` and `count - 1` fresh copies of it (a BF16 tensor's clones, or a W12Weight's planes
     cloned, with nothing derived yet): rotating sets made of one real weight."""
-    from specpilot.w12 import W12Weight
-
     def clone(w):
         if isinstance(w, W12Weight):
             return W12Weight.from_planes(w.shape, {k: v.clone() for k, v in w.planes().items()})
