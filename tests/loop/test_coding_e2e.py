@@ -32,7 +32,7 @@ from specpilot.loop.run import RunOptions, run_loop
 from specpilot.loop.worktree import package_checkout
 from specpilot.memory.store import Memory
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # three loop runs with real workers (~2-3 min on two cores)
+pytestmark = [pytest.mark.slow, pytest.mark.whole_loop]  # three loop runs with real workers (~2-3 min on two cores)
 
 HERE = Path(__file__).resolve().parent
 STAND_IN = HERE / "coding_stand_in.py"

@@ -27,7 +27,7 @@ from specpilot.loop.report import render_markdown
 from specpilot.loop.run import RunOptions, run_loop
 from specpilot.memory.store import Memory
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # full loop runs with real workers
+pytestmark = [pytest.mark.slow, pytest.mark.whole_loop]  # full loop runs with real workers
 
 HERE = Path(__file__).resolve().parent
 STAND_IN = HERE / "coding_stand_in.py"
