@@ -8,8 +8,8 @@ search (`search.py`), or choosing between kernels and cuBLAS (`dispatch.py`).
 
 Choice order for (format, M, N, K) on a device (`choose`): an entry of the tuned table for the
 device (keyed by the M bucket, N, K: a launch config, or a `Fallback` where decoding then cuBLAS
-was measured faster), else the fallback rule (the heuristic config up to RULE_MAX_M
-rows, decode then cuBLAS above; a tuned config takes the kernels up to GEMM_MAX_M rows). The
+was measured faster), else the fallback rule (the heuristic config up to RULE_MAX_M rows; above
+them cuBLAS, on W12's kept decoded copy; a tuned config takes the kernels up to GEMM_MAX_M rows). The
 tuned table is the shipped one with the user's cache over it
 (`user_cache.py`: tables tuned on this machine, for these software versions) and, for a loop
 candidate, its own table over both. All are deterministic, so a given deployment always runs the
@@ -32,7 +32,7 @@ from specpilot.w12.layout import K_PAD
 
 GEMV_MAX_M = 8  # the GEMV kernel keeps one [BLOCK_N, BLOCK_K / 8] partial-sum tile per row in registers
 GEMM_MAX_M = 128  # the tensor-core kernel's row limit: a tuned table may choose it up to here
-RULE_MAX_M = 64  # the fallback rule's: untuned shapes above it decode the weight, then cuBLAS (a verify
+RULE_MAX_M = 64  # the fallback rule's: untuned shapes above it run cuBLAS on the decoded weight (a verify
 # tree of 65-128 rows is compute-heavy; there the kernels run only where the kernel search timed them faster)
 GEMV_DEFAULT_MAX_M = 0  # heuristic crossover: untuned shapes take the GEMM at every M. The GEMV
 # (~4 SASS instructions per W12 weight at M = 1, plus ~1.4 per extra row; the GEMM ~2.6 at M <= 16)
@@ -54,7 +54,8 @@ class Fallback(enum.Enum):
 
     UNPACK_CUBLAS = "unpack_cublas"  # W12: decode into a shared BF16 buffer at each call, then cuBLAS
     DECODED_CUBLAS = "decoded_cublas"  # W12: decode once and keep the BF16 copy beside the planes (BF16's
-    # speed for BF16's memory, on top of W12's), then cuBLAS; only where a table chose it
+    # speed for BF16's memory, on top of W12's), then cuBLAS; the rule above RULE_MAX_M rows, and a
+    # table's choice where measured faster (`dispatch.decoded` decodes at each call where no copy fits)
 
 
 class WeightFormat(enum.Enum):
@@ -342,8 +343,12 @@ tuned_table.cache_clear = _clear_tables  # tests that point TUNED_DIR elsewhere 
 
 def fallback_rule(fmt: WeightFormat, M: int, N: int, K: int) -> Choice:
     """The choice where nothing was measured: our kernels up to RULE_MAX_M rows (the heuristic
-    config), above them decoding into the shared buffer then cuBLAS (no memory beyond W12's)."""
-    return Fallback.UNPACK_CUBLAS if M > RULE_MAX_M else heuristic_config(M, fmt, N, K)
+    config); above them cuBLAS, for W12 on its kept decoded copy (BF16's speed: decoding at each
+    call moves about 44 bits per weight through memory against cuBLAS's 16), for plain weights on
+    the weight itself."""
+    if M <= RULE_MAX_M:
+        return heuristic_config(M, fmt, N, K)
+    return Fallback.DECODED_CUBLAS if fmt is WeightFormat.W12 else Fallback.UNPACK_CUBLAS
 
 
 CHOICES_KEPT = 4096  # `choose`'s memo is emptied past this many (device, table, format, M, N, K)

@@ -84,20 +84,33 @@ def unpacked(weight: W12Weight | torch.Tensor) -> torch.Tensor:
     return weight
 
 
-_decoded: dict[int, torch.Tensor] = {}  # id(W12Weight) -> its BF16 copy, dropped with the weight
+DECODED_RESERVE = 0.10  # share of a GPU's memory a kept copy must leave free; with less, decode at each call
+_decoded: dict[int, torch.Tensor | None] = {}  # id(W12Weight) -> its BF16 copy (None: no room for one)
+
+
+def room_for_copy(weight: W12Weight) -> bool:
+    """Whether a BF16 copy of `weight` leaves DECODED_RESERVE of its GPU free (memory the caching
+    allocator holds unused counts as free); always on CPU."""
+    if weight.device.type != "cuda":
+        return True
+    free, total = torch.cuda.mem_get_info(weight.device)
+    cached = torch.cuda.memory_reserved(weight.device) - torch.cuda.memory_allocated(weight.device)
+    return free + cached - 2 * weight.shape[0] * weight.shape[1] >= DECODED_RESERVE * total
 
 
 def decoded(weight: W12Weight | torch.Tensor) -> torch.Tensor:
     """The plain [N, K] weight, for W12 decoded on first use and kept while the W12Weight lives
-    (`Fallback.DECODED_CUBLAS`: BF16's memory beside W12's, for cuBLAS at BF16's speed)."""
+    (`Fallback.DECODED_CUBLAS`: BF16's memory beside W12's, for cuBLAS at BF16's speed). Where the
+    copy would not leave `DECODED_RESERVE` of the GPU free, the weight decodes into the shared
+    buffer at each call instead (`unpacked`), decided once per weight; the values are the same."""
     if not isinstance(weight, W12Weight):
         return weight
     key = id(weight)
-    copy = _decoded.get(key)
-    if copy is None:
-        copy = _decoded[key] = dense(weight)
+    if key not in _decoded:
+        _decoded[key] = dense(weight) if room_for_copy(weight) else None
         weakref.finalize(weight, _decoded.pop, key, None)
-    return copy
+    copy = _decoded[key]
+    return copy if copy is not None else unpacked(weight)
 
 
 def run_fallback(x2d: torch.Tensor, weight: W12Weight | torch.Tensor, fallback: Fallback) -> torch.Tensor:
@@ -114,8 +127,8 @@ def linear(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConf
     Runs `config`, else what `configs.choose` picks for these M rows on this device (`table`: a
     candidate's tuned table over the device's): our GEMV/GEMM kernels with a launch config, or
     cuBLAS on the weight decoded into a shared buffer (or kept decoded), the measured faster path of
-    a row count or, where nothing was measured, the rule (kernels up to RULE_MAX_M rows, decode then
-    cuBLAS above).
+    a row count or, where nothing was measured, the rule (kernels up to RULE_MAX_M rows, cuBLAS on
+    the kept decoded weight above).
     """
     N, K = weight.shape
     x2d = x.reshape(-1, K)  # [M, K]

@@ -220,18 +220,19 @@ def launched_kernels(monkeypatch) -> list:
     return runs
 
 
-@pytest.mark.parametrize("rows", [4, 65])  # the table's unpack_cublas row; above 64 rows, the rule
+@pytest.mark.parametrize("rows,path", [(4, configs.Fallback.UNPACK_CUBLAS),  # the table's row
+                                       (65, configs.Fallback.DECODED_CUBLAS)])  # above 64 rows, the rule
 def test_decode_then_cublas_is_bit_exact_where_the_table_or_the_rule_picks_it(
-        weight, make_x, to_device, unpack_table, monkeypatch, rows):
-    """W12 decoded into the cached buffer then F.linear equals decode + F.linear bit for bit, for
-    `linear` and for a W12Linear module, and launches no GEMV/GEMM."""
+        weight, make_x, to_device, unpack_table, monkeypatch, rows, path):
+    """W12 decoded (into the shared buffer, or the kept copy) then F.linear equals decode + F.linear
+    bit for bit, for `linear` and for a W12Linear module, and launches no GEMV/GEMM."""
     from specpilot.w12 import decode
 
     runs = launched_kernels(monkeypatch)
     w12 = to_device(encode(weight))
     x = make_x(rows, 300)
     expected = torch.nn.functional.linear(x, decode(w12).to(x.dtype))
-    assert configs.choose(WeightFormat.W12, rows, 37, 300, "NVIDIA H200") is configs.Fallback.UNPACK_CUBLAS
+    assert configs.choose(WeightFormat.W12, rows, 37, 300, "NVIDIA H200") is path
     assert torch.equal(linear(x, w12).view(torch.int32), expected.view(torch.int32))
     module = W12Linear(w12, table="")
     assert torch.equal(module(x).view(torch.int32), expected.view(torch.int32))
@@ -248,8 +249,9 @@ def test_rows_the_table_does_not_cover_run_the_kernels(weight, make_x, to_device
 
 
 def test_a_tuned_config_runs_the_kernels_up_to_their_row_limit_and_not_above(tmp_path, monkeypatch):
-    """Above RULE_MAX_M rows an untuned shape decodes then calls cuBLAS; a tuned config there takes
-    the kernels (a 65-128 row verify tree, where the search timed them faster), up to GEMM_MAX_M."""
+    """Above RULE_MAX_M rows an untuned shape runs cuBLAS on the kept decoded weight; a tuned config
+    there takes the kernels (a 65-128 row verify tree, where the search timed them faster), up to
+    GEMM_MAX_M."""
     pinned = LaunchConfig(KernelPath.GEMM, block_n=64, block_k=128)
     from specpilot.kernels.search import tuned_document
 
@@ -260,8 +262,9 @@ def test_a_tuned_config_runs_the_kernels_up_to_their_row_limit_and_not_above(tmp
     configs.tuned_table.cache_clear()
     try:
         assert configs.choose(WeightFormat.W12, 100, 37, 300, "NVIDIA H200") == pinned
-        assert configs.choose(WeightFormat.W12, 100, 37, 301, "NVIDIA H200") is configs.Fallback.UNPACK_CUBLAS
-        assert configs.choose(WeightFormat.W12, 200, 37, 300, "NVIDIA H200") is configs.Fallback.UNPACK_CUBLAS
+        assert configs.choose(WeightFormat.W12, 100, 37, 301, "NVIDIA H200") is configs.Fallback.DECODED_CUBLAS
+        assert configs.choose(WeightFormat.W12, 200, 37, 300, "NVIDIA H200") is configs.Fallback.DECODED_CUBLAS
+        assert configs.choose(WeightFormat.DENSE, 200, 37, 300, "NVIDIA H200") is configs.Fallback.UNPACK_CUBLAS
     finally:
         configs.tuned_table.cache_clear()
 
@@ -294,3 +297,37 @@ def test_a_decoded_cublas_entry_decodes_once_and_keeps_the_copy_while_the_weight
         assert key not in dispatch._decoded  # dropped with the weight
     finally:
         configs.tuned_table.cache_clear()
+
+
+def test_a_weight_whose_copy_would_not_fit_decodes_at_each_call_with_the_same_values(
+        weight, make_x, to_device, monkeypatch):
+    """Where a kept BF16 copy would leave less than DECODED_RESERVE of the GPU free, the weight is
+    decoded into the shared buffer at each call instead: no copy is kept, the output is the same."""
+    from specpilot.kernels import dispatch
+    from specpilot.w12 import decode
+
+    w12, x = to_device(encode(weight)), make_x(3, 300)
+    expected = torch.nn.functional.linear(x, decode(w12).to(x.dtype))
+    monkeypatch.setattr(dispatch, "room_for_copy", lambda w: False)
+    y = dispatch.run_fallback(x, w12, configs.Fallback.DECODED_CUBLAS)
+    assert torch.equal(y.view(torch.int32), expected.view(torch.int32))
+    assert dispatch._decoded[id(w12)] is None  # decided once for this weight
+    from specpilot.kernels.workspace import unpack_buffer
+
+    assert dispatch.decoded(w12).data_ptr() == unpack_buffer(w12.device, *w12.shape).data_ptr()  # the shared one
+
+
+def test_room_for_a_copy_leaves_the_reserve_free_on_a_gpu(monkeypatch):
+    """A copy fits where free memory (with what the caching allocator holds unused) less its BF16
+    bytes stays at or above DECODED_RESERVE of the device."""
+    from specpilot.kernels import dispatch
+
+    class Fake:  # a [N, K] W12 weight on a GPU, 2 GiB as BF16
+        device, shape = torch.device("cuda", 0), (1 << 15, 1 << 15)
+
+    gib, total = 1 << 30, 80 << 30
+    for free, cached, fits in [(12 * gib, 0, True), (9 * gib, 0, False), (6 * gib, 4 * gib, True)]:
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, f=free: (f, total))
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device, c=cached: 10 * gib + c)
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 10 * gib)
+        assert dispatch.room_for_copy(Fake()) is fits

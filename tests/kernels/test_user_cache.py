@@ -114,7 +114,7 @@ def test_a_choice_is_memoised_against_its_table_and_follows_a_changed_file(table
         mp.setattr(configs, "m_bucket", lambda *a: (_ for _ in ()).throw(AssertionError("not memoised")))
         assert choose(WeightFormat.W12, 2, 64, 128, "NVIDIA H200") == SHIPPED
         untuned = (WeightFormat.W12, 200, 64, 128, "NVIDIA H200")
-    assert choose(*untuned) is Fallback.UNPACK_CUBLAS  # the rule, above its rows
+    assert choose(*untuned) is Fallback.DECODED_CUBLAS  # the rule, above its rows
     write_cache(user_cache.cache_path("nvidia_h200"), {("w12", 2, 64, 128): CACHED,
                                                        ("w12", 256, 64, 128): Fallback.DECODED_CUBLAS})
     assert choose(WeightFormat.W12, 2, 64, 128, "NVIDIA H200") == CACHED  # RECHECK_S is 0 here

@@ -48,6 +48,7 @@ from dataclasses import asdict
 
 from specpilot.config import DRAFTER_MODELS, AttentionKernel, DrafterKind, Kernel, System
 from specpilot.errors import ConfigError
+from specpilot.kernels.configs import RULE_MAX_M
 from specpilot.loop.acceptance import TreeShape
 from specpilot.loop.agents.base import Proposal, Proposer, ProposerContext, register
 from specpilot.loop.cost_model import BUDGETS, MAX_DEPTH, TOPKS, GapKind, tree_shapes
@@ -208,8 +209,15 @@ class KnobAgent(Proposer):
         """W12 weights, priced by the cost table's format floors (`CostTable.predict_format_ms_per_token`:
         the verify forward at today's distance from its floor, with 12.01 bits per weight); not once
         the same change was last timed without a gain on an earlier incumbent (the kernels did not
-        keep that distance), where the exploratory moves may still time it again."""
+        keep that distance), where the exploratory moves may still time it again. Not where
+        verification runs more than RULE_MAX_M rows: there W12 takes cuBLAS on a decoded copy
+        (BF16's bytes) unless a tuned table chose its kernels, so the floors promise nothing."""
         cost, inc = ctx.cost, ctx.incumbent.candidate.system
+        rows = cost.profile.tree_nodes * cost.profile.batch
+        if rows > RULE_MAX_M:
+            ctx.log(f"knob: W12 not priced by the format floors: verification runs {rows} rows, where W12 "
+                    f"takes cuBLAS on a decoded copy (BF16's bytes) unless a tuned table chose its kernels")
+            return
         t, measured = cost.predict_format_ms_per_token("w12"), cost.ms_per_token
         if not (math.isfinite(t) and t < measured * (1 - MIN_PREDICTED_SAVING)):
             return  # e.g. a verify forward bound by compute: fewer bytes do not shorten it

@@ -105,6 +105,19 @@ def test_w12_timed_without_a_gain_on_an_earlier_incumbent_is_not_priced_again(tm
     assert priced.predicted_ms_per_token is not None and not lines
 
 
+def test_w12_is_not_priced_by_the_floors_where_verification_runs_more_rows_than_its_kernels_take():
+    """Above RULE_MAX_M verify rows W12 runs cuBLAS on a decoded copy: the format floors promise no
+    gain there, so W12 is left to the exploratory moves and the log says why."""
+    from specpilot.kernels.configs import RULE_MAX_M
+
+    wide = STOCK.with_changes(name="wide", depth=7, topk=8, tree_budget=128)
+    lines: list[str] = []
+    cost = cost_table(wide, tree_nodes=129)
+    out = KnobAgent().propose(context(cost=cost, incumbent=Incumbent(Candidate(wide)), log=lines.append, limit=60))
+    assert [p.predicted_ms_per_token for p in out if p.candidate.system.w12] == [None]
+    assert any("verification runs 129 rows" in line for line in lines) and 129 > RULE_MAX_M
+
+
 def test_on_cpu_knobs_without_effect_there_are_never_proposed():
     out = KnobAgent().propose(context(device="cpu"))
     assert out
