@@ -49,6 +49,9 @@ SOURCES = (
      "loop_fixture.py --max-candidates 2 --controller blocks=6 --controller noise_blocks=8"),
     ("loop/fixture-x16-nonedit/*", "loop from a non-editable install, kernel agent only (stdout)",
      "specpilot run (pip install --target)"),
+    ("loop/fixture-x16-h100/*", "the optimization loop, batch 1, on an H100, 3 rounds over two calls",
+     "loop_fixture.py --agents integration knob kernel --budget-minutes 8.4 --rounds 8 --final-prompts 5, then "
+     "--resume --budget-minutes 8.0"),
     ("loop/fixture-x16/*", "the optimization loop, batch 1, 4 rounds over two calls",
      "loop_fixture.py --agents integration knob --budget-minutes 8.8, then --resume --rounds 8 --budget-minutes 7.5"),
     ("loop/acceptance_check.*", "acceptance model: predicted vs measured tokens per round by tree shape (CPU)",
@@ -62,9 +65,9 @@ SOURCES = (
     ("w12/w12_kernels_shipped*", "W12 GEMM vs cuBLAS, shipped configs", "w12_kernels.py --shipped"),
     ("w12/w12_escape_cost.*", "cost of W12 escapes", "w12_escape_cost.py"),
     ("w12/w12_refine*", "tuned table vs n128 twins", "w12_refine.py --confirm"),
-    ("w12/tree128_h100/*", "W12 vs cuBLAS, 128-node tree, fixture-x16, on an H100 (after w12_paths.py)",
+    ("w12/tree128_h100/*", "W12 vs cuBLAS, 128-node tree, fixture-x16, on a fresh H100 (no tuned table installed)",
      "specpilot bench --system scripts/systems/tree-d7k8n128.toml --system scripts/systems/tree-d7k8n128-w12.toml "
-     "--n-prompts 6 --max-new-tokens 256"),
+     "--n-prompts 6 --max-new-tokens 256 --ignore-eos"),
     ("w12/tree128/*", "W12 vs cuBLAS, 128-node tree, fixture-x16", "specpilot bench"),
     ("w12/paths/*", "W12's fastest path per shape beside cuBLAS BF16, the 128-node tree's shapes, installed",
      "w12_paths.py --system scripts/systems/tree-d7k8n128.toml --rows 1 129 --budget-s 40 --install"),
@@ -82,8 +85,10 @@ ERRATA = (
      "base was the session's first commit)"),
     ("w12/paths/w12_paths.{json,md}", "f6ef1ba", "ran on the working tree of 5953504 on an H100 (the device "
      "copy's base was the session's first commit)"),
-    ("w12/tree128_h100/", "f6ef1ba", "ran on the working tree of 5953504 on an H100, after w12_paths.py "
-     "--install (the device copy's base was the session's first commit)"),
+    ("w12/tree128_h100/", "d3c6c24", "ran on the working tree of 969600d (the device copy's base was the "
+     "session's first commit; the file records the tree as dirty)"),
+    ("loop/fixture-x16-h100/", "d3c6c24+dirty", "ran on the working tree of 2b041a0, whose package code is "
+     "d3c6c24's (the device copy's base was the session's first commit)"),
     ("w12/tree128/", "b0f18c4", "ran on the working tree of a877aff after w12_paths.py --install (W12 and kernel "
      "code as at b0f18c4)"),
     ("loop/fixture-x16/", "defea74", "rounds 1-3 ran on the working tree of a877aff (the journal and memory "
