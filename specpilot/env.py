@@ -77,6 +77,14 @@ def home() -> Path:
     return Path(os.environ.get("SPECPILOT_HOME", Path.home() / ".specpilot"))
 
 
+def worker_logs() -> Path:
+    """Where worker processes write their output (`home()/workers`, created): one folder per
+    comparison or shared worker pool, removed when its workers closed cleanly, kept when one died."""
+    path = home() / "workers"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def coding_agent_command() -> str | None:
     """Template of the external coding-agent command (`SPECPILOT_CODING_AGENT`), if configured."""
     return os.environ.get("SPECPILOT_CODING_AGENT") or None

@@ -39,6 +39,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Sequence
 
+from specpilot import env
 from specpilot.control.backends.base import devices_per_session
 from specpilot.control.blocks import Arm, BlockPlan, BlockResult, Outputs
 from specpilot.control.census import BlockCensus, Census
@@ -70,7 +71,7 @@ class WorkerPair:
         self.config = config
         self.placement = placement
         self.devices = tuple(devices)
-        self.log_dir = Path(tempfile.mkdtemp(prefix="specpilot-workers-"))
+        self.log_dir = Path(tempfile.mkdtemp(prefix="pair-", dir=env.worker_logs()))
         self.workers: dict[tuple[Arm, int], Worker] = {}
         # before any worker starts: what runs already is background, never the candidate's
         self.census = Census(gpu=any(str(d).startswith("cuda") for d in self.devices))

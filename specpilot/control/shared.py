@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from specpilot import env
 from specpilot.control.arm import ArmSpec
 from specpilot.control.blocks import Arm, BlockPlan, BlockResult, Outputs
 from specpilot.control.config import ControllerConfig
@@ -113,7 +114,7 @@ class SharedWorkers:
         self._workers: dict[tuple, Worker] = {}
         self.settling: dict[tuple, Settling] = {}
         self._lock = threading.Lock()
-        self._log_dir = Path(tempfile.mkdtemp(prefix="specpilot-shared-"))
+        self._log_dir = Path(tempfile.mkdtemp(prefix="shared-", dir=env.worker_logs()))
         self._keep_logs = False  # a worker died: its output stays in `_log_dir` for the user
 
     def worker(self, spec: ArmSpec, device: str, config: ControllerConfig) -> Worker:

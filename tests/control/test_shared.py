@@ -135,7 +135,10 @@ def test_a_dead_shared_worker_rejects_the_candidate_and_is_replaced(target_dir, 
         same.close()
     finally:
         backend.close()
-    assert dead.log_path.parent.is_dir()  # a worker died: the logs stay for the user
+    assert dead.log_path.parent.is_dir()  # a worker died: the logs stay for the user, under the home
+    from specpilot import env
+
+    assert dead.log_path.parent.parent == env.home() / "workers"
 
 
 def test_a_shared_block_carries_each_requests_saturated_stretches():

@@ -30,6 +30,9 @@ draft step, the prefill buckets up to MAX_ROWS) -- it
    git checkout or worktree needed. When the loop promotes it, `promote_table` merges the file
    into the user cache of the GPU and these versions, so every later run on this machine starts
    from it.
+One tuned table is timed per incumbent: once one was timed against it (whatever the verdict), the
+agent proposes none until the incumbent changes, since a table tuned again on the same shapes
+differs by noise in the search, and so would its gain (`timed_table`).
 Timings are `kernels.timing.GraphTimer`'s: CUDA-graph replays, as the engine runs the kernels.
 
 On CPU (or without Triton) it is off, and says so once. Today's choice, the floor and the timers sit
@@ -441,6 +444,13 @@ class GpuKernelBench:
         return self._timer.calls(problem, choice)
 
 
+def timed_table(evaluations, incumbent: str, own_table: str):
+    """The latest evaluation (a `MemoryRecord`) of a candidate with a kernel table of its own timed
+    against the incumbent with hash `incumbent` (whose own table is `own_table`), None if none."""
+    return next((r for r in evaluations if r.incumbent == incumbent and r.gain is not None
+                 and r.candidate.knobs.get("kernel_table", "") not in ("", own_table)), None)
+
+
 @register("kernel")
 class KernelAgent(Proposer):
     def status(self, setup: LoopSetup) -> AgentStatus:
@@ -464,6 +474,12 @@ class KernelAgent(Proposer):
     def propose_with(self, ctx: ProposerContext, bench) -> list[Proposal]:
         """The proposal from a given bench (the GPU one, or a simulated one in tests)."""
         inc = ctx.incumbent.candidate
+        earlier = timed_table(ctx.recall.evaluations, inc.hash, inc.system.kernel_table)
+        if earlier is not None:
+            gain = f"{earlier.gain:+.1%}" if earlier.gain is not None else "no gain measured"
+            ctx.log(f"kernel: a tuned table was timed against this incumbent already ({gain}, "
+                    f"{earlier.verdict.value}, entry {earlier.id}): none again until the incumbent changes")
+            return []
         profile = ctx.cost.profile
         kind = inc.system.drafter
         drafter = own_drafter(ctx.models, kind)

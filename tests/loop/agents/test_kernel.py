@@ -330,6 +330,42 @@ def test_the_tuned_table_is_a_knob_level_candidate_promoted_into_the_user_cache(
     configs.tuned_table.cache_clear()
 
 
+def test_one_tuned_table_is_timed_per_incumbent(tmp_path, monkeypatch):
+    """Once a table was timed against the incumbent (here undecided at +1.1%), no table is proposed
+    against it again, and the search is skipped; a new incumbent gets one."""
+    from loop_fixtures import CONFIG, STOCK, evaluation, fingerprint
+
+    from specpilot.control.rule import Outcome
+    from specpilot.loop.recall import Recall
+    from specpilot.memory.store import Memory
+
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
+    kc.tuned_table.cache_clear()
+    target = tiny_config(hidden_size=256, intermediate_size=1024)
+    drafter = tiny_config(hidden_size=128, intermediate_size=512, num_layers=1)
+    models = SimpleNamespace(target=SimpleNamespace(config=target), drafter_model=SimpleNamespace(config=drafter))
+    agent = KernelAgent(AgentOptions(kernel_budget_s=60))
+    (p,) = agent.propose_with(context(models=models), SimulatedBench(unpack_fast={(128, 512)}))
+    here = fingerprint("fx")
+    with Memory(tmp_path / "m.sqlite") as memory:
+        memory.record_evaluation(here, evaluation(p.candidate.system, STOCK, gain=0.011,
+                                                  verdict=Outcome.NEED_MORE_DATA), CONFIG)
+        recall = Recall.snapshot(memory, here)
+    lines: list[str] = []
+
+    class Untouched(SimulatedBench):
+        def current(self, shape):
+            raise AssertionError("searched again")
+
+    ctx = context(models=models, recall=recall, log=lines.append)
+    assert agent.propose_with(ctx, Untouched()) == []
+    assert any("a tuned table was timed against this incumbent already (+1.1%, need-more-data" in x for x in lines)
+    wider = Incumbent(Candidate(STOCK.with_changes(name="wider", tree_budget=24, topk=8)))
+    assert len(agent.propose_with(context(models=models, recall=recall, incumbent=wider),
+                                  SimulatedBench(unpack_fast={(128, 512)}))) == 1
+    kc.tuned_table.cache_clear()
+
+
 class DrafterOnlyBench(SimulatedBench):
     """No config beats today's on any size; decode then cuBLAS is 3x faster on `unpack_fast`."""
 
