@@ -28,6 +28,9 @@ When no candidate survives the correction but some cleared the threshold on thei
 with the largest gain is re-measured all the same: screening then only *selects* it, and the
 re-measure on independent blocks tests that one hypothesis at the rule's level, so the round still
 promotes a null candidate with probability at most alpha (a two-stage select-then-confirm design).
+A re-measure that disqualifies its candidate (`rule.DISQUALIFYING`: the timed outputs fail the
+guard, the worker dies) tests nothing about speed, so the next candidate by screened gain is
+re-measured in its place; a re-measure that merely does not confirm ends the round.
 
 The noise floor (`measure_noise`) is stock against a second copy of stock, same procedure.
 
@@ -53,7 +56,7 @@ from specpilot.control.gate import Gate, GateRequest, GateResult
 from specpilot.control.multiplicity import adjust
 from specpilot.control.outputs import EMPTY_COMPARISON, OutputComparison
 from specpilot.control.prompts import PromptSource, draw
-from specpilot.control.rule import Decision, Reason, Outcome, promotion_threshold, run_sequential
+from specpilot.control.rule import DISQUALIFYING, Decision, Reason, Outcome, promotion_threshold, run_sequential
 from specpilot.control.pair import ArmFailure
 from specpilot.control.arm import ArmSpec
 from specpilot.control.stats import GainEstimate, NoiseFloor
@@ -220,15 +223,22 @@ class Controller:
         pool = significant or [i for i in timed if screened[i].verdict is Outcome.PROMOTE]
         if not pool:
             return RoundResult(tuple(final), None)
-        winner = max(pool, key=lambda i: screened[i].estimate.gain)
+        ranked = sorted(pool, key=lambda i: -screened[i].estimate.gain)
+        screening = {i: final[i] for i in ranked}
         for i in significant:
-            if i != winner:
+            if i != ranked[0]:
                 decision = final[i].decision.with_verdict(Outcome.REJECT, Reason.NOT_SELECTED)
                 final[i] = replace(final[i], decision=decision)
-        again = self._compare(incumbent, candidates[winner], noise, Stage.REMEASURE, self.config,
-                              gate_result=screened[winner].gate)
-        final[winner] = replace(again, decision=again.decision.with_verdict(again.verdict, Reason.REMEASURED),
-                                adjusted_p=adjusted[winner], screening=final[winner])
+        # The largest screened gain is re-measured; where that re-measure disqualifies it (its timed
+        # outputs fail the guard, its worker dies), the next is re-measured in its place. One that
+        # is merely not confirmed ends the round: trying until one confirms would be a multiple test.
+        for winner in ranked:
+            again = self._compare(incumbent, candidates[winner], noise, Stage.REMEASURE, self.config,
+                                  gate_result=screened[winner].gate)
+            final[winner] = replace(again, decision=again.decision.with_verdict(again.verdict, Reason.REMEASURED),
+                                    adjusted_p=adjusted[winner], screening=screening[winner])
+            if not DISQUALIFYING & set(again.decision.reasons):
+                break
         return RoundResult(tuple(final), winner)
 
     # ---- one comparison ------------------------------------------------------------------------

@@ -63,6 +63,10 @@ class Reason(enum.Enum):
     CONTAMINATED = "contaminated"  # too many void blocks (a foreign process ran while arms were timed)
 
 
+# reasons that say the candidate is broken, not merely slow (no gain can stand for it)
+DISQUALIFYING = frozenset({Reason.GUARD_FAILED, Reason.OUTPUTS_SHORTER, Reason.BAD_OUTPUT, Reason.WORKER_FAILED})
+
+
 @dataclass(frozen=True)
 class Decision:
     verdict: Outcome

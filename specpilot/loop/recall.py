@@ -25,13 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specpilot.control.rule import Reason, Outcome
+from specpilot.control.rule import DISQUALIFYING, Outcome
 from specpilot.memory.fingerprint import DeploymentFingerprint
 from specpilot.memory.records import MemoryRecord
 from specpilot.memory.store import Memory
 
-# reasons that say the candidate is broken, not merely slow: never stacked
-DISQUALIFYING = {Reason.GUARD_FAILED, Reason.OUTPUTS_SHORTER, Reason.BAD_OUTPUT, Reason.WORKER_FAILED}
 MAX_RETIMES = 2  # a system whose verdicts stay unsettled is timed at most 1 + this many times
 
 

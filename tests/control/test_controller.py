@@ -171,3 +171,37 @@ def test_round_confirms_the_best_threshold_clearer_when_none_survives_the_correc
     assert a.verdict is Outcome.NEED_MORE_DATA and a.decision.reasons[-1] is Reason.NOT_SIGNIFICANT
     assert cc.verdict is Outcome.REJECT
 
+
+
+@pytest.mark.parametrize("failure, fallback", [(Reason.WORKER_FAILED, True), (Reason.GUARD_FAILED, True),
+                                               (Reason.BELOW_THRESHOLD, False)])
+def test_a_winner_disqualified_at_its_remeasure_hands_the_remeasure_to_the_next(monkeypatch, noise, failure,
+                                                                                 fallback):
+    """BH keeps a (gain 8%) and b (5%): a is re-measured first. Where that re-measure disqualifies it
+    (its worker died, its timed outputs failed the guard), b is re-measured in its place and
+    promoted; where a is merely not confirmed, the round ends without b."""
+    c = controller(config=replace(CONFIG, multiplicity=Multiplicity.BH))
+    ps = {"a": 0.006, "b": 0.016, "c": 0.5}
+    gains = {"a": (0.08, 0.09, 0.07, 0.08, 0.085), "b": (0.05, 0.06, 0.04, 0.05, 0.055), "c": (0.0,) * 5}
+    stages = []
+
+    def compare(incumbent, candidate, noise, stage, config, gate_result=None):
+        stages.append((candidate.name, stage))
+        e = replace(_fake_eval(candidate.name, ps[candidate.name]), stage=stage,
+                    estimate=GainEstimate(gains[candidate.name], resamples=200))
+        if stage is Stage.REMEASURE and candidate.name == "a":
+            return replace(e, decision=Decision(Outcome.REJECT, (failure,), 0.01))
+        return e
+
+    monkeypatch.setattr(c, "_compare", compare)
+    result = c.evaluate_round(STOCK, [spec("a"), spec("b"), spec("c")], noise)
+    a, b, _ = result.evaluations
+    assert a.stage is Stage.REMEASURE and a.decision.reasons == (failure, Reason.REMEASURED)
+    assert a.screening.stage is Stage.SCREEN and a.screening.verdict is Outcome.PROMOTE
+    if fallback:
+        assert stages[-2:] == [("a", Stage.REMEASURE), ("b", Stage.REMEASURE)]
+        assert result.winner == 1 and result.promoted is b and b.decision.reasons[-1] is Reason.REMEASURED
+        assert b.screening.verdict is Outcome.PROMOTE  # its screening, before it was passed over
+    else:
+        assert ("b", Stage.REMEASURE) not in stages and result.winner == 0 and result.promoted is None
+        assert b.decision.reasons[-1] is Reason.NOT_SELECTED
