@@ -21,7 +21,9 @@ GPU is used (comparisons then run one at a time, so nothing overlaps the timing)
 --placement override this.
 
 Writes into --out, flat (6 files, each well under 16 MB): report.md, report.json, decisions.jsonl,
-trajectory.png, gaps.png and memory.json (the memory's entries for this run's deployment). The
+trajectory.png, gaps.png and memory.json (the memory's entries for this run's deployment); and,
+when a worker died, a 7th: workers.tar.gz, the output of this run's dead workers (kept under
+$SPECPILOT_HOME/workers, which a GPU call's machine does not keep). The
 memory database itself stays in $SPECPILOT_HOME (default ~/.specpilot). An --out that holds files
 is refused unless --resume (continue that run). To continue on another machine (a later GPU call):
 `specpilot memory import OUT/memory.json --memory DB`, then `--out OUT --resume --memory DB`.
@@ -34,6 +36,8 @@ import json
 import os
 import signal
 import sys
+import tarfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,6 +141,7 @@ def main(argv=None) -> int:
     for sig in (signal.SIGALRM, signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
     signal.alarm(int(config.budget_s + GRACE_S))
+    started = time.time()
     try:
         result = run_loop(config, options)
     except SpecPilotError as err:
@@ -145,8 +150,26 @@ def main(argv=None) -> int:
     finally:
         signal.alarm(0)
     export_memory(result, Path(result.paths.out) / "memory.json")
+    packed = pack_worker_logs(Path(result.paths.out), started)
     print(summary(result.report))
+    if packed is not None:
+        print(f"  the output of the workers that died: {packed}")
     return 0
+
+
+def pack_worker_logs(out: Path, since: float) -> Path | None:
+    """The logs of this run's dead workers (those `env.worker_logs()` still holds, written since
+    `since`) as `out`/workers.tar.gz; None when no worker died."""
+    from specpilot import env
+
+    logs = sorted(p for p in env.worker_logs().glob("*/*.log") if p.stat().st_mtime >= since)
+    if not logs:
+        return None
+    path = out / "workers.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for log in logs:
+            tar.add(log, arcname=f"{log.parent.name}/{log.name}")
+    return path
 
 
 def kill_own_workers() -> None:

@@ -37,3 +37,28 @@ def test_controller_fields_reach_the_plan(tmp_path):
     assert "1 candidates per round" in ok.stdout and "30 noise blocks" in ok.stdout
     bad = run("--dry-run", "--out", str(tmp_path / "o"), "--controller", "no_such_field=1", home=tmp_path)
     assert bad.returncode == 2 and "no_such_field" in bad.stderr
+
+
+def test_the_logs_of_dead_workers_are_packed_beside_the_report(tmp_path, monkeypatch, bench_script):
+    """Only logs the workers folder still holds (a dead worker's) and written during the run."""
+    import os
+    import tarfile
+
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
+    script = bench_script("loop_fixture")
+    from specpilot import env
+
+    old = env.worker_logs() / "pair-old" / "candidate.log"
+    old.parent.mkdir()
+    old.write_text("an earlier run")
+    os.utime(old, (1000.0, 1000.0))
+    out = tmp_path / "out"
+    out.mkdir()
+    assert script.pack_worker_logs(out, since=2000.0) is None and not (out / "workers.tar.gz").exists()
+    dead = env.worker_logs() / "shared-x" / "shared0.log"
+    dead.parent.mkdir()
+    dead.write_text("Traceback: out of memory")
+    packed = script.pack_worker_logs(out, since=2000.0)
+    with tarfile.open(packed) as tar:
+        assert tar.getnames() == ["shared-x/shared0.log"]
+        assert tar.extractfile("shared-x/shared0.log").read() == b"Traceback: out of memory"
