@@ -77,7 +77,10 @@ def _swapped(model, system: System, setting: str, w12: bool, lm_head: bool, head
     """A clone sharing every tensor, its projections (and `lm_head`, and `heads`) on our kernels
     reading the system's `kernel_table`; `setting` names the knob in the error off a GPU."""
     _check_triton_device(model.device, system, setting)
+    from specpilot.kernels.dispatch import device_name
     from specpilot.models.linear import swap_projections
+
+    table_notice(system.kernel_table, device_name(model.device))
 
     clone = _shared_clone(model)
     swap_projections(clone, w12=w12, lm_head=lm_head, table=system.kernel_table, heads=heads)
@@ -85,6 +88,27 @@ def _swapped(model, system: System, setting: str, w12: bool, lm_head: bool, head
         if hasattr(module, "table"):
             module.table = system.kernel_table
     return clone
+
+
+def table_notice(table: str, gpu: str) -> None:
+    """A `Notice` when a `kernel_table` gives this process nothing to read on GPU `gpu` (a missing
+    file: a run resumed on another machine, a moved home; or one tuned under other software
+    versions): its projections then choose from the GPU's tuned table alone. Nothing on CPU,
+    where no table is read."""
+    if not table or not gpu:
+        return
+    import warnings
+
+    from specpilot.errors import Notice
+    from specpilot.kernels import user_cache
+    from specpilot.kernels.configs import device_slug
+
+    path = user_cache.resolve(table, device_slug(gpu))
+    if user_cache.read_document(path) is not None:
+        return
+    why = "there is no such file" if not path.is_file() else "it was tuned under other software versions"
+    warnings.warn(f"kernel_table {table!r}: {why} ({path}); the projections choose from {gpu}'s tuned "
+                  "table alone", Notice, stacklevel=3)
 
 
 def with_kernels(model: Transformer, system: System) -> Transformer:
