@@ -106,7 +106,7 @@ def table_notice(table: str, gpu: str) -> None:
     path = user_cache.resolve(table, device_slug(gpu))
     if user_cache.read_document(path) is not None:
         return
-    why = "there is no such file" if not path.is_file() else "it was tuned under other software versions"
+    why = "there is no such file" if not path.is_file() else "it is unreadable or was tuned under other software versions"
     warnings.warn(f"kernel_table {table!r}: {why} ({path}); the projections choose from {gpu}'s tuned "
                   "table alone", Notice, stacklevel=3)
 

@@ -476,8 +476,7 @@ class KernelAgent(Proposer):
         inc = ctx.incumbent.candidate
         earlier = timed_table(ctx.recall.evaluations, inc.hash, inc.system.kernel_table)
         if earlier is not None:
-            gain = f"{earlier.gain:+.1%}" if earlier.gain is not None else "no gain measured"
-            ctx.log(f"kernel: a tuned table was timed against this incumbent already ({gain}, "
+            ctx.log(f"kernel: a tuned table was timed against this incumbent already ({earlier.gain:+.1%}, "
                     f"{earlier.verdict.value}, entry {earlier.id}): none again until the incumbent changes")
             return []
         profile = ctx.cost.profile
