@@ -38,7 +38,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -48,6 +50,23 @@ from specpilot.errors import SpecPilotError
 
 WORKER_MAIN = Path(__file__).with_name("worker_main.py")
 MAX_REPLY_BYTES = 1 << 30
+
+_spawner: ThreadPoolExecutor | None = None
+_spawner_lock = threading.Lock()
+
+
+def spawn(start):
+    """`start()` (a `subprocess.Popen`) run on one thread that lives as long as this process.
+
+    A worker asks for SIGKILL when its parent dies (PR_SET_PDEATHSIG, `worker_main.py`), and Linux
+    sends it when the *thread* that forked the worker exits, not the process: a worker started
+    from a short-lived thread (a round's screening pool) would be killed when that thread ended,
+    between two of its requests."""
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="worker-spawner")
+    return _spawner.submit(start).result()
 
 
 class FailureKind(enum.Enum):
@@ -85,7 +104,8 @@ class Worker:
 
     @classmethod
     def start(cls, spec: ArmSpec, label: str, log_dir: Path, cpus: tuple[int, ...] | None = None) -> "Worker":
-        """Spawn the process; `build` must follow (kept apart so several can load at once).
+        """Spawn the process (from `spawn`'s thread, whichever thread asks); `build` must follow
+        (kept apart so several can load at once).
         `cpus`: the cores it pins itself to (`specpilot.control.cpus`), None for no pinning."""
         from specpilot import env  # imports torch: only where workers are started
         from specpilot.control.cpus import CPUS_ENV
@@ -102,12 +122,12 @@ class Worker:
         log_path = Path(log_dir) / f"{label}.log"
         try:
             with open(log_path, "wb") as log:
-                proc = subprocess.Popen(
+                proc = spawn(lambda: subprocess.Popen(
                     [sys.executable, "-u", str(WORKER_MAIN), str(theirs.fileno()), str(os.getpid())],
                     pass_fds=(theirs.fileno(),),
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     env=environment, start_new_session=True,
-                )
+                ))
         finally:
             theirs.close()
         # the runner sees its one visible GPU as cuda:0

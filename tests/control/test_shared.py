@@ -115,7 +115,7 @@ def test_a_dead_shared_worker_rejects_the_candidate_and_is_replaced(target_dir, 
         session = backend.open(stock, ar, config, [[[4, 5, 6]]])
         pair = session._session
         dead = pair.worker
-        os.kill(dead.proc.pid, signal.SIGKILL)  # dies between two requests, as on the H200
+        os.kill(dead.proc.pid, signal.SIGKILL)  # dies between two requests (as a worker whose starting thread exited did, before `worker.spawn`)
         dead.proc.wait(10)
         with pytest.raises(ArmFailure) as failure:
             pair.generate(Arm.INCUMBENT, [[4, 5, 6]], 4)  # the incumbent's request finds it gone
