@@ -26,7 +26,9 @@ when a worker died, a 7th: workers.tar.gz, the output of this run's dead workers
 $SPECPILOT_HOME/workers, which a GPU call's machine does not keep). The
 memory database itself stays in $SPECPILOT_HOME (default ~/.specpilot). An --out that holds files
 is refused unless --resume (continue that run). To continue on another machine (a later GPU call):
-`specpilot memory import OUT/memory.json --memory DB`, then `--out OUT --resume --memory DB`.
+`specpilot memory import OUT/memory.json --memory DB`, then `--out OUT --resume --memory DB`. A run
+spread over several calls passes --no-final to all but the last, whose final measurement covers the
+whole run: the time of the others' finals goes to rounds.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--devices", help="comma-separated worker devices (default: see the module docstring)")
     p.add_argument("--final-prompts", type=int, default=4, help="prompts per set in the final measurement")
     p.add_argument("--final-tokens", type=int, default=512, help="new tokens per prompt in the final measurement")
+    p.add_argument("--no-final", action="store_true",
+                   help="no final measurement: its time goes to rounds (a call that a later --resume continues)")
     p.add_argument("--controller", action="append", metavar="FIELD=VALUE", default=[],
                    help="a ControllerConfig field over the timing preset, e.g. noise_blocks=30 (repeatable)")
     p.add_argument("--memory", help="memory database (default: $SPECPILOT_MEMORY or $SPECPILOT_HOME/memory.sqlite)")
@@ -94,7 +98,8 @@ def plan(args):
                   **controller_fields(args.controller)}
     config = for_device(device, rounds=args.rounds, budget_minutes=args.budget_minutes, agents=tuple(args.agents),
                         max_candidates=args.max_candidates, timing=Timing(args.timing),
-                        final_prompts=args.final_prompts, final_tokens=args.final_tokens, controller=controller)
+                        final=not args.no_final, final_prompts=args.final_prompts, final_tokens=args.final_tokens,
+                        controller=controller)
     deployment = load_deployment(args.deployment)
     ccfg = controller_config(config, deployment)  # validates the settings
     options = RunOptions(deployment=args.deployment, out=args.out, resume=args.resume, memory=args.memory,
@@ -122,7 +127,8 @@ def main(argv=None) -> int:
           f"agents {', '.join(config.agents)}; timing {config.timing.value}: {ccfg.blocks} blocks x "
           f"{ccfg.requests_per_block} requests x {ccfg.max_new_tokens} tokens (+{ccfg.extra_blocks} extra), "
           f"{ccfg.noise_blocks} noise blocks; "
-          f"final: {config.final_prompts} prompts/set x {config.final_tokens} tokens; out {options.out}")
+          + (f"final: {config.final_prompts} prompts/set x {config.final_tokens} tokens" if config.final else
+             "no final measurement (a later --resume measures it)") + f"; out {options.out}")
     if args.dry_run:
         out = Path(options.out)
         if out.is_dir() and any(out.iterdir()) and not args.resume:
