@@ -113,6 +113,25 @@ def decoded(weight: W12Weight | torch.Tensor) -> torch.Tensor:
     return copy if copy is not None else unpacked(weight)
 
 
+def kept_copy(weight: W12Weight | torch.Tensor) -> bool:
+    """Whether a decoded BF16 copy of this W12 weight is kept (`decoded`)."""
+    return isinstance(weight, W12Weight) and _decoded.get(id(weight)) is not None
+
+
+def eager_copy(x2d: torch.Tensor, weight: W12Weight | torch.Tensor) -> bool:
+    """Whether this call takes cuBLAS on the kept copy over the kernels it was given: an eager call
+    (no CUDA graph is being captured: a prefill, a warm-up) on a W12 weight whose decoded copy is
+    kept. Eager calls pay the kernels' launch on the host at every call (Python, descriptors),
+    about as long as their GPU time at prefill's 64 rows, against cuBLAS's few microseconds; a
+    captured call pays it once. No copy is made for it."""
+    return kept_copy(weight) and not capturing(x2d)
+
+
+def capturing(x: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on x's device's current stream."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def run_fallback(x2d: torch.Tensor, weight: W12Weight | torch.Tensor, fallback: Fallback) -> torch.Tensor:
     """y [M, N] for x [M, K] by cuBLAS on the decoded weight: decoded into the shared buffer at
     this call, or kept decoded (bit-exact either way)."""
@@ -128,7 +147,8 @@ def linear(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConf
     candidate's tuned table over the device's): our GEMV/GEMM kernels with a launch config, or
     cuBLAS on the weight decoded into a shared buffer (or kept decoded), the measured faster path of
     a row count or, where nothing was measured, the rule (kernels up to RULE_MAX_M rows, cuBLAS on
-    the kept decoded weight above).
+    the kept decoded weight above). An eager call on a W12 weight with a kept copy takes cuBLAS on
+    the copy instead of the kernels (`eager_copy`).
     """
     N, K = weight.shape
     x2d = x.reshape(-1, K)  # [M, K]
@@ -139,6 +159,8 @@ def linear(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConf
         return x.new_empty(*x.shape[:-1], N)
     fmt = WeightFormat.W12 if isinstance(weight, W12Weight) else WeightFormat.DENSE
     choice = config or choose(fmt, M, N, K, device_name(x.device), table)
+    if config is None and not isinstance(choice, Fallback) and eager_copy(x2d, weight):
+        choice = Fallback.DECODED_CUBLAS
     if isinstance(choice, Fallback):
         y = run_fallback(x2d, weight, choice)
     else:
