@@ -121,9 +121,8 @@ def kept_copy(weight: W12Weight | torch.Tensor) -> bool:
 def eager_copy(x2d: torch.Tensor, weight: W12Weight | torch.Tensor) -> bool:
     """Whether this call takes cuBLAS on the kept copy over the kernels it was given: an eager call
     (no CUDA graph is being captured: a prefill, a warm-up) on a W12 weight whose decoded copy is
-    kept. Eager calls pay the kernels' launch on the host at every call (Python, descriptors),
-    about as long as their GPU time at prefill's 64 rows, against cuBLAS's few microseconds; a
-    captured call pays it once. No copy is made for it."""
+    kept. An eager call pays the kernels' host-side launch (Python, descriptors) every time, a
+    captured one once (`scripts/w12_eager.py` times both). No copy is made for it."""
     return kept_copy(weight) and not capturing(x2d)
 
 
