@@ -198,7 +198,8 @@ def kill_own_workers() -> None:
 
 
 def export_memory(result, path: Path) -> None:
-    """The memory's evaluations of this deployment (and its noise floors), as JSON."""
+    """The memory's evaluations of this deployment (and its noise floors, and the kernel tables
+    their systems name), as JSON."""
     from specpilot.memory.store import Memory
 
     digest = result.report["deployment"]["fingerprint"]
@@ -209,6 +210,8 @@ def export_memory(result, path: Path) -> None:
     hashes = {e["candidate"] for e in data["evaluations"]} | {e["incumbent"] for e in data["evaluations"]}
     data["systems"] = [s for s in data["systems"] if s["hash"] in hashes]
     data["deployments"] = [d for d in data["deployments"] if d["fingerprint"] == digest]
+    named = {s["knobs"].get("kernel_table", "") for s in data["systems"]}
+    data["kernel_tables"] = [t for t in data["kernel_tables"] if t["table"] in named]
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 

@@ -174,6 +174,7 @@ def run_export(args) -> int:
 
 
 def run_import(args) -> int:
+    from specpilot import env
     from specpilot.memory.store import Memory
 
     try:
@@ -187,6 +188,7 @@ def run_import(args) -> int:
         added = memory.import_export(data)
     print(f"imported into {path}: " + ", ".join(f"{added[t]} {t.replace('_', ' ')}" for t in
                                                   ("evaluations", "noise_floors", "systems", "deployments"))
-          + f" ({added['held']} already held)")
+          + f" ({added['held']} already held); {added['kernel_tables']} kernel table file(s) written under "
+          f"{env.home() / 'kernels'}")
     return 0
 

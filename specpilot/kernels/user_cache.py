@@ -13,8 +13,12 @@ kernel agent writes each candidate's table to `candidates/<id>.json` in the same
 `kernel_table` knob names it); promoting the candidate merges it into the cache file. Beside them,
 `searched/<versions key>.json` records the shapes the agent searched without a gain.
 
+A candidate's table travels with a memory export (`bundle`, `unbundle`): imported on another
+machine it lands at the same place under that machine's home, where `resolve` finds it for the
+knob that names it, by id or by the other home's path.
+
 Owns: the versions and their key, the paths, reading and atomically writing the JSON documents,
-and merging entries by key. Does not own what an entry means or which one wins at dispatch
+merging entries by key, and carrying candidate tables between homes. Does not own what an entry means or which one wins at dispatch
 (`configs.py`), or the search that produces them (`search.py`). Pure Python: no Triton, no torch
 import (versions come from the installed distributions' metadata).
 """
@@ -94,10 +98,87 @@ def searched_path(slug: str) -> Path:
 
 def resolve(table: str, slug: str) -> Path:
     """The file a `kernel_table` knob names: a path (it has a '/' or ends in .json), else an id
-    of `candidate_path`."""
+    of `candidate_path`. A path to a candidate table in another home (another machine's, a
+    `memory import`) that is absent here names the same file under this home, where there is one."""
     if "/" in table or table.endswith(".json"):
-        return Path(table).expanduser()
+        path = Path(table).expanduser()
+        where = None if path.exists() else candidate_parts(path)
+        here = env.home() / "kernels" / Path(*where) if where else None
+        return here if here is not None and here.exists() else path
     return candidate_path(slug, table)
+
+
+def candidate_parts(path: Path) -> tuple[str, str, str, str] | None:
+    """(gpu slug, "candidates", versions key, file name) of a candidate table's path under any
+    home (`.../kernels/<slug>/candidates/<key>/<id>.json`), else None."""
+    parts = Path(path).parts
+    if len(parts) >= 5 and parts[-5] == "kernels" and parts[-3] == "candidates" and parts[-1].endswith(".json"):
+        return parts[-4], "candidates", parts[-2], parts[-1]
+    return None
+
+
+_SAFE = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def bundle(tables) -> list[dict]:
+    """The candidate tables that `kernel_table` knobs name, as data to carry to another machine (a
+    memory export): {"table": the knob, "path": slug/candidates/key/name, "document": the file's
+    JSON}. An id names its file on every GPU and under every versions key found in this home; a
+    path names its own file. Knobs naming nothing here are left out."""
+    out, seen = [], set()
+    for table in sorted(set(tables)):
+        if not table:
+            continue
+        if "/" in table or table.endswith(".json"):
+            path = resolve(table, "")
+            found = [path] if path.is_file() and candidate_parts(path) else []
+        else:
+            found = sorted((env.home() / "kernels").glob(f"*/candidates/*/{table}.json"))
+        for path in found:
+            rel = "/".join(candidate_parts(path))
+            try:
+                document = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if (table, rel) not in seen:
+                seen.add((table, rel))
+                out.append({"table": table, "path": rel, "document": document})
+    return out
+
+
+def checked_bundle(items) -> list[tuple[Path, dict]]:
+    """(where in this home, document) of each of `bundle`'s tables; ValueError for an item that is
+    not a bundled table."""
+    if not isinstance(items, list):
+        raise ValueError("kernel_tables is not a list")
+    checked = []
+    for n, item in enumerate(items):
+        rel = item.get("path") if isinstance(item, dict) else None
+        parts = rel.split("/") if isinstance(rel, str) else []
+        document = item.get("document") if isinstance(item, dict) else None
+        if (len(parts) != 4 or parts[1] != "candidates" or not parts[3].endswith(".json")
+                or not all(_SAFE.fullmatch(p) and p not in (".", "..") for p in parts)
+                or not isinstance(document, dict) or not isinstance(document.get("entries"), list)):
+            raise ValueError(f"kernel_tables[{n}] is not a bundled kernel table (a path slug/candidates/key/id.json "
+                             "and a document with entries)")
+        checked.append((env.home() / "kernels" / Path(*parts), document))
+    return checked
+
+
+def unbundle(checked: list[tuple[Path, dict]]) -> int:
+    """Write `checked_bundle`'s tables into this home, each where it lay at its home (its versions
+    record unchanged, so only a process of those versions reads it); a file already there is kept.
+    Returns how many were written."""
+    written = 0
+    for path, document in checked:
+        if path.exists():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(document, indent=1) + "\n")
+        os.replace(tmp, path)
+        written += 1
+    return written
 
 
 def stamp(path: Path) -> tuple[int, int] | None:

@@ -291,7 +291,9 @@ class Memory:
         return [Validated(r, cumulative(h, frozenset()) - 1) for h, r in latest.items()]
 
     def export(self) -> dict:
-        """Every table as plain JSON data (JSON columns decoded)."""
+        """Every table as plain JSON data (JSON columns decoded), and the tuned kernel tables the
+        systems name (`kernel_table`), which live in files of this machine's home
+        (`user_cache.bundle`)."""
         def table(name: str, json_cols: tuple[str, ...]) -> list[dict]:
             rows = self._rows(f"SELECT * FROM {name} ORDER BY rowid")
             for r in rows:
@@ -299,10 +301,15 @@ class Memory:
                     r[col] = json.loads(r[col]) if r[col] is not None else None
             return rows
 
+        from specpilot.kernels import user_cache
+
+        tables = {name: table(name, cols) for name, cols in JSON_COLUMNS.items()}
+        named = (s["knobs"].get("kernel_table", "") for s in tables["systems"] if isinstance(s["knobs"], dict))
         return {
             "schema_version": self.schema_version,
             "exported_at": now(),
-            **{name: table(name, cols) for name, cols in JSON_COLUMNS.items()},
+            **tables,
+            "kernel_tables": user_cache.bundle(named),  # the files the systems' `kernel_table` knobs name
         }
 
     def import_export(self, data: dict) -> dict[str, int]:
@@ -311,15 +318,23 @@ class Memory:
         they record (deployment, procedure or candidate, incumbent, round and stage, and when), so
         importing the same document twice adds nothing; their ids kept where free here (a run's
         journal names its entries: `--resume` on another machine), renumbered otherwise. Returns
-        the rows added per table and `held` (rows already here). Refused whole
-        (`MemoryStoreError`) for a document that is not an export, comes from a newer schema, or
-        has an evaluation naming a system or deployment that neither it nor this memory holds."""
+        the rows added per table and `held` (rows already here). The kernel tables it carries are
+        written into this home where no file lies (`kernel_tables`: how many). Refused whole
+        (`MemoryStoreError`) for a document that is not an export, comes from a newer schema, has
+        an evaluation naming a system or deployment that neither it nor this memory holds, or
+        carries a kernel table that is not one."""
         tables = tuple(JSON_COLUMNS)
         if not isinstance(data, dict) or not all(isinstance(data.get(t), list) for t in tables):
             raise MemoryStoreError("not a memory export (needs lists: " + ", ".join(tables) + ")")
         if int(data.get("schema_version", 0)) > schema.SCHEMA_VERSION:
             raise MemoryStoreError(f"the export's schema version {data['schema_version']} is newer than this "
                                    f"SpecPilot's ({schema.SCHEMA_VERSION}); upgrade SpecPilot")
+        from specpilot.kernels import user_cache
+
+        try:
+            kernel_tables = user_cache.checked_bundle(data.get("kernel_tables", []))
+        except ValueError as err:
+            raise MemoryStoreError(f"the export's {err}") from None
         same = {"noise_floors": ("deployment", "procedure", "created_at"),
                 "evaluations": ("deployment", "candidate", "incumbent", "round", "stage", "created_at")}
         added = dict.fromkeys(tables, 0) | {"held": 0}
@@ -341,6 +356,7 @@ class Memory:
                     added[table if new else "held"] += 1
                     if table == "noise_floors":
                         noise_ids[row.get("id")] = stored
+        added["kernel_tables"] = user_cache.unbundle(kernel_tables)
         return added
 
 

@@ -146,7 +146,7 @@ def test_an_export_imported_elsewhere_holds_the_same_records_and_twice_adds_noth
     with Memory(tmp_path / "other.sqlite") as other:
         own = other.record_noise(fingerprint("b", gpu="NVIDIA H100"), noise_floor(0.01))  # ids there are taken already
         assert other.import_export(data) == {"deployments": 1, "systems": 4, "noise_floors": 1, "evaluations": 3,
-                                             "held": 0}
+                                             "held": 0, "kernel_tables": 0}
         merged = other.export()
         assert _without_ids(merged)["evaluations"] == _without_ids(data)["evaluations"]
         assert _without_ids(merged)["systems"] == _without_ids(data)["systems"]
@@ -157,7 +157,7 @@ def test_an_export_imported_elsewhere_holds_the_same_records_and_twice_adds_noth
         assert best.record.candidate.name == "wide" and best.cumulative_gain == pytest.approx(
             memory.best_validated(fp.digest).cumulative_gain)
         assert other.import_export(data) == {"deployments": 0, "systems": 0, "noise_floors": 0, "evaluations": 0,
-                                             "held": 1 + 4 + 1 + 3}
+                                             "held": 1 + 4 + 1 + 3, "kernel_tables": 0}
         assert len(other.export()["evaluations"]) == 3
     with Memory(tmp_path / "fresh.sqlite") as fresh:  # ids free: kept, so a run's journal names the same entries
         fresh.import_export(data)
@@ -179,3 +179,37 @@ def test_an_import_that_cannot_be_stored_whole_stores_nothing(memory, tmp_path):
             other.import_export({**data, "schema_version": data["schema_version"] + 1})
         with pytest.raises(MemoryStoreError, match="not a memory export"):
             other.import_export({"evaluations": []})
+
+
+def test_the_kernel_tables_systems_name_travel_with_an_export(memory, tmp_path, monkeypatch):
+    """A candidate's tuned table is a file of the machine that tuned it: the export carries it, the
+    import writes it at the same place under the other machine's home, where the knob finds it
+    (by id, or by the first home's path), and an import of a broken one stores nothing."""
+    from specpilot.kernels import user_cache
+
+    home_a, home_b = tmp_path / "a", tmp_path / "b"
+    monkeypatch.setenv("SPECPILOT_HOME", str(home_a))
+    document = {"device": "NVIDIA H200", "entries": [], "versions": user_cache.versions()}
+    by_path = user_cache.write_document(user_cache.candidate_path("nvidia_h200", "dense-1"), document)
+    user_cache.write_document(user_cache.candidate_path("nvidia_h200", "dense-2"), document)
+    fp = fingerprint()
+    memory.record_evaluation(fp, evaluation(spec("p", kernel="triton", kernel_table=str(by_path))), CONFIG, round="r1")
+    memory.record_evaluation(fp, evaluation(spec("i", kernel="triton", kernel_table="dense-2")), CONFIG, round="r2")
+    memory.record_evaluation(fp, evaluation(spec("gone", kernel="triton", kernel_table="dense-9")), CONFIG, round="r3")
+    data = json.loads(json.dumps(memory.export()))
+    assert sorted(t["table"] for t in data["kernel_tables"]) == sorted([str(by_path), "dense-2"])  # dense-9: no file
+
+    monkeypatch.setenv("SPECPILOT_HOME", str(home_b))  # the other machine, which has no home_a
+    __import__("shutil").rmtree(home_a)
+    assert user_cache.resolve(str(by_path), "nvidia_h200") == by_path  # nothing here yet: the path as named
+    with Memory(tmp_path / "other.sqlite") as other:
+        broken = {**data, "kernel_tables": [{"path": "../../etc/x.json", "document": document}]}
+        with pytest.raises(MemoryStoreError, match=r"kernel_tables\[0\] is not a bundled kernel table"):
+            other.import_export(broken)
+        assert other.export()["evaluations"] == [] and not (home_b / "kernels").exists()
+        assert other.import_export(data)["kernel_tables"] == 2
+        assert other.import_export(data)["kernel_tables"] == 0  # already there: kept
+    moved = user_cache.resolve(str(by_path), "nvidia_h200")
+    assert moved == user_cache.candidate_path("nvidia_h200", "dense-1") and str(moved).startswith(str(home_b))
+    assert user_cache.read_document(moved) == document
+    assert user_cache.read_document(user_cache.resolve("dense-2", "nvidia_h200")) == document

@@ -23,8 +23,9 @@ draft step, the prefill buckets up to MAX_ROWS) -- it
    searched costs no search;
 4. keeps the choices at least `MIN_SPEEDUP` faster than today's and writes them, over the
    incumbent's own table, to a table file of the candidate in the user cache
-   (`kernels.user_cache.candidate_path`). The candidate is the incumbent with `kernel_table = <that
-   file>` and the kernels turned on for each model with a shape that gained: `kernel = "triton"`
+   (`kernels.user_cache.candidate_path`). The candidate is the incumbent with `kernel_table = <its
+   id>` (the file's name, found under whichever home runs it: a memory export carries the file,
+   an import puts it there) and the kernels turned on for each model with a shape that gained: `kernel = "triton"`
    for the target's, `draft_kernel = "triton"` for the drafter's (its own weights: a draft model,
    an EAGLE-3 head or a DFlash drafter, counted only on plain weights): any worker loads it, no
    git checkout or worktree needed. When the loop promotes it, `promote_table` merges the file
@@ -522,7 +523,7 @@ class KernelAgent(Proposer):
         path = user_cache.write_document(user_cache.candidate_path(slug, table_id), document)
         system = inc.system.with_changes(kernel=Kernel.TRITON if target else inc.system.kernel,
                                          draft_kernel=Kernel.TRITON if draft else inc.system.draft_kernel,
-                                         kernel_table=str(path), name=f"kernel:tuned-{ctx.round_label}")
+                                         kernel_table=table_id, name=f"kernel:tuned-{ctx.round_label}")
         shapes_text = ", ".join(f"{t.shape.name}@{t.shape.m} {t.current_us:.0f}->{t.best_us:.0f} us"
                                 for t in sorted(better, key=lambda t: -t.saving_us)[:4])
         why = (f"tuned kernels for {len(better)} projection shape(s) ({shapes_text}): "

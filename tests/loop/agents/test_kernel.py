@@ -2,7 +2,6 @@
 their floor, and proposes its table as a knob-level candidate (no git checkout), promoted into the user cache."""
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -160,8 +159,9 @@ def test_shapes_searched_in_full_without_a_gain_are_not_searched_again_while_the
     # a cuBLAS incumbent's table: the skipped shapes keep their recorded best, so the table is the
     # first one, the same candidate (judged once: the memory knows its hash)
     assert q.candidate.system.kernel_table == p.candidate.system.kernel_table and q.hash == p.hash
-    assert any(e.get("config") == FAST.to_dict() and (e["m"], e["n"], e["k"]) != (8, 256, 1024) for e in json.loads(
-        Path(p.candidate.system.kernel_table).read_text())["entries"])  # a best that was no gain, kept
+    table = user_cache.resolve(p.candidate.system.kernel_table, "nvidia_h200")
+    assert any(e.get("config") == FAST.to_dict() and (e["m"], e["n"], e["k"]) != (8, 256, 1024)
+               for e in json.loads(table.read_text())["entries"])  # a best that was no gain, kept
     other = CountingBench(today=FAST)  # another choice today (a promoted table): searched again
     agent.propose_with(ctx, other)
     assert len({nk for nk, _ in other.timed}) == len({(t["shape"]["n"], t["shape"]["k"]) for t in timings.values()})
@@ -289,7 +289,7 @@ def test_the_bench_times_each_shape_over_copies_of_its_weight_beyond_l2(w12):
 
 def test_the_tuned_table_is_a_knob_level_candidate_promoted_into_the_user_cache(tmp_path, monkeypatch):
     """No git checkout: the table goes to a candidate file of the user cache, the candidate is the
-    incumbent with kernel = triton and kernel_table = that file; decode then cuBLAS enters the
+    incumbent with kernel = triton and kernel_table = that file's id; decode then cuBLAS enters the
     table where it is faster (here on the drafter's down projection, so the draft model turns to
     the kernels too: draft_kernel = triton); promoting merges the file."""
     from specpilot.kernels import configs
@@ -307,8 +307,9 @@ def test_the_tuned_table_is_a_knob_level_candidate_promoted_into_the_user_cache(
     assert p.candidate.system.diff(inc.system).keys() == {"kernel", "kernel_table", "draft_kernel"}
     assert p.candidate.patch is None and p.candidate.workdir is None
     assert p.candidate.system.kernel.value == "triton" and p.gap.value == "verify-kernels"
-    table = Path(p.candidate.system.kernel_table)
-    assert table.parent == user_cache.candidate_path("nvidia_h200", "x").parent and table.is_file()
+    table_id = p.candidate.system.kernel_table  # an id: the same table under whichever home runs it
+    table = user_cache.resolve(table_id, "nvidia_h200")
+    assert "/" not in table_id and table == user_cache.candidate_path("nvidia_h200", table_id) and table.is_file()
     doc = json.loads(table.read_text())
     assert doc["versions"] == user_cache.versions() and p.details["table"] == str(table)
     entries = {(e["format"], e["m"], e["n"], e["k"]): e for e in doc["entries"]}
@@ -392,7 +393,7 @@ def test_a_gain_on_the_draft_models_shapes_alone_turns_only_the_draft_model_to_t
     assert p.gap.value == "draft-kernels" and "drafter.down@" in p.rationale
     downs = [t["shape"]["count"] for t in p.details["timings"] if t["shape"]["name"] == "drafter.down"]
     assert sum(downs) == 1 * ctx.cost.profile.draft_forwards  # one layer, each draft forward (catch-up, expansions)
-    entries = json.loads(Path(p.candidate.system.kernel_table).read_text())["entries"]
+    entries = json.loads(user_cache.resolve(p.candidate.system.kernel_table, "nvidia_h200").read_text())["entries"]
     drafter_sizes = {(s.n, s.k) for s in projection_shapes(drafter, 4, True)}
     assert entries and all((e["n"], e["k"]) in drafter_sizes for e in entries)  # the drafter's turn only
     on_w12 = Incumbent(Candidate(inc.with_changes(name="w12", kernel=Kernel.TRITON, w12=True)))
