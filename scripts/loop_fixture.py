@@ -25,8 +25,9 @@ trajectory.png, gaps.png and memory.json (the memory's entries for this run's de
 when a worker died, a 7th: workers.tar.gz, the output of this run's dead workers (kept under
 $SPECPILOT_HOME/workers, which a GPU call's machine does not keep). The
 memory database itself stays in $SPECPILOT_HOME (default ~/.specpilot). An --out that holds files
-is refused unless --resume (continue that run). To continue on another machine (a later GPU call):
-`specpilot memory import OUT/memory.json --memory DB`, then `--out OUT --resume --memory DB`. A run
+is refused unless --resume (continue that run). To continue on another machine (a later GPU call),
+bring OUT there and pass `--out OUT --resume`: the run first merges OUT/memory.json into the memory
+(`specpilot memory import`: its entries and the kernel tables its systems name). A run
 spread over several calls passes --no-final to all but the last, whose final measurement covers the
 whole run: the time of the others' finals goes to rounds.
 """
@@ -138,6 +139,15 @@ def main(argv=None) -> int:
     from specpilot.cli.run import summary
     from specpilot.loop.run import run_loop
 
+    if args.resume:
+        try:
+            imported = import_memory(Path(options.out) / "memory.json", options.memory)
+        except SpecPilotError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        if imported:
+            print(imported)
+
     def stop(signum, frame):
         kill_own_workers()  # timed comparisons in other threads fail fast instead of running to their end
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -195,6 +205,27 @@ def kill_own_workers() -> None:
                 os.kill(int(proc.name), signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def import_memory(path: Path, memory: str | None) -> str:
+    """Merge the run's memory.json (written by an earlier call, maybe on another machine) into the
+    memory database, kernel tables included; what was added, or "" without a memory.json. Importing
+    what the database holds already adds nothing."""
+    from specpilot import env
+    from specpilot.errors import SpecPilotError
+    from specpilot.memory.store import Memory
+
+    if not path.is_file():
+        return ""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise SpecPilotError(f"{path}: cannot be read as a memory export ({err})") from None
+    db = Path(memory) if memory else env.memory_path()
+    with Memory(db) as m:
+        added = m.import_export(data)
+    return (f"memory: {path} merged into {db}: {added['evaluations']} evaluation(s), {added['systems']} system(s), "
+            f"{added['kernel_tables']} kernel table file(s) added ({added['held']} row(s) already held)")
 
 
 def export_memory(result, path: Path) -> None:

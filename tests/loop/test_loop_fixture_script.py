@@ -65,3 +65,33 @@ def test_the_logs_of_dead_workers_are_packed_beside_the_report(tmp_path, monkeyp
     with tarfile.open(packed) as tar:
         assert tar.getnames() == ["shared-x/shared0.log"]
         assert tar.extractfile("shared-x/shared0.log").read() == b"Traceback: out of memory"
+
+
+def test_a_resumed_run_merges_its_memory_json_into_the_memory(tmp_path, monkeypatch, bench_script):
+    """Another machine's call left OUT/memory.json: --resume merges it (once; again adds nothing),
+    a run without one has nothing to merge, and an unreadable one is an error."""
+    import json
+
+    from specpilot.errors import SpecPilotError
+    from specpilot.memory.store import Memory
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "memory"))
+    from memory_fixtures import CONFIG, evaluation, fingerprint, spec
+
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
+    script = bench_script("loop_fixture")
+    with Memory(tmp_path / "there.sqlite") as there:
+        there.record_evaluation(fingerprint(), evaluation(spec("deep", depth=8)), CONFIG, round="r1")
+        exported = there.export()
+    out = tmp_path / "out"
+    out.mkdir()
+    assert script.import_memory(out / "memory.json", None) == ""
+    (out / "memory.json").write_text(json.dumps(exported))
+    db = tmp_path / "here.sqlite"
+    assert "1 evaluation(s)" in script.import_memory(out / "memory.json", str(db))
+    assert "0 evaluation(s)" in script.import_memory(out / "memory.json", str(db))
+    with Memory(db) as here:
+        assert [e.candidate.name for e in here.entries()] == ["deep"]
+    (out / "memory.json").write_text("{")
+    with pytest.raises(SpecPilotError, match="cannot be read as a memory export"):
+        script.import_memory(out / "memory.json", str(db))
