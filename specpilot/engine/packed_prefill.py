@@ -45,6 +45,7 @@ import torch
 
 from specpilot.engine.graphs import GraphedCallable
 from specpilot.engine.kv_cache import KVCache
+from specpilot.kernels.dispatch import prefill_scope
 from specpilot.models.transformer import Transformer
 
 PACK_ROWS = 8  # chunks per packed forward at most (the packing cache holds this many row regions)
@@ -192,7 +193,8 @@ def packed_forward(model: Transformer, cache: KVCache, packing: PackingCache, ch
         out = _graph_of(model, packing, p.tokens.shape[1], tuple(capture))(p.tokens, p.positions, p.slots, p.mask)
     else:
         empty = torch.zeros(1, 0, dtype=torch.int64, device=p.tokens.device)
-        out = model(p.tokens, p.positions, packing.cache, p.slots, p.mask, logits_for=empty, capture=capture)
+        with prefill_scope():  # eager: W12 weights with a kept decoded copy run cuBLAS on it
+            out = model(p.tokens, p.positions, packing.cache, p.slots, p.mask, logits_for=empty, capture=capture)
     p.write_back(cache, packing)
     if not capture:
         return None

@@ -16,6 +16,7 @@ from specpilot.engine.segments import finish_segments, segment_tree
 from specpilot.engine.state import DecodeState, commit_tokens
 from specpilot.engine.tree import DraftTree
 from specpilot.engine.verify import Acceptance, commit, greedy_accept
+from specpilot.kernels.dispatch import prefill_scope
 from specpilot.models.transformer import Transformer
 
 
@@ -88,7 +89,8 @@ def prefill_chunk(model: Transformer, row: KVCache, tokens: list[int], start: in
     padded = list(tokens) + [0] * (padded_length(n, start, row.capacity, bucket) - n)
     ids = torch.tensor(padded, dtype=torch.int64, device=dev)[None]
     empty = torch.zeros(1, 0, dtype=torch.int64, device=dev)
-    out = chunk_forward(model, row, ids, torch.tensor([start], device=dev), logits_for=empty, capture=capture)
+    with prefill_scope():  # eager: W12 weights with a kept decoded copy run cuBLAS on it
+        out = chunk_forward(model, row, ids, torch.tensor([start], device=dev), logits_for=empty, capture=capture)
     return out[1][0, :n] if capture else None
 
 

@@ -11,6 +11,8 @@ Does not own the kernels, their configs, or the modules that call this (`specpil
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib.util
 import weakref
@@ -118,12 +120,28 @@ def kept_copy(weight: W12Weight | torch.Tensor) -> bool:
     return isinstance(weight, W12Weight) and _decoded.get(id(weight)) is not None
 
 
+_PREFILL: contextvars.ContextVar[bool] = contextvars.ContextVar("specpilot_prefill", default=False)
+
+
+@contextlib.contextmanager
+def prefill_scope():
+    """Calls within take cuBLAS on a W12 weight's kept decoded copy over the kernels (`eager_copy`):
+    for an eager prefill, which pays the kernels' host-side launch (Python, descriptors) at every
+    call where a captured step pays it once. Not for a step's warm-up before its capture: that
+    runs the kernels, so that they are compiled and their derived data (escape blocks) built
+    outside the capture."""
+    token = _PREFILL.set(True)
+    try:
+        yield
+    finally:
+        _PREFILL.reset(token)
+
+
 def eager_copy(x2d: torch.Tensor, weight: W12Weight | torch.Tensor) -> bool:
-    """Whether this call takes cuBLAS on the kept copy over the kernels it was given: an eager call
-    (no CUDA graph is being captured: a prefill, a warm-up) on a W12 weight whose decoded copy is
-    kept. An eager call pays the kernels' host-side launch (Python, descriptors) every time, a
-    captured one once (`scripts/w12_eager.py` times both). No copy is made for it."""
-    return kept_copy(weight) and not capturing(x2d)
+    """Whether this call takes cuBLAS on the kept copy over the kernels it was given: within
+    `prefill_scope`, no CUDA graph being captured, on a W12 weight whose decoded copy is kept (a
+    call above RULE_MAX_M rows made it; none is made for this one)."""
+    return _PREFILL.get() and kept_copy(weight) and not capturing(x2d)
 
 
 def capturing(x: torch.Tensor) -> bool:
@@ -146,8 +164,8 @@ def linear(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConf
     candidate's tuned table over the device's): our GEMV/GEMM kernels with a launch config, or
     cuBLAS on the weight decoded into a shared buffer (or kept decoded), the measured faster path of
     a row count or, where nothing was measured, the rule (kernels up to RULE_MAX_M rows, cuBLAS on
-    the kept decoded weight above). An eager call on a W12 weight with a kept copy takes cuBLAS on
-    the copy instead of the kernels (`eager_copy`).
+    the kept decoded weight above). An eager prefill's call on a W12 weight with a kept copy takes
+    cuBLAS on the copy instead of the kernels (`prefill_scope`).
     """
     N, K = weight.shape
     x2d = x.reshape(-1, K)  # [M, K]

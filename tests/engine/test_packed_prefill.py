@@ -238,3 +238,23 @@ def test_a_graphing_generator_has_the_draft_model_replay_its_packed_prefill(targ
         assert len(d._packing().graphs) == (2 if graphed else 0)  # 46 tokens pad to 48, 10 to 16
     for g, w in zip(caches[1].k + caches[1].v, caches[0].k + caches[0].v):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_eager_prefills_run_in_the_prefill_scope(target, monkeypatch):
+    """Both eager prefill forwards (row by row, packed) run their projections in
+    `dispatch.prefill_scope` (W12 weights with a kept copy take cuBLAS there), and nothing else does."""
+    from specpilot.kernels import dispatch
+
+    seen = []
+    forward = type(target).forward
+
+    def spy(self, *args, **kwargs):
+        seen.append(dispatch._PREFILL.get())
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(target), "forward", spy)
+    p = prompts()
+    rowwise(target, [Chunk(0, tuple(p[0]), 0)])
+    cache = fresh(target)
+    packed_forward(target, cache, PackingCache(cache, 4, 0), [Chunk(1, tuple(p[1]), 0)], 0)
+    assert seen == [True, True] and dispatch._PREFILL.get() is False

@@ -333,26 +333,30 @@ def test_room_for_a_copy_leaves_the_reserve_free_on_a_gpu(monkeypatch):
         assert dispatch.room_for_copy(Fake()) is fits
 
 
-def test_an_eager_call_takes_the_kept_copy_and_a_captured_one_the_kernels(weight, make_x, to_device, check,
-                                                                           monkeypatch):
-    """Once a W12 weight's decoded copy is kept (a call above the rule's rows made it), eager calls
-    at kernel row counts run cuBLAS on it, bit-exact with decode + F.linear; a call while a CUDA
-    graph is captured keeps the kernels; a weight without a copy gets none made for it."""
+def test_a_prefill_takes_the_kept_copy_and_other_calls_the_kernels(weight, make_x, to_device, check, monkeypatch):
+    """Once a W12 weight's decoded copy is kept (a call above the rule's rows made it), calls in a
+    prefill scope at kernel row counts run cuBLAS on it, bit-exact with decode + F.linear; outside
+    the scope (a step's warm-up before its capture) and while a CUDA graph is captured the kernels
+    run; a weight without a copy gets none made for it."""
     from specpilot.kernels import dispatch
     from specpilot.w12 import decode
 
     runs = launched_kernels(monkeypatch)
     w12, x = to_device(encode(weight)), make_x(2, 300)
-    check(linear(x, w12), x, w12)
+    with dispatch.prefill_scope():
+        check(linear(x, w12), x, w12)
     assert len(runs) == 1 and not dispatch.kept_copy(w12)  # no copy yet: the kernels, and none is made
     linear(make_x(65, 300), w12)  # above RULE_MAX_M rows: the rule keeps a decoded copy
     assert dispatch.kept_copy(w12) and len(runs) == 1
     expected = torch.nn.functional.linear(x, decode(w12).to(x.dtype))
-    assert torch.equal(linear(x, w12).view(torch.int32), expected.view(torch.int32)) and len(runs) == 1
-    monkeypatch.setattr(dispatch, "capturing", lambda x: True)
+    with dispatch.prefill_scope():
+        assert torch.equal(linear(x, w12).view(torch.int32), expected.view(torch.int32)) and len(runs) == 1
+        config = configs.heuristic_config(2, WeightFormat.W12, 37, 300)
+        linear(x, w12, config=config)
+        assert runs[-1] == config and len(runs) == 2  # a config asked for is run as asked
+        monkeypatch.setattr(dispatch, "capturing", lambda x: True)
+        check(linear(x, w12), x, w12)
+        assert len(runs) == 3  # captured into a graph: the kernels, whose launch cost is paid once
+        monkeypatch.setattr(dispatch, "capturing", lambda x: False)
     check(linear(x, w12), x, w12)
-    assert len(runs) == 2  # captured into a graph: the kernels, whose launch cost is paid once
-    config = configs.heuristic_config(2, WeightFormat.W12, 37, 300)
-    monkeypatch.setattr(dispatch, "capturing", lambda x: False)
-    linear(x, w12, config=config)
-    assert runs[-1] == config and len(runs) == 3  # a config asked for is run as asked
+    assert len(runs) == 4  # outside a prefill: the kernels (a warm-up builds what the capture needs)
