@@ -8,7 +8,7 @@ call after a synchronize: the larger of the host's launch cost and the GPU's tim
 in a CUDA graph (`timing.graph_time_us`: GPU time only):
 
 - `w12 kernels`: the launch config of these rows (tuned table, else the heuristic; `choose_config`);
-- `w12 copy`: cuBLAS on the weight's kept decoded copy (`dispatch.eager_copy`'s path);
+- `w12 copy`: cuBLAS on the weight's kept decoded copy (what an eager prefill runs, `dispatch.prefill_scope`);
 - `bf16`: cuBLAS on a plain BF16 weight of the same values.
 
 Random weights (normal, std 0.02). One weight per shape: eager rows read it from L2 when it fits,
