@@ -224,8 +224,9 @@ def import_memory(path: Path, memory: str | None) -> str:
     db = Path(memory) if memory else env.memory_path()
     with Memory(db) as m:
         added = m.import_export(data)
-    return (f"memory: {path} merged into {db}: {added['evaluations']} evaluation(s), {added['systems']} system(s), "
-            f"{added['kernel_tables']} kernel table file(s) added ({added['held']} row(s) already held)")
+    return (f"memory: {path} merged into {db}: {added['evaluations']} evaluation(s), {added['noise_floors']} noise "
+            f"floor(s), {added['systems']} system(s), {added['kernel_tables']} kernel table file(s) added "
+            f"({added['held']} row(s) already held)")
 
 
 def export_memory(result, path: Path) -> None:
