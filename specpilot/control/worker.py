@@ -69,6 +69,14 @@ def spawn(start):
     return _spawner.submit(start).result()
 
 
+def _forget_spawner() -> None:
+    global _spawner
+    _spawner = None  # a forked child has none of its parent's threads: it starts its own spawner
+
+
+os.register_at_fork(after_in_child=_forget_spawner)
+
+
 class FailureKind(enum.Enum):
     RAISED = "raised"  # the runner raised; the worker reported it
     CRASHED = "crashed"  # the process died

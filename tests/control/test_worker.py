@@ -38,3 +38,18 @@ def test_a_worker_started_from_a_thread_outlives_that_thread(tmp_path):
         assert reply
     finally:
         w.close()
+
+
+def test_a_forked_child_starts_its_own_spawner():
+    import os
+
+    from specpilot.control import worker
+
+    assert worker.spawn(lambda: 1) == 1 and worker._spawner is not None
+    pid = os.fork()
+    if pid == 0:  # the child: its parent's spawner thread does not exist here
+        __import__("signal").alarm(10)  # a spawn waiting on the parent's thread would hang: killed instead
+        code = 0 if worker._spawner is None and worker.spawn(lambda: 2) == 2 else 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
