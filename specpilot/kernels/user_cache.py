@@ -18,8 +18,8 @@ machine it lands at the same place under that machine's home, where `resolve` fi
 knob that names it, by id or by the other home's path.
 
 Owns: the versions and their key, the paths, reading and atomically writing the JSON documents,
-merging entries by key, and carrying candidate tables between homes. Does not own what an entry means or which one wins at dispatch
-(`configs.py`), or the search that produces them (`search.py`). Pure Python: no Triton, no torch
+merging entries by key, and carrying candidate tables between homes. Does not own what an entry
+means or which one wins at dispatch (`configs.py`), or the search that produces them (`search.py`). Pure Python: no Triton, no torch
 import (versions come from the installed distributions' metadata).
 """
 

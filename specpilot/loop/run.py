@@ -302,22 +302,22 @@ class _Run:
                 estimate = round_seconds(past, self.per_evaluation, c.max_candidates, self.backend.parallelism)
                 reserve = (final_seconds(cost, bench, self.deployment.regime.batch, self.device,
                                          self._final_may_patch(incumbent)) if c.final else 0.0)
+                final_text = f" and the final measurement (~{reserve:.0f} s)" if c.final else ""
                 if not outcomes and self.budget.seconds is None:
-                    j.say(f"no time budget: {c.rounds - done} round(s) of ~{estimate:.0f} s and the final measurement "
-                          f"(~{reserve:.0f} s), about {((c.rounds - done) * estimate + reserve) / 60:.1f} min "
-                          "(estimated from the noise measurement)")
+                    total_min = ((c.rounds - done) * estimate + reserve) / 60
+                    j.say(f"no time budget: {c.rounds - done} round(s) of ~{estimate:.0f} s{final_text}, about "
+                          f"{total_min:.1f} min (estimated from the noise measurement)")
                 candidates = c.max_candidates
                 if not self.budget.fits(estimate + reserve):
                     candidates = fitting_candidates(past, self.per_evaluation, c.max_candidates,
                                                     self.backend.parallelism, self.budget.left() - reserve)
                     if candidates:
                         j.say(f"round {index}: {candidates} candidate(s) instead of {c.max_candidates}: a full round "
-                              f"(~{estimate:.0f} s) and the final measurement (~{reserve:.0f} s) would not fit in the "
-                              f"{self.budget.left():.0f} s left")
+                              f"(~{estimate:.0f} s){final_text} would not fit in the {self.budget.left():.0f} s left")
                 if not candidates:
                     stop = StopReason.BUDGET
-                    j.emit(EventKind.STOP, f"stopping: round {index} (~{estimate:.0f} s) and the final measurement "
-                           f"(~{reserve:.0f} s) would not fit in the {self.budget.left():.0f} s left", index,
+                    j.emit(EventKind.STOP, f"stopping: round {index} (~{estimate:.0f} s){final_text} would not fit "
+                           f"in the {self.budget.left():.0f} s left", index,
                            reason=stop.value, round_estimate_s=estimate, final_estimate_s=reserve,
                            left_s=self.budget.left())
                     break
