@@ -124,7 +124,8 @@ def bundle(tables) -> list[dict]:
     """The candidate tables that `kernel_table` knobs name, as data to carry to another machine (a
     memory export): {"table": the knob, "path": slug/candidates/key/name, "document": the file's
     JSON}. An id names its file on every GPU and under every versions key found in this home; a
-    path names its own file. Knobs naming nothing here are left out."""
+    path names its own file when that is a candidate table (under a home's kernels folder). Knobs
+    naming nothing here, or a file elsewhere, are left out."""
     out, seen = [], set()
     for table in sorted(set(tables)):
         if not table:
