@@ -19,8 +19,9 @@ knob that names it, by id or by the other home's path.
 
 Owns: the versions and their key, the paths, reading and atomically writing the JSON documents,
 merging entries by key, and carrying candidate tables between homes. Does not own what an entry
-means or which one wins at dispatch (`configs.py`), or the search that produces them (`search.py`). Pure Python: no Triton, no torch
-import (versions come from the installed distributions' metadata).
+means or which one wins at dispatch (`configs.py`), or the search that produces them
+(`search.py`). Pure Python: no Triton, no torch import (versions come from the installed
+distributions' metadata).
 """
 
 from __future__ import annotations
@@ -172,13 +173,9 @@ def unbundle(checked: list[tuple[Path, dict]]) -> int:
     Returns how many were written."""
     written = 0
     for path, document in checked:
-        if path.exists():
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(document, indent=1) + "\n")
-        os.replace(tmp, path)
-        written += 1
+        if not path.exists():
+            _write_atomically(path, document)
+            written += 1
     return written
 
 
@@ -207,9 +204,14 @@ def read_document(path: Path) -> dict | None:
 def write_document(path: Path, document: dict) -> Path:
     """Write `document` (with this process's versions) atomically: readers see the old file or
     the new one, never a part."""
+    return _write_atomically(path, {**document, "versions": versions()})
+
+
+def _write_atomically(path: Path, document: dict) -> Path:
+    """`document` as JSON at `path` by a rename: readers see the old file or the new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**document, "versions": versions()}, indent=1) + "\n")
+    tmp.write_text(json.dumps(document, indent=1) + "\n")
     os.replace(tmp, path)
     return path
 

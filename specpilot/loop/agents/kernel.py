@@ -25,10 +25,10 @@ draft step, the prefill buckets up to MAX_ROWS) -- it
    incumbent's own table, to a table file of the candidate in the user cache
    (`kernels.user_cache.candidate_path`). The candidate is the incumbent with `kernel_table = <its
    id>` (the file's name, found under whichever home runs it: a memory export carries the file,
-   an import puts it there) and the kernels turned on for each model with a shape that gained: `kernel = "triton"`
-   for the target's, `draft_kernel = "triton"` for the drafter's (its own weights: a draft model,
-   an EAGLE-3 head or a DFlash drafter, counted only on plain weights): any worker loads it, no
-   git checkout or worktree needed. When the loop promotes it, `promote_table` merges the file
+   an import puts it there) and the kernels turned on for each model with a shape that gained:
+   `kernel = "triton"` for the target's, `draft_kernel = "triton"` for the drafter's (its own
+   weights: a draft model, an EAGLE-3 head or a DFlash drafter, counted only on plain weights):
+   any worker loads it, no git checkout or worktree needed. When the loop promotes it, `promote_table` merges the file
    into the user cache of the GPU and these versions, so every later run on this machine starts
    from it.
 One tuned table is timed per incumbent: once one was timed against it (whatever the verdict), the
