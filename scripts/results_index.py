@@ -58,6 +58,13 @@ SOURCES = (
      "acceptance_check.py --n-prompts 2 --tokens 96"),
     ("loop/switch_estimates.json", "cost-table entries after a short vs a full-length warm-up",
      "switch_estimates.py"),
+    ("loop/stacked_h100/*", "every change the fixture-x16 loops measured as a gain, stacked by hand, against stock "
+     "and the 128-node tree alone (the ceiling of the loop's moves; H100)",
+     "specpilot bench --system stock --system scripts/systems/tree-d7k8n128.toml --system "
+     "scripts/systems/stacked-d7k8n128.toml --n-prompts 6 --max-new-tokens 256 --ignore-eos"),
+    ("loop/stacked_w12_h100/*", "the hand-stacked system on W12 against the same on cuBLAS (H100)",
+     "specpilot bench --system scripts/systems/stacked-d7k8n128.toml --system "
+     "scripts/systems/stacked-d7k8n128-w12.toml --n-prompts 6 --max-new-tokens 256 --ignore-eos"),
     ("loop/*", "the optimization loop", "loop_fixture.py"),
     ("speed/summary*", "speed headline table", "speed_fixture.py"),
     ("speed/fixture-x16-eagle3/*", "speedup over AR", "specpilot bench"),
@@ -69,6 +76,8 @@ SOURCES = (
      "specpilot bench --system scripts/systems/tree-d7k8n128.toml --system scripts/systems/tree-d7k8n128-w12.toml "
      "--n-prompts 6 --max-new-tokens 256 --ignore-eos"),
     ("w12/tree128/*", "W12 vs cuBLAS, 128-node tree, fixture-x16", "specpilot bench"),
+    ("w12/eager_h100/*", "W12 projections called eagerly vs replayed in a CUDA graph, beside the kept decoded "
+     "copy and BF16, fixture-x16 target shapes (H100)", "w12_eager.py"),
     ("w12/paths/*", "W12's fastest path per shape beside cuBLAS BF16, the 128-node tree's shapes, installed",
      "w12_paths.py --system scripts/systems/tree-d7k8n128.toml --rows 1 129 --budget-s 40 --install"),
 )
@@ -85,8 +94,12 @@ ERRATA = (
      "base was the session's first commit)"),
     ("w12/paths/w12_paths.{json,md}", "f6ef1ba", "ran on the working tree of 5953504 on an H100 (the device "
      "copy's base was the session's first commit)"),
-    ("w12/tree128_h100/", "d3c6c24", "ran on the working tree of 969600d (the device copy's base was the "
-     "session's first commit; the file records the tree as dirty)"),
+    ("w12/tree128_h100/", "5b2f1d7", "ran on the working tree of 097dd94 (the device copy's base was the "
+     "session's first commit)"),
+    ("loop/stacked_h100/", "5b2f1d7", "ran on the working tree of 097dd94 (the device copy's base was the "
+     "session's first commit)"),
+    ("loop/stacked_w12_h100/", "5b2f1d7", "ran on the working tree of 097dd94 (the device copy's base was the "
+     "session's first commit)"),
     ("loop/fixture-x16-h100/", "d3c6c24+dirty", "ran on the working tree of 2b041a0, whose package code is "
      "d3c6c24's (the device copy's base was the session's first commit)"),
     ("w12/tree128/", "b0f18c4", "ran on the working tree of a877aff after w12_paths.py --install (W12 and kernel "
