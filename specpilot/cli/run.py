@@ -207,11 +207,21 @@ def summary(report: dict) -> str:
                          f"({', '.join(e['reasons'])}) {format_gain(e['gain'], e['gain_lower'], e['gain_upper'])}")
     for r, e in likely_gains(report):
         lines.append(f"  undecided in round {r}: {e['candidate']} ({describe(e['changes'], e.get('patch_summary'))}) "
-                     f"{format_gain(e['gain'], e['gain_lower'], e['gain_upper'])} over {e['incumbent']}; lower bound "
-                     f"{e['lower_bound']:+.1%} < bar {e['threshold']:+.1%}: a later round (--resume) may time it again")
+                     f"{format_gain(e['gain'], e['gain_lower'], e['gain_upper'])} over {e['incumbent']}; "
+                     f"{why_undecided(e)}: a later round (--resume) may time it again")
     lines += [f"  {error}" for error in report["run"].get("errors", [])]
     lines.append(f"  report: {report['run']['out']}")
     return "\n".join(lines)
+
+
+def why_undecided(e: dict) -> str:
+    """Why an undecided candidate was not promoted: its lower bound below the bar, or a bound that
+    clears the bar alone but not after the round's multiplicity correction (`control.multiplicity`)."""
+    bound, bar = f"lower bound {e['lower_bound']:+.1%}", f"bar {e['threshold']:+.1%}"
+    if e["lower_bound"] < e["threshold"]:
+        return f"{bound} < {bar}"
+    adjusted = f" (adjusted p {e['adjusted_p']:.3f})" if e.get("adjusted_p") is not None else ""
+    return f"{bound} clears the {bar} alone, not after correcting for the round's other candidates{adjusted}"
 
 
 def likely_gains(report: dict, most: int = 3) -> list[tuple[int, dict]]:
