@@ -138,7 +138,7 @@ def prefill_scope():
 
 
 def eager_copy(x2d: torch.Tensor, weight: W12Weight | torch.Tensor) -> bool:
-    """Whether this call takes cuBLAS on the kept copy over the kernels it was given: within
+    """Whether this call takes cuBLAS on the kept copy, without asking `choose`: within
     `prefill_scope`, no CUDA graph being captured, on a W12 weight whose decoded copy is kept (a
     call above RULE_MAX_M rows made it; none is made for this one)."""
     return _PREFILL.get() and kept_copy(weight) and not capturing(x2d)
@@ -165,7 +165,8 @@ def linear(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConf
     cuBLAS on the weight decoded into a shared buffer (or kept decoded), the measured faster path of
     a row count or, where nothing was measured, the rule (kernels up to RULE_MAX_M rows, cuBLAS on
     the kept decoded weight above). An eager prefill's call on a W12 weight with a kept copy takes
-    cuBLAS on the copy instead of the kernels (`prefill_scope`).
+    cuBLAS on the copy instead of the kernels (`prefill_scope`), asking nothing else: an eager
+    call pays every line of this function in host time, the prefill's bound.
     """
     N, K = weight.shape
     x2d = x.reshape(-1, K)  # [M, K]
@@ -174,10 +175,10 @@ def linear(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConf
     M = x2d.shape[0]
     if M == 0:
         return x.new_empty(*x.shape[:-1], N)
+    if config is None and eager_copy(x2d, weight):  # whatever `choose` says, the copy gives the same values
+        return F.linear(x2d, _decoded[id(weight)].to(x2d.dtype)).reshape(*x.shape[:-1], N)
     fmt = WeightFormat.W12 if isinstance(weight, W12Weight) else WeightFormat.DENSE
     choice = config or choose(fmt, M, N, K, device_name(x.device), table)
-    if config is None and not isinstance(choice, Fallback) and eager_copy(x2d, weight):
-        choice = Fallback.DECODED_CUBLAS
     if isinstance(choice, Fallback):
         y = run_fallback(x2d, weight, choice)
     else:
