@@ -215,13 +215,18 @@ def summary(report: dict) -> str:
 
 
 def why_undecided(e: dict) -> str:
-    """Why an undecided candidate was not promoted: its lower bound below the bar, or a bound that
-    clears the bar alone but not after the round's multiplicity correction (`control.multiplicity`)."""
+    """Why an undecided candidate was not promoted, from the controller's recorded reasons: a bound
+    that cleared the bar alone but not the round's multiplicity correction (`control.multiplicity`),
+    else its lower bound against the bar."""
+    from specpilot.control.rule import Reason
+
     bound, bar = f"lower bound {e['lower_bound']:+.1%}", f"bar {e['threshold']:+.1%}"
+    if Reason.NOT_SIGNIFICANT.value in e.get("reasons", ()):
+        adjusted = f" (adjusted p {e['adjusted_p']:.3f})" if e.get("adjusted_p") is not None else ""
+        return f"{bound} clears the {bar} alone, not after correcting for the round's other candidates{adjusted}"
     if e["lower_bound"] < e["threshold"]:
         return f"{bound} < {bar}"
-    adjusted = f" (adjusted p {e['adjusted_p']:.3f})" if e.get("adjusted_p") is not None else ""
-    return f"{bound} clears the {bar} alone, not after correcting for the round's other candidates{adjusted}"
+    return f"{bound} >= {bar}, undecided ({', '.join(e.get('reasons', ()))})"
 
 
 def likely_gains(report: dict, most: int = 3) -> list[tuple[int, dict]]:

@@ -176,9 +176,10 @@ def linear(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConf
     if M == 0:
         return x.new_empty(*x.shape[:-1], N)
     if config is None and eager_copy(x2d, weight):  # whatever `choose` says, the copy gives the same values
-        return F.linear(x2d, _decoded[id(weight)].to(x2d.dtype)).reshape(*x.shape[:-1], N)
-    fmt = WeightFormat.W12 if isinstance(weight, W12Weight) else WeightFormat.DENSE
-    choice = config or choose(fmt, M, N, K, device_name(x.device), table)
+        choice = Fallback.DECODED_CUBLAS
+    else:
+        fmt = WeightFormat.W12 if isinstance(weight, W12Weight) else WeightFormat.DENSE
+        choice = config or choose(fmt, M, N, K, device_name(x.device), table)
     if isinstance(choice, Fallback):
         y = run_fallback(x2d, weight, choice)
     else:

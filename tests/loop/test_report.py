@@ -103,7 +103,10 @@ def test_the_summary_says_when_an_undecided_bound_cleared_the_bar_but_not_the_co
     CPU: +11.1% against a +10.3% bar, adjusted p 0.030) is not reported as 'below the bar'."""
     from specpilot.cli.run import why_undecided
 
-    e = {"lower_bound": 0.111, "threshold": 0.103, "adjusted_p": 0.0298}
+    e = {"lower_bound": 0.111, "threshold": 0.103, "adjusted_p": 0.0298,
+         "reasons": ["clears-threshold", "not-significant-after-multiplicity"]}
     assert why_undecided(e) == ("lower bound +11.1% clears the bar +10.3% alone, not after correcting for the "
                                 "round's other candidates (adjusted p 0.030)")
-    assert why_undecided({**e, "lower_bound": 0.09}) == "lower bound +9.0% < bar +10.3%"
+    assert why_undecided({**e, "lower_bound": 0.09, "reasons": ["undecided"]}) == "lower bound +9.0% < bar +10.3%"
+    assert why_undecided({**e, "reasons": ["contaminated"]}) == ("lower bound +11.1% >= bar +10.3%, undecided "
+                                                                 "(contaminated)")
