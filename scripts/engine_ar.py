@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specpilot.engine.generator import Generator  # noqa: E402
-from specpilot.engine.kv_cache import KVCache  # noqa: E402
+from specpilot.models.kv_cache import KVCache  # noqa: E402
 from specpilot.engine.state import DecodeState  # noqa: E402
 from specpilot.engine.steps import ar_step, tree_forward  # noqa: E402
 from specpilot.engine.tree import DraftTree  # noqa: E402

@@ -26,7 +26,8 @@ from specpilot.bench.prompts import prompt_ids  # noqa: E402
 from specpilot.bench.provenance import capture  # noqa: E402
 from specpilot.bench.serving import request_pool  # noqa: E402
 from specpilot.config import load_deployment, load_system  # noqa: E402
-from specpilot.engine import kv_cache, tree  # noqa: E402
+from specpilot.engine import tree  # noqa: E402
+from specpilot.models import kv_cache  # noqa: E402
 from specpilot.engine.drafters import best_first  # noqa: E402
 from specpilot.engine.serving import Request, ServingEngine  # noqa: E402
 from specpilot.engine.session import Session  # noqa: E402

@@ -19,7 +19,6 @@ import torch
 from specpilot.engine.drafters.base import Drafter
 from specpilot.engine.faults import Fault, FaultKind, parse_fault
 from specpilot.engine.graphs import GraphedCallable
-from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.packed_prefill import PackingCache
 from specpilot.engine.state import DecodeState, extract_outputs
 from specpilot.engine.steps import ar_step, prefill, verify_step
@@ -71,7 +70,7 @@ class GenerationResult:
 
 @dataclass
 class Workspace:
-    cache: KVCache
+    cache: object  # the target's decode cache (`new_cache`: a KVCache, or a hybrid decoder's)
     state: DecodeState
     graphs: dict = field(default_factory=dict)  # tier depth (or 0 for AR) -> GraphedCallable
     prefill_warm: bool = False  # every padded prefill shape has run once (`Generator._warm_prefill`)
@@ -193,9 +192,8 @@ class Generator:
         if ws is not None and ws.state.accept_log.shape[1] >= max_new + 1:
             self.workspaces[key] = self.workspaces.pop(key)  # most recently used last
             return ws
-        cfg = self.target.config
         dev = self.target.device
-        cache = KVCache.allocate(cfg, batch, capacity, dev, self.target.dtype)
+        cache = self.target.new_cache(batch, capacity, nodes=self._slack())
         state = DecodeState.allocate(batch, capacity, max(max_new + 1, 64), dev)
         ws = Workspace(cache, state)
         self.workspaces.pop(key, None)

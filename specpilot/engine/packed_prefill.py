@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from specpilot.engine.graphs import GraphedCallable
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache
 from specpilot.kernels.dispatch import prefill_scope
 from specpilot.models.transformer import Transformer
 

@@ -3,6 +3,10 @@
 Owns: prefill, the causal chunk forward (also used by token forcing), the tree forward, the lean
 AR step and the speculative verify-and-commit step. No function here syncs with the host; the
 single sync point of a decode loop is in `generator.py`.
+
+`model` is any decoder of `models.registry` and `cache` its own (`model.new_cache`): every forward
+tells a recurrent layer which state each token continues (`models.recurrence`): chunks commit as
+they go, trees are committed along the accepted path (`verify.commit`).
 """
 
 from __future__ import annotations
@@ -11,12 +15,12 @@ import torch
 
 from specpilot.engine import tree as tree_ops
 from specpilot.engine.faults import Fault, FaultKind, apply_logit_bias
-from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.segments import finish_segments, segment_tree
 from specpilot.engine.state import DecodeState, commit_tokens
 from specpilot.engine.tree import DraftTree
 from specpilot.engine.verify import Acceptance, commit, greedy_accept
 from specpilot.kernels.dispatch import prefill_scope
+from specpilot.models.recurrence import Recurrence
 from specpilot.models.transformer import Transformer
 
 
@@ -29,17 +33,21 @@ def causal_mask(start: torch.Tensor, T: int, capacity: int) -> torch.Tensor:
 
 def chunk_forward(
     model: Transformer,
-    cache: KVCache,
+    cache,
     tokens: torch.Tensor,  # [B,T]
     start: torch.Tensor,  # [B] slot/position of tokens[:,0]
     logits_for: torch.Tensor | None = None,  # [B,T'] or None for all
     capture: tuple[int, ...] = (),
+    commit: torch.Tensor | None = None,  # [B] the last real token (recurrent state kept); None: T-1
 ):
     """Causal forward of a contiguous chunk written at slots start..start+T-1; logits [B,T',V]
     (with `capture`: also the features [B,T,nC] of those layers, see `Transformer.forward`)."""
     B, T = tokens.shape
     pos = start[:, None] + torch.arange(T, device=tokens.device)[None, :]
-    return model(tokens, pos, cache, pos, causal_mask(start, T, cache.capacity), logits_for, capture)
+    if commit is None:
+        commit = torch.full((B,), T - 1, dtype=torch.int64, device=tokens.device)
+    return model(tokens, pos, cache, pos, causal_mask(start, T, cache.capacity), logits_for, capture,
+                 recurrence=Recurrence.chunk(commit))
 
 
 def padded_length(T: int, start: int, capacity: int, bucket: int) -> int:
@@ -50,7 +58,7 @@ def padded_length(T: int, start: int, capacity: int, bucket: int) -> int:
     return Tp if start + Tp <= capacity else T
 
 
-def prefill(model: Transformer, cache: KVCache, prompts: list[list[int]], chunk: int = 2048,
+def prefill(model: Transformer, cache, prompts: list[list[int]], chunk: int = 2048,
             bucket: int = 0, capture: tuple[int, ...] = ()) -> list[torch.Tensor] | None:
     """Put every prompt token except the last (the first root) into the cache, row by row.
 
@@ -64,7 +72,8 @@ def prefill(model: Transformer, cache: KVCache, prompts: list[list[int]], chunk:
     slow and the controller's timings noisy. The generator runs each padded shape once when it
     creates a workspace. The padding is
     invisible: padded rows come after every real row (the causal mask hides them from it), and
-    their cache slots lie past the prompt, where the first decode round writes before it reads.
+    their cache slots lie past the prompt, where the first decode round writes before it reads,
+    and a recurrent layer commits the state after the last real token.
     """
     dev = model.device
     features = []
@@ -80,24 +89,26 @@ def prefill(model: Transformer, cache: KVCache, prompts: list[list[int]], chunk:
     return features if capture else None
 
 
-def prefill_chunk(model: Transformer, row: KVCache, tokens: list[int], start: int, bucket: int = 0,
+def prefill_chunk(model: Transformer, row, tokens: list[int], start: int, bucket: int = 0,
                   capture: tuple[int, ...] = ()) -> torch.Tensor | None:
-    """Prompt tokens at slots start.. of a one-row cache (`KVCache.row`), padded as in `prefill`;
-    with `capture`, their features [T,nC] (padding cut off)."""
+    """Prompt tokens at slots start.. of a one-row cache (`row(b)` of the model's cache), padded as
+    in `prefill`; with `capture`, their features [T,nC] (padding cut off)."""
     dev = model.device
     n = len(tokens)
     padded = list(tokens) + [0] * (padded_length(n, start, row.capacity, bucket) - n)
     ids = torch.tensor(padded, dtype=torch.int64, device=dev)[None]
     empty = torch.zeros(1, 0, dtype=torch.int64, device=dev)
     with prefill_scope():  # eager: W12 weights with a kept decoded copy run cuBLAS on it
-        out = chunk_forward(model, row, ids, torch.tensor([start], device=dev), logits_for=empty, capture=capture)
+        out = chunk_forward(model, row, ids, torch.tensor([start], device=dev), logits_for=empty, capture=capture,
+                            commit=torch.tensor([n - 1], device=dev))
     return out[1][0, :n] if capture else None
 
 
-def tree_forward(model: Transformer, cache: KVCache, tree: DraftTree, prefix: torch.Tensor,
+def tree_forward(model: Transformer, cache, tree: DraftTree, prefix: torch.Tensor,
                  capture: tuple[int, ...] = (), pack: torch.Tensor | None = None):
     """One target forward over all tree nodes; logits [B,N,V] (and features [B,N,nC] with `capture`);
-    with `pack` ([M] flat node indices), logits [1,M,V] of those nodes only."""
+    with `pack` ([M] flat node indices), logits [1,M,V] of those nodes only. Recurrent layers keep
+    every node's state for the commit (`verify.commit`)."""
     return model(
         tree.tokens,
         tree_ops.positions(tree, prefix),
@@ -106,10 +117,11 @@ def tree_forward(model: Transformer, cache: KVCache, tree: DraftTree, prefix: to
         tree_ops.attention_mask(tree, prefix, cache.capacity),
         capture=capture,
         pack=pack,
+        recurrence=Recurrence.tree(tree.parents, tree.depths(), tree.max_depth),
     )
 
 
-def packed_argmax(model: Transformer, cache: KVCache, tree: DraftTree, prefix: torch.Tensor,
+def packed_argmax(model: Transformer, cache, tree: DraftTree, prefix: torch.Tensor,
                   generated_index: torch.Tensor, fault: Fault | None, capture: tuple[int, ...] = ()):
     """The target's argmax [B,N] at a shared-budget tree's valid nodes (-1 elsewhere), from one
     forward whose projections run on the `tree.num_valid` valid nodes only; with `capture`, also
@@ -124,21 +136,23 @@ def packed_argmax(model: Transformer, cache: KVCache, tree: DraftTree, prefix: t
     return argmax.index_copy_(0, pack, logits[0].argmax(-1)).view(B, N), features
 
 
-def ar_step(model: Transformer, cache: KVCache, state: DecodeState, fault: Fault | None = None) -> None:
-    """Greedy AR round: process each row's root, commit its argmax."""
+def ar_step(model: Transformer, cache, state: DecodeState, fault: Fault | None = None) -> None:
+    """Greedy AR round: process each row's root, commit its argmax (and, in a recurrent layer, its
+    state: active rows only)."""
     prefix = state.cache_prefix()  # [B]
     root = state.roots()[:, None]  # [B,1]
     pos = prefix[:, None]
     s = torch.arange(cache.capacity, device=prefix.device)
     mask = (s[None, :] <= prefix[:, None])[:, None, None, :]  # [B,1,1,S]
-    logits = model(root, pos, cache, pos, mask)  # [B,1,V]
+    keep = torch.where(state.done, -1, 0)  # [B] a done row's state stays
+    logits = model(root, pos, cache, pos, mask, recurrence=Recurrence.chunk(keep))  # [B,1,V]
     logits = apply_logit_bias(fault, logits, pos + 1 - state.prompt_lens[:, None])
     nxt = logits.argmax(-1)  # [B,1]
     commit_tokens(state, nxt, torch.ones_like(prefix))
 
 
 def verify_step(
-    model: Transformer, cache: KVCache, state: DecodeState, tree: DraftTree, fault: Fault | None = None,
+    model: Transformer, cache, state: DecodeState, tree: DraftTree, fault: Fault | None = None,
     capture: tuple[int, ...] = (), segment: int = 0,
 ) -> Acceptance:
     """Verify a draft tree in one target forward, commit the accepted path and the bonus token.
@@ -169,6 +183,6 @@ def verify_step(
     if features is not None:
         idx = acc.path.clamp(min=0)[..., None].expand(-1, -1, features.shape[-1])
         acc.features = features.gather(1, idx)
-    commit(cache, prefix, acc)
+    commit(cache, prefix, acc, ~state.done)
     commit_tokens(state, acc.new_tokens, acc.accept_len + 1)
     return acc

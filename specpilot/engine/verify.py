@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import torch
 
-from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.tree import DraftTree, path_nodes
 
 
@@ -72,9 +71,8 @@ def greedy_accept(tree: DraftTree, target_argmax: torch.Tensor, accept_unverifie
     return Acceptance(accept_len, path, new_tokens, bonus)
 
 
-def commit(cache: KVCache, prefix: torch.Tensor, acc: Acceptance) -> None:
-    """Move the accepted path's KV entries to slots prefix+1.. (the root is already at prefix)."""
-    src = prefix[:, None] + acc.path[:, 1:].clamp(min=0)  # [B,K]
-    dst = prefix[:, None] + torch.arange(1, acc.path.shape[1], device=prefix.device)
-    keep = acc.path[:, 1:] >= 0
-    cache.move_slots(torch.where(keep, src, dst), dst)
+def commit(cache, prefix: torch.Tensor, acc: Acceptance, active: torch.Tensor) -> None:
+    """Commit the accepted path in the target's cache (`commit_path`): KV entries move to slots
+    prefix+1.. (the root is already at prefix); a recurrent layer's committed state becomes the
+    deepest accepted node's, for the `active` [B] rows only."""
+    cache.commit_path(prefix, acc.path, acc.accept_len, active)

@@ -30,7 +30,6 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specpilot.engine.kv_cache import KVCache
 from specpilot.engine.steps import chunk_forward, prefill
 from specpilot.errors import SpecPilotError
 from specpilot.guard.records import OutputRecord
@@ -142,14 +141,14 @@ def force(target: Transformer, records: Sequence[OutputRecord], chunk: int = 512
     dev = target.device
     longest = max(len(r.prompt_ids) + len(r.output_ids) for r in records)
     capacity = (longest + 255) // 256 * 256
-    cache = KVCache.allocate(target.config, 1, capacity, dev, target.dtype)  # reused: the mask hides stale slots
+    cache = target.new_cache(1, capacity)  # reused: the mask hides stale slots, a chunk at position 0 starts afresh
     sequences = []
     for r in records:
         sequences.append(_force_one(target, cache, r, chunk))
     return ForcingResult(tuple(sequences), str(target.dtype).removeprefix("torch."), str(dev), chunk)
 
 
-def _force_one(target: Transformer, cache: KVCache, record: OutputRecord, chunk: int) -> ForcedSequence:
+def _force_one(target: Transformer, cache, record: OutputRecord, chunk: int) -> ForcedSequence:
     dev = target.device
     prompt, output = list(record.prompt_ids), list(record.output_ids)
     T = len(output)

@@ -20,7 +20,8 @@ from safetensors.torch import load_file, save_file
 
 from specpilot.errors import CheckpointError
 from specpilot.models.config import ModelConfig
-from specpilot.models.transformer import Transformer, rope_tables
+from specpilot.models.registry import family
+from specpilot.models.transformer import rope_tables
 from specpilot.models.w12_linear import W12Linear
 
 HF_PREFIX = "model."
@@ -28,28 +29,7 @@ HF_PREFIX = "model."
 
 def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor an HF checkpoint of this config must hold, with its shape."""
-    C, I, D = config.hidden_size, config.intermediate_size, config.head_dim
-    H, Hkv, V = config.num_heads, config.num_kv_heads, config.vocab_size
-    shapes = {"model.embed_tokens.weight": (V, C), "model.norm.weight": (C,)}
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (V, C)
-    for i in range(config.num_layers):
-        p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (C,),
-            p + "post_attention_layernorm.weight": (C,),
-            p + "self_attn.q_proj.weight": (H * D, C),
-            p + "self_attn.k_proj.weight": (Hkv * D, C),
-            p + "self_attn.v_proj.weight": (Hkv * D, C),
-            p + "self_attn.o_proj.weight": (C, H * D),
-            p + "mlp.gate_proj.weight": (I, C),
-            p + "mlp.up_proj.weight": (I, C),
-            p + "mlp.down_proj.weight": (C, I),
-        })
-        if config.qk_norm:
-            shapes[p + "self_attn.q_norm.weight"] = (D,)
-            shapes[p + "self_attn.k_norm.weight"] = (D,)
-    return shapes
+    return family(config).hf_tensor_shapes(config)
 
 
 def safetensors_files(path: Path) -> list[Path]:
@@ -85,7 +65,12 @@ def read_hf_tensors(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def check_tensors(config: ModelConfig, tensors: dict, where: str) -> None:
-    for name, shape in hf_tensor_shapes(config).items():
+    shapes = hf_tensor_shapes(config)
+    if config.hybrid:
+        from specpilot.models.hybrid import hf_prefix
+
+        shapes = family(config).hf_tensor_shapes(config, hf_prefix(tensors))
+    for name, shape in shapes.items():
         if name not in tensors:
             raise CheckpointError(f"{where}: tensor {name} is missing")
         t = tensors[name]
@@ -99,49 +84,12 @@ def check_tensors(config: ModelConfig, tensors: dict, where: str) -> None:
 
 def to_fused_state(config: ModelConfig, hf: dict) -> dict:
     """HF names -> our parameter names (values may be tensors or W12 weights)."""
-    from specpilot.models.fusion import concat_rows
-
-    out = {"embed_tokens.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
-    out["lm_head.weight"] = hf["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
-    for i in range(config.num_layers):
-        p, q = f"model.layers.{i}.", f"layers.{i}."
-        out[q + "input_layernorm.weight"] = hf[p + "input_layernorm.weight"]
-        out[q + "post_attention_layernorm.weight"] = hf[p + "post_attention_layernorm.weight"]
-        out[q + "self_attn.qkv_proj.weight"] = concat_rows(
-            [hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
-        )
-        out[q + "self_attn.o_proj.weight"] = hf[p + "self_attn.o_proj.weight"]
-        out[q + "mlp.gate_up_proj.weight"] = concat_rows([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
-        out[q + "mlp.down_proj.weight"] = hf[p + "mlp.down_proj.weight"]
-        if config.qk_norm:
-            out[q + "self_attn.q_norm.weight"] = hf[p + "self_attn.q_norm.weight"]
-            out[q + "self_attn.k_norm.weight"] = hf[p + "self_attn.k_norm.weight"]
-    return out
+    return family(config).to_fused_state(config, hf)
 
 
-def to_hf_state(model: Transformer) -> dict[str, torch.Tensor]:
+def to_hf_state(model) -> dict[str, torch.Tensor]:
     """Our parameters -> HF names (unfused), contiguous CPU tensors."""
-    c = model.config
-    H, Hkv, D, I = c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
-    sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    hf = {"model.embed_tokens.weight": sd["embed_tokens.weight"], "model.norm.weight": sd["norm.weight"]}
-    if not c.tie_word_embeddings:
-        hf["lm_head.weight"] = sd["lm_head.weight"]
-    for i in range(c.num_layers):
-        p, q = f"model.layers.{i}.", f"layers.{i}."
-        hf[p + "input_layernorm.weight"] = sd[q + "input_layernorm.weight"]
-        hf[p + "post_attention_layernorm.weight"] = sd[q + "post_attention_layernorm.weight"]
-        wq, wk, wv = sd[q + "self_attn.qkv_proj.weight"].split([H * D, Hkv * D, Hkv * D])
-        hf[p + "self_attn.q_proj.weight"], hf[p + "self_attn.k_proj.weight"] = wq, wk
-        hf[p + "self_attn.v_proj.weight"] = wv
-        hf[p + "self_attn.o_proj.weight"] = sd[q + "self_attn.o_proj.weight"]
-        wg, wu = sd[q + "mlp.gate_up_proj.weight"].split([I, I])
-        hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"] = wg, wu
-        hf[p + "mlp.down_proj.weight"] = sd[q + "mlp.down_proj.weight"]
-        if c.qk_norm:
-            hf[p + "self_attn.q_norm.weight"] = sd[q + "self_attn.q_norm.weight"]
-            hf[p + "self_attn.k_norm.weight"] = sd[q + "self_attn.k_norm.weight"]
-    return {k: v.contiguous() for k, v in hf.items()}
+    return family(model.config).to_hf_state(model)
 
 
 def build_model(
@@ -150,13 +98,13 @@ def build_model(
     device: torch.device | str,
     dtype: torch.dtype,
     max_positions: int | None = None,
-) -> Transformer:
-    """A `Transformer` holding `state` (our names) on `device` in `dtype`.
+):
+    """The family's decoder (`registry`) holding `state` (our names) on `device` in `dtype`.
 
     Entries that are W12 weights become `W12Linear` modules; everything else is cast to `dtype`.
     """
     with torch.device("meta"):
-        model = Transformer(config, max_positions=max_positions)
+        model = family(config).model(config, max_positions=max_positions)
     special = {}
     plain = {}
     for name, value in state.items():
@@ -187,8 +135,8 @@ def load_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     max_positions: int | None = None,
-) -> Transformer:
-    """Load an HF model directory (plain or W12-converted) into our `Transformer`."""
+):
+    """Load an HF model directory (plain or W12-converted) into its family's decoder."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: model directory does not exist")
@@ -220,7 +168,7 @@ def warn_if_reference_decode(path: Path, device: torch.device | str) -> None:
                   "the W12 speedup needs the Triton kernels on a CUDA GPU", Notice, stacklevel=3)
 
 
-def save_model(model: Transformer, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+def save_model(model, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
     """Write `config.json` + `model.safetensors` (HF names, `dtype`) into `path`."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

@@ -55,12 +55,48 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def rms_norm_1p(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero-centred RMSNorm (Gemma, Qwen3-Next): scales by (1 + w), all in float32, one rounding."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * (1.0 + weight.float())).to(x.dtype)
+
+
+def add_rms_norm_1p(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):
+    """(h + delta, rms_norm_1p(h + delta)): the residual add fused with the next zero-centred norm."""
+    h = h + delta
+    return h, rms_norm_1p(h, weight, eps)
+
+
+def gated_qkv_norm_rope(qkvg, q_weight, k_weight, cos, sin, H: int, Hkv: int, D: int, eps: float):
+    """Split fused [q | k | v | gate] [B,T,(2H+2Hkv)D] into q [B,T,H,D], k, v [B,T,Hkv,D] and the
+    output gate [B,T,H*D]; zero-centred q/k norms, then RoPE on the first cos.shape[-1] dims of each
+    head (partial rotary; the rest pass through)."""
+    B, T, _ = qkvg.shape
+    q, k, v, gate = qkvg.split([H * D, Hkv * D, Hkv * D, H * D], dim=-1)
+    q, k, v = q.view(B, T, H, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
+    q, k = rms_norm_1p(q, q_weight, eps), rms_norm_1p(k, k_weight, eps)
+    R = cos.shape[-1]
+    q = torch.cat([q[..., :R] * cos + rotate_half(q[..., :R]) * sin, q[..., R:]], dim=-1)
+    k = torch.cat([k[..., :R] * cos + rotate_half(k[..., :R]) * sin, k[..., R:]], dim=-1)
+    return q, k, v, gate
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gated DeltaNet's output norm: w * rmsnorm(x), times silu(gate) in float32 (per head, over its last dim)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    h = weight * h.to(x.dtype)
+    return (h * F.silu(gate.float())).to(x.dtype)
+
+
 def fusion_enabled(device: torch.device) -> bool:
     return device.type == "cuda" and env.compile_enabled()
 
 
 # the ops `fused` hands out, by name (a plain dict: Dynamo traces a lookup in it, not `globals()`)
-FUSABLE = {fn.__name__: fn for fn in (rms_norm, add_rms_norm, qkv_norm_rope, silu_mul)}
+FUSABLE = {fn.__name__: fn for fn in (rms_norm, add_rms_norm, qkv_norm_rope, silu_mul, rms_norm_1p, add_rms_norm_1p,
+                                      gated_qkv_norm_rope, gated_rms_norm)}
 
 
 # Compilations one op may keep. dynamic=True makes batch sizes and token counts symbolic, but

@@ -5,6 +5,9 @@ tokenizer (shipped in specpilot/data/tokenizers) so the directory loads exactly 
 model, in SpecPilot and in transformers. `write_truncated_drafter` derives a drafter sharing the
 target's first layers, embeddings and head, so drafts are accepted often but not always;
 `write_noisy_drafter` perturbs a copy of the target, so drafts are accepted to full depth often.
+`write_random_hybrid` writes a hybrid Gated DeltaNet target (either HF layout) whose token mixers
+are scaled down, and `write_mixerless_drafter` the dense decoder that is that target without its
+mixers (same embeddings, MLPs, norms and head): a drafter it accepts often but not always.
 
 Weights are scaled so logits spread over several units: random models then rarely produce
 near-ties, which keeps AR-vs-speculative equality tests meaningful in float32.
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from specpilot.models.config import ModelConfig
+from specpilot.models.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
 from specpilot.models.loading import load_model, save_model
 from specpilot.models.transformer import Transformer
 
@@ -116,4 +119,81 @@ def write_noisy_drafter(target_dir: str | Path, out: str | Path, noise: float = 
     save_model(target, out, dtype=target.dtype)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(Path(target_dir) / f, out / f)
+    return out
+
+
+def tiny_hybrid_config(family: str = "qwen3_5", **overrides) -> ModelConfig:
+    """A few-layer hybrid decoder (3 Gated DeltaNet : 1 gated attention) over the shipped tokenizer."""
+    base = dict(
+        family=family, vocab_size=4096, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
+        num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=2048,
+        tie_word_embeddings=False, qk_norm=True, eos_token_ids=(0,),
+        layer_types=(LINEAR_ATTENTION,) * 3 + (FULL_ATTENTION,),
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4, partial_rotary_factor=0.5, attn_output_gate=True, zero_centered_norms=True,
+    )
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+def random_hybrid(config: ModelConfig, seed: int = 0, mixer_scale: float = 0.5):
+    """A random hybrid decoder; the token mixers' output projections scaled by `mixer_scale`."""
+    from specpilot.models.hybrid import HybridTransformer
+
+    g = torch.Generator().manual_seed(seed)
+    model = HybridTransformer(config)
+    C = config.hidden_size
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") and "linear_attn" not in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))  # zero-centred: scale 1 + w
+            elif name.endswith("linear_attn.norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(1.0, 16.0, generator=g).log())
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.randn(p.shape, generator=g) - 2.0)
+            elif name.endswith("conv_weight"):
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
+            elif "embed_tokens" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+            elif name == "lm_head.weight":
+                p.copy_(torch.randn(p.shape, generator=g) * (3.0 / C**0.5))
+            else:
+                scale = mixer_scale if name.endswith(("out_proj.weight", "o_proj.weight")) else 1.0
+                p.copy_(torch.randn(p.shape, generator=g) * scale / p.shape[1] ** 0.5)
+    return model
+
+
+def write_random_hybrid(out: str | Path, config: ModelConfig | None = None, seed: int = 0,
+                        dtype: torch.dtype = torch.float32, mixer_scale: float = 0.5) -> Path:
+    """Write a random hybrid model directory (HF layout of `config.family`), float32 by default."""
+    out = Path(out)
+    config = config or tiny_hybrid_config()
+    save_model(random_hybrid(config, seed, mixer_scale), out, dtype=dtype)
+    copy_tokenizer(out)
+    return out
+
+
+def write_mixerless_drafter(hybrid_dir: str | Path, out: str | Path) -> Path:
+    """The dense decoder computing `hybrid_dir`'s model with every token mixer removed: its
+    embeddings, MLPs, head and norms (zero-centred weights w become 1 + w), attention projections
+    zero. A draft model the hybrid accepts often, since its mixers only perturb the residual stream."""
+    hybrid = load_model(hybrid_dir)
+    c = hybrid.config
+    config = c.dense().with_changes(family="qwen3")
+    drafter = Transformer(config)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if name.endswith(("input_layernorm.weight", "post_attention_layernorm.weight")) or name == "norm.weight":
+                p.copy_(1.0 + hybrid.get_parameter(name).float())
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.fill_(1.0)
+            elif "self_attn" in name:
+                p.zero_()
+            else:
+                p.copy_(hybrid.get_parameter(name))
+    out = Path(out)
+    save_model(drafter, out, dtype=hybrid.dtype)
+    copy_tokenizer(out)
     return out

@@ -25,6 +25,8 @@ from specpilot.config import AttentionKernel
 from specpilot.kernels.attention import MAX_QUERIES, split_attention
 from specpilot.models import ops
 from specpilot.models.config import ModelConfig
+from specpilot.models.fusion import concat_rows
+from specpilot.models.kv_cache import KVCache
 
 
 class RMSNorm(nn.Module):
@@ -38,7 +40,7 @@ class RMSNorm(nn.Module):
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
-    D = config.head_dim
+    D = config.rotary_dim  # head_dim, or its rotated part (partial rotary)
     inv = 1.0 / (config.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
     s = config.rope_scaling
     if s is None:
@@ -56,7 +58,7 @@ def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
 
 
 def rope_tables(config: ModelConfig, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin tables [max_positions, D] in float32 (HF's non-interleaved layout)."""
+    """cos, sin tables [max_positions, R] in float32 (HF's non-interleaved layout; R = config.rotary_dim)."""
     inv = rope_inverse_frequencies(config)
     freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv)
     emb = torch.cat([freqs, freqs], dim=-1)
@@ -90,27 +92,30 @@ class Attention(nn.Module):
         return qkv_rope(qkv, qw, kw, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps)
 
     def attend_cached(self, q, k, v, k_cache, v_cache, rows, slots, bias, packing=None):
-        """Write k, v at `slots`, attend over the whole static cache.
+        """Write k, v at `slots`, attend over the whole static cache, project.
 
         q [B,T,H,D]; k, v [B,T,Hkv,D]; k_cache, v_cache [B,Hkv,S,D]; rows, slots [B,T] int64;
         bias [B,1,G*T,S] additive mask (0 or -inf) in q's dtype, G = H / Hkv. With `packing` the
-        output projection runs on the packed rows only: [1,M,C]. `self.kernel` picks the attention:
-        torch's SDPA, or the split-KV kernel (`kernels.attention`, same fold, no copies) for calls of
-        up to MAX_QUERIES queries (longer ones, prefill chunks, stay on SDPA).
+        output projection runs on the packed rows only: [1,M,C].
         """
+        o = self.attend(q, k, v, k_cache, v_cache, rows, slots, bias)
+        return self.o_proj(packing.pack(o) if packing is not None else o)
+
+    def attend(self, q, k, v, k_cache, v_cache, rows, slots, bias) -> torch.Tensor:
+        """`attend_cached` before the output projection: [B,T,H*D]. `self.kernel` picks the
+        attention: torch's SDPA, or the split-KV kernel (`kernels.attention`, same fold, no copies)
+        for calls of up to MAX_QUERIES queries (longer ones, prefill chunks, stay on SDPA)."""
         B, T, H, D = q.shape
         Hkv = k.shape[2]
         k_cache[rows, :, slots] = k  # advanced indices first: [B,T,Hkv,D]
         v_cache[rows, :, slots] = v
         if self.kernel is AttentionKernel.SPLIT_KV and T <= MAX_QUERIES:
-            o = split_attention(q, k_cache, v_cache, bias).reshape(B, T, H * D)  # [B,T,H,D] -> [B,T,H*D]
-        else:
-            # GQA without repeating K/V: fold the G query heads of a group into the query axis.
-            q = q.permute(0, 2, 1, 3).reshape(B, Hkv, (H // Hkv) * T, D)  # head h = j*G + g
-            o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=bias)  # [B,Hkv,G*T,D]
-            # reshape, not view: the fused attention kernels may return a non-contiguous layout
-            o = o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
-        return self.o_proj(packing.pack(o) if packing is not None else o)
+            return split_attention(q, k_cache, v_cache, bias).reshape(B, T, H * D)  # [B,T,H,D] -> [B,T,H*D]
+        # GQA without repeating K/V: fold the G query heads of a group into the query axis.
+        q = q.permute(0, 2, 1, 3).reshape(B, Hkv, (H // Hkv) * T, D)  # head h = j*G + g
+        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=bias)  # [B,Hkv,G*T,D]
+        # reshape, not view: the fused attention kernels may return a non-contiguous layout
+        return o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
 
     def forward_causal(self, x, cos, sin):
         """Plain causal attention over the chunk itself (no cache). x [B,T,C]."""
@@ -188,6 +193,11 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
 
+    def new_cache(self, batch: int, capacity: int, nodes: int = 1) -> KVCache:
+        """The decode cache of `batch` rows of `capacity` slots (`nodes`: the largest tree a forward
+        runs; a KV cache needs no scratch for it)."""
+        return KVCache.allocate(self.config, batch, capacity, self.device, self.dtype)
+
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
         cos = self.rope_cos[positions].to(dtype).unsqueeze(2)  # [B,T,1,D]
         sin = self.rope_sin[positions].to(dtype).unsqueeze(2)
@@ -197,12 +207,13 @@ class Transformer(nn.Module):
         self,
         tokens: torch.Tensor,  # [B,T] int64
         positions: torch.Tensor,  # [B,T] int64 RoPE positions
-        cache,  # specpilot.engine.kv_cache.KVCache
+        cache,  # specpilot.models.kv_cache.KVCache
         slots: torch.Tensor,  # [B,T] int64 cache slots written by this chunk
         mask: torch.Tensor,  # [B,1,T,S] bool: may query t attend to cache slot s
         logits_for: torch.Tensor | None = None,  # [B,T'] indices of T to project (None: all)
         capture: tuple[int, ...] = (),  # layer ids whose outputs to return as features (-1: embedding)
         pack: torch.Tensor | None = None,  # [M] flat indices into B*T: compute only these rows
+        recurrence=None,  # models.recurrence.Recurrence: read by recurrent layers only (none here)
     ):
         """Logits [B,T,V] (or [B,T',V]) of a chunk attending to the static cache; with `pack`,
         logits [1,M,V] of the packed rows only (see `Packing`), and features, if captured, still
@@ -303,3 +314,76 @@ def replace_linears(model: nn.Module, make: Callable[[str, nn.Linear], nn.Module
             setattr(model, name, make(name, old))
             count += 1
     return count
+
+
+# ---- Hugging Face layout (Llama, Qwen3) -----------------------------------------------------
+
+def hf_tensor_shapes(config: ModelConfig, prefix: str = "model.") -> dict[str, tuple[int, ...]]:
+    """Every tensor an HF checkpoint of this config must hold, with its shape."""
+    C, I, D = config.hidden_size, config.intermediate_size, config.head_dim
+    H, Hkv, V = config.num_heads, config.num_kv_heads, config.vocab_size
+    shapes = {prefix + "embed_tokens.weight": (V, C), prefix + "norm.weight": (C,)}
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (V, C)
+    for i in range(config.num_layers):
+        p = f"{prefix}layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (C,),
+            p + "post_attention_layernorm.weight": (C,),
+            p + "self_attn.q_proj.weight": (H * D, C),
+            p + "self_attn.k_proj.weight": (Hkv * D, C),
+            p + "self_attn.v_proj.weight": (Hkv * D, C),
+            p + "self_attn.o_proj.weight": (C, H * D),
+            p + "mlp.gate_proj.weight": (I, C),
+            p + "mlp.up_proj.weight": (I, C),
+            p + "mlp.down_proj.weight": (C, I),
+        })
+        if config.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (D,)
+            shapes[p + "self_attn.k_norm.weight"] = (D,)
+    return shapes
+
+
+def to_fused_state(config: ModelConfig, hf: dict) -> dict:
+    """HF names -> our parameter names (values may be tensors or W12 weights)."""
+    out = {"embed_tokens.weight": hf["model.embed_tokens.weight"], "norm.weight": hf["model.norm.weight"]}
+    out["lm_head.weight"] = hf["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
+    for i in range(config.num_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        out[q + "input_layernorm.weight"] = hf[p + "input_layernorm.weight"]
+        out[q + "post_attention_layernorm.weight"] = hf[p + "post_attention_layernorm.weight"]
+        out[q + "self_attn.qkv_proj.weight"] = concat_rows(
+            [hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
+        )
+        out[q + "self_attn.o_proj.weight"] = hf[p + "self_attn.o_proj.weight"]
+        out[q + "mlp.gate_up_proj.weight"] = concat_rows([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
+        out[q + "mlp.down_proj.weight"] = hf[p + "mlp.down_proj.weight"]
+        if config.qk_norm:
+            out[q + "self_attn.q_norm.weight"] = hf[p + "self_attn.q_norm.weight"]
+            out[q + "self_attn.k_norm.weight"] = hf[p + "self_attn.k_norm.weight"]
+    return out
+
+
+def to_hf_state(model: Transformer) -> dict[str, torch.Tensor]:
+    """Our parameters -> HF names (unfused), contiguous CPU tensors."""
+    c = model.config
+    H, Hkv, D, I = c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
+    sd = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    hf = {"model.embed_tokens.weight": sd["embed_tokens.weight"], "model.norm.weight": sd["norm.weight"]}
+    if not c.tie_word_embeddings:
+        hf["lm_head.weight"] = sd["lm_head.weight"]
+    for i in range(c.num_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        hf[p + "input_layernorm.weight"] = sd[q + "input_layernorm.weight"]
+        hf[p + "post_attention_layernorm.weight"] = sd[q + "post_attention_layernorm.weight"]
+        wq, wk, wv = sd[q + "self_attn.qkv_proj.weight"].split([H * D, Hkv * D, Hkv * D])
+        hf[p + "self_attn.q_proj.weight"], hf[p + "self_attn.k_proj.weight"] = wq, wk
+        hf[p + "self_attn.v_proj.weight"] = wv
+        hf[p + "self_attn.o_proj.weight"] = sd[q + "self_attn.o_proj.weight"]
+        wg, wu = sd[q + "mlp.gate_up_proj.weight"].split([I, I])
+        hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"] = wg, wu
+        hf[p + "mlp.down_proj.weight"] = sd[q + "mlp.down_proj.weight"]
+        if c.qk_norm:
+            hf[p + "self_attn.q_norm.weight"] = sd[q + "self_attn.q_norm.weight"]
+            hf[p + "self_attn.k_norm.weight"] = sd[q + "self_attn.k_norm.weight"]
+    return {k: v.contiguous() for k, v in hf.items()}

@@ -115,6 +115,32 @@ class W12Weight:
             esc_val=torch.cat([w.esc_val for w in weights]),
         )
 
+    def take_rows(self, index: torch.Tensor) -> W12Weight:
+        """The weight of rows `index` [M] (int64) in that order (a row permutation or selection; rows
+        are stored independently, so this is exact)."""
+        index = index.to(device=self.lo.device, dtype=torch.int64)
+        ptr = self.esc_ptr.long()
+        counts = (ptr[1:] - ptr[:-1])[index]  # [M]
+        starts = ptr[:-1][index]
+        new_ptr = torch.zeros(index.numel() + 1, dtype=torch.int64, device=index.device)
+        new_ptr[1:] = counts.cumsum(0)
+        # escape e of new row r comes from old escape starts[r] + (e - new_ptr[r])
+        row_of = torch.repeat_interleave(torch.arange(index.numel(), device=index.device), counts)
+        src = starts[row_of] + torch.arange(int(new_ptr[-1]), device=index.device) - new_ptr[:-1][row_of]
+        return type(self)(
+            shape=(index.numel(), self.shape[1]),
+            lo=self.lo[index].contiguous(), hi=self.hi[index].contiguous(), base=self.base[index].contiguous(),
+            esc_ptr=new_ptr.to(torch.int32), esc_col=self.esc_col[src].contiguous(),
+            esc_val=self.esc_val[src].contiguous(),
+        )
+
+    def split_rows(self, sizes: list[int]) -> list[W12Weight]:
+        """Consecutive row blocks of `sizes` rows (the inverse of `concat_rows`)."""
+        if sum(sizes) != self.shape[0]:
+            raise ValueError(f"row sizes {sizes} do not add up to {self.shape[0]} rows")
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        return [self.take_rows(torch.arange(s, s + n)) for s, n in zip(starts, sizes)]
+
     def validate(self, where: str) -> None:
         """Check invariants a kernel relies on; raise `CheckpointError` naming `where` if one fails.
 

@@ -12,7 +12,7 @@ import torch
 from specpilot.config import DrafterKind, System
 from specpilot.engine.drafters.draft_model import DraftModelDrafter
 from specpilot.engine.generator import Generator
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache
 from specpilot.engine.selection import row_caps
 from specpilot.engine.serving import Request, ServingEngine
 from specpilot.engine.state import DecodeState

@@ -18,7 +18,7 @@ import torch
 from specpilot.config import TreeConstruction
 from specpilot.engine.drafters.dflash import DFlashDrafter
 from specpilot.engine.generator import Generator
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache
 from specpilot.engine.steps import prefill
 from specpilot.models.dflash import random_dflash
 from specpilot.models.dflash_checkpoint import load_dflash, write_dflash

@@ -17,7 +17,7 @@ import torch
 
 from specpilot.engine.drafters.eagle3 import Eagle3Drafter
 from specpilot.engine.generator import Generator
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache
 from specpilot.engine.steps import prefill
 from specpilot.engine.tree import DraftTree
 from specpilot.models.eagle3 import random_eagle3

@@ -20,7 +20,7 @@ from specpilot.config import DrafterKind, System, TreeConstruction, load_deploym
 from specpilot.engine.drafters.dflash import DFlashDrafter, depth_tiers
 from specpilot.engine.drafters.eagle3 import Eagle3Drafter
 from specpilot.engine.generator import Generator
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache
 from specpilot.engine.serving import Request, ServingEngine
 from specpilot.engine.session import Session
 from specpilot.engine.state import DecodeState

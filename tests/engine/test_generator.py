@@ -63,7 +63,7 @@ def test_empty_prompt_and_zero_tokens_are_errors(target):
 def test_padded_prefill_changes_no_output(target, draft, make_prompts):
     """Prefill padded to buckets (as on the GPU with CUDA graphs) gives the same tokens, AR and
     speculative, and the same cache contents at every prompt slot."""
-    from specpilot.engine.kv_cache import KVCache
+    from specpilot.models.kv_cache import KVCache
     from specpilot.engine.steps import padded_length, prefill
 
     prompts = make_prompts(6, seed=8, lo=1, hi=40)

@@ -5,7 +5,7 @@ without padding to a bucket; no chunk sees another's tokens; bad calls are refus
 import pytest
 import torch
 
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache
 from specpilot.engine.packed_prefill import Chunk, PackingCache, packed_forward
 from specpilot.engine.steps import prefill_chunk
 from specpilot.models.loading import load_model

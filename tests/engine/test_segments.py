@@ -13,7 +13,7 @@ from specpilot.engine.drafters.dflash import DFlashDrafter
 from specpilot.engine.drafters.draft_model import DraftModelDrafter
 from specpilot.engine.drafters.ngram import NgramDrafter
 from specpilot.engine.generator import Generator
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache
 from specpilot.engine.segments import segment_tree
 from specpilot.engine.serving import ServingEngine
 from specpilot.engine.state import DecodeState

@@ -2,7 +2,7 @@
 
 import torch
 
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache
 from specpilot.engine.tree import DraftTree
 from specpilot.engine.verify import commit, greedy_accept
 from specpilot.models.random_checkpoint import tiny_config
@@ -60,7 +60,7 @@ def test_commit_moves_accepted_entries_to_contiguous_slots():
     t = tree()
     acc = greedy_accept(t, torch.tensor([[11, 13, 0, 99, 0, 0]]))  # path 0 -> 1 -> 3
     prefix = torch.tensor([4])  # root at slot 4, node j at slot 4 + j
-    commit(cache, prefix, acc)
+    commit(cache, prefix, acc, torch.tensor([True]))
     got = cache.k[0][0, 0, :, 0].tolist()
     assert got[4:7] == [4, 5, 7]  # root, node 1 (slot 5), node 3 (was at slot 7)
     assert cache.v[0][0, 0, 6, 0].item() == -7

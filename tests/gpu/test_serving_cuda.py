@@ -56,7 +56,7 @@ def test_packed_prefill_equals_rowwise_on_cuda(target_dir, full_precision, graph
     """Packed prefill on CUDA (bucket 64, the fused attention kernels over the packing cache), eager
     or replayed as CUDA graphs, writes each row's K/V as the one-row chunk forwards do, to float32
     rounding."""
-    from specpilot.engine.kv_cache import KVCache
+    from specpilot.models.kv_cache import KVCache
     from specpilot.engine.packed_prefill import Chunk, PackingCache, packed_forward
     from specpilot.engine.steps import prefill_chunk
 

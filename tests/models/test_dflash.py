@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache
 from specpilot.errors import CheckpointError
 from specpilot.models.dflash import build_target_layer_ids, random_dflash
 from specpilot.models.dflash_checkpoint import is_dflash_dir, load_dflash, read_dflash_config, write_dflash

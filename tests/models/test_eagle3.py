@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache
 from specpilot.errors import CheckpointError
 from specpilot.models.eagle3 import default_layer_ids, expand_eagle3, random_eagle3
 from specpilot.models.eagle3_checkpoint import is_eagle3_dir, load_eagle3, read_eagle3_config, to_public_state, write_eagle3

@@ -6,7 +6,7 @@ transformers is a test-only dependency; the runtime never imports it.
 import pytest
 import torch
 
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache
 from specpilot.engine.steps import chunk_forward
 from specpilot.models.loading import load_model
 from specpilot.models.random_checkpoint import tiny_config, write_random_checkpoint

@@ -14,7 +14,7 @@ import train_dflash
 
 from specpilot.config import TreeConstruction
 from specpilot.engine.drafters.dflash import DFlashDrafter
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache
 from specpilot.engine.state import DecodeState
 from specpilot.engine.steps import prefill
 from specpilot.models.dflash import random_dflash

@@ -13,7 +13,7 @@ import torch
 import train_eagle3
 
 from specpilot.engine.drafters.eagle3 import Eagle3Drafter
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache
 from specpilot.engine.state import DecodeState
 from specpilot.engine.steps import prefill
 from specpilot.models.eagle3 import random_eagle3

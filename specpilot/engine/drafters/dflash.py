@@ -38,7 +38,7 @@ import torch
 from specpilot.config import TreeConstruction
 from specpilot.engine.ddtree import build_tree, num_draft_nodes
 from specpilot.engine.drafters.base import Drafter, register
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache
 from specpilot.engine.packed_prefill import Chunk, to_device, with_features
 from specpilot.engine.selection import row_caps, share_rows
 from specpilot.engine.state import DecodeState

@@ -27,7 +27,7 @@ import torch
 
 from specpilot.engine.drafters import best_first
 from specpilot.engine.drafters.base import Drafter, register
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models.kv_cache import KVCache
 from specpilot.engine.packed_prefill import PACK_ROWS, Chunk, PackingCache, packed_forward, warm
 from specpilot.engine.selection import row_caps, share_rows
 from specpilot.engine.state import DecodeState

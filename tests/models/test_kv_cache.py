@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from specpilot.engine import kv_cache
-from specpilot.engine.kv_cache import KVCache
+from specpilot.models import kv_cache
+from specpilot.models.kv_cache import KVCache
 from specpilot.models.config import ModelConfig
 
 CONFIG = ModelConfig("qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3, num_heads=4,

@@ -1,7 +1,8 @@
 """Static KV cache: a preallocated [B, Hkv, S, D] tensor per layer for keys and for values.
 
 Owns: allocation and the one cache mutation besides plain writes, `move_slots`, which commits an
-accepted tree path by copying its entries to contiguous slots. `allocate` carves every layer's
+accepted tree path by copying its entries to contiguous slots (`commit_path`, the commit every
+decoder cache offers the engine). `allocate` carves every layer's
 keys and values out of one [2, L, B, Hkv, S, D] buffer (`stack`), so a commit moves every layer's
 entries in one gather and one scatter instead of two per layer and tensor (each a kernel launch
 in every round). The model writes new entries itself (`Attention.attend_cached`); which slots are
@@ -30,7 +31,8 @@ class KVCache:
 
     @classmethod
     def allocate(cls, config: ModelConfig, batch: int, capacity: int, device, dtype) -> "KVCache":
-        L = config.num_layers
+        """Keys and values of every attention layer (`config.attention_layers`)."""
+        L = len(config.attention_layers)
         stack = torch.zeros(2, L, batch, config.num_kv_heads, capacity, config.head_dim, device=device, dtype=dtype)
         return cls([stack[0, i] for i in range(L)], [stack[1, i] for i in range(L)], stack)
 
@@ -69,3 +71,15 @@ class KVCache:
             return
         for t in self.k + self.v:
             t[rows, :, dst] = t[rows, :, src]  # gathered copy [B,J,Hkv,D], then scattered
+
+    def commit_path(self, prefix: torch.Tensor, path: torch.Tensor, accept_len: torch.Tensor,
+                    active: torch.Tensor | None = None) -> None:
+        """Commit each row's accepted tree path: the entries of nodes path[b, 1..] (node j of the
+        round's tree sits at slot prefix[b] + j) move to slots prefix[b] + 1.. (the root is at
+        prefix[b] already). prefix, accept_len [B]; path [B,K+1] (-1 past the path). Moving the
+        entries of a done row (`active` False) is harmless: its slots past its length are never
+        read, so every row moves."""
+        src = prefix[:, None] + path[:, 1:].clamp(min=0)  # [B,K]
+        dst = prefix[:, None] + torch.arange(1, path.shape[1], device=prefix.device)
+        keep = path[:, 1:] >= 0
+        self.move_slots(torch.where(keep, src, dst), dst)
