@@ -179,19 +179,24 @@ class HybridTransformer(nn.Module):
             return self.lm_head(x), packing.unpack(features) if packing is not None else features
         return self.lm_head(x)
 
-    def forward_causal(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits [B,T,V] of tokens [B,T] starting at position 0, no cache, differentiable (training)."""
+    def forward_causal(self, tokens: torch.Tensor, capture: tuple[int, ...] = ()):
+        """Logits [B,T,V] of tokens [B,T] starting at position 0, no cache, differentiable (training);
+        with `capture`, (logits, features [B,T,len(capture)*C]) as `forward` returns them."""
         c = self.config
         B, T = tokens.shape
         h = self.embed_tokens(tokens)
         positions = torch.arange(T, device=tokens.device)
         cos = self.rope_cos[positions].to(h.dtype)[None, :, None]  # [1,T,1,R]
         sin = self.rope_sin[positions].to(h.dtype)[None, :, None]
-        for layer in self.layers:
+        kept = {-1: h} if -1 in capture else {}
+        for i, layer in enumerate(self.layers):
             x = ops.rms_norm_1p(h, layer.input_layernorm.weight, c.rms_norm_eps)
             h = h + (layer.linear_attn.forward_causal(x) if layer.recurrent else layer.self_attn.forward_causal(x, cos, sin))
             h = h + layer.mlp(ops.rms_norm_1p(h, layer.post_attention_layernorm.weight, c.rms_norm_eps))
-        return self.lm_head(ops.rms_norm_1p(h, self.norm.weight, c.rms_norm_eps))
+            if i in capture:
+                kept[i] = ops.rms_norm_1p(h, self.norm.weight, c.rms_norm_eps) if i + 1 == len(self.layers) else h
+        logits = self.lm_head(ops.rms_norm_1p(h, self.norm.weight, c.rms_norm_eps))
+        return (logits, torch.cat([kept[i] for i in capture], dim=-1)) if capture else logits
 
 
 # ---- Hugging Face layouts ------------------------------------------------------------------

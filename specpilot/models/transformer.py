@@ -262,16 +262,21 @@ class Transformer(nn.Module):
             return self.lm_head(x), packing.unpack(features) if packing is not None else features
         return self.lm_head(x)
 
-    def forward_causal(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits [B,T,V] of tokens [B,T] starting at position 0, no cache (training, forcing)."""
+    def forward_causal(self, tokens: torch.Tensor, capture: tuple[int, ...] = ()):
+        """Logits [B,T,V] of tokens [B,T] starting at position 0, no cache (training, forcing); with
+        `capture`, (logits, features [B,T,len(capture)*C]) as `forward` returns them."""
         B, T = tokens.shape
         positions = torch.arange(T, device=tokens.device).expand(B, T)
         h = self.embed_tokens(tokens)
         cos, sin = self._rope(positions, h.dtype)
-        for layer in self.layers:
+        kept = {-1: h} if -1 in capture else {}
+        for i, layer in enumerate(self.layers):
             h = h + layer.self_attn.forward_causal(layer.input_layernorm(h), cos, sin)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.lm_head(self.norm(h))
+            if i in capture:
+                kept[i] = self.norm(h) if i + 1 == len(self.layers) else h
+        logits = self.lm_head(self.norm(h))
+        return (logits, torch.cat([kept[i] for i in capture], dim=-1)) if capture else logits
 
 
 def use_attention(model: nn.Module, kernel: AttentionKernel) -> None:
