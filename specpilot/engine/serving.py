@@ -45,6 +45,7 @@ from specpilot.engine.generator import Generator, Workspace
 from specpilot.engine.packed_prefill import PACK_ROWS, Chunk, PackingCache, packed_forward
 from specpilot.engine.packed_prefill import warm as warm_packed
 from specpilot.engine.state import cut_output
+from specpilot.engine.steps import prefill_chunk
 from specpilot.engine.tree import DraftTree
 from specpilot.errors import ConfigError
 
@@ -191,7 +192,7 @@ class ServingEngine:
         ws.state.done.fill_(True)
         if gen.speculative:
             gen._start_drafter(tier, idle, ws.state)  # binds the draft state; rows fill on admission
-        if ws.packing is None:  # packed prefill: its cache, and every packed length run (graphed) once (rows idle)
+        if ws.packing is None and ws.cache.packable:  # packed prefill: its cache, every packed length run once
             ws.packing = PackingCache(ws.cache, min(self.slots, PACK_ROWS), gen.prefill_bucket, gen.use_graphs)
             limit = min(self.prefill_chunk, ws.cache.capacity)
             warm_packed(gen.target, ws.cache, ws.packing, gen.prefill_bucket, limit, 0, gen.feature_layers)
@@ -238,6 +239,12 @@ class ServingEngine:
         gen = self.generator
         full = [i for i, c in enumerate(chunks) if c.tokens]
         features: list = [None] * len(chunks)
+        if not ws.cache.packable:  # recurrent layers: each chunk continues its own row's state
+            for i in full:
+                c = chunks[i]
+                features[i] = prefill_chunk(gen.target, ws.cache.row(c.row), list(c.tokens), c.start,
+                                            gen.prefill_bucket, gen.feature_layers)
+            full = []
         for j in range(0, len(full), PACK_ROWS):
             group = full[j : j + PACK_ROWS]
             out = packed_forward(gen.target, ws.cache, ws.packing, [chunks[i] for i in group], gen.prefill_bucket,

@@ -30,6 +30,7 @@ from specpilot.models.dflash import DFlashModel
 from specpilot.models.dflash_checkpoint import is_dflash_dir, load_dflash
 from specpilot.models.eagle3 import Eagle3Model
 from specpilot.models.eagle3_checkpoint import is_eagle3_dir, load_eagle3
+from specpilot.models.config import ModelConfig
 from specpilot.models.fixture import resolve_checkpoint
 from specpilot.models.loading import load_model
 from specpilot.models.tokenizer import Tokenizer, check_same_vocabulary
@@ -167,6 +168,11 @@ class Session:
         elif path is not None and is_eagle3_dir(path):
             eagle3 = load_eagle3(path, target, device, dtype, factor=deployment.drafter_expand)
         elif path is not None:
+            if ModelConfig.from_dir(path).hybrid:
+                raise CheckpointError(
+                    f"drafter {deployment.drafter!r} is a hybrid (recurrent) model: a draft model re-reads its last "
+                    "tokens every round, which a recurrent state cannot undo; draft with a dense model, an EAGLE-3 "
+                    "head, DFlash or ngram")
             drafter = load_role(deployment.drafter, "drafter", deployment.drafter_expand, device, dtype)
             d_tok = Tokenizer.from_dir(resolve_model_dir(deployment.drafter, "drafter"))
             check_same_vocabulary(tokenizer, d_tok)

@@ -35,7 +35,8 @@ from specpilot.w12.checkpoint import (
 )
 from specpilot.w12.codec import decode, encode
 
-PROJECTION = re.compile(r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
+PROJECTION = re.compile(r"^model\.(language_model\.)?layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj"
+                        r"|linear_attn\.(in_proj_\w+|out_proj))\.weight$")
 LM_HEAD = "lm_head.weight"
 INDEX = "model.safetensors.index.json"
 KEPT_FILE = "model.safetensors"

@@ -173,7 +173,7 @@ def random_dflash(target_config: ModelConfig, num_layers: int = 2, block_size: i
                   seed: int = 0) -> DFlashModel:
     """A randomly initialised DFlash drafter for `target_config` (tests, training start)."""
     ids = target_layer_ids or build_target_layer_ids(target_config.num_layers, num_layers)
-    config = target_config.with_changes(family="qwen3", qk_norm=True, num_layers=num_layers)
+    config = target_config.dense().with_changes(family="qwen3", qk_norm=True, num_layers=num_layers)
     spec = DFlashSpec(tuple(ids), block_size, mask_token_id, target_config.num_layers)
     model = DFlashModel(config, spec)
     g = torch.Generator().manual_seed(seed)

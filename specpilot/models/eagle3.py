@@ -196,7 +196,7 @@ def random_eagle3(target_config: ModelConfig, layer_ids: tuple[int, ...] | None 
     `draft_vocab` (sorted target ids) gives a reduced draft vocabulary with its d2t/t2d.
     """
     ids = layer_ids or default_layer_ids(target_config.num_layers)
-    config = target_config.with_changes(family="llama", qk_norm=False, num_layers=1, tie_word_embeddings=False,
+    config = target_config.dense().with_changes(family="llama", qk_norm=False, num_layers=1, tie_word_embeddings=False,
                                         intermediate_size=intermediate_size or target_config.intermediate_size)
     Vd = target_config.vocab_size if draft_vocab is None else int(draft_vocab.numel())
     spec = Eagle3Spec(tuple(ids), target_config.hidden_size, Vd, num_target_layers=target_config.num_layers)

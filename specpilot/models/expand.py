@@ -10,7 +10,9 @@ expansion happens at load time.
 
 Layout. Every widened axis is *copy-major*: an axis of N entries becomes f·N entries holding f
 copies of the original, copy j at [j·N, (j+1)·N). This applies to hidden features (C -> f·C),
-MLP neurons (I -> f·I), query heads (H -> f·H) and kv heads (Hkv -> f·Hkv); the head dim D is
+MLP neurons (I -> f·I), query heads (H -> f·H) and kv heads (Hkv -> f·Hkv), and in a hybrid
+decoder's Gated DeltaNet layers to key and value heads (Hk, Hv -> f·Hk, f·Hv: each part of the
+conv channels [q | k | v], of z, b, a, and the per-head A_log, dt_bias); head dims are
 unchanged. Copy-major keeps the GQA mapping: query head h' = j·H + h uses kv head
 h' // G = j·Hkv + h // G (G = H / Hkv, unchanged), which is copy j of the kv head that head h
 used in the original.
@@ -20,7 +22,9 @@ Why the function is unchanged (exactly, in real arithmetic):
 - a weight *consuming* a widened axis gets each copy scaled by 1/f: sum_j (w/f)·x = w·x;
 - RMSNorm over f copies of C features has the same mean square, so it normalises identically,
   and its weight is copied like the features;
-- duplicated attention heads compute identical outputs, and 1/sqrt(D) is unchanged;
+- duplicated attention heads compute identical outputs, and 1/sqrt(D) is unchanged; likewise
+  duplicated GDN heads (value head j·Hv + h reads key head j·Hk + h // r, copy j of its own) keep
+  identical recurrent states, and the depthwise conv is copied per channel, unscaled;
 - the embedding is copied but not scaled (it produces the residual stream), while lm_head
   consumes the residual stream and is scaled, so tied embeddings become untied.
 Scaling by 1/f is exact in binary floating point for a power-of-two f (barring underflow to
@@ -58,6 +62,8 @@ def expanded_config(config: ModelConfig, factor: int) -> ModelConfig:
         num_heads=config.num_heads * factor,
         num_kv_heads=config.num_kv_heads * factor,
         tie_word_embeddings=False,
+        linear_num_key_heads=config.linear_num_key_heads * factor,
+        linear_num_value_heads=config.linear_num_value_heads * factor,
     )
 
 
@@ -87,18 +93,34 @@ def expand_tensor(name: str, w: torch.Tensor, config: ModelConfig, factor: int) 
         return tile([w], 1, f, f, scale=False)
     if name == "lm_head.weight":  # [V, C] consumes it
         return tile([w], 1, f, f, scale=True)
-    if name.endswith(("q_norm.weight", "k_norm.weight")):  # [D]: head dim is unchanged
+    if name.endswith(("q_norm.weight", "k_norm.weight", "linear_attn.norm.weight")):  # [D], [Dv]: per head
         return w.clone()
     if name.endswith("norm.weight"):  # [C]
         return w.repeat(f)
-    if name.endswith("self_attn.qkv_proj.weight"):  # [(H + 2 Hkv) D, C]
+    if name.endswith("self_attn.qkv_proj.weight"):  # [(H + 2 Hkv) D, C], or [(2H + 2 Hkv) D, C] with a gate
         D = c.head_dim
-        return tile(list(w.split([c.num_heads * D, c.num_kv_heads * D, c.num_kv_heads * D])), f, f, f, scale=True)
+        parts = [c.num_heads * D, c.num_kv_heads * D, c.num_kv_heads * D] + ([c.num_heads * D] if c.attn_output_gate
+                                                                            else [])
+        return tile(list(w.split(parts)), f, f, f, scale=True)
+    if name.endswith("linear_attn.in_proj.weight"):  # [q | k | v | z | b | a] rows, every part per head
+        Hv = c.linear_num_value_heads
+        return tile(list(w.split(_linear_parts(c) + [c.linear_value_dim, Hv, Hv])), f, f, f, scale=True)
+    if name.endswith("linear_attn.conv_weight"):  # [Cc, K] depthwise: channels copied per part
+        return tile(list(w.split(_linear_parts(c))), f, 1, f, scale=False)
+    if name.endswith(("linear_attn.A_log", "linear_attn.dt_bias")):  # [Hv]
+        return w.repeat(f)
+    if name.endswith("linear_attn.out_proj.weight"):  # [C, Hv Dv]
+        return tile([w], f, f, f, scale=True)
     if name.endswith("mlp.gate_up_proj.weight"):  # [2 I, C]
         return tile(list(w.split([c.intermediate_size, c.intermediate_size])), f, f, f, scale=True)
     if name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):  # [C, H D], [C, I]
         return tile([w], f, f, f, scale=True)
-    raise CheckpointError(f"cannot expand tensor {name!r}: not part of a dense Llama/Qwen3 decoder")
+    raise CheckpointError(f"cannot expand tensor {name!r}: not part of a decoder SpecPilot expands")
+
+
+def _linear_parts(c: ModelConfig) -> list[int]:
+    """Row counts of a Gated DeltaNet layer's conv channels: [q | k | v]."""
+    return [c.linear_key_dim, c.linear_key_dim, c.linear_value_dim]
 
 
 def expand_state(

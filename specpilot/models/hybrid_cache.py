@@ -39,6 +39,9 @@ class HybridCache:
     window_stack: torch.Tensor  # [L,B,K-1,Cc]
     node_state_stack: torch.Tensor  # [L,B,N,Hv,Dk,Dv] float32
     node_input_stack: torch.Tensor  # [L,B,N,Cc]
+    # no packed prefill: a chunk continues its own row's recurrent state, which a batch-1 packing
+    # cache does not hold
+    packable = False
 
     @classmethod
     def allocate(cls, config: ModelConfig, batch: int, capacity: int, device, dtype, nodes: int = 1) -> "HybridCache":

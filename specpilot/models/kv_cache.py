@@ -28,6 +28,8 @@ class KVCache:
     v: list[torch.Tensor]  # per layer [B, Hkv, S, D]
     # [2, L, B, Hkv, S', D] whose [0, i] is k[i] and [1, i] is v[i] (views of it), or None
     stack: torch.Tensor | None = None
+    # packed prefill (`engine.packed_prefill`) may lay several rows' chunks out in one batch-1 cache
+    packable = True
 
     @classmethod
     def allocate(cls, config: ModelConfig, batch: int, capacity: int, device, dtype) -> "KVCache":

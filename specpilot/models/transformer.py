@@ -286,9 +286,21 @@ def use_attention(model: nn.Module, kernel: AttentionKernel) -> None:
             module.kernel = kernel
 
 
-def projection_names() -> tuple[str, ...]:
-    """Suffixes of the projection modules inside each block (kernels swap these)."""
-    return ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "linear_attn.in_proj", "linear_attn.out_proj",
+               "mlp.gate_up_proj", "mlp.down_proj")  # of a dense block, a hybrid decoder's blocks, drafters'
+
+
+def projection_names(block: nn.Module) -> tuple[str, ...]:
+    """Suffixes of the projection modules inside `block` (kernels swap these)."""
+    return tuple(name for name in PROJECTIONS if _has_submodule(block, name))
+
+
+def _has_submodule(module: nn.Module, name: str) -> bool:
+    try:
+        module.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
 
 
 def decoder_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -306,7 +318,7 @@ def replace_linears(model: nn.Module, make: Callable[[str, nn.Linear], nn.Module
     linear of `heads` the model has (a feature drafter's `fc`) for `make(name, linear)`."""
     count = 0
     for prefix, block in decoder_blocks(model):
-        for suffix in projection_names():
+        for suffix in projection_names(block):
             parent_name, attr = suffix.rsplit(".", 1)
             parent = block.get_submodule(parent_name)
             old = getattr(parent, attr)

@@ -360,14 +360,15 @@ def own_drafter(session, kind: DrafterKind):
 
 
 def projection_weight(models, n: int, k: int):
-    """The first [n, k] weight among the models' first blocks' projections, lm_heads and feature
-    fusions (`fc`), in order (target first): a shape's weights to time it on."""
+    """The first [n, k] weight among the models' blocks' projections, lm_heads and feature fusions
+    (`fc`), in order (target first): a shape's weights to time it on."""
     from specpilot.models.transformer import decoder_blocks, projection_names
 
     for model in models:
-        block = decoder_blocks(model)[0][1]
+        projections = [block.get_submodule(name) for _, block in decoder_blocks(model)
+                       for name in projection_names(block)]
         heads = [getattr(model, name, None) for name in ("lm_head", "fc")]
-        for module in [block.get_submodule(name) for name in projection_names()] + heads:
+        for module in projections + heads:
             if module is not None and tuple(module.weight.shape) == (n, k):
                 return module.weight
     raise KeyError(f"no projection weight of shape [{n}, {k}]")
