@@ -8,8 +8,11 @@ Recipe (`shared/research/mechanisms.md` 2.2, after SafeAILab's `traineagle3` and
    of `--gen-tokens` from the target with the engine). On the target's own greedy text "next
    token" is "target argmax", so hard labels are exactly acceptance labels.
 2. head: one layer at the target's width, `fc` 3C -> C over the inputs of target layers
-   (2, L//2, L-3), `lm_head` over the full vocabulary (no d2t reduction) initialised from the
-   target's embedding; the target's embedding is shared and frozen.
+   (2, L//2, L-3), `lm_head` initialised from the target's embedding rows; the target's embedding
+   is shared and frozen. Its vocabulary is the target's, or with `--draft-vocab N` the N target
+   tokens most frequent in the generated parts of the training sequences (d2t / t2d): labels
+   outside it carry no loss and count as misses in top-1 and acceptance, as in the engine. A
+   hybrid target (Gated DeltaNet) works the same: the head is a dense layer with its own RoPE.
 3. step, a training-time test of length `--ttt`: step 0 runs slot t = (feature of token t,
    embedding of token t+1) at position t, causally, and predicts token t+2; step j >= 1 feeds the
    head's own output of step j-1 at the same row with the embedding of token t+1+j at position
@@ -91,14 +94,21 @@ def ttt_loss(draft, target, tokens, starts, feats, args):
     generated part begins at `starts [B]` (labels only there)."""
     starts = starts.to(tokens.device)[:, None]
     steps = ttt_logits(draft, target, tokens, feats, args.ttt)
+    ids = draft.token_ids()  # [Vd] target id of each draft id; None: the target's vocabulary
+    to_draft = None
+    if ids is not None:  # target id -> draft id, -100 where the draft vocabulary lacks it
+        to_draft = torch.full((draft.config.vocab_size,), -100, dtype=torch.int64, device=tokens.device)
+        to_draft[ids] = torch.arange(ids.numel(), device=tokens.device)
     loss, top1, hits = 0.0, [], []
     for j, (logits, labels) in enumerate(steps):
         labels = labels.masked_fill(torch.arange(labels.shape[1], device=labels.device)[None] + 2 + j < starts, -100)
         valid = labels >= 0
-        ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        targets = labels if to_draft is None else torch.where(valid, to_draft[labels.clamp(min=0)], -100)
+        ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
         loss = loss + args.decay**j * ce
         with torch.no_grad():
-            hit = (logits.argmax(-1) == labels) & valid
+            pred = logits.argmax(-1) if ids is None else ids[logits.argmax(-1)]
+            hit = (pred == labels) & valid
             top1.append(float(hit.sum() / valid.sum().clamp(min=1)))
             hits.append(hit)
     with torch.no_grad():  # rows whose every step has a label: accepted length of a chain of ttt drafts
@@ -109,6 +119,101 @@ def ttt_loss(draft, target, tokens, starts, feats, args):
     return loss, top1, acc_len
 
 
+def draft_vocab_ids(data: torch.Tensor, starts: torch.Tensor, vocab_size: int, n: int) -> torch.Tensor:
+    """The n target ids most frequent in the generated parts of `data [N,S]` (from `starts [N]` on),
+    sorted: a reduced draft vocabulary (EAGLE-3's d2t)."""
+    generated = torch.arange(data.shape[1])[None] >= starts[:, None]
+    counts = torch.bincount(data[generated].flatten(), minlength=vocab_size)
+    return counts.topk(n).indices.sort().values
+
+
+def new_head(target, layer_ids, args, draft_vocab: torch.Tensor | None = None, device="cpu"):
+    """A float32 EAGLE-3 head for `target` to train: norms at 1, lm_head = the target's embedding
+    rows of its vocabulary."""
+    draft = random_eagle3(target.config.dense(), layer_ids, draft_vocab=draft_vocab,
+                          intermediate_size=args.intermediate_size or None, seed=args.seed)
+    with torch.no_grad():
+        for name, prm in draft.named_parameters():
+            if name.endswith("norm.weight"):
+                prm.fill_(1.0)
+        rows = target.embed_tokens.weight.float()
+        draft.lm_head.weight.copy_(rows if draft_vocab is None else rows[draft_vocab.to(rows.device)])
+    draft = draft.to(device=device, dtype=torch.float32).train().requires_grad_(True)
+    if not target.config.hybrid:  # a hybrid's tables are partial-rotary: the head keeps its own
+        draft.rope_cos, draft.rope_sin = target.rope_cos.float(), target.rope_sin.float()
+    return draft
+
+
+def autocast(device: torch.device):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+
+
+def train_head(draft, target, data: torch.Tensor, starts: torch.Tensor, args, device) -> dict:
+    """AdamW on `data [N,S]` (generated from `starts [N]` on) for --steps, or as many as --minutes
+    allow (the cosine schedule planned from the speed of steps 10-30); {steps, seconds, curve}."""
+    capture = draft.feature_layers  # layer i's input = layer i-1's output (-1: the embedding)
+    opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, weight_decay=0.0)
+    amp = autocast(device)
+    g = torch.Generator().manual_seed(args.seed + 1)
+    budget_s, curve, step = args.minutes * 60, [], 0
+    t0 = time.perf_counter()
+    planned = args.steps or 10**9
+    while step < planned:
+        if step == 10:
+            t10 = time.perf_counter()
+        if not args.steps and step == 30:  # plan the cosine schedule from the speed after warm-up
+            per_step = (time.perf_counter() - t10) / 20
+            planned = max(40, 30 + int((budget_s - (time.perf_counter() - t0)) / per_step))
+        warm = max(1, int(0.04 * planned))
+        lr = args.lr * min(1.0, (step + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / planned)))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        rows = torch.randint(0, len(data), (args.batch,), generator=g)
+        tokens = data[rows].to(device)
+        with torch.no_grad(), amp:
+            feats = train_dflash.target_features(target, tokens, capture)
+        with amp:
+            loss, top1, acc = ttt_loss(draft, target, tokens, starts[rows], feats, args)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % max(1, planned // 50) == 0 or step == planned:
+            curve.append({"step": step, "loss": loss.item(), "top1": top1, "train_acc_len": acc, "lr": lr})
+            log(f"step {step}/{planned} loss {loss.item():.3f} top1 {top1[0]:.3f} simulated acc_len {acc:.2f}")
+        if not args.steps and time.perf_counter() - t0 > budget_s * 1.05:
+            break
+    return {"steps": step, "seconds": time.perf_counter() - t0, "curve": curve}
+
+
+def evaluate_head(draft, target, held: torch.Tensor, held_starts: torch.Tensor, args, device):
+    """(top-1 per training-time-test step [ttt], simulated chain acceptance length) on held-out
+    sequences; the head is left in eval mode."""
+    draft.eval().requires_grad_(False)
+    with torch.no_grad(), autocast(device):
+        evals = []
+        for i in range(0, len(held), args.batch):
+            tokens = held[i : i + args.batch].to(device)
+            _, top1, acc = ttt_loss(draft, target, tokens, held_starts[i : i + args.batch],
+                                    train_dflash.target_features(target, tokens, draft.feature_layers), args)
+            evals.append((top1, acc, len(tokens)))
+    n = sum(e[2] for e in evals)
+    return [sum(e[0][j] * e[2] for e in evals) / n for j in range(args.ttt)], sum(e[1] * e[2] for e in evals) / n
+
+
+def engine_check(head, target, prompts: list[list[int]], tokens: int, shapes=None) -> dict:
+    """Per (depth, topk, budget) of `shapes`: do EAGLE-3 outputs equal AR's, and the mean accepted
+    length per round, over `prompts` (`tokens` new tokens each)."""
+    ar = Generator(target).generate(prompts, tokens).outputs
+    check = {}
+    for name, (depth, topk, budget) in (shapes or ENGINE_SHAPES).items():
+        r = Generator(target, {depth: Eagle3Drafter(head, target, depth, topk, budget)}).generate(prompts, tokens)
+        check[name] = {"identical_to_ar": r.outputs == ar, "mean_accepted_length": r.mean_accepted_length,
+                       "depth": depth, "topk": topk, "budget": budget}
+    return check
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="output directory (OUT/eagle3 in the public layout + log)")
@@ -117,6 +222,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default=None, help="cpu, cuda ... (default: cuda if available, cpu for --smoke)")
     p.add_argument("--feature-layers", help="comma-separated target layers whose inputs are fused (default 2,L//2,L-3)")
     p.add_argument("--intermediate-size", type=int, default=0, help="head MLP width (default: the target's)")
+    p.add_argument("--draft-vocab", type=int, default=0,
+                   help="draft vocabulary: the N most frequent generated target tokens (0: the target's)")
     p.add_argument("--prompts", type=int, default=12288, help="training prompts")
     p.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts")
     p.add_argument("--prompt-len", type=int, default=160, help="longest prompt (tokens)")
@@ -148,75 +255,19 @@ def main(argv=None) -> int:
     gen_s = time.perf_counter() - t0
     log(f"data: {len(data)} + {len(held)} sequences of {data.shape[1]} tokens in {gen_s:.1f}s")
 
-    draft = random_eagle3(target.config, ids, intermediate_size=args.intermediate_size or None, seed=args.seed)
-    capture = draft.feature_layers  # layer i's input = layer i-1's output (-1: the embedding)
-    with torch.no_grad():
-        for name, prm in draft.named_parameters():
-            if name.endswith("norm.weight"):
-                prm.fill_(1.0)
-        draft.lm_head.weight.copy_(target.embed_tokens.weight.float())
-    draft = draft.to(device=device, dtype=torch.float32).train().requires_grad_(True)
-    draft.rope_cos, draft.rope_sin = target.rope_cos.float(), target.rope_sin.float()
-    opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, weight_decay=0.0)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
-    g = torch.Generator().manual_seed(args.seed + 1)
-    budget_s, curve, step = args.minutes * 60, [], 0
-    t0 = time.perf_counter()
-    planned = args.steps or 10**9
-    while step < planned:
-        if step == 10:
-            t10 = time.perf_counter()
-        if not args.steps and step == 30:  # plan the cosine schedule from the speed after warm-up
-            per_step = (time.perf_counter() - t10) / 20
-            planned = max(40, 30 + int((budget_s - (time.perf_counter() - t0)) / per_step))
-        warm = max(1, int(0.04 * planned))
-        lr = args.lr * min(1.0, (step + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / planned)))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        rows = torch.randint(0, len(data), (args.batch,), generator=g)
-        tokens = data[rows].to(device)
-        with torch.no_grad(), amp:
-            feats = train_dflash.target_features(target, tokens, capture)
-        with amp:
-            loss, top1, acc = ttt_loss(draft, target, tokens, starts[rows], feats, args)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        step += 1
-        if step % max(1, planned // 50) == 0 or step == planned:
-            curve.append({"step": step, "loss": loss.item(), "top1": top1, "train_acc_len": acc, "lr": lr})
-            log(f"step {step}/{planned} loss {loss.item():.3f} top1 {top1[0]:.3f} simulated acc_len {acc:.2f}")
-        if not args.steps and time.perf_counter() - t0 > budget_s * 1.05:
-            break
-    train_s = time.perf_counter() - t0
-
-    draft.eval().requires_grad_(False)
-    with torch.no_grad(), amp:
-        evals = []
-        for i in range(0, len(held), args.batch):
-            tokens = held[i : i + args.batch].to(device)
-            _, top1, acc = ttt_loss(draft, target, tokens, held_starts[i : i + args.batch],
-                                    train_dflash.target_features(target, tokens, capture), args)
-            evals.append((top1, acc, len(tokens)))
-    n = sum(e[2] for e in evals)
-    held_top1 = [sum(e[0][j] * e[2] for e in evals) / n for j in range(args.ttt)]
-    held_acc = sum(e[1] * e[2] for e in evals) / n
+    vocab = draft_vocab_ids(data, starts, target.config.vocab_size, args.draft_vocab) if args.draft_vocab else None
+    draft = new_head(target, ids, args, vocab, device)
+    run = train_head(draft, target, data, starts, args, device)
+    held_top1, held_acc = evaluate_head(draft, target, held, held_starts, args, device)
     dtype = torch.float32 if args.smoke else torch.bfloat16
     write_eagle3(draft, out / "eagle3", dtype=dtype)
     # engine check: the shipped layout loads and drafts losslessly
     loaded = load_eagle3(out / "eagle3", target, device=device, dtype=target.dtype)
-    prompts = held_prompts[:8]
-    ar = Generator(target).generate(prompts, args.gen_tokens).outputs
-    check = {}
-    for name, (depth, topk, budget) in ENGINE_SHAPES.items():
-        r = Generator(target, {depth: Eagle3Drafter(loaded, target, depth, topk, budget)}).generate(prompts, args.gen_tokens)
-        check[name] = {"identical_to_ar": r.outputs == ar, "mean_accepted_length": r.mean_accepted_length,
-                       "depth": depth, "topk": topk, "budget": budget}
+    check = engine_check(loaded, target, held_prompts[:8], args.gen_tokens)
     record = {
         "status": "ok", "args": vars(args), "device": str(device), "layer_ids": list(ids),
         "data": {"sequences": len(data), "held_out": len(held), "seq_len": int(data.shape[1]), "seconds": gen_s},
-        "training": {"steps": step, "seconds": train_s, "curve": curve},
+        "training": run, "draft_vocab_size": draft.spec.draft_vocab_size,
         "heldout_top1": held_top1[0], "heldout_top1_by_step": held_top1, "heldout_simulated_acc_len": held_acc,
         "engine_check": check, "total_seconds": time.perf_counter() - train_dflash.START,
     }

@@ -44,6 +44,11 @@ class StepProfile:
     draft_forwards: int  # draft-model forwards per round (catch-up + expansions)
     context: float  # mean cached tokens per row during the profiled generation
     head_params: int = 0  # of target_params, the lm_head's (left in BF16 by W12; 0: stored before)
+    # recurrent layers (hybrid targets; 0 for dense ones or stored before): bytes a target forward
+    # moves per row whatever its node count (the committed states and conv windows read), and per
+    # node (each node's state written for the commit, its conv input)
+    state_bytes_per_row: int = 0
+    state_bytes_per_node: int = 0
 
     @property
     def ms_per_token(self) -> float:
@@ -121,8 +126,20 @@ def streamed_bytes(model: Transformer) -> int:
 
 
 def kv_bytes_per_token(model: Transformer) -> int:
+    """K and V bytes per cached token over the attention layers."""
     c = model.config
-    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * model.dtype.itemsize
+    return 2 * len(c.attention_layers) * c.num_kv_heads * c.head_dim * model.dtype.itemsize
+
+
+def state_bytes(model: Transformer) -> tuple[int, int]:
+    """(per row, per node) bytes the recurrent layers move in one forward (`StepProfile`): a float32
+    state [Hv,Dk,Dv] and a conv window of K-1 inputs read per row; a state written and a conv input
+    kept per node. (0, 0) for a dense decoder."""
+    c = model.config
+    L = len(c.linear_layers)
+    state = c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim * 4
+    conv = c.conv_dim * model.dtype.itemsize
+    return L * (state + (c.linear_conv_kernel_dim - 1) * conv), L * (state + conv)
 
 
 def acceptance_by_depth(accept_lengths: list[list[int]], max_depth: int) -> tuple[float, ...]:
@@ -202,4 +219,6 @@ def profile(gen: Generator, prompts: list[list[int]], max_new_tokens: int,
         draft_forwards=depth if dmodel is not None else 0,
         context=sum(len(p) for p in prompts) / len(prompts) + result.num_tokens / len(prompts) / 2,
         head_params=gen.target.lm_head.weight.numel(),
+        state_bytes_per_row=state_bytes(gen.target)[0],
+        state_bytes_per_node=state_bytes(gen.target)[1],
     )

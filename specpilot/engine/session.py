@@ -281,4 +281,8 @@ class Session:
         ids = self.tokenizer.encode(text)
         if not ids:
             raise ConfigError("the prompt encodes to zero tokens")
+        V = self.target.config.vocab_size
+        if max(ids) >= V:
+            raise ConfigError(f"the prompt encodes to token id {max(ids)}, outside the target's vocabulary of {V} "
+                              "(its tokenizer and checkpoint do not match)")
         return ids

@@ -24,6 +24,12 @@ def _round(x, ROUND: tl.constexpr):
 
 
 @triton.jit
+def _masked(mask, cond):
+    """mask & cond for a scalar cond (the interpreter's `&` of a scalar and a block gives int32)."""
+    return tl.where(cond, mask, False)
+
+
+@triton.jit
 def gdn_conv_kernel(
     x_ptr, win_ptr, pos_ptr, w_ptr, par_ptr, dep_ptr, y_ptr,
     sx_b, sx_t, sw_b, sw_t, sp_b, sp_t, swc, swk, spar_b, sdep_b, sy_b, sy_t,
@@ -55,9 +61,9 @@ def gdn_conv_kernel(
         else:
             anc = t - j
         live = pos - j >= 0
-        inside = j <= depth
-        xv = tl.load(x_ptr + b * sx_b + anc * sx_t + c, mask=c_ok & inside & live, other=0.0)
-        wv = tl.load(win_ptr + b * sw_b + (K - 1 - (j - depth)) * sw_t + c, mask=c_ok & (j > depth) & live,
+        inside = depth >= j
+        xv = tl.load(x_ptr + b * sx_b + anc * sx_t + c, mask=_masked(c_ok, inside & live), other=0.0)
+        wv = tl.load(win_ptr + b * sw_b + (K - 1 - (j - depth)) * sw_t + c, mask=_masked(c_ok, (depth < j) & live),
                      other=0.0)
         wt = tl.load(w_ptr + c * swc + i * swk, mask=c_ok, other=0.0).to(tl.float32)
         acc += (xv.to(tl.float32) + wv.to(tl.float32)) * wt  # one of the two is zero
@@ -87,13 +93,13 @@ def _token(y_ptr, a_ptr, b_ptr, par_ptr, state_ptr, node_ptr,
     (t = T) nothing is read."""
     ok = t < T
     p = tl.load(par_ptr + b * spar_b + t, mask=ok & (tree != 0), other=t - 1)  # a chunk: t - 1
-    m = k_ok[:, None] & v_ok[None, :] & ok & (p != t - 1)
+    m = _masked(k_ok[:, None] & v_ok[None, :], ok & (p != t - 1) & ((p >= 0) | (fresh == 0)))
     pq = tl.where(p < 0, state_ptr + s_off, node_ptr + p * sn_n + s_off)
-    S_in = tl.load(pq, mask=m & ((p >= 0) | (fresh == 0)), other=0.0)
+    S_in = tl.load(pq, mask=m, other=0.0)
     row = y_ptr + b * sy_b + t * sy_t
-    q = tl.load(row + hk * Dk + kk, mask=k_ok & ok, other=0.0).to(tl.float32)
-    k = tl.load(row + (Hk + hk) * Dk + kk, mask=k_ok & ok, other=0.0).to(tl.float32)
-    v = tl.load(row + 2 * Hk * Dk + h * Dv + vv, mask=v_ok & ok, other=0.0).to(tl.float32)
+    q = tl.load(row + hk * Dk + kk, mask=_masked(k_ok, ok), other=0.0).to(tl.float32)
+    k = tl.load(row + (Hk + hk) * Dk + kk, mask=_masked(k_ok, ok), other=0.0).to(tl.float32)
+    v = tl.load(row + 2 * Hk * Dk + h * Dv + vv, mask=_masked(v_ok, ok), other=0.0).to(tl.float32)
     q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
     a = tl.load(a_ptr + b * sa_b + t * sa_t + h * sa_h, mask=ok, other=0.0).to(tl.float32)
@@ -106,7 +112,7 @@ def _token(y_ptr, a_ptr, b_ptr, par_ptr, state_ptr, node_ptr,
 @triton.jit(do_not_specialize=["T", "tree"])
 def gdn_recurrence_kernel(
     y_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, state_ptr, fresh_ptr, commit_ptr, par_ptr, node_ptr, o_ptr,
-    sy_b, sy_t, sa_b, sa_t, sa_h, sb_b, sb_t, sb_h, ss_b, ss_h, ss_k, spar_b, sn_b, sn_n, sn_h, sn_k,
+    sy_b, sy_t, sa_b, sa_t, sa_h, sb_b, sb_t, sb_h, ss_b, ss_h, ss_k, spar_b, sn_b, sn_n, sn_h,
     so_b, so_t, so_h,
     T, tree, Hv, G, Hk, Dk, Dv, scale,
     BK: tl.constexpr, BV: tl.constexpr, ROUND: tl.constexpr, BETA_ROUND: tl.constexpr,
@@ -128,14 +134,14 @@ def gdn_recurrence_kernel(
     vv = vb * BV + tl.arange(0, BV)
     v_ok = vv < Dv
     mask = k_ok[:, None] & v_ok[None, :]
-    s_off = kk[:, None] * ss_k + vv[None, :]  # ss_k == sn_k, checked by the wrapper
+    s_off = kk[:, None] * ss_k + vv[None, :]  # both states' inner [Dk, Dv] contiguous (the wrapper checks)
     state_ptr += b * ss_b + h * ss_h
     node_ptr += b * sn_b + h * sn_h
     fresh = tl.load(fresh_ptr + b).to(tl.int32)
     commit = tl.load(commit_ptr + b, mask=tree == 0, other=-1)
     A = -tl.exp(tl.load(alog_ptr + h).to(tl.float32))
     dt_bias = tl.load(dtb_ptr + h).to(tl.float32)
-    S = tl.load(state_ptr + s_off, mask=mask & (fresh == 0), other=0.0)
+    S = tl.load(state_ptr + s_off, mask=_masked(mask, fresh == 0), other=0.0)
     p, S_in, q, k, v, decay, beta = _token(
         y_ptr, a_ptr, b_ptr, par_ptr, state_ptr, node_ptr, b, h, hk, 0, T, tree, fresh, kk, k_ok, vv, v_ok,
         s_off, sn_n, sy_b, sy_t, sa_b, sa_t, sa_h, sb_b, sb_t, sb_h, spar_b, A, dt_bias, Hk, Dk, Dv, scale, BETA_ROUND)

@@ -197,9 +197,11 @@ class CostTable:
     # ---- floors ------------------------------------------------------------------------------
     def verify_floor_ms(self, nodes: int, bits: float | None = None) -> float:
         """Floor of a target forward over `nodes` nodes: its measured weight bytes, or (`bits`) its
-        params touched per token at that many bits each, the lm_head's at `HEAD_BITS`."""
+        params touched per token at that many bits each, the lm_head's at `HEAD_BITS`; plus the KV
+        cache it reads and, for a hybrid target, the recurrent states it reads per row and writes
+        per node (what makes large trees dearer on a hybrid than on a dense target)."""
         p = self.profile
-        kv = p.kv_bytes_per_token * p.context * p.batch
+        kv = (p.kv_bytes_per_token * p.context + p.state_bytes_per_row + p.state_bytes_per_node * nodes) * p.batch
         weights = p.target_bytes if bits is None else ((p.target_params - p.head_params) * bits
                                                        + p.head_params * HEAD_BITS) / 8
         return forward_floor_ms(p.target_params, weights, kv, nodes * p.batch, p)

@@ -29,6 +29,7 @@ from specpilot.w12.checkpoint import (
     EMBEDDINGS,
     MANIFEST,
     SHARD_PREFIX,
+    STORAGE_LOAD,
     ShardWriter,
     is_w12_checkpoint,
     iter_w12_tensors,
@@ -191,8 +192,12 @@ def _check_destination(src: Path, dst: Path, force: bool) -> None:
 
 def convert_checkpoint(src: str | Path, dst: str | Path, include_embeddings: bool = False,
                        include_lm_head: bool = False, force: bool = False, device: str | torch.device = "cpu",
-                       shard_bytes: int = DEFAULT_SHARD_BYTES) -> ConvertReport:
-    """Write a W12 copy of the HF BF16 model directory `src` to `dst` (a complete model directory)."""
+                       shard_bytes: int = DEFAULT_SHARD_BYTES, storage: bool = False) -> ConvertReport:
+    """Write a W12 copy of the HF BF16 model directory `src` to `dst` (a complete model directory).
+
+    `storage`: every 2-D BF16 tensor is converted (any layout: a decoder, a drafter head) and the
+    manifest says the directory loads decoded (`w12.checkpoint.is_storage_checkpoint`): W12 as a
+    bit-exact, 25% smaller way to store BF16 weights, not as the runtime format."""
     start = time.perf_counter()
     src, dst = Path(src), Path(dst)
     if not (src / "config.json").is_file():
@@ -209,7 +214,9 @@ def convert_checkpoint(src: str | Path, dst: str | Path, include_embeddings: boo
                 shutil.copy2(f, tmp / f.name)
         writer, kept, reports = ShardWriter(tmp, shard_bytes), {}, []
         for name, t in _iter_source(src):
-            if not should_convert(name, include_embeddings, include_lm_head):
+            wanted = t.dim() == 2 and t.dtype == torch.bfloat16 if storage else \
+                should_convert(name, include_embeddings, include_lm_head)
+            if not wanted:
                 kept[name] = t
                 continue
             if t.dim() != 2 or t.dtype != torch.bfloat16:
@@ -221,7 +228,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, include_embeddings: boo
             reports.append(TensorReport(name, w.shape, w.num_escapes, w.nbytes_total))
         if kept:
             save_file(kept, str(tmp / KEPT_FILE), metadata={"format": "pt"})
-        writer.close({"source": str(src.resolve())})
+        writer.close({"source": str(src.resolve()), **({"load": STORAGE_LOAD} if storage else {})})
         if dst.exists():
             shutil.rmtree(dst) if dst.is_dir() else dst.unlink()
         tmp.rename(dst)

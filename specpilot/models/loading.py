@@ -51,7 +51,12 @@ def safetensors_files(path: Path) -> list[Path]:
 
 
 def read_hf_tensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of an HF directory (CPU), with a clear error for truncated/corrupt files."""
+    """All tensors of an HF directory (CPU), with a clear error for truncated/corrupt files. W12
+    payloads are left to `specpilot.w12`, except in a directory stored in W12 for its size
+    (`is_storage_checkpoint`), whose tensors come back decoded: bit for bit the BF16 original."""
+    from specpilot.w12.checkpoint import is_storage_checkpoint, iter_w12_tensors
+    from specpilot.w12.codec import decode
+
     path = Path(path)
     tensors: dict[str, torch.Tensor] = {}
     for f in safetensors_files(path):
@@ -61,6 +66,8 @@ def read_hf_tensors(path: str | Path) -> dict[str, torch.Tensor]:
             tensors.update(load_file(str(f)))
         except (SafetensorError, OSError, ValueError, RuntimeError) as err:
             raise CheckpointError(f"{f}: unreadable safetensors file ({str(err).splitlines()[0]})") from None
+    if is_storage_checkpoint(path):
+        tensors.update({name: decode(w) for name, w in iter_w12_tensors(path)})
     return tensors
 
 
@@ -142,9 +149,9 @@ def load_model(
         raise CheckpointError(f"{path}: model directory does not exist")
     config = ModelConfig.from_dir(path)
     tensors = read_hf_tensors(path)
-    from specpilot.w12.checkpoint import is_w12_checkpoint, read_w12_tensors
+    from specpilot.w12.checkpoint import is_storage_checkpoint, is_w12_checkpoint, read_w12_tensors
 
-    if is_w12_checkpoint(path):
+    if is_w12_checkpoint(path) and not is_storage_checkpoint(path):
         tensors.update(read_w12_tensors(path))
         warn_if_reference_decode(path, device)
     check_tensors(config, tensors, str(path))

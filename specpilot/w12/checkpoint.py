@@ -1,7 +1,8 @@
 """W12 tensors on disk: shard files, the manifest with format version and checksums, and reading
 them back with every corruption reported as one clear `CheckpointError`.
 
-A converted model directory holds, next to the copied config and tokenizer files:
+A converted model directory holds, next to the copied config and tokenizer files (a manifest with
+"load": "bf16" marks a directory stored in W12 for its size, whose tensors load decoded):
 
     model.safetensors        every tensor left unconverted (norms, and by default embeddings and
                              lm_head), readable by any safetensors loader
@@ -42,6 +43,13 @@ FORMAT_NAME = "specpilot-w12"
 SHARD_PREFIX = "w12-"
 DEFAULT_SHARD_BYTES = 2 << 30
 EMBEDDINGS = "model.embed_tokens.weight"
+STORAGE_LOAD = "bf16"  # manifest "load": the directory stores BF16 weights in W12 and loads them decoded
+
+
+def is_storage_checkpoint(path: str | Path) -> bool:
+    """True for a W12 directory written for storage (`convert --storage`): its W12 tensors load
+    decoded, as the BF16 tensors they encode, so it loads like the BF16 original."""
+    return is_w12_checkpoint(path) and read_manifest(path).get("load") == STORAGE_LOAD
 
 
 def is_w12_checkpoint(path: str | Path) -> bool:

@@ -149,3 +149,22 @@ def test_bad_sources_are_one_line_errors(bf16_dir, tmp_path):
         convert_checkpoint(dst, tmp_path / "again")
     with pytest.raises(CheckpointError, match="not a W12 checkpoint"):
         verify_checkpoint(bf16_dir, bf16_dir)
+
+
+def test_storage_conversion_loads_as_the_bf16_original(bf16_dir, tmp_path):
+    """--storage: every 2-D BF16 tensor (embeddings included) in W12, loaded decoded: plain modules,
+    identical tensors; a hybrid checkpoint too, through its own layout."""
+    from specpilot.models.random_checkpoint import tiny_hybrid_config, write_random_hybrid
+    from specpilot.w12.checkpoint import is_storage_checkpoint
+
+    hybrid = write_random_hybrid(tmp_path / "hybrid", tiny_hybrid_config(), dtype=torch.bfloat16)
+    for src in (bf16_dir, hybrid):
+        dst = tmp_path / f"{src.name}-stored"
+        report = convert_checkpoint(src, dst, storage=True)
+        assert is_storage_checkpoint(dst) and not is_storage_checkpoint(src)
+        assert any(t.name.endswith("embed_tokens.weight") for t in report.tensors)
+        assert verify_checkpoint(src, dst).ok
+        a, b = load_model(src, dtype=torch.bfloat16), load_model(dst, dtype=torch.bfloat16)
+        assert not any(isinstance(m, W12Linear) for m in b.modules())
+        sa, sb = a.state_dict(), b.state_dict()
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

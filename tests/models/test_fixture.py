@@ -20,7 +20,7 @@ from specpilot.models.expand import ModelSize, expanded_config, load_expanded
 from specpilot.models.loading import load_model
 from specpilot.models.tokenizer import Tokenizer, check_same_vocabulary
 
-FIXTURE_BUDGET_BYTES = 52_000_000  # target, draft model, DFlash and EAGLE-3 drafters
+FIXTURE_BUDGET_BYTES = 56_000_000  # dense and hybrid targets, draft model, DFlash and EAGLE-3 drafters (W12-stored)
 PACKAGE_BUDGET_BYTES = 60_000_000  # the installed package, fixture included
 LOGIT_BOUND = 2.0**-16  # float32 rounding relative to the logit scale (see test_expand.py)
 PROMPTS = [
@@ -93,11 +93,28 @@ def test_shipped_pair_loads_and_decodes_losslessly(pair):
 
 
 @needs_fixture
-def test_transformers_loads_the_shipped_pair():
+def test_transformers_loads_the_shipped_pair(tmp_path):
+    """The shipped checkpoints are stored in W12 (`w12 convert --storage`); decoded, each is an HF
+    directory transformers loads, with our logits."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from specpilot.models.loading import read_hf_tensors
+    from specpilot.w12.checkpoint import is_storage_checkpoint
+
     transformers = pytest.importorskip("transformers")
     for role in fixture.ROLES:
-        path = fixture.fixture_path(role)
-        ours = load_model(path)
+        shipped = fixture.fixture_path(role)
+        assert is_storage_checkpoint(shipped)
+        path = tmp_path / role
+        path.mkdir()
+        save_file({k: v.contiguous() for k, v in read_hf_tensors(shipped).items()}, str(path / "model.safetensors"),
+                  metadata={"format": "pt"})
+        for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+            (path / f).write_bytes((shipped / f).read_bytes())
+        json.loads((path / "config.json").read_text())
+        ours = load_model(shipped)
         hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         hf_tok = transformers.AutoTokenizer.from_pretrained(path)
         ids = Tokenizer.from_dir(path).encode(PROMPTS[2])

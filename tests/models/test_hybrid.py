@@ -153,3 +153,23 @@ def test_width_expansion_keeps_the_function(tmp_path, factor):
     assert (a - b).abs().max() <= 1e-5 * a.abs().max()
     assert (a - c).abs().max() <= 1e-5 * a.abs().max()
     assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_w12_checkpoint_runs_the_same_function(tmp_path, family, monkeypatch):
+    """`w12 convert` takes the GDN projections; loading regroups W12 rows (Qwen3-Next's interleaved
+    in_proj, the gate rows of q_proj) exactly, so the W12 model equals the BF16 one bit for bit."""
+    from specpilot.models.convert import convert_checkpoint
+    from specpilot.models.random_checkpoint import write_random_hybrid
+    from specpilot.models.w12_linear import W12Linear
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    src = write_random_hybrid(tmp_path / "src", tiny_hybrid_config(family), dtype=torch.bfloat16)
+    convert_checkpoint(src, tmp_path / "w12")
+    a = load_model(src, dtype=torch.bfloat16)
+    with pytest.warns(Warning):
+        b = load_model(tmp_path / "w12", dtype=torch.bfloat16)
+    assert isinstance(b.layers[0].linear_attn.in_proj, W12Linear)
+    tokens = torch.randint(0, 4096, (1, 20), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        assert torch.equal(a.forward_causal(tokens), b.forward_causal(tokens))
