@@ -119,20 +119,10 @@ def generate(target, prompts: list[list[int]], args) -> tuple[torch.Tensor, torc
 
 def target_features(target, tokens: torch.Tensor, layer_ids, logits: bool = False):
     """[B,S,n*C] outputs of `layer_ids` from a causal forward of tokens [B,S] (HF hidden_states[i+1];
-    id -1: the embedding), as `Transformer.forward(capture=layer_ids)` returns them; with `logits`,
-    (features, the target's logits [B,S,V] at every position)."""
-    B, S = tokens.shape
-    pos = torch.arange(S, device=tokens.device).expand(B, S)
-    h = target.embed_tokens(tokens)
-    cos, sin = target._rope(pos, h.dtype)
-    kept = {-1: h} if -1 in layer_ids else {}
-    for i, layer in enumerate(target.layers):
-        h = h + layer.self_attn.forward_causal(layer.input_layernorm(h), cos, sin)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
-        if i in layer_ids:
-            kept[i] = target.norm(h) if i + 1 == len(target.layers) else h
-    feats = torch.cat([kept[i] for i in layer_ids], -1)
-    return (feats, target.lm_head(target.norm(h))) if logits else feats
+    id -1: the embedding), as `forward_causal(capture=layer_ids)` returns them, for a dense or a
+    hybrid target; with `logits`, (features, the target's logits [B,S,V] at every position)."""
+    out, feats = target.forward_causal(tokens, capture=tuple(layer_ids))
+    return (feats, out) if logits else feats
 
 
 def sample_anchors(S: int, starts: torch.Tensor, anchors: int, g: torch.Generator, window: int = 0) -> torch.Tensor:
@@ -314,12 +304,15 @@ def main(argv=None) -> int:
         return 0
 
     draft = random_dflash(target.config, args.layers, args.block_size, ids, mask_token_id=None, seed=args.seed)
-    if args.init == "target":  # start from the target's last blocks: a language model's layers, not noise
+    if args.init == "target" and target.config.hybrid:
+        log("--init target: a hybrid target's blocks are not dense layers; the draft layers start random")
+    elif args.init == "target":  # start from the target's last blocks: a language model's layers, not noise
         L = target.config.num_layers
         for j, layer in enumerate(draft.layers):
             layer.load_state_dict(target.layers[L - args.layers + j].state_dict())
     draft = draft.to(device=device, dtype=torch.float32).train().requires_grad_(True)
-    draft.rope_cos, draft.rope_sin = target.rope_cos.float(), target.rope_sin.float()
+    if not target.config.hybrid:  # a hybrid's tables are partial-rotary: the drafter keeps its own
+        draft.rope_cos, draft.rope_sin = target.rope_cos.float(), target.rope_sin.float()
     opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, weight_decay=0.0)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
     g = torch.Generator().manual_seed(args.seed + 1)

@@ -130,7 +130,7 @@ def draft_vocab_ids(data: torch.Tensor, starts: torch.Tensor, vocab_size: int, n
 def new_head(target, layer_ids, args, draft_vocab: torch.Tensor | None = None, device="cpu"):
     """A float32 EAGLE-3 head for `target` to train: norms at 1, lm_head = the target's embedding
     rows of its vocabulary."""
-    draft = random_eagle3(target.config.dense(), layer_ids, draft_vocab=draft_vocab,
+    draft = random_eagle3(target.config, layer_ids, draft_vocab=draft_vocab,
                           intermediate_size=args.intermediate_size or None, seed=args.seed)
     with torch.no_grad():
         for name, prm in draft.named_parameters():

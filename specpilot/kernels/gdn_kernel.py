@@ -93,7 +93,7 @@ def _token(y_ptr, a_ptr, b_ptr, par_ptr, state_ptr, node_ptr,
     (t = T) nothing is read."""
     ok = t < T
     p = tl.load(par_ptr + b * spar_b + t, mask=ok & (tree != 0), other=t - 1)  # a chunk: t - 1
-    m = _masked(k_ok[:, None] & v_ok[None, :], ok & (p != t - 1) & ((p >= 0) | (fresh == 0)))
+    m = _masked(k_ok[:, None] & v_ok[None, :], ok & (p != t - 1) & ((p >= 0) | (fresh >= 0)))
     pq = tl.where(p < 0, state_ptr + s_off, node_ptr + p * sn_n + s_off)
     S_in = tl.load(pq, mask=m, other=0.0)
     row = y_ptr + b * sy_b + t * sy_t

@@ -6,8 +6,10 @@ Bounds (float32 arithmetic in another order than torch's):
 - conv: |y - y_ref| <= 1.1 (2 K 2^-24 sum_j |w_j x_j| + ulp(z)) + ulp(y_ref) + 2^-20 |y_ref| elementwise,
   ulp in the model dtype: both sums are within K float32 roundings of the exact conv z, each may
   then round to the other side of a dtype boundary, |silu'| <= 1.1, and the SiLU rounds once more.
-- recurrence: max |S - S_ref| <= 2e-5 max |S_ref| over the float32 states (committed or per node),
-  the same for float32 outputs; BF16 outputs also one BF16 rounding apart (2^-8 |o_ref|).
+- recurrence: max |S - S_ref| <= 4e-6 max |S_ref| over the float32 states (committed or per node),
+  and the same normwise bound on float32 outputs: about 64 float32 roundings (2^-24) of headroom,
+  where up to 40 tokens of sums over Dk <= 128 were measured at <= 1.1e-6 (Dk = 128) and <= 3.5e-7
+  (Dk <= 24); BF16 outputs may also round to the other neighbour (one BF16 ulp, <= 2^-8 |o_ref|).
 """
 
 from types import SimpleNamespace
@@ -19,7 +21,7 @@ from specpilot.kernels import gdn as K
 from specpilot.models import gdn as M
 from specpilot.models.recurrence import Recurrence
 
-REL = 2e-5  # normwise bound on float32 states and outputs after up to 40 tokens
+REL = 4e-6  # normwise bound on float32 states and outputs (module docstring)
 CONV_K = 4
 
 
@@ -146,18 +148,19 @@ def test_conv_of_a_chain_tree_is_the_chunks_bit_for_bit(device):
 
 # ---- the recurrence ------------------------------------------------------------------------------
 
-# (B, T, Hk, Hv, Dk, Dv): one decode token; Hv = Hk and = 2 Hk; a 40-token chunk; dims that are not
-# powers of two (the tiny hybrid's Dv = 8, Dk = 24); Dk = Dv = 128 (Qwen3.5's)
-CHUNKS = [(3, 1, 2, 4, 16, 16), (3, 7, 2, 2, 16, 32), (2, 40, 1, 2, 16, 16), (2, 5, 2, 4, 24, 8),
-          (1, 2, 1, 1, 128, 128)]
+# (B, T, Hk, Hv, Dk, Dv, input scale): one decode token; Hv = Hk and = 2 Hk; a 40-token chunk; dims
+# that are not powers of two (the tiny hybrid's Dv = 8, Dk = 24) with inputs so small that the norm's
+# eps weighs (|k|^2 ~ 6 eps); Dk = Dv = 128 (Qwen3.5's)
+CHUNKS = [(3, 1, 2, 4, 16, 16, 1.0), (3, 7, 2, 2, 16, 32, 1.0), (2, 40, 1, 2, 16, 16, 1.0),
+          (2, 5, 2, 4, 24, 8, 1e-3), (1, 2, 1, 1, 128, 128, 1.0)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", CHUNKS, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape", CHUNKS, ids=lambda s: "x".join(map(str, s[:-1])) + f"-scale{s[-1]:g}")
 def test_recurrence_of_a_chunk_matches_the_reference_and_commits_only_named_rows(shape, dtype, device):
-    B, T, Hk, Hv, Dk, Dv = shape
+    B, T, Hk, Hv, Dk, Dv, scale = shape
     d = layer(B, T, Hk, Hv, Dk, Dv, dtype, device, seed=T)
-    y = M.causal_conv(M.conv_windows(d["x"], d["window"], torch.arange(T, device=device).expand(B, T),
+    y = M.causal_conv(M.conv_windows(d["x"] * scale, d["window"], torch.arange(T, device=device).expand(B, T),
                                      Recurrence.chunk(None)), d["weight"])
     fresh = torch.tensor([True, False, False][:B], device=device)
     commit = torch.tensor([T - 1, -1, T // 2][:B], device=device)

@@ -42,8 +42,10 @@ def hf_checkpoint(path, layout: str, seed: int = 0):
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.add_(0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith(("A_log", "dt_bias")):
-                continue
+            elif name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(1.0, 16.0, generator=g).log())
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.randn(p.shape, generator=g) - 1.0)
             elif "embed" in name:
                 p.copy_(torch.randn(p.shape, generator=g))
             elif name == "lm_head.weight":
@@ -67,9 +69,9 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, layout):
         cached = chunk_forward(ours, ours.new_cache(2, 128), tokens, torch.zeros(2, dtype=torch.long))
     scale = ref.abs().max()
     # the same math in float32; only summation orders differ (the recurrence in chunks or token by
-    # token, attention through SDPA)
-    assert (causal - ref).abs().max() <= 2e-5 * scale
-    assert (cached - ref).abs().max() <= 2e-5 * scale
+    # token, attention through SDPA), compounded over 70 recurrent steps
+    assert (causal - ref).abs().max() <= 1e-4 * scale
+    assert (cached - ref).abs().max() <= 1e-4 * scale
     prompts = [[5, 17, 300, 2, 9, 44], [7], list(range(1, 30))]
     with torch.no_grad():
         want = [hf.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, eos_token_id=None)[0, len(p):]
