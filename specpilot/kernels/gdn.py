@@ -27,6 +27,10 @@ The rules:
   node's state and output are bit for bit those of the chunk of its root path, at any batch size.
 - Exact in the math, not the rounding: float32 sums in another order than torch's; the conv is
   rounded to the model dtype before its SiLU, beta to b's dtype, as the reference does.
+- Any Dk <= 256 and any Dv (the state block is padded to powers of two and masked); float32,
+  BF16 or float16 activations; any conv width K. Inputs are read through their strides (the
+  projection's slices need no copy); only the innermost dimension must be contiguous, and the
+  states' inner [Dk, Dv] (the cache's buffers are written in place, never copied).
 """
 
 from __future__ import annotations
@@ -92,13 +96,13 @@ def gdn_conv_eager(x: torch.Tensor, window: torch.Tensor, positions: torch.Tenso
     x, window = _last_dim_unit(x), _last_dim_unit(window)
     y = torch.empty(B, T, Cc, dtype=x.dtype, device=x.device)
     tree = parents is not None
-    par, dep = (parents, depths) if tree else (positions, positions)  # unread in a chunk
+    par, dep = (_last_dim_unit(parents), _last_dim_unit(depths)) if tree else (positions, positions)  # unread: chunk
     block = min(1024, max(CONV_BLOCK_C, _next_pow2(Cc))) if env.triton_interpret() else CONV_BLOCK_C
-    gdn_conv_kernel[(_cdiv(Cc, block), B * T)](
+    gdn_conv_kernel[(B * T, _cdiv(Cc, block))](  # tokens on the grid's first axis: up to 2^31 - 1
         x, window, positions, weight, par, dep, y,
         x.stride(0), x.stride(1), window.stride(0), window.stride(1), positions.stride(0), positions.stride(1),
         weight.stride(0), weight.stride(1), par.stride(0), dep.stride(0), y.stride(0), y.stride(1),
-        T, Cc, K=K, BLOCK_C=block, TREE=tree, ROUND=_round_code(x.dtype), num_warps=4 if block >= 256 else 2,
+        T, Cc, K=K, BLOCK_C=block, TREE=tree, ROUND=_round_code(x.dtype), num_warps=4,
     )
     return y
 
@@ -170,32 +174,42 @@ def _check_recurrence(y, a, b, A_log, dt_bias, state, fresh, num_key_heads, pare
     return B, T, Hv, Dk, Dv
 
 
+def recurrence_warps(Dk: int, block_v: int = BLOCK_V) -> int:
+    """Warps of a recurrence program: 16 state entries per thread, 1 to 4 warps."""
+    return max(1, min(4, max(16, _next_pow2(Dk)) * block_v // 512))
+
+
 def gdn_recurrence_eager(y, a, b, A_log, dt_bias, state, fresh, num_key_heads: int, parents=None, commit=None,
-                         node_state=None) -> torch.Tensor:
-    """`gdn_recurrence` by the kernel, called directly."""
+                         node_state=None, *, block_v: int = BLOCK_V, num_warps: int | None = None) -> torch.Tensor:
+    """`gdn_recurrence` by the kernel, called directly; `block_v`, `num_warps` override the blocking
+    (timing sweeps: another blocking sums in another order, so keep one per (Dk, Dv))."""
     from specpilot.kernels.gdn_kernel import gdn_recurrence_kernel
 
     B, T, Hv, Dk, Dv = _check_recurrence(y, a, b, A_log, dt_bias, state, fresh, num_key_heads, parents, commit,
                                          node_state)
     y = _last_dim_unit(y)
+    # vectors read at [b] or [h], and the parents at [b, t]: unit strides (copies only where not)
+    fresh, A_log, dt_bias = fresh.contiguous(), A_log.contiguous(), dt_bias.contiguous()
+    commit = commit.contiguous() if commit is not None else None
+    parents = _last_dim_unit(parents) if parents is not None else None
     o = torch.empty(B, T, Hv, Dv, dtype=y.dtype, device=y.device)
     tree = parents is not None
     if not tree and commit is None:
         commit = torch.full((B,), -1, dtype=torch.int64, device=y.device)
     par = parents if tree else commit  # unread in a chunk
     nodes = node_state if tree else state  # unread in a chunk
-    com = commit if not tree else fresh  # unread in a tree
+    com = commit if not tree else parents  # unread in a tree (int64 either way: one compiled kernel)
     BK = max(16, _next_pow2(Dk))
     if T > 0:
-        gdn_recurrence_kernel[(_cdiv(Dv, BLOCK_V), B * Hv)](
+        gdn_recurrence_kernel[(_cdiv(Dv, block_v), B * Hv)](
             y, a, b, A_log, dt_bias, state, fresh, com, par, nodes, o,
             y.stride(0), y.stride(1), a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
             state.stride(0), state.stride(1), state.stride(2), par.stride(0),
             nodes.stride(0), nodes.stride(1) if tree else 0, nodes.stride(2) if tree else state.stride(1),
             o.stride(0), o.stride(1), o.stride(2),
             T, int(tree), Hv, Hv // num_key_heads, num_key_heads, Dk, Dv, Dk**-0.5,
-            BK=BK, BV=BLOCK_V, ROUND=_round_code(y.dtype), BETA_ROUND=_round_code(b.dtype),
-            num_warps=max(1, min(4, BK * BLOCK_V // 512)),
+            BK=BK, BV=block_v, ROUND=_round_code(y.dtype), BETA_ROUND=_round_code(b.dtype),
+            num_warps=num_warps or recurrence_warps(Dk, block_v),
         )
     return o
 

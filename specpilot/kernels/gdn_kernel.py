@@ -36,12 +36,12 @@ def gdn_conv_kernel(
     T, Cc,
     K: tl.constexpr, BLOCK_C: tl.constexpr, TREE: tl.constexpr, ROUND: tl.constexpr,
 ):
-    """One (channel block, token): y = silu(round(sum_j w[:, K-1-j] * input j steps back)), the
+    """One (token, channel block): y = silu(round(sum_j w[:, K-1-j] * input j steps back)), the
     input j steps back being the token's j-th ancestor in the chunk (TREE: by `parents`; else token
     t - j) while j <= its depth, else entry K-1-(j-depth) of the committed window, and zero where
     its position (position of the token - j) is below 0. Summed oldest first in float32."""
-    cb = tl.program_id(0)
-    bt = tl.program_id(1)
+    bt = tl.program_id(0)
+    cb = tl.program_id(1)
     b = bt // T
     t = bt % T
     c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -77,7 +77,8 @@ def _softplus(x):
     """log(1 + e^x) as torch's softplus (x itself above 20), with an exact-ish log1p (Goldberg's)."""
     e = tl.exp(tl.minimum(x, 20.0))
     u = 1.0 + e
-    log1p = tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0)))
+    d = u - 1.0
+    log1p = tl.where(d == 0.0, e, tl.log(u) * (e / tl.where(d == 0.0, 1.0, d)))
     return tl.where(x > 20.0, x, log1p)
 
 
@@ -93,7 +94,7 @@ def _token(y_ptr, a_ptr, b_ptr, par_ptr, state_ptr, node_ptr,
     (t = T) nothing is read."""
     ok = t < T
     p = tl.load(par_ptr + b * spar_b + t, mask=ok & (tree != 0), other=t - 1)  # a chunk: t - 1
-    m = _masked(k_ok[:, None] & v_ok[None, :], ok & (p != t - 1) & ((p >= 0) | (fresh >= 0)))
+    m = _masked(k_ok[:, None] & v_ok[None, :], ok & (p != t - 1) & ((p >= 0) | (fresh == 0)))
     pq = tl.where(p < 0, state_ptr + s_off, node_ptr + p * sn_n + s_off)
     S_in = tl.load(pq, mask=m, other=0.0)
     row = y_ptr + b * sy_b + t * sy_t
