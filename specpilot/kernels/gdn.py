@@ -214,12 +214,15 @@ def gdn_recurrence_eager(y, a, b, A_log, dt_bias, state, fresh, num_key_heads: i
     return o
 
 
-def _gates(a, b, A_log, dt_bias):
+def gates(a, b, A_log, dt_bias):
+    """log-decay g and write strength beta [B,T,Hv] in float32, as transformers computes them."""
     beta = b.sigmoid().float()
     return -A_log.float().exp() * F.softplus(a.float() + dt_bias), beta
 
 
-def _heads(y, Hk: int, Hv: int, Dk: int, Dv: int):
+def heads(y, Hk: int, Hv: int, Dk: int, Dv: int):
+    """Conv output y [B,T,Cc] -> q, k [B,T,Hv,Dk] (L2-normalised, q scaled by Dk^-0.5, each key head
+    repeated for its value heads) and v [B,T,Hv,Dv], all float32."""
     B, T, _ = y.shape
     q, k, v = y.split([Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
     q, k = (t.reshape(B, T, Hk, Dk).float().repeat_interleave(Hv // Hk, dim=2) for t in (q, k))
@@ -233,8 +236,8 @@ def recurrence_reference(y, a, b, A_log, dt_bias, state, fresh, num_key_heads: i
     """`gdn_recurrence` in plain torch, token after token (the math of `models.gdn.heads`, `gates`, `step`)."""
     B, T, Hv, Dk, Dv = _check_recurrence(y, a, b, A_log, dt_bias, state, fresh, num_key_heads, parents, commit,
                                          node_state)
-    q, k, v = _heads(y, num_key_heads, Hv, Dk, Dv)
-    g, beta = _gates(a, b, A_log, dt_bias)
+    q, k, v = heads(y, num_key_heads, Hv, Dk, Dv)
+    g, beta = gates(a, b, A_log, dt_bias)
     S0 = torch.where(fresh[:, None, None, None], torch.zeros_like(state), state)
     rows = torch.arange(B, device=y.device)
     S, out = S0, []

@@ -21,11 +21,15 @@ ROLES = ("target", "drafter")
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 TRAINING_LOG = "training_log.json"
 HELDOUT_TOKENS = "heldout.safetensors"  # held-out token windows per corpus source (int16)
-# Feature-conditioned drafters trained for the fixture target, by name -> (directory, training tool).
+# Feature-conditioned drafters trained for a fixture target, by name -> (directory, training tool).
 SHIPPED_DRAFTERS = {
     "fixture-dflash": ("dflash", "tools/train_dflash.py"),
     "fixture-eagle3": ("eagle3", "tools/train_eagle3.py"),
+    "fixture-hybrid-eagle3": ("hybrid_eagle3", "tools/train_hybrid.py"),
 }
+# Other shipped targets, by name -> (directory, training tool): the hybrid Gated DeltaNet fixture
+# (Qwen3.5 layout, distilled from the fixture target, so the fixture's draft model drafts for it).
+SHIPPED_TARGETS = {"fixture-hybrid": ("hybrid", "tools/train_hybrid.py")}
 
 
 def fixture_root() -> Path:
@@ -51,14 +55,14 @@ def fixture_available(role: str | None = None) -> bool:
 
 def resolve_checkpoint(spec: str, role: str) -> Path:
     """A model directory for a checkpoint spec: `"fixture"` is the shipped `role`, a name of
-    `SHIPPED_DRAFTERS` a shipped feature-conditioned drafter, anything else a path. Raises a
-    one-line `CheckpointError` when the directory is not there."""
-    if spec in SHIPPED_DRAFTERS:
-        sub, tool = SHIPPED_DRAFTERS[spec]
+    `SHIPPED_DRAFTERS` / `SHIPPED_TARGETS` a shipped drafter / target, anything else a path.
+    Raises a one-line `CheckpointError` when the directory is not there."""
+    if spec in SHIPPED_DRAFTERS or spec in SHIPPED_TARGETS:
+        sub, tool = {**SHIPPED_DRAFTERS, **SHIPPED_TARGETS}[spec]
         path = fixture_root() / sub
         missing = [f for f in ("config.json", "model.safetensors") if not (path / f).is_file()]
         if missing:
-            raise CheckpointError(f"the shipped {spec} drafter is incomplete at {path} (missing "
+            raise CheckpointError(f"the shipped {spec} checkpoint is incomplete at {path} (missing "
                                   f"{', '.join(missing)}); train it with {tool} --out DIR and copy DIR/{sub} there")
         return path
     if spec == FIXTURE:
