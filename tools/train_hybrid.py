@@ -2,7 +2,7 @@
 dense fixture's tokenizer and 2-layer draft model, and an EAGLE-3 head for it.
 
     python tools/train_hybrid.py --out OUT --pack-to PARTS   # the real run, one H100/H200, <= 7.5 min
-    python tools/train_hybrid.py --smoke --out OUT           # the whole pipeline, tiny, on CPU (~40 s)
+    python tools/train_hybrid.py --smoke --out OUT           # the whole pipeline, tiny, on CPU (~30 s)
     python tools/fixture_pack.py unpack PARTS                # install hybrid/, hybrid_eagle3/ in the fixture
 
 OUT gets hybrid/ (HF directory, bf16, the dense fixture's tokenizer files), hybrid_eagle3/ (the
@@ -36,18 +36,19 @@ Stages, each timed in the log:
    same prompts for comparison; a row that differs from AR is reported with the target's top-2
    margin where it diverges (a near-tie or a bug); sample outputs.
 
-Sequence length 2048, not the dense fixture's 4096: `forward_causal` runs each GDN layer through
+Sequence length 2560, not the dense fixture's 4096: `forward_causal` runs each GDN layer through
 `gdn_chunked.chunked_scan`, whose state recurrence is a Python loop over T/64 chunks. A training
-step dispatches ~37.6K ATen ops at T = 4096 and ~20.3K at T = 2048, whatever the batch (counted on
-CPU; the rest of the model and the teacher take ~2K). At ~8 us an eager op (CPU dispatch plus
-launch; 9-13 us per op measured on a 2-core CPU with a tiny-width model), T = 4096 spends ~0.3 s
-per step on dispatch while the GPU work of a 64K-token step is ~0.1 s: launch bound at a third of
-the dense fixture's speed. At 2048 with batch 32 (still 64K tokens a step)
-dispatch is ~0.15 s a step, ~400K tokens/s expected. torch.compile is not used: the loop unrolls
-into a graph of 32 chunk steps per shape, forward and backward, compiled on a first and only run,
-and the evaluation windows' other lengths would compile again. The price: the two attention
-layers never see positions past 2048 in training (only a quarter of their dims rotate); the log
-reports the held-out CE past the training length.
+step dispatches ~38.8K ATen ops at T = 4096, ~25.8K at T = 2560 and ~21.5K at T = 2048, whatever
+the batch (teacher forward and hybrid forward + backward, counted on CPU). At 4-8 us an eager op
+(CPU dispatch plus launch; 9-13 us measured on a 2-core CPU with a tiny-width model), T = 4096
+spends 0.15-0.3 s per step on dispatch while the GPU work of a 64K-token step is ~0.1 s: launch
+bound, at half or a third of the dense fixture's speed. T = 2560 with batch 25 (64K tokens a step)
+costs 0.1-0.2 s a step, ~300-600K tokens/s expected, and still holds a benchmark prompt plus the
+deployments' 2048 new tokens inside trained positions. torch.compile is not used: the loop unrolls
+into 40 chunk steps per shape, forward and backward, compiled on a first and only run, and
+evaluation windows of other lengths would compile again. The two attention layers never see
+positions past 2560 in training (a quarter of their dims rotate); the log reports the held-out CE
+past the training length, on the dense run's 4096-token windows.
 
 Budgets: as in train_fixture.py, `train_stage` times a few steps, then fixes the step count so the
 cosine schedule ends inside its budget. Of the time left before --deadline-minutes (counted from
@@ -119,6 +120,7 @@ class Preset:
     # its training (`train_fixture.train_stage`)
     seq_len: int  # T: tokens per training window
     batch: int  # B: windows per step
+    eval_len: int  # held-out windows of the final comparison (full: the dense run's)
     lr: float
     warmup: int
     kl_weight: float  # w in CE + w KL(dense target || hybrid)
@@ -149,8 +151,8 @@ class Preset:
 FULL = Preset(
     hidden=256, intermediate=768, layer_pattern="LLLFLLLF", heads=4, kv_heads=2, head_dim=64,
     rotary_fraction=0.25, linear_key_heads=2, linear_value_heads=4, linear_head_dim=64, conv=4,
-    seq_len=2048, batch=32, lr=2e-3, warmup=200, kl_weight=0.5, log_every=25, evals=6, calibrate=(5, 30),
-    deadline_minutes=7.5, hybrid_share=0.7, reserve_seconds=50.0,
+    seq_len=2560, batch=25, eval_len=4096, lr=2e-3, warmup=200, kl_weight=0.5, log_every=25, evals=6, calibrate=(5, 30),
+    deadline_minutes=7.5, hybrid_share=0.7, reserve_seconds=60.0,
     eagle_prompts=8192, eagle_eval_prompts=64, prompt_len=160, min_prompt_len=8, gen_tokens=128, gen_batch=1024,
     eagle_batch=64, ttt=7, draft_vocab=2048, eagle_lr=6e-4, eagle_data_share=0.4,
     check_prompts=4, check_tokens=64,
@@ -158,7 +160,7 @@ FULL = Preset(
 SMOKE = Preset(
     hidden=64, intermediate=128, layer_pattern="LLLF", heads=4, kv_heads=2, head_dim=16,
     rotary_fraction=0.5, linear_key_heads=2, linear_value_heads=4, linear_head_dim=16, conv=4,
-    seq_len=128, batch=4, lr=3e-3, warmup=12, kl_weight=0.5, log_every=5, evals=2, calibrate=(2, 8),
+    seq_len=128, batch=4, eval_len=256, lr=3e-3, warmup=12, kl_weight=0.5, log_every=5, evals=2, calibrate=(2, 8),
     deadline_minutes=3.0, hybrid_share=0.7, reserve_seconds=10.0,
     eagle_prompts=16, eagle_eval_prompts=4, prompt_len=16, min_prompt_len=8, gen_tokens=16, gen_batch=8,
     eagle_batch=4, ttt=3, draft_vocab=256, eagle_lr=6e-4, eagle_data_share=0.4,
@@ -258,8 +260,8 @@ def greedy_rows(target, prompts: list[list[int]], S: int) -> torch.Tensor:
     the right-padded prompts (each row's recurrent state kept at its last prompt token; the padding's
     K/V slots lie past it and are written before any query sees them), then one token per step for
     every row, through the engine's `chunk_forward` on the target's own cache. Not `Generator`: its
-    prefill runs row by row, and a hybrid's recurrence there costs ~160 ATen ops per prompt token
-    (counted on CPU), ~50 s of host time per 1024 prompts of the recipe's lengths."""
+    prefill runs row by row, a forward per prompt (with the reference recurrence, ~160 ATen ops per
+    prompt token, counted on CPU: ~50 s of host time per 1024 prompts of the recipe's lengths)."""
     from specpilot.engine.steps import chunk_forward
 
     dev, B = target.device, len(prompts)
@@ -500,7 +502,7 @@ def run(a: argparse.Namespace, p: Preset, record: dict) -> None:
     available = deadline - elapsed() - p.reserve_seconds
     if available <= 0:
         raise RuntimeError(f"only {available:.0f} s left for training after data preparation")
-    model = HybridTransformer(config, max_positions=2 * p.seq_len).to(device)
+    model = HybridTransformer(config, max_positions=p.seq_len).to(device)
     init_hybrid(model, a.seed)
     stage = replace(corpus_preset, seq_len=p.seq_len, batch=p.batch, calibrate=p.calibrate, log_every=p.log_every,
                     evals=p.evals)
@@ -534,7 +536,7 @@ def run(a: argparse.Namespace, p: Preset, record: dict) -> None:
 
     t = time.perf_counter()
     try:
-        heldout = {s: windows(v, 2 * p.seq_len) for s, v in held_streams.items()}  # full: the dense run's windows
+        heldout = {s: windows(v, p.eval_len) for s, v in held_streams.items()}
         engine_checks(out, dense, fixture, heldout, held_prompts, p, device, record)
     except Exception as err:  # noqa: BLE001
         record["checks_error"] = "".join(traceback.format_exception(err))

@@ -24,7 +24,13 @@ import torch.nn.functional as F
 
 def chunked_scan(q, k, v, g, beta, S0: torch.Tensor | None = None, chunk: int = 64):
     """q, k [B,T,H,Dk] (normalised, q scaled), v [B,T,H,Dv], g, beta [B,T,H], all float32; S0
-    [B,H,Dk,Dv] or None (zeros). Returns outputs [B,T,H,Dv] and the final state [B,H,Dk,Dv]."""
+    [B,H,Dk,Dv] or None (zeros). Returns outputs [B,T,H,Dv] and the final state [B,H,Dk,Dv].
+    Float32 throughout, autocast or not: the triangular solve is ill-conditioned in bf16."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _chunked(q.float(), k.float(), v.float(), g.float(), beta.float(), S0, chunk)
+
+
+def _chunked(q, k, v, g, beta, S0, chunk: int):
     B, T, H, Dk = q.shape
     Dv = v.shape[-1]
     pad = (-T) % chunk
