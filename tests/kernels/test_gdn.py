@@ -1,5 +1,5 @@
 """Gated DeltaNet kernels (`kernels/gdn.py`): the causal conv and the fused recurrence against the
-PyTorch reference of `models/gdn.py`, chunks and trees; a tree node bit for bit the chunk of its
+independent PyTorch reference of `gdn_spec.py`, chunks and trees; a tree node bit for bit the chunk of its
 root path; strided gate inputs; the pure-torch fallbacks; the ops torch.compile sees.
 
 Bounds (float32 arithmetic in another order than torch's):
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from specpilot.kernels import gdn as K
-from specpilot.models import gdn as M
+from tests.kernels import gdn_spec as M
 from specpilot.models.recurrence import Recurrence
 
 REL = 4e-6  # normwise bound on float32 states and outputs (module docstring)
@@ -79,7 +79,7 @@ def config(Hk, Hv, Dk, Dv):
 
 def reference_recurrence(y, a, b, A_log, dt_bias, state, fresh, Hk, parents=None, depths=None, max_depth=0,
                          commit=None):
-    """models/gdn.py's heads, gates and scan: (o float32 [B,T,Hv,Dv], the committed state after a
+    """gdn_spec's heads, gates and scan: (o float32 [B,T,Hv,Dv], the committed state after a
     chunk or the node states [B,T,Hv,Dk,Dv] of a tree)."""
     _, Hv, Dk, Dv = state.shape
     q, k, v = M.heads(y, config(Hk, Hv, Dk, Dv))
