@@ -128,10 +128,9 @@ def random_tree(N: int, depth: int, seed: int, device, vocab: int) -> "DraftTree
     parents = [-1]
     depths = [0]
     for j in range(1, N):
-        while True:
-            p = int(torch.randint(max(0, j - 4), j, (1,), generator=g))
-            if depths[p] < depth:
-                break
+        open_ = [i for i in range(j) if depths[i] < depth]
+        recent = [i for i in open_ if i >= j - 4] or open_  # mostly under a recent node: deep paths
+        p = recent[int(torch.randint(0, len(recent), (1,), generator=g))]
         parents.append(p)
         depths.append(depths[p] + 1)
     tokens = torch.randint(1, vocab, (1, N), generator=g)
@@ -275,8 +274,8 @@ def main(argv=None) -> int:
     prompts = [session.encode_prompt(t) for t in (
         "Question: A baker makes 24 rolls and sells 9 of them. How many rolls are left?\nAnswer:",
         "def fibonacci(n: int) -> int:\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")]
-    for name, fn in (("ar", lambda: ar_section(session, prompts[:1], args.tokens, data["bandwidth_tb_s"])),
-                     ("ulp", lambda: ulp_section(session, prompts[0], args.nodes))):
+    for name, fn in (("ulp", lambda: ulp_section(session, prompts[0], args.nodes)),
+                     ("ar", lambda: ar_section(session, prompts[:1], args.tokens, data["bandwidth_tb_s"]))):
         if name in args.skip:
             continue
         t = time.perf_counter()

@@ -53,10 +53,10 @@ def gdn_conv_kernel(
         depth = t
     acc = tl.zeros([BLOCK_C], tl.float32)
     for i in tl.static_range(K):
-        j: tl.constexpr = K - 1 - i  # steps back: oldest first
+        j = K - 1 - i  # steps back, oldest first (a constexpr: not annotated, Triton 3.6 refuses re-binding one)
         if TREE:
             anc = t
-            for _ in tl.static_range(j):
+            for _ in tl.static_range(K - 1 - i):  # j steps up (inline: a bound must stay a constexpr)
                 anc = tl.load(par_ptr + b * spar_b + anc, mask=anc >= 0, other=-1)
         else:
             anc = t - j
