@@ -292,6 +292,7 @@ def main(argv=None) -> int:
 
             spec = importlib.util.spec_from_file_location("gdn_kernels", REPO / "scripts" / "gdn_kernels.py")
             module = importlib.util.module_from_spec(spec)
+            sys.modules["gdn_kernels"] = module  # its dataclasses resolve their module through it
             spec.loader.exec_module(module)
             module.main(["--out", str(out)])
             data["kernels"] = {"written": "gdn_kernels.json"}
