@@ -44,7 +44,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specpilot.bench.provenance import capture  # noqa: E402
 from specpilot.kernels import gdn as kernels  # noqa: E402
-from specpilot.models import gdn as reference  # noqa: E402
 from specpilot.models.recurrence import Recurrence  # noqa: E402
 
 
@@ -168,18 +167,12 @@ class Case:
                    parents=self.parents, commit=self.commit, node_state=layer.node_state)
 
     def reference(self, layer) -> torch.Tensor:
-        """`GatedDeltaNet.forward` from the conv input to the output before the gated norm."""
-        y = reference.causal_conv(reference.conv_windows(self.x, layer.window, self.positions, self.rec), layer.weight)
-        q, k, v = reference.heads(y, self.config)
-        g, beta = reference.gates(self.a, self.b, layer.A_log, layer.dt_bias)
-        S0 = torch.where(self.fresh[:, None, None, None], torch.zeros_like(layer.state), layer.state)
-        if self.work.tree:
-            o, nodes = reference.tree_scan(q, k, v, g, beta, S0, self.parents, self.depths, self.max_depth)
-            layer.node_state[:, :self.work.tokens] = nodes
-        else:
-            o, kept = reference.chunk_scan(q, k, v, g, beta, S0, self.commit)
-            layer.state.copy_(torch.where((self.commit >= 0)[:, None, None, None], kept, layer.state))
-        return o.to(self.dtype)
+        """The plain PyTorch implementation (`kernels.gdn.conv_reference`, `recurrence_reference`:
+        what runs where the kernels cannot) from the conv input to the output before the gated norm."""
+        y = kernels.conv_reference(self.x, layer.window, self.positions, layer.weight, self.parents, self.depths)
+        return kernels.recurrence_reference(y, self.a, self.b, layer.A_log, layer.dt_bias, layer.state, self.fresh,
+                                            self.shape.Hk, parents=self.parents, commit=self.commit,
+                                            node_state=layer.node_state)
 
     def written(self, layer) -> torch.Tensor:
         return layer.node_state if self.work.tree else layer.state
