@@ -65,6 +65,13 @@ SOURCES = (
     ("loop/stacked_w12_h100/*", "the hand-stacked system on W12 against the same on cuBLAS (H100)",
      "specpilot bench --system scripts/systems/stacked-d7k8n128.toml --system "
      "scripts/systems/stacked-d7k8n128-w12.toml --n-prompts 6 --max-new-tokens 256 --ignore-eos"),
+    ("loop/fixture-hybrid-x16/*", "the optimization loop on the hybrid GDN fixture, batch 1, H100, one call",
+     "loop_fixture.py --deployment fixture-hybrid-x16 --budget-minutes 3.9 --rounds 2 --final-prompts 2 "
+     "--final-tokens 256"),
+    ("hybrid/checks_h100/*", "hybrid GDN target: AR vs byte floor by step configuration, BF16 tree vs path (H100)",
+     "hybrid_checks.py (its kernels section failed there: hybrid/kernels_h100 is that run)"),
+    ("hybrid/kernels_h100/*", "GDN conv + recurrence kernels vs the PyTorch reference and the byte floor (H100)",
+     "gdn_kernels.py"),
     ("loop/*", "the optimization loop", "loop_fixture.py"),
     ("speed/summary*", "speed headline table", "speed_fixture.py"),
     ("speed/fixture-x16-eagle3/*", "speedup over AR", "specpilot bench"),
@@ -123,6 +130,8 @@ ERRATA = (
     ("loop/fixture-x16-batch-c32/", "b358578+dirty", "ran on the working tree of 043281f (the device copy's base "
      "was the session's first commit)"),
     ("loop/switch_estimates.json", "094504f", "ran at f9f5601 (the device copy's base was the session's first commit)"),
+    ("hybrid/kernels_h100/gdn_kernels.{json,md}", "b72f1c6+dirty", "ran on the working tree of 4fa8cf1 (the "
+     "device copy's base was the session's first commit)"),
 )
 
 W12_TARGETS = ((1, 1.25), (32, 1.15))  # issue 3: W12 over cuBLAS at M=1 and M=32 (scripts/w12_kernels.py)
@@ -324,6 +333,17 @@ def w12_target_rows(data: dict) -> list[tuple[str, str]]:
     return [("W12 GEMM over cuBLAS, projections meeting the target", "; ".join(parts))]
 
 
+def hybrid_rows(data: dict) -> list[tuple[str, str]]:
+    ar = data.get("ar", {})
+    steps = "; ".join(f"{k} {v['ms_per_step']:.2f} ms ({100 * v['fraction_of_floor']:.1f}%)"
+                      for k, v in ar.items() if "ms_per_step" in v)
+    ulp = data.get("ulp", {})
+    trees = ", ".join(f"N={n}: {v['max_ulps']} ulp" + (", states bit-equal" if v["states_bit_equal"] else "")
+                      for n, v in ulp.items() if "max_ulps" in v)
+    return [(f"`{data['deployment']}` AR decode, batch 1 (% of its byte floor)", steps),
+            (f"`{data['deployment']}` BF16 tree verification vs the exact path computation (GDN layers)", trees)]
+
+
 def loop_rows(data: dict) -> list[tuple[str, str]]:
     f = data["final"]
     return [(f"loop on `{data['deployment']['name']}`: final system over stock",
@@ -342,6 +362,8 @@ HEADLINES = (  # (file under results/, rows from it); a missing file is skipped
     ("loop/fixture-x16/report.json", loop_rows),
     ("loop/fixture-x16-batch/report.json", loop_rows),
     ("loop/fixture-x16-batch-c32/report.json", loop_rows),
+    ("loop/fixture-hybrid-x16/report.json", loop_rows),
+    ("hybrid/checks_h100/hybrid_checks.json", hybrid_rows),
     ("engine/steps/engine_ar.json", step_rows),
     ("engine/engine_ar_kernels.json", engine_kernel_rows),
     ("engine/round_compile/round_compile.json", compile_rows),

@@ -128,10 +128,10 @@ def test_transformers_loads_the_shipped_pair(tmp_path):
 @needs_fixture
 def test_sizes_and_budget():
     files = [p for p in fixture.fixture_root().rglob("*") if p.is_file()]
-    assert sum(p.stat().st_size for p in files) <= FIXTURE_BUDGET_BYTES
+    assert sum(p.lstat().st_size for p in files) <= FIXTURE_BUDGET_BYTES  # shared tokenizer files are links
     root = Path(fixture.__file__).parents[1]
     package = [p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
-    assert sum(p.stat().st_size for p in package) <= PACKAGE_BUDGET_BYTES
+    assert sum(p.lstat().st_size for p in package) <= PACKAGE_BUDGET_BYTES
     from specpilot.models.config import ModelConfig
 
     target = ModelConfig.from_dir(fixture.fixture_path("target"))
@@ -165,3 +165,34 @@ def test_expanded_fixture_keeps_logits_and_tokens(pair):
     prompts = [tok.encode(p) for p in PROMPTS[:2]]
     want = Generator(target, eos_ids=tok.eos_ids, cuda_graphs=False).generate(prompts, 24).outputs
     assert Generator(wide, eos_ids=tok.eos_ids, cuda_graphs=False).generate(prompts, 24).outputs == want
+
+
+needs_hybrid = pytest.mark.skipif(
+    not (fixture.fixture_root() / "hybrid" / "config.json").is_file(),
+    reason="the hybrid fixture is not in specpilot/data/fixture (train it with tools/train_hybrid.py)")
+
+
+@needs_hybrid
+def test_hybrid_fixture_drafts_losslessly_with_the_shared_draft_model_and_its_head():
+    """The shipped hybrid (W12-stored, loaded decoded) with the dense fixture's draft model and its
+    own EAGLE-3 head: AR's tokens, several per round (float32 CPU: exact)."""
+    from specpilot.engine.drafters.eagle3 import Eagle3Drafter
+    from specpilot.models.eagle3_checkpoint import load_eagle3
+    from specpilot.models.hybrid import HybridTransformer
+    from specpilot.w12.checkpoint import is_storage_checkpoint
+
+    path = fixture.resolve_checkpoint("fixture-hybrid", "target")
+    assert is_storage_checkpoint(path)
+    target = load_model(path)
+    assert isinstance(target, HybridTransformer) and target.config.linear_layers == (0, 1, 2, 4, 5, 6)
+    draft = load_model(fixture.fixture_path("drafter"))
+    head = load_eagle3(fixture.resolve_checkpoint("fixture-hybrid-eagle3", "eagle3"), target)
+    tok = Tokenizer.from_dir(path)
+    prompts = [tok.encode(p) for p in PROMPTS[:3]]
+    ar = Generator(target, eos_ids=tok.eos_ids, cuda_graphs=False).generate(prompts, 32)
+    for drafter in (DraftModelDrafter(draft, 3, 1, 3), Eagle3Drafter(head, target, 6, 1, 6)):
+        result = Generator(target, {drafter.depth: drafter}, eos_ids=tok.eos_ids, cuda_graphs=False).generate(prompts, 32)
+        assert result.outputs == ar.outputs
+        assert result.mean_accepted_length > 1.8
+    log = __import__("json").loads((path / "training_log.json").read_text())
+    assert log["status"] == "ok" and log["heldout"]["gsm8k_train"]["drafter_top1_agreement_with_hybrid"] > 0.5
