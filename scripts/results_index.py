@@ -130,6 +130,8 @@ ERRATA = (
     ("loop/fixture-x16-batch-c32/", "b358578+dirty", "ran on the working tree of 043281f (the device copy's base "
      "was the session's first commit)"),
     ("loop/switch_estimates.json", "094504f", "ran at f9f5601 (the device copy's base was the session's first commit)"),
+    ("loop/fixture-hybrid-x16/", "b72f1c6+dirty", "ran on the working tree of 9aa5554 (the device copy's base was "
+     "the session's first commit)"),
     ("hybrid/kernels_h100/gdn_kernels.{json,md}", "b72f1c6+dirty", "ran on the working tree of 4fa8cf1 (the "
      "device copy's base was the session's first commit)"),
 )

@@ -190,11 +190,12 @@ def profile(gen: Generator, prompts: list[list[int]], max_new_tokens: int,
         forward = ops.compiled_static(tree_forward, device) if gen.verify_compile else tree_forward
         verify_ms = time_ms(lambda: forward(gen.target, cache, tree, prefix), device)
         curve = {}
-        if getattr(cache, "nodes", max(curve_nodes)) < max(curve_nodes):
+        largest = max(curve_nodes, default=0)
+        if getattr(cache, "nodes", largest) < largest:
             # a recurrent target's node scratch is sized for the system's trees: the curve's larger
             # ones run on a cache of their own (same rows and slots; its contents do not change a
             # forward's time)
-            cache = gen.target.new_cache(B, cache.capacity, nodes=max(curve_nodes))
+            cache = gen.target.new_cache(B, cache.capacity, nodes=largest)
         for n in curve_nodes:
             if int(prefix.max()) + n >= cache.capacity:
                 continue
