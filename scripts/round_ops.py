@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -21,15 +23,30 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import specpilot  # noqa: E402
 from specpilot.bench.prompts import prompt_ids  # noqa: E402
 from specpilot.bench.serving import request_pool  # noqa: E402
 from specpilot.config import load_deployment, load_system  # noqa: E402
 from specpilot.engine.serving import Request, ServingEngine  # noqa: E402
 from specpilot.engine.session import Session  # noqa: E402
 
+PACKAGE = Path(specpilot.__file__).resolve().parent  # the imported package's directory
+
 VIEWS = {"view", "as_strided", "reshape", "slice", "transpose", "unsqueeze", "permute", "expand", "_reshape_alias",
          "t", "select", "squeeze", "split", "split_with_sizes", "chunk", "_unsafe_view", "alias", "detach", "unbind",
          "empty", "empty_strided", "empty_like", "lift_fresh", "narrow", "resolve_conj", "resolve_neg"}
+
+
+@functools.lru_cache(maxsize=None)
+def package_file(filename: str) -> str | None:
+    """`filename` relative to the imported package's directory ('engine/steps.py'), or None outside
+    it. Matched on the resolved directory, not on a folder name: a checkout (or a venv) in a folder
+    named `specpilot` holds torch's and this script's files too."""
+    try:
+        rel = Path(os.path.realpath(filename)).relative_to(PACKAGE)
+    except ValueError:
+        return None
+    return rel.as_posix()
 
 
 class Counter(TorchDispatchMode):
@@ -42,12 +59,11 @@ class Counter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
         if name not in VIEWS:
-            frames = [f for f in traceback.extract_stack() if "/specpilot/" in f.filename]
-            outside = [f for f in frames if "/specpilot/models/" not in f.filename]
-            f = (outside or frames)[-1]
-            where = f"{f.filename.split('specpilot/')[-1]}:{f.name}"
+            frames = [(rel, f.name) for f in traceback.extract_stack() if (rel := package_file(f.filename))]
+            outside = [(rel, fn) for rel, fn in frames if not rel.startswith("models/")]
+            rel, fn = (outside or frames)[-1]
             model = len(outside) < len(frames)
-            self.counts[(where + (" [model]" if model else ""), name)] += 1
+            self.counts[(f"{rel}:{fn}" + (" [model]" if model else ""), name)] += 1
         return func(*args, **(kwargs or {}))
 
 

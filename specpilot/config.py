@@ -140,9 +140,11 @@ class System:
                 raise ConfigError(f"system {self.name!r}: tree_budget must be >= 1 (got {self.tree_budget})")
             if self.tree_budget > 256:
                 raise ConfigError(f"system {self.name!r}: tree_budget {self.tree_budget} is above the 256 supported")
-        if self.draft_window and self.draft_window < self.depth + 1:
+        deepest = max((self.depth, *self.adaptive_depth))  # every tier drafts with the one window
+        if self.draft_window and self.draft_window < deepest + 1:
+            what = "depth" if deepest == self.depth else "the deepest adaptive_depth tier"
             raise ConfigError(
-                f"system {self.name!r}: draft_window {self.draft_window} < depth + 1 = {self.depth + 1} "
+                f"system {self.name!r}: draft_window {self.draft_window} < {what} + 1 = {deepest + 1} "
                 "would lose accepted tokens from the draft cache"
             )
         if self.sync_every < 1:

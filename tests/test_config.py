@@ -23,6 +23,7 @@ def test_toml_round_trip(tmp_path):
     ({"depth": 0}, "depth must be >= 1"),
     ({"w12": True}, "needs kernel = 'triton'"),
     ({"draft_window": 3, "depth": 5}, "would lose accepted tokens"),
+    ({"draft_window": 6, "depth": 5, "adaptive_depth": (3, 7)}, "deepest adaptive_depth tier \\+ 1 = 8"),
     ({"sync_every": 0}, "sync_every"),
 ])
 def test_impossible_systems(kw, message):

@@ -7,6 +7,14 @@ build the prompts, time AR and the systems interleaved, summarise, and `write_ou
 progress bar and file paths to stderr. A run that fails or is interrupted (exit 130) before
 writing removes the output directory it created.
 
+On a CPU run the other processes' load is read while the models load and while they are timed
+(`cli.cpu_load`): under foreign load torch runs on the cores the others leave free, results.json
+records the load of the timing under `environment.cpu_load`, and a timing under foreign load gets
+one `warning:` line on stderr, after the table, saying it is not trustworthy. The rule for the
+numbers: the speedups are still printed and written, with that warning (AR and the systems were
+timed interleaved in one process, on the same threads, so the load fell on both). GPU runs are
+not watched.
+
 With `--regime serving` it runs the serving benchmark instead (`specpilot.bench.serving`:
 continuous batching at `--concurrency` slots, closed loop or `--arrival-rate`; results.json and
 results.md from `bench.serving_results`).
@@ -123,15 +131,23 @@ def serving_benchmark(deployment: Deployment, systems: tuple[System, ...], confi
     from specpilot.bench.prompts import prompt_ids
     from specpilot.bench.serving import count_runs, run_serving
     from specpilot.bench.serving_results import ServingBenchResult, summarise
+    from specpilot.cli.cpu_load import watched
     from specpilot.engine.session import Session
+    from specpilot.env import resolve_device
 
     start = time.perf_counter()
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    session = Session.load(deployment, device=device)
-    environment = provenance.capture(session.device, session.target.dtype)
-    prompts = prompt_ids(deployment, session.tokenizer, config.sets, config.n_prompts, config.seed)
-    with Progress(count_runs(prompts, config, len(systems)), f"serve {deployment.name}", enabled=show_progress) as bar:
-        measurements = run_serving(session, systems, prompts, config, progress=bar.step)
+    with watched(resolve_device(device)) as cpu:
+        session = Session.load(deployment, device=device)
+        cpu.fit_threads()  # under foreign load: torch on the cores left free (before `capture` records them)
+        environment = provenance.capture(session.device, session.target.dtype)
+        prompts = prompt_ids(deployment, session.tokenizer, config.sets, config.n_prompts, config.seed)
+        with Progress(count_runs(prompts, config, len(systems)), f"serve {deployment.name}",
+                      enabled=show_progress) as bar:
+            measurements = run_serving(session, systems, prompts, config, progress=bar.step)
+        cpu.timed()
+    if cpu.on:
+        environment["cpu_load"] = cpu.record()
     return ServingBenchResult(
         deployment=deployment, config=config, levels=summarise(measurements, systems, config, len(prompts)),
         measurements=measurements, environment=environment, created=created, command=tuple(command),
@@ -147,17 +163,24 @@ def benchmark(deployment: Deployment, systems: tuple[System, ...], config: Bench
     from specpilot.bench.prompts import prompt_ids
     from specpilot.bench.results import BenchResult, summarise
     from specpilot.bench.runner import count_decodes, make_batches, run_benchmark
+    from specpilot.cli.cpu_load import watched
     from specpilot.engine.session import Session
+    from specpilot.env import resolve_device
 
     start = time.perf_counter()
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    session = Session.load(deployment, device=device)
-    environment = provenance.capture(session.device, session.target.dtype)  # the code and machine that run
-    prompts = prompt_ids(deployment, session.tokenizer, config.sets, config.n_prompts, config.seed)
-    used = sum(len(items) for _, items in make_batches(prompts, config.batch))
-    total = count_decodes(prompts, config, len(systems))
-    with Progress(total, f"bench {deployment.name}", enabled=show_progress) as bar:
-        measurements = run_benchmark(session, systems, prompts, config, progress=bar.step)
+    with watched(resolve_device(device)) as cpu:
+        session = Session.load(deployment, device=device)
+        cpu.fit_threads()  # under foreign load: torch on the cores left free (before `capture` records them)
+        environment = provenance.capture(session.device, session.target.dtype)  # the code and machine that run
+        prompts = prompt_ids(deployment, session.tokenizer, config.sets, config.n_prompts, config.seed)
+        used = sum(len(items) for _, items in make_batches(prompts, config.batch))
+        total = count_decodes(prompts, config, len(systems))
+        with Progress(total, f"bench {deployment.name}", enabled=show_progress) as bar:
+            measurements = run_benchmark(session, systems, prompts, config, progress=bar.step)
+        cpu.timed()
+    if cpu.on:
+        environment["cpu_load"] = cpu.record()
     return BenchResult(
         deployment=deployment, config=config, systems=summarise(measurements, systems, config),
         measurements=measurements, environment=environment, created=created,
@@ -201,11 +224,21 @@ def run_bench(args) -> int:
                            command=command)
         paths = write_outputs(result, out_dir)
     print(render_terminal(result))
+    _warn_if_loaded(result)
     if result.dropped_prompts:
         print(f"note: {result.dropped_prompts} prompt(s) left out so every set is a whole number of batches",
               file=sys.stderr)
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
+
+
+def _warn_if_loaded(result) -> None:
+    """The `cli.cpu_load` warning on stderr when a CPU run was timed under foreign load."""
+    from specpilot.cli.cpu_load import warning_line
+
+    warning = warning_line(result.environment.get("cpu_load") or {}, "bench")
+    if warning:
+        print(warning, file=sys.stderr)
 
 
 def plan_line(config, n_systems: int) -> str:
@@ -229,6 +262,7 @@ def run_serving_bench(args, deployment: Deployment, systems: tuple[System, ...])
                                    show_progress=not args.no_progress, command=command)
         paths = write_outputs(result, out_dir)
     print(render_terminal(result))
+    _warn_if_loaded(result)
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
 

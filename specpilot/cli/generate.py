@@ -3,6 +3,13 @@
 The system is the deployment's stock (or `--system`) with the flags laid over it, and is named
 after what runs: `ar` when nothing drafts, `ngram` when prompt lookup replaces the draft model,
 then one `+change` per knob flag (`stock+depth=3`, `stock+fault:accept-unverified`).
+
+On a CPU run the other processes' load is read while the models load and while they are timed
+(`cli.cpu_load`): under foreign load torch runs on the cores the others leave free, and a timing
+under foreign load gets one `warning:` line on stderr, after the statistics, saying it is not
+trustworthy. The rule for the numbers: tok/s and `--compare-ar`'s speedup are still printed with
+that warning (AR is timed right after the system, in this process, on the same threads), and
+`--json` carries the load as `cpu_load`. GPU runs are not watched.
 """
 
 from __future__ import annotations
@@ -178,8 +185,10 @@ def system_name(base: System, run: System) -> str:
 
 
 def run_generate(args) -> int:
+    from specpilot.cli.cpu_load import watched
     from specpilot.engine.faults import parse_fault
     from specpilot.engine.session import Session
+    from specpilot.env import resolve_device
     from specpilot.errors import ConfigError
     from specpilot.guard.divergence import first_divergence
 
@@ -188,12 +197,20 @@ def run_generate(args) -> int:
     dep = deployment_from_args(args)
     system = system_from_args(args, dep)
     parse_fault(system.fault)  # fail fast on a bad spec
-    session = Session.load(dep, device=args.device)
-    prompts = [session.encode_prompt(p) for p in args.prompt]
-    gen = session.generator(system)
-    warm = min(args.max_new_tokens, 16)
-    gen.generate(prompts, warm)  # warm-up: graph capture, allocator, kernel selection
-    result = gen.generate(prompts, args.max_new_tokens)
+    device = resolve_device(args.device)
+    with watched(device) as cpu:
+        session = Session.load(dep, device=device)
+        prompts = [session.encode_prompt(p) for p in args.prompt]
+        gen = session.generator(system)
+        cpu.fit_threads()  # under foreign load: torch on the cores left free
+        warm = min(args.max_new_tokens, 16)
+        gen.generate(prompts, warm)  # warm-up: graph capture, allocator, kernel selection
+        result = gen.generate(prompts, args.max_new_tokens)
+        if args.compare_ar:
+            ar = session.generator(system.plain_ar().with_changes(fault=""))
+            ar.generate(prompts, warm)
+            ar_result = ar.generate(prompts, args.max_new_tokens)
+        cpu.timed()
     report = {
         "system": system.name,
         "knobs": system.knobs(),
@@ -205,14 +222,14 @@ def run_generate(args) -> int:
         "tokens_per_second": result.tokens_per_second,
     }
     if args.compare_ar:
-        ar = session.generator(system.plain_ar().with_changes(fault=""))
-        ar.generate(prompts, warm)
-        ar_result = ar.generate(prompts, args.max_new_tokens)
         report["ar_seconds"] = ar_result.seconds
         report["ar_tokens_per_second"] = ar_result.tokens_per_second
         report["speedup_vs_ar"] = ar_result.seconds / result.seconds
         report["identical_to_ar"] = ar_result.outputs == result.outputs
         report["first_divergence"] = [first_divergence(a, b) for a, b in zip(result.outputs, ar_result.outputs)]
+    if cpu.on:
+        report["cpu_load"] = cpu.record()
+    warning = cpu.warning("generate" + (" --compare-ar" if args.compare_ar else ""))
     if args.save_jsonl:
         from specpilot.guard.records import OutputRecord, write_records
 
@@ -222,11 +239,13 @@ def run_generate(args) -> int:
     texts = [session.tokenizer.decode(o) for o in result.outputs]
     if args.json:
         print(json.dumps({**report, "texts": texts}, indent=2))
-        return 0
-    for prompt, text in zip(args.prompt, texts):
-        print(prompt + text)
-        print("-" * 60)
-    print(format_stats(report), file=sys.stderr)
+    else:
+        for prompt, text in zip(args.prompt, texts):
+            print(prompt + text)
+            print("-" * 60)
+        print(format_stats(report), file=sys.stderr)
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
 
 

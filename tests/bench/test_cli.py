@@ -84,3 +84,31 @@ def test_register_adds_the_bench_subcommand():
     cli.register(parser.add_subparsers())
     args = parser.parse_args(["bench", "--system", "a.toml", "--system", "b.toml", "--sets", "gsm8k", "mbpp"])
     assert args.func is cli.run_bench and args.system == ["a.toml", "b.toml"] and args.sets == ["gsm8k", "mbpp"]
+
+
+def test_under_foreign_load_the_cpu_run_fits_its_threads_warns_once_and_records_the_load(
+        tiny_deployment_toml, tmp_path, capsys, monkeypatch):
+    """Others at 99% of the CPU by the load probe (nothing burns CPU): torch times on one thread,
+    one `warning:` line follows the table, and results.json keeps the load; the speedups are still
+    printed (`cli/bench.py`'s rule)."""
+    import torch
+
+    from specpilot.control import load
+
+    monkeypatch.setattr(load, "default_probe", lambda: load.FixedProbe(share=0.99, loadavg=3.5))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        code = cli.main(["--deployment", str(tiny_deployment_toml), "--sets", "gsm8k", "--n-prompts", "2",
+                         "--max-new-tokens", "2", "--warmup-tokens", "1", "--resamples", "200", "--device", "cpu",
+                         "--out", str(tmp_path / "run"), "--no-progress"])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if line.startswith("warning:")]
+    assert code == 0 and len(warnings) == 1 and "99% of the CPU" in warnings[0] and "not trustworthy" in warnings[0]
+    assert "stock speedup" in captured.out
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert doc["environment"]["torch_threads"] == 1
+    assert doc["environment"]["cpu_load"]["foreign"] and doc["environment"]["cpu_load"]["default_threads"] == 2

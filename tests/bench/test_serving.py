@@ -165,3 +165,19 @@ def test_bad_serving_input_is_one_error_line(tiny_deployment_toml, tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("error: ") and message in err and "\n" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_serving_run_under_foreign_load_warns_once_and_records_the_load(tiny_deployment_toml, tmp_path, capsys,
+                                                                            monkeypatch):
+    """The serving regime watches the CPU load as the batch regime does (`cli.cpu_load`)."""
+    from specpilot.control import load
+
+    monkeypatch.setattr(load, "default_probe", lambda: load.FixedProbe(share=0.9))
+    out = tmp_path / "run"
+    argv = ["--deployment", str(tiny_deployment_toml), "--regime", "serving", "--concurrency", "1",
+            "--requests-per-slot", "1", "--units", "2", "--max-new-tokens", "2", "--warmup-tokens", "1",
+            "--resamples", "200", "--device", "cpu", "--out", str(out), "--no-progress"]
+    assert cli.main(argv) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "90% of the CPU" in warnings[0]
+    assert json.loads((out / "results.json").read_text())["environment"]["cpu_load"]["foreign"]

@@ -110,3 +110,21 @@ def test_adaptive_depth_tiers_and_lazy_sync_stay_exact(models, prompts, ar_outpu
     assert_identical(target, prompts, ar_outputs, result)
     lazy = Generator(target, {3: DraftModelDrafter(draft, 3, 2, 6)}, sync_every=4).generate(prompts, NEW_TOKENS)
     assert_identical(target, prompts, ar_outputs, lazy)
+
+
+def test_ngram_adaptive_depth_tiers_stay_exact(models, prompts, ar_outputs, monkeypatch):
+    """Every depth tier of the n-gram drafter drafts from the same rows' indexes: a round on any tier,
+    whichever tier started the batch, proposes from every committed token and stays exact. The
+    tier moves round by round here, so each of them drafts."""
+    target, _ = models
+    tiers = {d: NgramDrafter(d, 2, 2 * d) for d in (2, 4, 8)}
+    used = []
+    monkeypatch.setattr(Generator, "_next_tier",
+                        staticmethod(lambda order, tier, recent: used.append(tier) or order[order.index(tier) - 1]))
+    result = Generator(target, tiers).generate(prompts, NEW_TOKENS)
+    assert_identical(target, prompts, ar_outputs, result)
+    assert set(used) == set(tiers)
+    assert len({id(d.indexes) for d in tiers.values()}) == 1
+    for idx, p, out in zip(tiers[2].indexes, prompts, result.outputs):  # all but the last round's tokens
+        n = len(p) + len(out)
+        assert len(idx.tokens) >= n - 9 and idx.tokens[:n] == (p + out)[: len(idx.tokens)]

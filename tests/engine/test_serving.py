@@ -227,3 +227,11 @@ def test_saturated_stretches_count_only_while_every_slot_is_taken_and_a_request_
     assert (alone.saturated_tokens, alone.saturated_seconds) == (0, 0.0)  # nothing ever waited
     many = served(Generator(target, {3: DraftModelDrafter(draft, 3, 3, 8)}), requests, slots=3, stop_at_eos=False)
     assert 0 < many.saturated_tokens < many.tokens and 0 < many.saturated_seconds < many.seconds
+
+
+def test_ngram_adaptive_tiers_serving(target, requests, ar_outputs):
+    """Depth tiers of the n-gram drafter share the rows' indexes under continuous batching too."""
+    tiers = {d: NgramDrafter(d, 2, 2 * d) for d in (2, 4, 8)}
+    result = served(Generator(target, tiers), requests)
+    assert [r.output for r in result.requests] == ar_outputs
+    assert len({id(d.indexes) for d in tiers.values()}) == 1

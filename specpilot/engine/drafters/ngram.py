@@ -7,6 +7,11 @@ match (a chain of up to `depth` tokens); with topk > 1 the continuations of up t
 earlier matches merged into a trie. Unused nodes up to the fixed budget are padded with copies of
 the root token hung under the root: they are verified like any node, so padding cannot make the
 output wrong, only waste verification width.
+
+The rows' indexes are this drafter's cache (`cache`, one list per generator workspace in `caches`,
+as the draft model keeps its KV caches): an index does not depend on the depth, so the drafters of
+adaptive depth tiers share it as those of a draft model share theirs (`Generator._start_drafter`,
+`ServingEngine._row_drafters`). Whichever tier proposes extends it with the tokens committed since.
 """
 
 from __future__ import annotations
@@ -86,28 +91,40 @@ class NgramDrafter(Drafter):
         self.depth, self.topk = depth, topk
         self.budget = min(tree_budget, depth * topk)
         self.n_min, self.n_max = ngram_min, ngram_max
-        self.indexes: list[NgramIndex] = []
+        self.caches: dict[tuple[int, int], list[NgramIndex]] = {}  # per (batch, capacity) workspace
+        self.cache: list[NgramIndex] | None = None  # the rows' indexes, shared by the depth tiers
 
     @property
     def num_nodes(self) -> int:
         return self.budget + 1
 
+    @property
+    def indexes(self) -> list[NgramIndex]:
+        """The rows' indexes of the current batch (empty before `start`)."""
+        return self.cache if self.cache is not None else []
+
     def start(self, prompts: list[list[int]], state: DecodeState) -> None:
-        self.indexes = []
+        self.cache = []
         for p in prompts:
             idx = NgramIndex(self.n_min, self.n_max)
             idx.extend(p)
-            self.indexes.append(idx)
+            self.cache.append(idx)
+        self.caches[(state.batch, state.capacity)] = self.cache
+
+    def release(self, key: tuple[int, int]) -> None:
+        """Forget the indexes of a workspace the generator dropped."""
+        self.caches.pop(key, None)
 
     def prefill_row(self, row: int, tokens: list[int], start: int, state: DecodeState, features=None) -> None:
         """A new request in `row`: an empty index, filled from the host tokens on the next `propose`."""
         if start == 0:
-            self.indexes[row] = NgramIndex(self.n_min, self.n_max)
+            self.cache[row] = NgramIndex(self.n_min, self.n_max)
 
     def propose(self, state: DecodeState, host_tokens: list[list[int]] | None = None) -> DraftTree:
         assert host_tokens is not None, "the n-gram drafter needs the committed tokens on the host"
+        assert self.cache is not None and len(self.cache) == len(host_tokens), "propose before start"
         all_tokens, all_parents = [], []
-        for idx, seq in zip(self.indexes, host_tokens):
+        for idx, seq in zip(self.cache, host_tokens):
             if len(seq) > len(idx.tokens):
                 idx.extend(seq[len(idx.tokens) :])
             branches = idx.continuations(self.depth, self.topk)

@@ -125,7 +125,8 @@ class KnobAgent(Proposer):
             return None
         if not ctx.on_gpu and (set(changes) <= GPU_ONLY or changes.get("kernel") == Kernel.TRITON.value):
             return None
-        if changes.get("depth") and base["draft_window"] and base["draft_window"] < changes["depth"] + 1:
+        deepest = max((changes.get("depth", base["depth"]), *changes.get("adaptive_depth", base["adaptive_depth"])))
+        if base["draft_window"] and base["draft_window"] < deepest + 1:  # a deeper tree: the window follows it
             changes["draft_window"] = 0
         try:
             system = System.from_dict({**base, **changes}, name="candidate")

@@ -163,6 +163,15 @@ def test_knob_moves_keep_the_incumbents_patch_and_fix_the_draft_window():
     assert deeper and all(p.candidate.system.draft_window == 0 for p in deeper)
 
 
+def test_adaptive_depth_tiers_deeper_than_the_draft_window_reset_it():
+    """A tier of 7 drafts past a window of 6 as depth 7 would: the draft model refuses it, and
+    `System` does too, so the move resets the window as a deeper tree does."""
+    windowed = Incumbent(Candidate(STOCK.with_changes(name="windowed", draft_window=6)))
+    out = KnobAgent().propose(context(incumbent=windowed, device="cpu", limit=60))
+    (tiers,) = [p for p in out if p.candidate.system.adaptive_depth]
+    assert tiers.candidate.system.adaptive_depth == (3, 7) and tiers.candidate.system.draft_window == 0
+
+
 def test_moves_the_memory_judged_do_not_use_up_the_list():
     """Round after round the judged moves are dropped by the loop; the agent still hands over `cap`
     new ones, so the search reaches moves past the first list (the W12 move among them)."""
@@ -467,3 +476,25 @@ def test_on_gpu_the_launch_level_moves_are_also_proposed_together_ahead_of_them(
     assert {"draft_kernel"} in rest and not any(len(c) > 1 and "draft_kernel" in c for c in rest)
     assert not any(c >= {"draft_compile", "verify_compile"} for c in
                    (set(p.candidate.changes_from(Candidate(STOCK))) for p in KnobAgent().propose(context(device="cpu", limit=80))))
+
+
+def test_every_move_for_an_ngram_incumbent_decodes_on_the_engine():
+    """No move the engine refuses: each proposal for an n-gram incumbent (tree shapes, plain AR,
+    adaptive depth tiers, which once crashed the n-gram drafter on the first tier switch) builds
+    and decodes on the fixture. `System` validates every candidate an agent builds; this checks
+    that what it accepts the engine runs."""
+    import torch
+
+    from specpilot.config import Deployment, System
+    from specpilot.engine.session import Session
+
+    dep = Deployment(name="fx-ngram", target="fixture", drafter="ngram",
+                     stock=System(drafter=DrafterKind.NGRAM, depth=4, topk=1, tree_budget=4))
+    inc = Incumbent(Candidate(dep.stock.with_changes(name="ngram")))
+    out = KnobAgent().propose(context(incumbent=inc, device="cpu", deployment=dep, limit=60))
+    assert any(p.candidate.system.adaptive_depth for p in out)
+    session = Session.load(dep, "cpu", torch.float32)
+    prompt = session.encode_prompt("def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n")
+    for p in out:
+        result = session.generator(p.candidate.system).generate([prompt], 24, stop_at_eos=False)
+        assert len(result.outputs[0]) == 24, p.candidate.name
