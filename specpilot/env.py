@@ -1,14 +1,19 @@
 """Every environment knob SpecPilot reads, declared once.
 
 Nothing else in the package reads `os.environ`; code asks this module. Values are read at call
-time (not import time) so tests can set them with monkeypatch.
+time (not import time) so tests can set them with monkeypatch. The directories under the home are
+made here too, and `writable_dir` / `writable_home` check that one takes files before a command
+spends time on work it could not save.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from specpilot.errors import writing
 
 if TYPE_CHECKING:  # torch loads on first use: `specpilot --help` and `memory list` never need it
     import torch
@@ -77,11 +82,32 @@ def home() -> Path:
     return Path(os.environ.get("SPECPILOT_HOME", Path.home() / ".specpilot"))
 
 
+def writable_dir(path: Path, what: str = "") -> Path:
+    """`path`, created if missing, once a file could be written in it; else a one-line
+    `StorageError` naming `what` and `path` (a read-only mount, another user's directory, a full
+    disk). A probe file is written and removed: `os.access` trusts mode bits, which root ignores."""
+    with writing(path, what):
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-check-")
+        try:
+            os.write(fd, b"x")  # a full disk may still take an empty file, not its first byte
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    return path
+
+
+def writable_home() -> Path:
+    """`home()` checked to take files (`writable_dir`): commands that write there call it before any work."""
+    return writable_dir(home(), "SPECPILOT_HOME")
+
+
 def worker_logs() -> Path:
     """Where worker processes write their output (`home()/workers`, created): one folder per
     comparison or shared worker pool, removed when its workers closed cleanly, kept when one died."""
     path = home() / "workers"
-    path.mkdir(parents=True, exist_ok=True)
+    with writing(path, "the workers' log directory"):
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -126,6 +152,12 @@ def worker_environment(device: str | None) -> dict[str, str]:
         raise ValueError(f"device {device!r}: only {len(ids)} GPU(s) visible (CUDA_VISIBLE_DEVICES={visible!r})")
     out["CUDA_VISIBLE_DEVICES"] = ids[n] if ids is not None else str(n)
     return out
+
+
+def memory_check() -> bool:
+    """Refuse a CPU load the memory estimate says does not fit (`engine.memory_check`);
+    `SPECPILOT_MEMORY_CHECK=0` only notes it and loads anyway."""
+    return os.environ.get("SPECPILOT_MEMORY_CHECK", "1") != "0"
 
 
 def compile_enabled() -> bool:

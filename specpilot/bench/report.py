@@ -1,9 +1,10 @@
 """Rendering and writing a `BenchResult`: results.json, results.md, and the terminal table.
 
 Owns: the output directory (default `<SPECPILOT_HOME>/runs/bench/<UTC time>-<deployment>`; an
-existing non-empty directory is refused unless `overwrite`), the JSON file (`BenchResult.to_dict`,
-written by code, atomically), the Markdown report and the plain-text table. Does not own the
-numbers (`results.py`) or the plots (`plots.py`).
+existing non-empty directory is refused unless `overwrite`, one that cannot take files — read-only,
+full — is a one-line `StorageError` before any timing), the JSON file (`BenchResult.to_dict`,
+written by code, atomically: a full disk leaves the previous file whole), the Markdown report and
+the plain-text table. Does not own the numbers (`results.py`) or the plots (`plots.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from specpilot import env
 from specpilot.bench.results import BenchResult, SystemSummary
 from specpilot.bench.stats import MIN_UNITS
-from specpilot.errors import ConfigError
+from specpilot.errors import ConfigError, writing
 
 RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
@@ -37,19 +38,20 @@ def prepare_out_dir(out: str | Path | None, deployment_name: str, overwrite: boo
         raise ConfigError(f"--out {path} exists and is not a directory")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise ConfigError(f"--out {path} already holds files; choose another directory or pass --overwrite")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return env.writable_dir(path, "the results directory")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """`text` into `path` through a temporary file: `path` holds the old text or the new, whole."""
+    with writing(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def finite(obj):

@@ -5,8 +5,10 @@
 Only the command being run registers its flags; the others are listed by their `HELP`, so
 `specpilot --help` and `specpilot memory list` import neither torch nor the models (the command
 modules import heavy code inside their functions). A `SpecPilotError` is printed as one
-`error: ...` line with its exit code (2 for bad input); Ctrl-C exits 130 (`interrupted`); a
-`Notice` warning is printed as one `note: ...` line; anything else is a bug and keeps its traceback.
+`error: ...` line with its exit code (2 for bad input); so is an OSError that says a named file
+could not be written (permission, read-only file system, full disk: `errors.storage_error`),
+wherever it was raised; Ctrl-C exits 130 (`interrupted`); a `Notice` warning is printed as one
+`note: ...` line; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import warnings
 from typing import Iterable
 
 from specpilot import __version__
-from specpilot.errors import Notice, SpecPilotError
+from specpilot.errors import Notice, SpecPilotError, storage_error
 
 # the commands, in the order `--help` lists them; the module of each is specpilot.cli.<name>
 COMMANDS = ("run", "generate", "bench", "guard", "evaluate", "memory", "w12")
@@ -82,6 +84,12 @@ def execute(func, args: argparse.Namespace) -> int:
         except SpecPilotError as err:
             print(f"error: {err}", file=sys.stderr)
             return err.exit_code
+        except OSError as err:  # a write no command wrapped: only an unwritable or full location is not a bug
+            storage = storage_error(err)
+            if storage is None:
+                raise
+            print(f"error: {storage}", file=sys.stderr)
+            return storage.exit_code
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return INTERRUPTED

@@ -215,6 +215,9 @@ def run_bench(args) -> int:
     from specpilot.env import resolve_device
 
     resolve_device(args.device)  # a device this torch cannot use is one `error:` line, before the plan
+    from specpilot.engine.memory_check import check_memory
+
+    check_memory(deployment, args.device)  # a CPU load that cannot fit: one `error:` line, before anything loads
     print(plan_line(config, len(systems)), file=sys.stderr)
     out = Path(args.out) if args.out else default_out_dir(deployment.name)
     command = tuple(getattr(args, "argv", None) or sys.argv)
@@ -254,6 +257,9 @@ def run_serving_bench(args, deployment: Deployment, systems: tuple[System, ...])
     from specpilot.cli.outdirs import removed_if_left_empty
 
     config = serving_config_from_args(args, deployment)
+    from specpilot.engine.memory_check import check_memory
+
+    check_memory(deployment, args.device)
     out = Path(args.out) if args.out else default_out_dir(deployment.name)
     command = tuple(getattr(args, "argv", None) or sys.argv)
     with removed_if_left_empty(out):

@@ -127,9 +127,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_evaluate)
 
 
+def loaded_copies(config: ControllerConfig, candidate_workdir: str | None) -> tuple[int, str]:
+    """How many processes hold the deployment's models at once, and which: this one (the guard's
+    scorer) and the shared worker a knob-only comparison runs in, or a pair of isolated workers
+    for a patched candidate or with shared workers off (`control.backends.local`)."""
+    if candidate_workdir or not config.shared_workers:
+        return 3, "this process (the guard's scorer) and a pair of isolated workers"
+    return 2, "this process (the guard's scorer) and the shared worker"
+
+
 def run_evaluate(args) -> int:
+    from specpilot import env
     from specpilot.config import load_deployment
-    from specpilot.cli.run import wait_seconds
+    from specpilot.cli.run import wait_seconds, worker_devices
+    from specpilot.engine.memory_check import check_memory
     from specpilot.errors import ConfigError
     from specpilot.memory.evaluate import evaluate_candidate
     from specpilot.memory.store import Memory
@@ -145,6 +156,9 @@ def run_evaluate(args) -> int:
         patch = path.read_text()
     if args.candidate_workdir and not Path(args.candidate_workdir).is_dir():
         raise ConfigError(f"candidate workdir {args.candidate_workdir!r} is not a directory")
+    if not args.ray_address:  # Ray workers load on their own hosts
+        check_memory(deployment, worker_devices(args.devices)[0], *loaded_copies(config, args.candidate_workdir))
+    env.writable_home()  # worker logs and timing locks go there whatever --memory says
     backend = backend_from_args(args, config)
     try:
         with Memory(args.memory) as memory:

@@ -198,6 +198,9 @@ def run_generate(args) -> int:
     system = system_from_args(args, dep)
     parse_fault(system.fault)  # fail fast on a bad spec
     device = resolve_device(args.device)
+    from specpilot.engine.memory_check import check_memory
+
+    check_memory(dep, device)  # a CPU load that cannot fit: one `error:` line, before anything loads
     with watched(device) as cpu:
         session = Session.load(dep, device=device)
         prompts = [session.encode_prompt(p) for p in args.prompt]

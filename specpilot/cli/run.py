@@ -48,9 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agents", nargs="+", help="proposer agents, in order (default: integration knob kernel coding; "
                                                "agents that cannot run here say why and stay off)")
     p.add_argument("--budget-minutes", type=float,
-                   help="wall-clock budget of the whole run, final measurement included; the loop stops before a "
-                        "round that would not fit (default: none; the run is sized by --rounds and prints "
-                        "its estimate before the first round)")
+                   help="wall-clock budget of the whole run, final measurement included, not counting a wait for "
+                        "another run's timing lock; the loop says before its first round what fits, starts no round "
+                        "that would not fit, and skips the final measurement when it would not (default: none; the "
+                        "run is sized by --rounds and prints its estimate before the first round)")
     p.add_argument("--out", help="report directory (default: $SPECPILOT_HOME/runs/loop/<UTC time>-<deployment>); "
                                  "one that holds files is refused unless --resume")
     p.add_argument("--resume", action="store_true", help="continue the run in --out (its journal, its round numbers)")
@@ -154,10 +155,27 @@ def worker_devices(flag: str | None) -> tuple[str, ...]:
     return tuple(listed)
 
 
+def loaded_copies(config) -> tuple[int, str]:
+    """How many processes of a run hold the deployment's models at once, and which: the loop's own
+    and the shared worker its knob-only comparisons run in; a pair of isolated workers when shared
+    workers are off, or besides it when the coding agent may bring patched candidates
+    (`control.backends.local`). A patched system the memory brings back (integration, seeds) may
+    open such a pair without the coding agent: that case is not counted."""
+    from specpilot.loop.agents.coding import command_template
+
+    if not config.controller.get("shared_workers", True):
+        return 3, "the loop's process and a pair of isolated workers"
+    if "coding" in config.agents and command_template(config.coding_command):
+        return 4, "the loop's process, its shared worker and a pair of isolated workers for a patched candidate"
+    return 2, "the loop's process and its shared worker"
+
+
 def run_command(args) -> int:
+    from specpilot import env
     from specpilot.cli import INTERRUPTED
     from specpilot.cli.outdirs import removed_if_left_empty
     from specpilot.config import load_deployment
+    from specpilot.engine.memory_check import check_memory
     from specpilot.loop.config import StopReason
     from specpilot.loop.run import RunOptions, run_loop
     from specpilot.loop.state import default_out
@@ -168,7 +186,10 @@ def run_command(args) -> int:
         raise ConfigError("--resume continues the run in --out: name it (--out RUN_DIR)")
     devices = worker_devices(args.devices)
     config = config_from_args(args, "cuda" if devices[0].startswith("cuda") else "cpu")
-    out = args.out or str(default_out(load_deployment(args.deployment).name))
+    deployment = load_deployment(args.deployment)
+    check_memory(deployment, devices[0], *loaded_copies(config))  # before a byte is loaded or a directory made
+    env.writable_home()  # scratch, locks and worker logs go there whatever --out and --memory say
+    out = args.out or str(default_out(deployment.name))
     options = RunOptions(deployment=args.deployment, out=out, resume=args.resume, memory=args.memory,
                          devices=devices, gate=args.gate, prompt_source=args.prompt_source, runner=args.runner,
                          remeasure_noise=args.remeasure_noise, quiet=args.quiet, wait_s=wait_seconds(args))

@@ -45,6 +45,7 @@ from pathlib import Path
 from specpilot import env
 from specpilot.control import load as loads
 from specpilot.control.load import Load, LoadProbe
+from specpilot.errors import writing
 
 DEFAULT_WAIT_S = 3600.0  # how long a second timing run waits for the first by default
 POLL_S = 0.5
@@ -167,8 +168,9 @@ class TimingLock:
         """All lock files or none: None when taken, else the holder of the first busy one."""
         fds = []
         for path in self.paths:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # not inherited by workers (O_CLOEXEC)
+            with writing(path, "the timing lock"):  # a read-only home: one error line, not a traceback
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)  # not inherited by workers (O_CLOEXEC)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

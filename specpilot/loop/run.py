@@ -7,7 +7,8 @@
     lock       the timing lock of the devices and the memory (`control.timing_lock`), held from
                loading the models to the end: a second run waits for it (`wait_s`), or with
                `--no-wait` / on timeout runs without it, and what it times is marked contended
-               (taken when it comes free, between rounds)
+               (taken when it comes free, between rounds); the budget does not count the wait
+               (a run that waited says how long, and what is left)
     noise      the stock-vs-stock noise floor for this deployment and timing procedure: from the
                memory when one was measured under a comparable load (`memory.evaluate.reusable_noise`),
                else measured now and stored with its load; checked again before a round times its
@@ -20,9 +21,11 @@
     rounds     `rounds.run_round` until the run has `rounds` completed rounds, the budget would be
                overrun by the next one (the final measurement's time is reserved, `budget.py`), or
                `patience` rounds in a row had nothing new to time; each round's evaluations are
-               tagged in the memory with the load the round ran under
+               tagged in the memory with the load the round ran under. Before the first round a
+               budgeted run says what fits (`budget_plan.py`, which states the budget's rule)
     final      the last incumbent's cost table (the "after" of the gap breakdown), and stock and the
-               final system against AR in one benchmark run (`final.py`)
+               final system against AR in one benchmark run (`final.py`); with a budget, each only
+               when its estimate fits in what is left (else skipped, with a line saying so)
     report     report.json, report.md, the plots (`report.py`, `plots.py`)
 Ctrl-C stops the work and still writes the report (without the final benchmark if it was cut); so
 does a round that cannot be decided (the incumbent's workers fail: `StopReason.ERROR`, with the
@@ -36,6 +39,7 @@ Owns: `RunOptions`, `LoopResult`, `run_loop` and the order of the steps. Does no
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -48,6 +52,7 @@ from specpilot.control.timing_lock import DEFAULT_WAIT_S, TimingLock
 from specpilot.errors import SpecPilotError
 from specpilot.loop.agents.base import AgentOptions, LoopSetup, make_proposers
 from specpilot.loop.budget import Budget, evaluation_seconds, final_seconds, fitting_candidates, round_seconds
+from specpilot.loop.budget_plan import plan_line, waited_line
 from specpilot.loop.config import LoopConfig, StopReason, controller_config
 from specpilot.loop.journal import EventKind, Journal
 from specpilot.loop.measure import measure, measure_in_worktree
@@ -109,6 +114,8 @@ class _Run:
 
         self.config, self.options = config, options
         self.budget = Budget(config.budget_s)
+        self.measure_s = 0.0  # the longest cost-table measurement so far: what the next one should take
+        self.reserve = 0.0  # the final measurement's latest estimate (0 without one)
         self.deployment_file = options.deployment or "fixture"
         self.deployment = load_deployment(self.deployment_file)
         self.devices = tuple(options.devices or visible_devices())
@@ -160,28 +167,13 @@ class _Run:
         self._patches_stored: bool | None = None  # the memory holds a patched candidate (`_final_may_patch`)
         self.seeds = self._seeds()
         self.lock.acquire()
+        self._uncount_wait()
         self.session = shared_session(self.deployment_file, dep, self.devices[0])
         j.say(f"loaded {dep.name} in this process (profiles, the guard's scorer, the final benchmark)")
         self._noise(force=self.options.remeasure_noise)
         self.batches = profile_batches(self.source, dep, self.config)
         incumbent, outcomes, stop, cost = self._rounds()
-        final, after = None, cost
-        if stop is not StopReason.INTERRUPTED:
-            try:
-                if after is None:  # the final system's cost table, for the report; the final runs without it
-                    try:
-                        after = self.measure(incumbent.candidate)
-                    except SpecPilotError as err:
-                        j.emit(EventKind.STOP, f"measuring the final system's cost table failed: {err}", 0,
-                               reason=stop.value, error=str(err))
-                if self.config.final:
-                    final = self._final(incumbent)
-            except KeyboardInterrupt:
-                stop = StopReason.INTERRUPTED
-                j.emit(EventKind.STOP, "interrupted during the final measurement: writing the report without it",
-                       0, reason=stop.value)
-            except SpecPilotError as err:
-                j.emit(EventKind.STOP, f"the final measurement failed: {err}", 0, reason=stop.value, error=str(err))
+        after, final, stop = self._finish(incumbent, cost, stop)
         files, report = write_report(self.paths, j, dep, self.fp, self.config, self.ccfg, self.noise, self.start,
                                      incumbent, after, final, stop, self.memory)
         j.emit(EventKind.REPORT, "wrote " + ", ".join(str(f) for f in files), 0, files=[str(f) for f in files])
@@ -199,6 +191,68 @@ class _Run:
             config=c.to_dict(), controller=self.ccfg.to_dict(), memory=str(self.memory.path),
             resumed=self.options.resume, incumbent=start.incumbent.name, incumbent_entry=start.incumbent.entry_id,
             next_round=start.next_round, rounds_done=start.rounds_done)
+
+    def _finish(self, incumbent: Incumbent, cost, stop: StopReason):
+        """After the rounds: the final system's cost table (the report's "after"; `cost` when the
+        rounds measured it) and the final measurement, each only when it fits in the budget's time
+        left; returns (after, final, stop)."""
+        j, after, final = self.journal, cost, None
+        if stop is StopReason.INTERRUPTED:
+            return after, final, stop
+        try:
+            if after is None and self.budget.fits(self.measure_s + self.reserve):
+                try:  # the final system's cost table, for the report; the final runs without it
+                    after = self._measure_timed(incumbent.candidate)
+                except SpecPilotError as err:
+                    j.emit(EventKind.STOP, f"measuring the final system's cost table failed: {err}", 0,
+                           reason=stop.value, error=str(err))
+            elif after is None:
+                j.say(f"budget: no time left to measure the final system's cost table (~{self.measure_s:.0f} s"
+                      f"{' before the final measurement' if self.config.final else ''}): the report goes without "
+                      "its gaps after the run")
+            if self.config.final and self._final_fits(incumbent, after, stop):
+                final = self._final(incumbent)
+        except KeyboardInterrupt:
+            stop = StopReason.INTERRUPTED
+            j.emit(EventKind.STOP, "interrupted during the final measurement: writing the report without it",
+                   0, reason=stop.value)
+        except SpecPilotError as err:
+            j.emit(EventKind.STOP, f"the final measurement failed: {err}", 0, reason=stop.value, error=str(err))
+        return after, final, stop
+
+    def _uncount_wait(self) -> None:
+        """Take the wait for another run's timing lock off the budget's clock (`--wait-minutes`
+        bounds the wait, `--budget-minutes` the work), and say so when there was one."""
+        waited = self.lock.waited_s
+        if self.budget.seconds is None or waited <= 0:
+            return
+        self.budget = Budget(self.budget.left() + waited)  # from now: the budget less the work before the wait
+        self.journal.say(waited_line(waited, self.budget.left(), self.config.budget_s))
+
+    def _final_fits(self, incumbent: Incumbent, after, stop: StopReason) -> bool:
+        """Whether the final measurement fits in the budget's time left (estimated from the final
+        system's cost table when there is one, else the last round's estimate); a line when it does not."""
+        from specpilot.loop.final import bench_config
+
+        c = self.config
+        if after is not None:
+            bench = bench_config(self.deployment, c.final_prompts, c.final_tokens, c.seed)
+            self.reserve = final_seconds(after, bench, self.deployment.regime.batch, self.device,
+                                         self._final_may_patch(incumbent))
+        if self.budget.fits(self.reserve):
+            return True
+        self.journal.emit(EventKind.STOP, f"skipping the final measurement (~{self.reserve:.0f} s): it would not fit "
+                          f"in the {max(0.0, self.budget.left()):.0f} s left of the budget", 0, reason=stop.value,
+                          error=f"the final measurement (~{self.reserve:.0f} s) did not fit in the budget's time left",
+                          final_estimate_s=self.reserve, left_s=self.budget.left())
+        return False
+
+    def _measure_timed(self, c: Candidate):
+        """`measure(c)`, remembering the longest time one took (what the budget expects the next to take)."""
+        t0 = time.monotonic()
+        cost = self.measure(c)
+        self.measure_s = max(self.measure_s, time.monotonic() - t0)
+        return cost
 
     def _seeds(self) -> tuple:
         """Proposals rebuilt from similar deployments' validated systems; each seed is a journal line."""
@@ -231,6 +285,9 @@ class _Run:
         if stored is not None:
             self.noise_id, self.noise, self.noise_load = stored.id, stored.noise, stored.load
         else:
+            if index == 0 and self.budget.seconds is not None:
+                self.journal.say(f"budget: {self.budget.left():.0f} s left; the noise floor is measured first, "
+                                 "which the budget cannot shorten; what fits after it is said before the first round")
             with self.lock.window() as w:
                 aa = self.controller.stock_vs_stock(self.stock.runner_spec(self.deployment_file, self.options.runner))
             self.noise, costs, self.noise_load = NoiseFloor(aa.estimate, self.controller.procedure), aa.costs, w.load
@@ -297,11 +354,20 @@ class _Run:
         bench = bench_config(self.deployment, c.final_prompts, c.final_tokens, c.seed)
         try:
             while done < c.rounds:
-                cost = cost or self.measure(incumbent.candidate)
+                if cost is None and outcomes and not self.budget.fits(self.measure_s + self.reserve):
+                    stop = StopReason.BUDGET  # a promoted incumbent's cost table comes first: it does not fit
+                    final_text = f" and the final measurement (~{self.reserve:.0f} s)" if c.final else ""
+                    j.emit(EventKind.STOP, f"stopping: measuring the new incumbent (~{self.measure_s:.0f} s) for round "
+                           f"{index}{final_text} would not fit in the {self.budget.left():.0f} s left", index,
+                           reason=stop.value, measure_estimate_s=self.measure_s, final_estimate_s=self.reserve,
+                           left_s=self.budget.left())
+                    break
+                cost = cost or self._measure_timed(incumbent.candidate)
                 past = [o.seconds for o in outcomes if not o.nothing_new]
                 estimate = round_seconds(past, self.per_evaluation, c.max_candidates, self.backend.parallelism)
                 reserve = (final_seconds(cost, bench, self.deployment.regime.batch, self.device,
                                          self._final_may_patch(incumbent)) if c.final else 0.0)
+                self.reserve = reserve
                 final_text = f" and the final measurement (~{reserve:.0f} s)" if c.final else ""
                 if not outcomes and self.budget.seconds is None:
                     total_min = ((c.rounds - done) * estimate + reserve) / 60
@@ -311,9 +377,12 @@ class _Run:
                 if not self.budget.fits(estimate + reserve):
                     candidates = fitting_candidates(past, self.per_evaluation, c.max_candidates,
                                                     self.backend.parallelism, self.budget.left() - reserve)
-                    if candidates:
-                        j.say(f"round {index}: {candidates} candidate(s) instead of {c.max_candidates}: a full round "
-                              f"(~{estimate:.0f} s){final_text} would not fit in the {self.budget.left():.0f} s left")
+                if not outcomes and self.budget.seconds is not None:  # what fits, said before the first round
+                    j.say(plan_line(self.budget.left(), c.rounds - done, estimate, reserve if c.final else None,
+                                    candidates, c.max_candidates))
+                if 0 < candidates < c.max_candidates:
+                    j.say(f"round {index}: {candidates} candidate(s) instead of {c.max_candidates}: a full round "
+                          f"(~{estimate:.0f} s){final_text} would not fit in the {self.budget.left():.0f} s left")
                 if not candidates:
                     stop = StopReason.BUDGET
                     j.emit(EventKind.STOP, f"stopping: round {index} (~{estimate:.0f} s){final_text} would not fit "

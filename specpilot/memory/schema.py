@@ -141,6 +141,7 @@ def migrate(conn: sqlite3.Connection, upto: int = SCHEMA_VERSION) -> int:
                 current = m.version
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # SQLite rolls back by itself on some errors (a full disk): keep the first error
+            conn.execute("ROLLBACK")
         raise
     return current

@@ -7,6 +7,10 @@ records, and a writer killed mid-transaction (even by SIGKILL) leaves nothing be
 discards the uncommitted WAL frames on the next open. One connection per `Memory`, shared
 across threads behind a lock.
 
+A database that cannot be written (a read-only file or directory, a full disk) is a one-line
+`StorageError` naming it, on opening or on the write that meets it; the failed transaction is
+rolled back, and every record stored before it stays.
+
 Queries: `entries` (filtered list), `get`, `system` (a stored system by hash, patch included),
 `deployments` (every stored deployment with its counts), `noise_floor` (latest for a deployment + procedure),
 `noise_floors` (the recent ones, with the load each was measured under), `best_validated`
@@ -35,7 +39,7 @@ from specpilot.control.controller import Evaluation
 from specpilot.control.load import Load
 from specpilot.control.rule import Reason, Outcome
 from specpilot.control.stats import NoiseFloor
-from specpilot.errors import SpecPilotError
+from specpilot.errors import SpecPilotError, storage_error, writing
 from specpilot.memory import schema
 from specpilot.memory.fingerprint import DeploymentFingerprint
 from specpilot.memory.records import (MemoryRecord, StoredNoise, SystemRecord, Validated, knob_diff, patch_sha256,
@@ -48,10 +52,14 @@ JSON_COLUMNS = {"deployments": ("components",), "systems": ("knobs", "diff"), "n
                 "evaluations": ("reasons", "guard", "detail", "load")}
 
 
+WHAT = "the memory database"  # how a `StorageError` names the file
+
+
 def connect(path: Path) -> sqlite3.Connection:
     """Open (creating if needed) and migrate the database at `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None, check_same_thread=False)
+    with writing(path, WHAT):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None, check_same_thread=False)
     try:
         conn.execute("PRAGMA busy_timeout = 30000")
         conn.execute("PRAGMA journal_mode = WAL")
@@ -60,7 +68,8 @@ def connect(path: Path) -> sqlite3.Connection:
         schema.migrate(conn)
     except sqlite3.DatabaseError as err:
         conn.close()
-        raise MemoryStoreError(f"{path}: not a usable SpecPilot memory database ({err})") from None
+        unwritable = storage_error(err, path, WHAT)
+        raise unwritable or MemoryStoreError(f"{path}: not a usable SpecPilot memory database ({err})") from None
     except BaseException:
         conn.close()
         raise
@@ -92,15 +101,17 @@ class Memory:
 
     @contextmanager
     def transaction(self):
-        """One write transaction (BEGIN IMMEDIATE): all of it is stored, or none of it."""
-        with self._lock:
+        """One write transaction (BEGIN IMMEDIATE): all of it is stored, or none of it (a failed
+        COMMIT included); an unwritable or full database is a `StorageError`."""
+        with self._lock, writing(self.path, WHAT):
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
+                self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:  # SQLite may have rolled back already (a full disk)
+                    self._conn.execute("ROLLBACK")
                 raise
-            self._conn.execute("COMMIT")
 
     def _rows(self, sql: str, args=()) -> list[sqlite3.Row]:
         with self._lock:
@@ -352,7 +363,8 @@ class Memory:
                             values["noise_id"] = noise_ids.get(row["noise_id"])
                         stored, new = _import_row(c, table, values, same.get(table), row.get("id"))
                     except (KeyError, TypeError, sqlite3.DatabaseError) as err:
-                        raise MemoryStoreError(f"the export's {table}[{n}] cannot be stored: {err}") from None
+                        refused = MemoryStoreError(f"the export's {table}[{n}] cannot be stored: {err}")
+                        raise storage_error(err, self.path, WHAT) or refused from None  # a full disk is ours
                     added[table if new else "held"] += 1
                     if table == "noise_floors":
                         noise_ids[row.get("id")] = stored

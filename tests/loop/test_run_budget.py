@@ -1,0 +1,228 @@
+"""A run keeps to its budget and says up front what fits (`loop.run`, `loop.budget_plan`).
+
+On a bare run object (no models, no workers; a fake clock, rounds that take what they are told): the
+plan is said before the first round, rounds keep the final measurement's time, a promoted incumbent's
+cost table is not measured when it and the final cannot both fit, the final measurement is skipped
+when it does not fit, and a wait for another run's timing lock is not counted. End to end on the tiny
+deployment: a budget too short for the final measurement skips it, with the reason in the report.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from loop_fixtures import DEPLOYMENT, STOCK, cost_table
+
+from specpilot.control.load import FixedProbe, Load
+from specpilot.control.timing_lock import TimingLock
+from specpilot.loop import budget as loop_budget
+from specpilot.loop import run as loop_run
+from specpilot.loop.budget import Budget
+from specpilot.loop.budget_plan import plan_line
+from specpilot.loop.config import LoopConfig, StopReason
+from specpilot.loop.journal import EventKind
+from specpilot.loop.run import RunOptions, _Run, run_loop
+from specpilot.loop.state import ResumePoint
+from specpilot.loop.systems import Candidate, Incumbent
+
+FINAL_S = 20.0  # every final-measurement estimate in these tests
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Log:
+    """The journal: every line said or emitted, in order, with the rounds run between them."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.events: list[tuple[EventKind, str, dict]] = []
+
+    def say(self, text):
+        self.lines.append(text)
+
+    def emit(self, kind, text, round=0, **data):
+        self.lines.append(text)
+        self.events.append((kind, text, data))
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    fake = SimpleNamespace(monotonic=c)
+    monkeypatch.setattr(loop_budget, "time", fake)
+    monkeypatch.setattr(loop_run, "time", fake, raising=False)
+    monkeypatch.setattr(loop_run, "final_seconds", lambda *args, **kwargs: FINAL_S)
+    return c
+
+
+def bare_run(monkeypatch, budget_minutes: float | None, clock: Clock, rounds_s: list[float], measure_s: float = 2.0,
+             promote: bool = False, rounds: int = 3) -> _Run:
+    """A run of `rounds` rounds of 3 candidates (10 s an evaluation: a first round of ~45 s) whose
+    rounds take `rounds_s` seconds and whose cost tables take `measure_s`."""
+    r = object.__new__(_Run)
+    r.config = LoopConfig(rounds=rounds, budget_minutes=budget_minutes, max_candidates=3, patience=5)
+    r.budget, r.measure_s, r.reserve = Budget(r.config.budget_s), 0.0, 0.0
+    r.journal, r.deployment, r.device, r.per_evaluation = Log(), DEPLOYMENT, "cpu", 10.0
+    incumbent = Incumbent(Candidate(STOCK))
+    r.start = ResumePoint(incumbent, 1, 0, (), "")
+    r.backend = SimpleNamespace(parallelism=1)
+    r.paths, r.options = SimpleNamespace(run_id="run"), RunOptions()
+    r.memory = SimpleNamespace(tag_load=lambda ids, load: None, entries=lambda: [])
+    r.enabled, r._patches_stored, r.seeds = (), False, ()
+    for name in ("setup", "stock", "controller", "ccfg", "noise", "noise_id", "fp", "deployment_file", "session"):
+        setattr(r, name, None)
+
+    class Window:
+        load = Load("cpu", 1.0, 0.0, 0.0, 2)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    r.lock = SimpleNamespace(window=Window)
+    r.measured = []
+
+    def measure(candidate):
+        r.measured.append(clock.now)
+        clock.now += measure_s
+        return cost_table(STOCK)
+
+    r.measure = measure
+    took = iter(rounds_s)
+
+    def run_round(inputs, journal):
+        seconds = next(took)
+        journal.lines.append(f"ROUND {inputs.index} of {inputs.max_candidates} candidate(s)")
+        clock.now += seconds
+        return SimpleNamespace(seconds=seconds, nothing_new=False, evaluated=(), incumbent_before=incumbent,
+                               incumbent_after=incumbent, cost=cost_table(STOCK), promoted=promote or None)
+
+    monkeypatch.setattr(loop_run, "run_round", run_round)
+    return r
+
+
+def test_what_fits_is_said_before_the_first_round_and_the_final_keeps_its_time(clock, monkeypatch):
+    """100 s: after the 2 s cost table, one full round of ~45 s and the final (~20 s) fit in the 98 s
+    left, which is said before round 1; round 2 fits only one candidate; round 3 none."""
+    run = bare_run(monkeypatch, 100 / 60, clock, [45.0, 25.0])
+    start = clock.now
+    _, outcomes, stop, _ = run._rounds()
+    lines = run.journal.lines
+    plan = "budget: 98 s left: 1 of the 3 round(s) (~45 s each) and the final measurement (~20 s) fit"
+    assert lines.index(plan) < lines.index("ROUND 1 of 3 candidate(s)") < lines.index("ROUND 2 of 1 candidate(s)")
+    assert stop is StopReason.BUDGET and len(outcomes) == 2 and "stopping: round 3" in lines[-1]
+    assert clock.now - start + FINAL_S <= 100  # what ran leaves the final measurement its time
+
+
+def test_a_budget_that_holds_a_smaller_round_or_none_says_so_first(clock, monkeypatch):
+    """50 s: one candidate's round (~25 s) fits beside the final, a full one does not; 40 s: none does,
+    the final does; 10 s: neither."""
+    run = bare_run(monkeypatch, 50 / 60, clock, [25.0], rounds=1)
+    run._rounds()
+    assert run.journal.lines[:2] == [
+        "budget: 48 s left: a full round (~45 s) does not fit beside the final measurement (~20 s); a round of 1 "
+        "candidate(s) instead of 3 does", "round 1: 1 candidate(s) instead of 3: a full round (~45 s) and the final "
+        "measurement (~20 s) would not fit in the 48 s left"]
+    run = bare_run(monkeypatch, 40 / 60, clock, [])
+    _, outcomes, stop, _ = run._rounds()
+    assert outcomes == [] and stop is StopReason.BUDGET and run.journal.lines[0] == (
+        "budget: 38 s left: no round (~45 s) fits beside the final measurement (~20 s): the run goes on to the final "
+        "measurement without one")
+    assert plan_line(10, 3, 45, 20, 0, 3) == ("budget: 10 s left: no round (~45 s) fits, nor the final measurement "
+                                              "(~20 s): the run stops without either and writes its report")
+
+
+def test_a_promoted_incumbent_is_not_measured_when_it_and_the_final_do_not_fit(clock, monkeypatch):
+    """Round 1 promotes with 49 s left: the new incumbent's cost table (30 s, as the first took) and
+    the final (~20 s) would not fit, so the run stops instead of measuring it, and the final
+    measurement runs without it (the report goes without the gaps after the run)."""
+    monkeypatch.setattr(_Run, "_final", lambda self, incumbent: "final")
+    run = bare_run(monkeypatch, 124 / 60, clock, [45.0, 45.0], measure_s=30.0, promote=True)
+    _, outcomes, stop, cost = run._rounds()
+    assert len(run.measured) == 1 and len(outcomes) == 1 and stop is StopReason.BUDGET and cost is None
+    assert run.journal.lines[-1].startswith("stopping: measuring the new incumbent (~30 s) for round 2 and the "
+                                            "final measurement (~20 s) would not fit in the 49 s left")
+    assert run._finish(Incumbent(Candidate(STOCK)), cost, stop) == (None, "final", stop)
+    assert len(run.measured) == 1 and "no time left to measure the final system's cost table" in run.journal.lines[-1]
+
+
+def test_the_final_measurement_runs_only_when_it_fits(clock, monkeypatch):
+    ran = []
+    monkeypatch.setattr(_Run, "_final", lambda self, incumbent: ran.append(incumbent) or "final")
+    run = bare_run(monkeypatch, 30 / 60, clock, [])
+    incumbent = Incumbent(Candidate(STOCK))
+    clock.now += 5  # 25 s left: the final (~20 s) fits
+    assert run._finish(incumbent, cost_table(STOCK), StopReason.BUDGET)[1] == "final"
+    clock.now += 10  # 15 s left: it does not
+    assert run._finish(incumbent, cost_table(STOCK), StopReason.BUDGET)[1] is None and len(ran) == 1
+    kind, text, data = run.journal.events[-1]
+    assert kind is EventKind.STOP and data["error"]
+    assert text == "skipping the final measurement (~20 s): it would not fit in the 15 s left of the budget"
+
+
+def test_a_wait_for_the_timing_lock_is_not_counted(tmp_path):
+    """Another run holds the lock for ~1 s: the budget left after the wait is still nearly all of it,
+    and a line says how long the run waited and what is left."""
+    other = TimingLock(["cpu"], tmp_path / "m.sqlite", home=tmp_path / "home", probe=FixedProbe(),
+                       say=lambda line: None)
+    other.acquire()
+    run = object.__new__(_Run)
+    run.config, run.journal = LoopConfig(budget_minutes=0.1), Log()  # 6 s
+    run.budget = Budget(run.config.budget_s)
+    run.lock = TimingLock(["cpu"], tmp_path / "m.sqlite", home=tmp_path / "home", probe=FixedProbe(), poll_s=0.05,
+                          say=run.journal.say)
+    threading.Timer(1.0, other.release).start()
+    try:
+        assert run.lock.acquire()
+        run._uncount_wait()
+    finally:
+        run.lock.release()
+    assert run.lock.waited_s >= 0.9 and run.budget.left() > 5.5
+    assert run.journal.lines[-1].startswith(f"budget: waited {run.lock.waited_s:.0f} s for another timing run; the "
+                                            "wait is not counted: ")
+
+
+def quiet_setup(monkeypatch):
+    """No noise-floor measurement (it starts worker processes): a stored-looking one instead."""
+    from specpilot.control.stats import GainEstimate, NoiseFloor
+
+    def noise(self, *args, **kwargs):
+        self.noise_id, self.per_evaluation = None, 1000.0  # no round fits
+        self.noise = NoiseFloor(GainEstimate((0.001, -0.001, 0.0005, 0.0, -0.0005), resamples=500),
+                                self.controller.procedure)
+
+    monkeypatch.setattr(_Run, "_noise", noise)
+
+
+@pytest.mark.serial
+def test_a_budget_too_short_for_the_final_measurement_skips_it(home, tmp_path, monkeypatch, target_dir,
+                                                                 drafter_dir):
+    """The tiny deployment with 2 minutes: no round fits, nor the final measurement (estimated at
+    1000 s): the run says so up front, starts neither, and its report says why it has no final."""
+    quiet_setup(monkeypatch)
+    stream = io.StringIO()
+    monkeypatch.setattr(loop_run, "final_seconds", lambda *args, **kwargs: 1000.0)
+    monkeypatch.setattr(_Run, "_final", lambda self, incumbent: pytest.fail("final started: " + stream.getvalue()))
+    dep = tmp_path / "tiny.toml"
+    dep.write_text(f'name = "tiny"\ntarget = "{target_dir}"\ndrafter = "{drafter_dir}"\nmax_new_tokens = 8\n')
+    config = LoopConfig(rounds=1, budget_minutes=2, agents=("knob",), profile_tokens=4, profile_batches=1)
+    start = time.monotonic()
+    result = run_loop(config, RunOptions(deployment=str(dep), out=str(tmp_path / "run"), devices=("cpu",)), stream)
+    log = stream.getvalue()
+    assert result.stop is StopReason.BUDGET and result.report["final"] is None and time.monotonic() - start < 120
+    assert log.index("budget: ") < log.index("no round (~") < log.index("stopping: round 1") < log.index(
+        "skipping the final measurement (~1000 s)")
+    (error,) = result.report["run"]["errors"]
+    assert error.startswith("skipping the final measurement (~1000 s): it would not fit in the ")
