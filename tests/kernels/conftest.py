@@ -32,8 +32,11 @@ if not ON_GPU and importlib.util.find_spec("triton") is not None and "triton.lan
         os.environ["TRITON_INTERPRET"] = previous
 
 
-@pytest.fixture(scope="package", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def triton_runtime():
+    """TRITON_INTERPRET=1 while each kernel test module runs, unset after it (module scope: tests/kernels is
+    not a package, so a "package" fixture would outlive it and send every later test in the worker,
+    hybrid GDN layers included, through the interpreter)."""
     pytest.importorskip("triton")
     if ON_GPU:
         yield

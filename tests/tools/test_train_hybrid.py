@@ -123,6 +123,7 @@ def test_smoke_run(tmp_path):
     import fixture_pack
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TRITON_INTERPRET", None)  # the torch GDN reference on CPU, never the interpreted kernels
     out, parts = tmp_path / "out", tmp_path / "parts"
     cmd = [sys.executable, str(TOOLS / "train_hybrid.py"), "--smoke", "--out", str(out), "--pack-to", str(parts),
            "--hybrid-steps", "20", "--eagle-steps", "6"]
