@@ -13,7 +13,7 @@ NVSHMEM_DISABLE_NVLS=1 (NVLink multicast stays off).
 
 Writes OUT/controller_noise.json (all numbers) and OUT/controller_noise.md (a table), both with
 date, GPU, commit and versions. Fails with one clear line if the runner factory (default: the
-engine's `SystemRunner`) or the prompt source cannot be imported.
+engine's `SessionRunner`) or the prompt source cannot be imported.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def in_process_noise(args, deployment, config, source, stock) -> dict:
     runner = load_object(args.runner, "runner factory")(stock.placed("cuda:0" if torch.cuda.is_available() else "cpu"))
     stream = STREAMS[Stage.NOISE]  # the controller's own prompt draws for the noise measurement
     warm = draw(source, config.warmup_requests * config.request_size, config.seed, f"{stream}-warmup-requests", 0)
-    runner.warmup([list(p) for p in warm], config.max_new_tokens)
+    runner.warm(stock.system, [list(p) for p in warm], config.max_new_tokens)
     gc.collect()
     gc.freeze()
 
@@ -129,7 +129,7 @@ def in_process_noise(args, deployment, config, source, stock) -> dict:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        runner.generate(prompts, config.max_new_tokens)
+        runner.run(stock.system, prompts, config.max_new_tokens)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         t = time.perf_counter() - t0

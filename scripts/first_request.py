@@ -40,14 +40,15 @@ def run_system(args, knobs: dict, source, draw) -> dict:
     import torch
 
     from specpilot.control.arm import ArmSpec
-    from specpilot.engine.runner import SystemRunner
+    from specpilot.engine.runner import SessionRunner
 
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    runner = SystemRunner(ArmSpec(args.deployment, {"name": knobs.get("name", "stock"), **knobs}, device=device))
-    gen = runner.generator
+    system = {"name": knobs.get("name", "stock"), **knobs}
+    runner = SessionRunner(ArmSpec(args.deployment, system, device=device))
+    gen = runner.generator(system)
     warm = draw(source, 2, 0, "noise-warmup-requests", 0)
-    runner.warmup(warm, args.max_new_tokens)
+    runner.warm(system, warm, args.max_new_tokens)
 
     def one(prompt, max_new):
         before, ws_before = counters(), {k: len(w.graphs) for k, w in gen.workspaces.items()}

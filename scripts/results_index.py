@@ -18,53 +18,28 @@ RUN_FILES = ("results.json", "report.json")  # a folder holding one of these is 
 SOURCES = (
     ("controller/controller_noise_one_gpu_both.*", "noise, isolated workers", "controller_noise.py"),
     ("controller/timing_probe.*", "timing probe; noise floor and candidate cost", "timing_probe.py"),
-    ("controller/first_request_*", "first request vs its repeat", "first_request.py"),
     ("engine/engine_ar_kernels.*", "AR decode: cuBLAS, Triton BF16, W12", "engine_ar.py --skip hf curve"),
-    ("engine/steps_h100/*", "AR decode by step configuration on an H100 (split-KV merging in its last split)",
-     "engine_ar.py --skip hf curve kernels attention --steps cublas+sdpa triton_bf16+split_kv+compiled+pdl"),
     ("engine/steps/*", "AR decode by step configuration: projections, attention, compiled, PDL, vs byte floor",
      "engine_ar.py --skip hf curve kernels attention --steps cublas+sdpa cublas+split_kv+compiled "
      "cublas+split_kv+compiled+pdl triton_bf16+split_kv+compiled+pdl w12+split_kv+compiled+pdl (under timeout 200)"),
-    ("engine/engine_ar.*", "AR decode vs byte floor, verify cost", "engine_ar.py"),
     ("engine/round_compile/*", "rounds eager vs draft_compile, and with verify_compile",
      "round_compile.py --system scripts/systems/d6k8n64.toml --prompts 3"),
     ("engine/round_kernels/*", "a round's kernels by family: draft proposal, verify forward",
      "round_kernels.py --system scripts/systems/d6k8n64-compiled.toml"),
     ("fixture/*", "fixture: loss, acceptance, decode", "tools/fixture_report.py"),
-    ("drafters/recipe/*", "DFlash training recipes side by side: acceptance", "dflash_recipe.py"),
-    ("drafters/positions/*", "DFlash accuracy per block offset; every anchor vs the engine's walk (CPU)",
-     "dflash_positions.py --n-prompts 3 --device cpu"),
     ("drafters/*", "acceptance: DFlash, EAGLE-3, draft model (x1)", "train_drafters.sh"),
-    ("serving/mechanisms/*", "batch mechanisms, draft model and EAGLE-3", "serving_mechanisms.sh"),
-    ("serving/profile/*", "round glue old vs new in turn: ms per round, kernels, device idle",
-     "serving_round_profile.py --compare"),
-    ("serving/timing_noise/*", "continuous timed blocks: A/A noise, prefill share; A/B spread, whole vs saturated",
-     "serving_timing_noise.py"),
-    ("serving/lengths/*", "n16 vs EAGLE-3 switches by output length, c8", "serving_lengths.sh"),
     ("serving/*", "continuous batching: throughput, latency", "specpilot bench --regime serving"),
     ("guard/*", "token-forcing guard", "guard_report.py"),
     ("loop/fixture-x16-batch/*", "the optimization loop, continuous regime",
      "loop_fixture.py --agents integration knob"),
     ("loop/fixture-x16-batch-c32/*", "the optimization loop, continuous regime at concurrency 32",
      "loop_fixture.py --max-candidates 2 --controller blocks=6 --controller noise_blocks=8"),
-    ("loop/fixture-x16-nonedit/*", "loop from a non-editable install, kernel agent only (stdout)",
-     "specpilot run (pip install --target)"),
-    ("loop/fixture-x16-h100/*", "the optimization loop, batch 1, on an H100, 3 rounds over two calls",
-     "loop_fixture.py --agents integration knob kernel --budget-minutes 8.4 --rounds 8 --final-prompts 5, then "
-     "--resume --budget-minutes 8.0"),
     ("loop/fixture-x16/*", "the optimization loop, batch 1, 4 rounds over two calls",
      "loop_fixture.py --agents integration knob --budget-minutes 8.8, then --resume --rounds 8 --budget-minutes 7.5"),
     ("loop/acceptance_check.*", "acceptance model: predicted vs measured tokens per round by tree shape (CPU)",
      "acceptance_check.py --n-prompts 2 --tokens 96"),
     ("loop/switch_estimates.json", "cost-table entries after a short vs a full-length warm-up",
      "switch_estimates.py"),
-    ("loop/stacked_h100/*", "every change the fixture-x16 loops measured as a gain, stacked by hand, against stock "
-     "and the 128-node tree alone (the ceiling of the loop's moves; H100)",
-     "specpilot bench --system stock --system scripts/systems/tree-d7k8n128.toml --system "
-     "scripts/systems/stacked-d7k8n128.toml --n-prompts 6 --max-new-tokens 256 --ignore-eos"),
-    ("loop/stacked_w12_h100/*", "the hand-stacked system on W12 against the same on cuBLAS (H100)",
-     "specpilot bench --system scripts/systems/stacked-d7k8n128.toml --system "
-     "scripts/systems/stacked-d7k8n128-w12.toml --n-prompts 6 --max-new-tokens 256 --ignore-eos"),
     ("loop/fixture-hybrid-x16/*", "the optimization loop on the hybrid GDN fixture, batch 1, H100, one call",
      "loop_fixture.py --deployment fixture-hybrid-x16 --budget-minutes 3.9 --rounds 2 --final-prompts 2 "
      "--final-tokens 256"),
@@ -79,12 +54,7 @@ SOURCES = (
     ("w12/w12_kernels_shipped*", "W12 GEMM vs cuBLAS, shipped configs", "w12_kernels.py --shipped"),
     ("w12/w12_escape_cost.*", "cost of W12 escapes", "w12_escape_cost.py"),
     ("w12/w12_refine*", "tuned table vs n128 twins", "w12_refine.py --confirm"),
-    ("w12/tree128_h100/*", "W12 vs cuBLAS, 128-node tree, fixture-x16, on a fresh H100 (no tuned table installed)",
-     "specpilot bench --system scripts/systems/tree-d7k8n128.toml --system scripts/systems/tree-d7k8n128-w12.toml "
-     "--n-prompts 6 --max-new-tokens 256 --ignore-eos"),
     ("w12/tree128/*", "W12 vs cuBLAS, 128-node tree, fixture-x16", "specpilot bench"),
-    ("w12/eager_h100/*", "W12 projections called eagerly vs replayed in a CUDA graph, beside the kept decoded "
-     "copy and BF16, fixture-x16 target shapes (H100)", "w12_eager.py"),
     ("w12/paths/*", "W12's fastest path per shape beside cuBLAS BF16, the 128-node tree's shapes, installed",
      "w12_paths.py --system scripts/systems/tree-d7k8n128.toml --rows 1 129 --budget-s 40 --install"),
 )
@@ -95,20 +65,9 @@ ERRATA = (
     ("engine/steps/engine_ar.{json,md}", "ed8baef", "ran on the working tree of f918326 (the device copy's base "
      "was the session's first commit); .md rendered from the .json by engine_ar.render (the call's timeout cut "
      "the run in its fifth configuration, before the script writes the .md)"),
-    ("controller/first_request_*.json", "-", "ran at 4505547 (compile, no-compile) and 2db4fec (padded)"),
     ("w12/w12_escape_cost.{json,md}", "b0c0d4e", "ran at 70e2a89 (b0c0d4e was a typo of the run command)"),
-    ("drafters/recipe/dflash_recipe.{json,md}", "5674dcb", "ran on the working tree of fc8981e (the device copy's "
-     "base was the session's first commit)"),
     ("w12/paths/w12_paths.{json,md}", "f6ef1ba", "ran on the working tree of 5953504 on an H100 (the device "
      "copy's base was the session's first commit)"),
-    ("w12/tree128_h100/", "5b2f1d7", "ran on the working tree of 097dd94 (the device copy's base was the "
-     "session's first commit)"),
-    ("loop/stacked_h100/", "5b2f1d7", "ran on the working tree of 097dd94 (the device copy's base was the "
-     "session's first commit)"),
-    ("loop/stacked_w12_h100/", "5b2f1d7", "ran on the working tree of 097dd94 (the device copy's base was the "
-     "session's first commit)"),
-    ("loop/fixture-x16-h100/", "d3c6c24+dirty", "ran on the working tree of 2b041a0, whose package code is "
-     "d3c6c24's (the device copy's base was the session's first commit)"),
     ("w12/tree128/", "b0f18c4", "ran on the working tree of a877aff after w12_paths.py --install (W12 and kernel "
      "code as at b0f18c4)"),
     ("loop/fixture-x16/", "defea74", "rounds 1-3 ran on the working tree of a877aff (the journal and memory "
@@ -216,8 +175,9 @@ def render_index(results: Path) -> str:
         "Generated by `python scripts/results_index.py` from the files below; do not edit by hand.",
         "Date, commit and GPU are read from inside each JSON file (`-`: the file records none).",
         "Scripts are in `scripts/` unless a folder is named.",
-        "Only the current result of each benchmark is kept; earlier runs are in git history",
-        "(under `bench/results/` before the move to `results/`).",
+        "Only the current result of each benchmark is kept, without plots its tables repeat; earlier runs,",
+        "and one-off studies whose rule the code now states (naming the script that measures it), are in",
+        "git history (under `bench/results/` before the move to `results/`).",
         "",
         "| path | benchmark | script | date | commit | GPU |",
         "|---|---|---|---|---|---|",
@@ -360,7 +320,6 @@ HEADLINES = (  # (file under results/, rows from it); a missing file is skipped
     ("drafters/fixture-x1/results.json", acceptance_rows),
     ("serving/fixture-x16-batch/results.json", serving_rows),
     ("serving/fixture-x16-batch-c32/results.json", serving_rows),
-    ("serving/mechanisms/c32/results.json", serving_rows),
     ("loop/fixture-x16/report.json", loop_rows),
     ("loop/fixture-x16-batch/report.json", loop_rows),
     ("loop/fixture-x16-batch-c32/report.json", loop_rows),

@@ -25,7 +25,7 @@ from specpilot.engine import profile as engine_profile
 from specpilot.engine.session import Session
 from specpilot.loop import measure as loop_measure
 from specpilot.loop.config import LoopConfig
-from specpilot.loop.run import profile_batches
+from specpilot.loop.context import profile_batches
 from specpilot.loop.systems import switched
 
 

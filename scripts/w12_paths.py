@@ -3,17 +3,18 @@
     python scripts/w12_paths.py --deployment fixture-x16 --system scripts/systems/tree.toml --out DIR \
         [--rows 1 8 64 65 129 257] [--budget-s 300] [--install]
 
-For the deployment's projections at the rows the system runs them (the kernel agent's
-`deployment_shapes`: verification at batch x (tree_budget + 1) rows, drafting at batch x topk,
-the prefill buckets up to 257 rows) and the target's projections at each of --rows, it runs the
-kernel agent's tuning on the deployment's own weights in W12 (`loop.agents.kernel.tune`: the
-package's config search up to `GEMM_MAX_M` rows, and cuBLAS on the weight decoded at each call or
-kept decoded, each row count taking the fastest), then times W12's best and cuBLAS on the plain
-BF16 weights side by side (CUDA-graph replays over rotating copies of the weight beyond L2, median
-per timing; rounds in turns, fastest round per arm). A shape's ratio is cuBLAS BF16 / W12's best,
-so timed: >= 1 where W12 is no slower. Writes OUT/w12_paths.json and .md, and
-OUT/tuned_<gpu>.json (every shape's best W12 choice, the table the dispatcher reads); --install
-merges that table into this machine's user cache ($SPECPILOT_HOME/kernels/<gpu>/).
+For the deployment's projections at the rows the system runs them
+(`engine.round_shapes.deployment_shapes`: verification at batch x (tree_budget + 1) rows, drafting
+at batch x topk, the prefill buckets up to 257 rows) and the target's projections at each of
+--rows, it runs the kernel agent's tuning on the deployment's own weights in W12
+(`kernels.shape_tuning.tune`: the package's config search up to `GEMM_MAX_M` rows, and cuBLAS on
+the weight decoded at each call or kept decoded, each row count taking the fastest), then times
+W12's best and cuBLAS on the plain BF16 weights side by side (CUDA-graph replays over rotating
+copies of the weight beyond L2, median per timing; rounds in turns, fastest round per arm). A
+shape's ratio is cuBLAS BF16 / W12's best, so timed: >= 1 where W12 is no slower. Writes
+OUT/w12_paths.json and .md, and OUT/tuned_<gpu>.json (every shape's best W12 choice, the table the
+dispatcher reads); --install merges that table into this machine's user cache
+($SPECPILOT_HOME/kernels/<gpu>/).
 """
 
 from __future__ import annotations
@@ -21,23 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specpilot.bench.provenance import capture  # noqa: E402
+from specpilot.engine.round_shapes import deployment_shapes, projection_shapes  # noqa: E402
 from specpilot.kernels.configs import Fallback, WeightFormat, device_slug  # noqa: E402
 from specpilot.kernels.search import Problem  # noqa: E402
+from specpilot.kernels.shape_tuning import ProjectionShape, ShapeTiming, choice_of, table_document, tune  # noqa: E402
 from specpilot.kernels.timing import rotated_rounds  # noqa: E402
-from specpilot.loop.agents.kernel import (  # noqa: E402
-    ProjectionShape,
-    ShapeTiming,
-    choice_of,
-    deployment_shapes,
-    projection_shapes,
-    table_document,
-    tune,
-)
 
 ROWS = (1, 2, 4, 8, 16, 32, 48, 64, 65, 96, 128, 129, 192, 256, 257)
 
@@ -113,17 +108,19 @@ def main(argv=None) -> int:
 
     from specpilot.config import load_deployment, load_system
     from specpilot.engine.profile import bandwidth_gbps
+    from specpilot.engine.round_shapes import is_drafter_shape, projection_weight
     from specpilot.engine.session import Session
     from specpilot.kernels import user_cache
-    from specpilot.loop.agents.kernel import GpuKernelBench
+    from specpilot.kernels.shape_tuning import GpuKernelBench
 
     dep = load_deployment(args.deployment)
     system = load_system(args.system, dep)
     session = Session.load(dep, "cuda")
     bw = bandwidth_gbps(session.device)
     drafter = session.drafter_model
-    w12 = GpuKernelBench(session.target, drafter, True, bw)
-    bf16 = GpuKernelBench(session.target, drafter, False, bw, cublas=True)
+    weight = partial(projection_weight, [m for m in (session.target, drafter) if m is not None])
+    w12 = GpuKernelBench(weight, session.target.device, True, bw, cublas=is_drafter_shape)  # the drafter: cuBLAS
+    bf16 = GpuKernelBench(weight, session.target.device, False, bw, cublas=lambda shape: True)
     shapes = shapes_for(session.target.config, drafter.config if drafter is not None else None, system,
                         dep.regime.batch, tuple(args.rows))
     rows, timings = measure(shapes, w12, bf16, args.budget_s)

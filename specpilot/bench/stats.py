@@ -1,7 +1,8 @@
 """Speedup statistics: the per-token speedup, the geometric mean, and bootstrap intervals.
 
-Owns the definitions below and their arithmetic. Does not own timing (`runner.py`) or what is
-summarised (`results.py`).
+Owns the definitions below and their arithmetic, and `bca_interval`: SciPy's BCa interval read off
+a bootstrap distribution already drawn, the one BCa implementation of the package (the controller's
+`control.stats` uses it too). Does not own timing (`runner.py`) or what is summarised (`results.py`).
 
 Definitions (a *unit* is one timed batch; with --batch 1 it is one prompt):
 - A unit i of a set has AR time a_i and AR tokens n_i, system time b_i and system tokens m_i,
@@ -9,8 +10,8 @@ Definitions (a *unit* is one timed batch; with --batch 1 it is one prompt):
 - Per-set speedup S = (sum_i a_i / sum_i n_i) / (sum_i b_i / sum_i m_i): AR's time per generated
   token over the system's, i.e. the ratio of tokens per second over the set. Per *token*, because a
   system that ends its outputs early (a different EOS, a lossy change) would otherwise look faster
-  by doing less work: 1,046 tokens against AR's 1,536 in 3.63x less time is 2.47x per token. When
-  the system's tokens equal AR's, S = sum a_i / sum b_i. Totals over the set, not a mean of
+  by doing less work: two thirds of AR's tokens in a third of its time is twice AR's speed, not three
+  times. When the system's tokens equal AR's, S = sum a_i / sum b_i. Totals over the set, not a mean of
   per-prompt ratios (biased upward by Jensen's inequality) nor their geometric mean (which lets a
   20-token answer weigh as much as a 2048-token one).
 - Across sets: G = exp(mean_s log S_s), the geometric mean of the per-set *ratios* (never of times,
@@ -21,9 +22,11 @@ Definitions (a *unit* is one timed batch; with --batch 1 it is one prompt):
   mixed and every replicate has every set). One `Resampling` (seeded indices per set) serves every
   system of a run, so the intervals of different systems are paired too.
 - Interval method (default `bca`, Efron 1987): the bias-corrected and accelerated percentile
-  interval, z0 from the share of replicates below the estimate, the acceleration from the
-  delete-one jackknife (for G, the stratified form: each unit's jackknife influence scaled by
-  (n_s - 1) / n_s of its own set). Where BCa is undefined — every replicate on one side of the
+  interval as `scipy.stats.bootstrap` computes it (`bca_interval`) on the replicates drawn here: z0
+  from the share of replicates below the estimate, the acceleration from the delete-one jackknife
+  of each set's units (for G, the stratified form: each set is one of SciPy's samples). SciPy's own
+  resampling is not used: it draws neither one `Resampling` shared by every system nor the
+  stratified, paired draw of G. Where BCa is undefined — every replicate on one side of the
   estimate, or no jackknife variance — the percentile interval is used and the `Interval` says so.
   Both are transformation-invariant and their bounds are quantiles of the replicates, so they never
   run off to 0 or infinity the way the bootstrap-t did on 2-4 prompts ([0.00, inf]).
@@ -43,8 +46,11 @@ from __future__ import annotations
 
 import enum
 import math
+import warnings
 from dataclasses import dataclass
 from statistics import NormalDist
+from types import SimpleNamespace
+from typing import Callable
 
 import numpy as np
 
@@ -108,14 +114,23 @@ class Resampling:
         return int(self.indices[0].shape[0]) if self.indices else 0
 
 
+# The log statistic of the units drawn from each sample (one index array per sample, [..., n_drawn]),
+# vectorized over leading axes: what SciPy's jackknife recomputes for BCa's acceleration.
+Statistic = Callable[..., np.ndarray]
+
+
 @dataclass(frozen=True)
 class LogBootstrap:
-    """A positive statistic on the log scale: its estimate, its bootstrap replicates, and each unit's
-    jackknife influence (for BCa's acceleration); `units` is the smallest set's number of units."""
+    """A positive statistic on the log scale: its estimate, its bootstrap replicates, and how to
+    recompute it from drawn units (for BCa's jackknife); `units` is the smallest set's number of units.
+
+    `samples` are the unit indices of each independently resampled sample (`arange(n_s)`, one per
+    set), and `statistic(*drawn_indices)` the log statistic of the units drawn from each."""
 
     log_estimate: float
     log_replicates: np.ndarray  # [R]
-    influence: np.ndarray  # [n] (n_s - 1) / n_s * (mean of leave-one-out estimates - leave-one-out estimate)
+    samples: tuple[np.ndarray, ...]  # [n_s] unit indices per resampled sample
+    statistic: Statistic
     units: int
 
     @property
@@ -127,28 +142,33 @@ class LogBootstrap:
         if self.units < MIN_UNITS:
             return Interval(est, math.nan, math.nan, level, method, TOO_FEW)
         alpha = expanded_alpha(level, self.units)
-        q = self._bca_levels(alpha) if method is IntervalMethod.BCA else None
-        if q is None:  # percentile asked for, or BCa undefined here
-            method, q = IntervalMethod.PERCENTILE, (alpha, 1.0 - alpha)
-        low, high = np.exp(np.quantile(self.log_replicates, q))
-        return Interval(est, float(low), float(high), level, method)
+        reps, est_log = self.log_replicates, self.log_estimate
+        low = high = math.nan
+        # BCa is undefined with every replicate on one side of the estimate (z0 infinite) or all of
+        # them at one point (no jackknife variance either, up to rounding)
+        spread = float(reps.max() - reps.min()) > 1e-12 * max(1.0, abs(est_log))
+        if method is IntervalMethod.BCA and spread and np.any(reps <= est_log) and np.any(reps >= est_log):
+            low, high = bca_interval(self.samples, self.statistic, reps, 1.0 - 2.0 * alpha)
+        if math.isnan(low) or math.isnan(high):  # percentile asked for, or BCa undefined here
+            method = IntervalMethod.PERCENTILE
+            low, high = (float(q) for q in np.quantile(reps, (alpha, 1.0 - alpha)))
+        return Interval(est, math.exp(low), math.exp(high), level, method)
 
-    def _bca_levels(self, alpha: float) -> tuple[float, float] | None:
-        """The BCa quantile levels of the replicates; None where BCa is undefined."""
-        normal = NormalDist()
-        reps, est = self.log_replicates, self.log_estimate
-        below = (np.count_nonzero(reps < est) + 0.5 * np.count_nonzero(reps == est)) / reps.size
-        d = self.influence
-        ss = float(np.sum(d * d))
-        if not 0.0 < below < 1.0 or ss <= (1e-12 * max(1.0, abs(est))) ** 2:
-            return None
-        z0 = normal.inv_cdf(below)
-        a = float(np.sum(d**3)) / (6.0 * ss**1.5)
-        levels = []
-        for z in (normal.inv_cdf(alpha), normal.inv_cdf(1.0 - alpha)):
-            w = z0 + z
-            levels.append(normal.cdf(z0 + w / (1.0 - a * w)))
-        return levels[0], levels[1]
+
+def bca_interval(samples, statistic: Statistic, replicates: np.ndarray, confidence_level: float,
+                 alternative: str = "two-sided") -> tuple[float, float]:
+    """SciPy's BCa interval (`scipy.stats.bootstrap`, Efron 1987) of `statistic` on `samples`, read
+    off `replicates`, a bootstrap distribution already drawn: no new resampling. `statistic` takes
+    one array per sample and reduces along the last axis. NaN bounds where BCa is undefined."""
+    from scipy import stats
+
+    drawn = SimpleNamespace(bootstrap_distribution=np.asarray(replicates))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a degenerate jackknife warns and gives NaN; extreme levels clip
+        ci = stats.bootstrap(tuple(samples), statistic, n_resamples=0, bootstrap_result=drawn,
+                             confidence_level=confidence_level, alternative=alternative, method="BCa",
+                             vectorized=True, paired=False).confidence_interval
+    return float(ci.low), float(ci.high)
 
 
 def expanded_alpha(level: float, units: int) -> float:
@@ -179,16 +199,6 @@ def _log_ratio(a: np.ndarray, n: np.ndarray, b: np.ndarray, m: np.ndarray) -> np
     return (np.log(a.sum(axis=-1)) - np.log(n.sum(axis=-1))) - (np.log(b.sum(axis=-1)) - np.log(m.sum(axis=-1)))
 
 
-def _jackknife_influence(columns: list[np.ndarray]) -> np.ndarray:
-    """(n - 1) / n * (mean_j theta_(j) - theta_(i)) per unit i, theta = `_log_ratio` of the sums."""
-    k = columns[0].size
-    if k < 2:
-        return np.zeros(k)
-    a, n, b, m = (c.sum() - c for c in columns)  # [k] leave-one-out sums
-    loo = (np.log(a) - np.log(n)) - (np.log(b) - np.log(m))  # [k]
-    return (k - 1) / k * (loo.mean() - loo)
-
-
 def per_token_bootstrap(numerator_seconds, numerator_tokens, denominator_seconds, denominator_tokens,
                         indices: np.ndarray) -> LogBootstrap:
     """S = (numerator time per token) / (denominator time per token) over paired units, e.g. AR over
@@ -204,21 +214,36 @@ def per_token_bootstrap(numerator_seconds, numerator_tokens, denominator_seconds
         raise ValueError("times and token counts must be positive")
     if indices.ndim != 2 or indices.shape[1] != cols[0].size:
         raise ValueError(f"indices of shape {indices.shape} do not resample {cols[0].size} units")
-    log_reps = _log_ratio(*(c[indices] for c in cols))  # [R]
-    return LogBootstrap(float(_log_ratio(*cols)), log_reps, _jackknife_influence(cols), int(cols[0].size))
+
+    def statistic(drawn: np.ndarray, axis: int = -1) -> np.ndarray:  # drawn [..., k] unit indices
+        return _log_ratio(*(c[drawn] for c in cols))
+
+    n = int(cols[0].size)
+    return LogBootstrap(float(_log_ratio(*cols)), statistic(indices), (np.arange(n),), statistic, n)
 
 
 def geometric_mean_bootstrap(per_set: list[LogBootstrap]) -> LogBootstrap:
     """G = exp(mean_s log S_s) with every set resampled on its own (stratified)."""
     if not per_set:
         raise ValueError("no sets")
-    m = len(per_set)
+    parts = _split([s.samples for s in per_set])
+
+    def statistic(*drawn: np.ndarray, axis: int = -1) -> np.ndarray:  # one index array per set's sample
+        return np.mean([s.statistic(*drawn[part]) for s, part in zip(per_set, parts)], axis=0)
+
     return LogBootstrap(
         float(np.mean([s.log_estimate for s in per_set])),
         np.mean([s.log_replicates for s in per_set], axis=0),
-        np.concatenate([s.influence for s in per_set]) / m,  # leaving a unit out moves only its set's term
+        tuple(x for s in per_set for x in s.samples),  # each set resampled on its own (stratified)
+        statistic,
         min(s.units for s in per_set),
     )
+
+
+def _split(groups: list[tuple]) -> list[slice]:
+    """The slice of each group's samples in their concatenation."""
+    ends = np.cumsum([0] + [len(g) for g in groups])
+    return [slice(int(a), int(b)) for a, b in zip(ends[:-1], ends[1:])]
 
 
 # ---- serving statistics (`serving_results.py`): a unit is one timed closed-loop run of requests ----
@@ -239,17 +264,22 @@ def quantile_bootstrap(values: np.ndarray, q: float, indices: np.ndarray,
     if np.any(~(values[~np.isnan(values)] > 0)):
         raise ValueError("quantiles are bootstrapped on the log scale: values must be positive")
     quantile = np.nanquantile if np.isnan(values).any() else np.quantile
+
+    def statistic(drawn: np.ndarray, axis: int = -1) -> np.ndarray:  # drawn [..., k] unit indices
+        pooled = values[drawn].reshape(*drawn.shape[:-1], -1)  # [..., k * m]
+        return np.log(quantile(pooled, q, axis=-1))
+
     est = float(np.log(quantile(values, q)))
-    idx = indices[:replicates]
-    reps = np.log(quantile(values[idx].reshape(idx.shape[0], -1), q, axis=1))  # [R]
-    if n < 2:
-        return LogBootstrap(est, reps, np.zeros(n), n)
-    loo = np.array([np.log(quantile(np.delete(values, i, axis=0), q)) for i in range(n)])
-    return LogBootstrap(est, reps, (n - 1) / n * (loo.mean() - loo), n)
+    return LogBootstrap(est, statistic(indices[:replicates]), (np.arange(n),), statistic, n)
 
 
 def ratio_of_independent(a: LogBootstrap, b: LogBootstrap) -> LogBootstrap:
     """a / b for statistics of independently resampled units (e.g. two concurrency levels); both
-    must have as many replicates. Each unit's influence keeps its sign in a, flips it in b."""
+    must have as many replicates."""
+    k = len(a.samples)
+
+    def statistic(*drawn: np.ndarray, axis: int = -1) -> np.ndarray:  # a's samples, then b's
+        return a.statistic(*drawn[:k]) - b.statistic(*drawn[k:])
+
     return LogBootstrap(a.log_estimate - b.log_estimate, a.log_replicates - b.log_replicates,
-                        np.concatenate([a.influence, -b.influence]), min(a.units, b.units))
+                        a.samples + b.samples, statistic, min(a.units, b.units))

@@ -36,7 +36,7 @@ from specpilot.control.cpus import available_cpus
 from specpilot.control.load import SHARE_BAND, Load, LoadProbe
 
 BUSY_SHARE = SHARE_BAND  # others' share of the machine's CPU above which a CPU timing is not trusted
-MIN_WINDOW_S = 0.25  # the loading stretch is read over at least this long (/proc counts 10 ms ticks)
+MIN_WINDOW_S = 0.25  # the loading stretch is read over at least this long (/proc counts in clock ticks)
 
 
 def foreign(load: Load | None) -> bool:

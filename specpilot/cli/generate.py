@@ -10,6 +10,9 @@ under foreign load gets one `warning:` line on stderr, after the statistics, say
 trustworthy. The rule for the numbers: tok/s and `--compare-ar`'s speedup are still printed with
 that warning (AR is timed right after the system, in this process, on the same threads), and
 `--json` carries the load as `cpu_load`. GPU runs are not watched.
+
+`--save-jsonl FILE` refuses a FILE that exists (without `--overwrite`) before any model loads:
+one `error:` line, exit 2, the file untouched.
 """
 
 from __future__ import annotations
@@ -194,6 +197,10 @@ def run_generate(args) -> int:
 
     if args.max_new_tokens < 1:
         raise ConfigError("--max-new-tokens must be >= 1")
+    if args.save_jsonl:  # before anything loads or runs: a refused file costs no generation
+        from specpilot.guard.records import refuse_existing
+
+        refuse_existing(args.save_jsonl, args.overwrite)
     dep = deployment_from_args(args)
     system = system_from_args(args, dep)
     parse_fault(system.fault)  # fail fast on a bad spec

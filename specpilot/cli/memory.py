@@ -4,6 +4,8 @@ another machine's export into it (`import`: a run continued elsewhere, a teammat
 `deployments --like NAME` ranks the other stored deployments by their similarity to one of them
 (`DeploymentFingerprint.similarity`, with the differences in words): the ones a run of NAME seeds
 from (`specpilot.loop.seeds`: at least `MIN_SIMILARITY`, versions lower the score, never block).
+With no other deployment stored it says so in one line (exit 0). Tables are as wide as their
+content: no name is cut.
 
 Owns: flags and output formats. Does not own queries (`store.py`).
 """
@@ -91,14 +93,24 @@ def run_list(args) -> int:
     if args.json:
         print(json.dumps([_summary(r) for r in records], indent=2))
         return 0
-    header = f"{'id':>5}  {'created (UTC)':19}  {'deployment':16}  {'candidate':20}  {'verdict':14}  " \
-             f"{'gain':>8}  {'95% interval':>19}  {'round':8}"
-    print(header)
-    for r in records:
-        interval = f"[{_pct(r.gain_lower)}, {_pct(r.gain_upper)}]" if r.gain is not None else ""
-        print(f"{r.id:>5}  {r.created_at[:19]:19}  {r.deployment_name[:16]:16}  {r.candidate.name[:20]:20}  "
-              f"{r.verdict.value:14}  {_pct(r.gain):>8}  {interval:>19}  {r.round[:8]:8}")
+    rows = [[str(r.id), r.created_at[:19], r.deployment_name, r.candidate.name, r.verdict.value, _pct(r.gain),
+             f"[{_pct(r.gain_lower)}, {_pct(r.gain_upper)}]" if r.gain is not None else "", r.round]
+            for r in records]
+    print("\n".join(table([(">", "id"), ("<", "created (UTC)"), ("<", "deployment"), ("<", "candidate"),
+                            ("<", "verdict"), (">", "gain"), (">", "95% interval"), ("<", "round")], rows)))
     return 0
+
+
+def table(columns: list[tuple[str, str]], rows: list[list[str]]) -> list[str]:
+    """The lines of a text table, header first: `columns` are (alignment '<' or '>', header); each
+    column is as wide as its widest cell, header included, so no cell is ever cut; trailing blanks
+    are dropped."""
+    widths = [max([len(head), *(len(row[i]) for row in rows)]) for i, (_, head) in enumerate(columns)]
+
+    def line(cells) -> str:
+        return "  ".join(f"{cell:{align}{width}}" for cell, (align, _), width in zip(cells, columns, widths)).rstrip()
+
+    return [line([head for _, head in columns])] + [line(row) for row in rows]
 
 
 def _summary(r) -> dict:
@@ -149,16 +161,18 @@ def run_deployments(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    head = (f"{'fingerprint':16}  {'name':20}  {'gpu':16}  {'tokens':>6}  {'specpilot':9}  {'entries':>7}  "
-            f"{'promoted':>8}")
-    print(head + ("  similarity  differences" if args.like else ""))
-    for r in rows:
-        line = (f"{r['fingerprint'][:16]:16}  {r['name'][:20]:20}  {r['gpu'][:16]:16}  {r['max_new_tokens']:>6}  "
-                f"{str(r['specpilot'])[:9]:9}  {r['evaluations']:>7}  {r['promotions']:>8}")
-        if args.like:
-            mark = "" if r["seeds"] else " (below the seeding bar)"
-            line += f"  {r['similarity']:>10.2f}  {r['differences']}{mark}"
-        print(line)
+    if args.like and not rows:
+        print(f"no other deployment in {_path(args)} to compare {here.name!r} with: run or import one first "
+              "(`specpilot run --deployment ...`, `specpilot memory import FILE`)")
+        return 0
+    columns = [("<", "fingerprint"), ("<", "name"), ("<", "gpu"), (">", "tokens"), ("<", "specpilot"),
+               (">", "entries"), (">", "promoted")] + ([(">", "similarity"), ("<", "differences")] if args.like else [])
+    cells = [[r["fingerprint"], r["name"], r["gpu"], str(r["max_new_tokens"]), str(r["specpilot"]),
+              str(r["evaluations"]), str(r["promotions"])]
+             + ([f"{r['similarity']:.2f}", r["differences"] + ("" if r["seeds"] else " (below the seeding bar)")]
+                if args.like else [])
+             for r in rows]
+    print("\n".join(table(columns, cells)))
     return 0
 
 

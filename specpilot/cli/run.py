@@ -106,6 +106,44 @@ def add_wait_flags(p: argparse.ArgumentParser) -> None:
                    help="do not wait for another timing run: time at once, marked as measured under contention")
 
 
+# first words of a command template that the shell resolves, not PATH: they are not checked
+SHELL_WORDS = frozenset({"!", "{", "(", ".", ":", "cd", "command", "eval", "exec", "export", "for", "if", "set",
+                         "source", "time", "until", "while", "case"})
+SHELL_SYNTAX = set("$`{}()[]*?;&|<>\\'\"")
+
+
+def check_coding_command(template: str | None) -> None:
+    """`--coding-agent`'s program exists: the template's first word after any NAME=value
+    assignments is found on PATH (`shutil.which`), or, as a path, is an executable file; else one
+    `ConfigError` line (exit 2) before the run starts. Not checked: a word the shell resolves (a
+    builtin or keyword, an expansion, a placeholder) and a relative path with a slash (the command
+    runs in its worktree)."""
+    import os
+    import shlex
+    import shutil
+
+    from specpilot.errors import ConfigError
+
+    if not template:
+        return
+    try:
+        words = shlex.split(template)
+    except ValueError as err:
+        raise ConfigError(f"--coding-agent {template!r}: not a shell command ({err})") from None
+    while words and "=" in words[0] and words[0].split("=", 1)[0].isidentifier():
+        words.pop(0)
+    if not words:
+        raise ConfigError(f"--coding-agent {template!r}: names no program")
+    word = os.path.expanduser(words[0])
+    if word in SHELL_WORDS or SHELL_SYNTAX & set(word) or ("/" in word and not os.path.isabs(word)):
+        return
+    if "/" in word:
+        if not (os.path.isfile(word) and os.access(word, os.X_OK)):
+            raise ConfigError(f"--coding-agent: {word} is not an executable file")
+    elif shutil.which(word) is None:
+        raise ConfigError(f"--coding-agent: no program {word!r} on PATH (install it, or give its full path)")
+
+
 def wait_seconds(args) -> float:
     return 0.0 if args.no_wait else max(0.0, args.wait_minutes * 60)
 
@@ -184,6 +222,7 @@ def run_command(args) -> int:
         from specpilot.errors import ConfigError
 
         raise ConfigError("--resume continues the run in --out: name it (--out RUN_DIR)")
+    check_coding_command(args.coding_command)
     devices = worker_devices(args.devices)
     config = config_from_args(args, "cuda" if devices[0].startswith("cuda") else "cpu")
     deployment = load_deployment(args.deployment)

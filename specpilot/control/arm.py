@@ -1,10 +1,15 @@
 """`ArmSpec`: what a worker process needs to build the runner of one arm, and import paths.
 
-The runner contract (the engine implements it; tests use fakes):
+The runner contract, one for isolated and shared workers (the engine's `SessionRunner`
+implements it; tests use fakes). `system` is a knob dict such as `ArmSpec.system`; an isolated
+worker is only ever asked for its own spec's:
 
     runner = factory(spec)                      # factory named by spec.factory, "module:callable"
-    runner.warmup(prompts, max_new_tokens) -> None
-    runner.generate(prompts, max_new_tokens) -> list[list[int]]   # generated ids per prompt
+    runner.warm(system, prompts, max_new_tokens) -> None                   # untimed
+    runner.run(system, prompts, max_new_tokens, stop_at_eos) -> {"outputs": [[..]], "timing": {..}}
+
+"outputs" holds the ids generated per prompt; "timing" (as `engine.runner.run_regime` gives it)
+is read from shared workers only.
 
 A spec crosses the process boundary as JSON, so every field is plain data. This module is
 imported inside worker processes (after a patch candidate's worktree is put first on sys.path),
@@ -23,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from specpilot.errors import ConfigError
 
-DEFAULT_RUNNER = "specpilot.engine.runner:SystemRunner"
+DEFAULT_RUNNER = "specpilot.engine.runner:SystemRunner"  # `SessionRunner` by its first name, kept: fingerprints hold it
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ with n an arm's generated tokens in the block: time per token. Under continuous 
 worker also reports each request's saturated stretches (while a prompt waited for a slot: every
 slot taken, `ServingResult.saturated_*`); a request pair whose two arms both saturated is compared
 on those seconds and tokens alone: the rate of a server at its concurrency, without the ramp-down
-as the last requests finish alone, and less spread between blocks (`results/serving/timing_noise`).
+as the last requests finish alone, and less spread between blocks (`scripts/serving_timing_noise.py`
+measures both).
 Lossless arms generate the same tokens in exact arithmetic, but in bf16 a different tree shape or
 kernel reduces in another order and a near-tie can flip, after which the outputs -- and their
-lengths -- differ (measured on the H200: 13 of 40 outputs of a lossless tree candidate, 1.1% fewer
-tokens). Per token, such a difference does not pass for a speed change. Blocks whose outputs
+lengths -- differ (on a GPU, a lossless tree candidate against stock). Per token, such a difference does not pass for a speed change. Blocks whose outputs
 carry no tokens (simulations) use the times alone.
 
 * One device: arms alternate request by request, which arm goes first following `Order`: ABBA

@@ -47,7 +47,7 @@ from typing import Iterable
 
 MARKER_ENV = "SPECPILOT_CONTAINMENT"  # a per-worker random token in every worker's environment
 VOID_CPU_SHARE = 0.05  # foreign CPU seconds / block wall seconds above which a block is void
-VOID_MIN_CPU_S = 0.03  # ... and at least this much (/proc counts in 10 ms ticks)
+VOID_MIN_CPU_S = 0.03  # ... and at least this much (a few of /proc's clock ticks, TICK_S)
 PROC = "/proc"
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
 

@@ -3,10 +3,10 @@
 Arms are timed from outside on request-to-response time, and on one GPU a decode loop with a host
 sync every round is partly CPU-bound: a worker that shares its cores with the other arm, the
 controller or a busy neighbour runs slower *as a process*, a bias that alternating the arms' order
-does not cancel (unpinned on the H200, one copy of stock ran consistently faster than another,
--2.65% [-4.82%, -0.92%]). So each worker gets its own disjoint set of cores,
-the lowest core of this process's set stays free for the controller, and all sets have the same
-size. With too few cores for that (fewer than workers + 1) nothing is pinned.
+does not cancel (unpinned, one copy of stock can run consistently faster than another: the
+stock-vs-stock noise floor of `scripts/controller_noise.py` shows it). So each worker gets its own
+disjoint set of cores, the lowest core of this process's set stays free for the controller, and all
+sets have the same size. With too few cores for that (fewer than workers + 1) nothing is pinned.
 
 Owns: `plan_cpus` and the name of the environment variable that carries a worker's cores
 (`CPUS_ENV`). Does not own starting workers (`worker.py`) or pinning (`worker_main._pin_cpus`, which

@@ -11,7 +11,7 @@ socket and again when the reply becomes readable, then reads, decodes and checks
 outside the timed span. Concurrent requests (side by side) are sent back to back and their
 arrivals taken from one `multiprocessing.connection.wait` loop. With `collect_garbage`, each worker
 about to be timed first runs Python's cyclic garbage collector on request (untimed) and keeps it
-off for the timed generate call, so a collection pause never lands inside one arm's request at
+off for the timed run call, so a collection pause never lands inside one arm's request at
 random (as `timeit` and pyperf do); objects that were alive after warm-up are frozen out of
 every collection. With `pin_cpus`, every worker runs on its own equal set of cores
 (`specpilot.control.cpus`).
@@ -87,8 +87,8 @@ class WorkerPair:
             for w, reply in replies.items():
                 w.info = reply
             for request in warmup:
-                msg = {"op": "warmup", "prompts": [list(p) for p in request], "max_new_tokens": config.max_new_tokens}
-                self._all(lambda w: msg, config.startup_timeout_s)
+                self._all(lambda w: {"op": "warm", "system": w.spec.system, "prompts": [list(p) for p in request],
+                                     "max_new_tokens": config.max_new_tokens}, config.startup_timeout_s)
         except BaseException:
             self.close()
             raise
@@ -99,8 +99,7 @@ class WorkerPair:
         worker = self.workers[arm, 0]
         self._activate([worker])
         try:
-            reply = worker.request({"op": "generate", "prompts": [list(p) for p in prompts],
-                                    "max_new_tokens": max_new_tokens}, self.config.request_timeout_s)
+            reply = worker.request(_run(worker, prompts, max_new_tokens, False), self.config.request_timeout_s)
         except WorkerError as err:
             raise ArmFailure(arm, err) from None
         return self._outputs(arm, worker, reply, len(prompts), max_new_tokens)
@@ -117,16 +116,16 @@ class WorkerPair:
             for request, first in zip(plan.requests, plan.first):
                 order = (first, first.other)
                 workers = {arm: self.workers[arm, phase.device(arm)] for arm in order}
-                msg = json.dumps({"op": "generate", "prompts": request, "max_new_tokens": plan.max_new_tokens,
-                                  "gc_off": self.config.collect_garbage}).encode()
+                msgs = {arm: json.dumps(_run(workers[arm], request, plan.max_new_tokens,
+                                             self.config.collect_garbage)).encode() for arm in order}
                 if phase.concurrent:
                     self._collect(order, workers)
-                    got = self._timed_together(order, workers, msg)
+                    got = self._timed_together(order, workers, msgs)
                 else:
                     got = {}
                     for arm in order:
                         self._collect((arm,), workers)
-                        got[arm] = self._timed_alone(arm, workers[arm], msg)
+                        got[arm] = self._timed_alone(arm, workers[arm], msgs[arm])
                 for arm, (t, reply) in got.items():
                     times[arm].append(t)
                     reports[arm].append(_reported_seconds(reply))
@@ -197,13 +196,13 @@ class WorkerPair:
         except WorkerError as err:
             raise ArmFailure(arm, err) from None
 
-    def _timed_together(self, order: tuple[Arm, Arm], workers: dict[Arm, Worker], msg: bytes) -> dict:
+    def _timed_together(self, order: tuple[Arm, Arm], workers: dict[Arm, Worker], msgs: dict[Arm, bytes]) -> dict:
         self._activate(list(workers.values()))
         t0, t1 = {}, {}
         for arm in order:
             try:
                 t0[arm] = time.perf_counter_ns()
-                workers[arm].send_bytes(msg)
+                workers[arm].send_bytes(msgs[arm])
             except WorkerError as err:
                 raise ArmFailure(arm, err) from None
         pending = {workers[arm].conn: arm for arm in order}
@@ -253,7 +252,13 @@ class WorkerPair:
         return replies
 
 
+def _run(worker: Worker, prompts, max_new_tokens: int, gc_off: bool) -> dict:
+    """A `run` request for the worker's own system, stopping at EOS as a deployment does."""
+    return {"op": "run", "system": worker.spec.system, "prompts": [list(p) for p in prompts],
+            "max_new_tokens": max_new_tokens, "stop_at_eos": True, "gc_off": gc_off}
+
+
 def _reported_seconds(reply: dict) -> float:
-    """The worker's own account of its generate call (diagnostics only); NaN if absent or not a number."""
+    """The worker's own account of its run call (diagnostics only); NaN if absent or not a number."""
     value = reply.get("seconds")
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")

@@ -1,8 +1,9 @@
 """Shared workers: knob-only comparisons in one persistent, trusted worker per device.
 
 A comparison whose two arms run the controller's own code (no patch worktree, a runner factory
-listed in `SHARED_FACTORIES`) needs no process isolation: both arms are systems of one
-deployment, and one process can hold them all over one copy of the weights (`SessionRunner`).
+of the `specpilot` package) needs no process isolation: both arms are systems of one deployment,
+and one process can hold them all over one copy of the weights (`SessionRunner`, the runner an
+isolated worker uses for its one system; the arms' own factory builds it here too).
 A shared worker is started and built once per (deployment, device, factory) and stays up across
 comparisons and rounds until its backend closes; its clocks are settled once, before its first
 timed request (`settle`). Code-patch candidates never come here: they keep fresh isolated workers
@@ -12,7 +13,7 @@ Timing: the arms' requests alternate in the block's order (ABBA), one at a time,
 fixed number of new tokens with EOS ignored, so both arms do the same work. Nothing runs between
 two timed requests: no garbage collection (Python's collector is off inside a request, and what
 was alive after warm-up is frozen out of it), since any host work there leaves the GPU idle and
-its clock dips, which the next request pays for (`results/controller/timing_probe.md`). A request's time is
+its clock dips, which the next request pays for (`scripts/timing_probe.py` measures it). A request's time is
 its decode time after prefill, by CUDA events in the worker (the wall clock on CPU); under continuous
 batching the whole serving run, and its saturated stretches, which the block statistic compares
 when both arms have them (`blocks.BlockResult.log_ratio`). The worker's
@@ -47,20 +48,16 @@ from specpilot.control.outputs import OutputError, validate_outputs
 from specpilot.control.pair import ArmFailure
 from specpilot.control.worker import FailureKind, Worker, WorkerError
 
-# single-system runner factory -> the runner that serves every system of a deployment in one process
-SHARED_FACTORIES = {
-    "specpilot.engine.runner:SystemRunner": "specpilot.engine.runner:SessionRunner",
-    "specpilot.loop.runner:LoopRunner": "specpilot.loop.runner:SharedLoopRunner",
-}
 CLOCK_TOLERANCE = 0.01  # |GPU span - wall span| / wall span above which a timed request is run again
 MAX_RERUNS = 3
 RESETTLE_SECONDS = 5.0  # settling cap of every comparison after a worker's first
 
 
 def shareable(incumbent: ArmSpec, candidate: ArmSpec) -> bool:
-    """Both arms run the controller's own code with a known runner, on one deployment."""
+    """Both arms run the controller's own code (a runner of this package, no worktree), on one
+    deployment: only then are the times a runner reports about itself trusted."""
     return (incumbent.workdir is None and candidate.workdir is None
-            and incumbent.factory == candidate.factory and incumbent.factory in SHARED_FACTORIES
+            and incumbent.factory == candidate.factory and incumbent.factory.startswith("specpilot.")
             and incumbent.deployment == candidate.deployment)
 
 
@@ -126,7 +123,7 @@ class SharedWorkers:
             if worker is not None:  # died since: start afresh, keeping its log
                 self._keep_logs = True
                 worker.close()
-            shared = ArmSpec(spec.deployment, {"name": "shared"}, device, None, SHARED_FACTORIES[spec.factory])
+            shared = ArmSpec(spec.deployment, {"name": "shared"}, device, None, spec.factory)
             worker = Worker.start(shared, f"shared{len(self._workers)}", self._log_dir)
             try:
                 worker.info = worker.request({"op": "build", "spec": worker.spec.to_dict()}, config.startup_timeout_s)

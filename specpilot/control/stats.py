@@ -19,7 +19,8 @@ Definitions (the controller, the rule and the memory all use exactly these):
   of the two in every regime simulated (<= 2.5% there), at a small cost in width on clean data.
 * One-sided bound. `lower_bound(alpha)` = min(BCa bound, t bound) at one-sided error alpha; the
   BCa bound is scipy's alternative='greater' on the same bootstrap distribution (no new
-  resampling), so every level is read off one distribution.
+  resampling: `bench.stats.bca_interval`, the package's one BCa), so every level is read off one
+  distribution.
 * p-value of H0: g <= theta. max(p_BCa, p_t): p_BCa is the smallest alpha whose BCa bound exceeds
   theta (the BCa percentile map inverted in closed form), p_t the one-sided t-test p-value. By
   construction p < alpha exactly when lower_bound(alpha) > theta (tested), so the multiplicity
@@ -32,11 +33,12 @@ Owns: these numbers and their plain-dict form. Does not own thresholds or decisi
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+
+from specpilot.bench.stats import bca_interval
 
 
 @dataclass(frozen=True)
@@ -172,14 +174,9 @@ class GainEstimate:
     def _bca_lower(self, alpha: float) -> float:
         if self._boot is None:
             return self.gain
-        from scipy import stats
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # extreme alphas can leave the distribution's range
-            res = stats.bootstrap((np.asarray(self.log_ratios),), np.mean, n_resamples=0,
-                                  bootstrap_result=self._boot.result, confidence_level=1 - alpha,
-                                  alternative="greater", method="BCa", vectorized=True)
-        return math.expm1(float(res.confidence_interval.low))
+        low, _ = bca_interval((np.asarray(self.log_ratios),), np.mean, self._boot.result.bootstrap_distribution,
+                              1 - alpha, alternative="greater")
+        return math.expm1(low)
 
     def _bca_p(self, threshold: float) -> float:
         theta = math.log1p(threshold)

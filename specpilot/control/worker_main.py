@@ -1,4 +1,4 @@
-"""Entry point of an isolated worker process: builds one arm's runner and serves its requests.
+"""Entry point of a worker process, isolated or shared: builds its runner and serves its requests.
 
 Run as a script by `worker.Worker` — `python worker_main.py FD PARENT_PID` — never imported by
 the controller. Until the runner is built it uses the standard library only, so a patch
@@ -9,21 +9,20 @@ Protocol, over the socket FD (one JSON object per message; JSON, never pickle, s
 worker cannot make the controller execute anything by what it sends back):
 
     -> {"op": "build", "spec": {...}}                    <- {"ok": true, "pid": .., "specpilot": path}
-    -> {"op": "warmup", "prompts": [[..]], "max_new_tokens": n}    <- {"ok": true}
-    -> {"op": "collect"}                                 <- {"ok": true}   (gc.collect(), untimed)
-    -> {"op": "generate", "prompts": [[..]], "max_new_tokens": n, "gc_off": bool}
-                                                         <- {"ok": true, "outputs": [[..]], "seconds": s}
     -> {"op": "warm", "system": {..}, "prompts": [[..]], "max_new_tokens": n}     <- {"ok": true}
+    -> {"op": "collect"}                                 <- {"ok": true}   (gc.collect(), untimed)
     -> {"op": "run", "system": {..}, "prompts": [[..]], "max_new_tokens": n, "stop_at_eos": bool,
-        "gc_off": bool}                                  <- {"ok": true, "outputs": [[..]], "timing": {..}}
+        "gc_off": bool}                   <- {"ok": true, "outputs": [[..]], "timing": {..}, "seconds": s}
     -> {"op": "close"}                                   <- {"ok": true}, then exit
     any failure                                          <- {"ok": false, "error": "...", "traceback": "..."}
 
-The controller times each request from its own process; the "seconds" a worker reports about its
-own generate call are kept for diagnostics only (a candidate could report anything).
-`warm` and `run` are served only by a shared worker's runner (`SessionRunner`: every system of
-a deployment in one process, `specpilot.control.shared`), which runs the controller's own code
-and no candidate's; there the runner's timing (CUDA events, prefill apart) is what is measured.
+The runner (`control/arm.py` states its contract) is asked for a system by knob dict: an isolated
+worker's only ever for its own arm's, a shared worker's (`specpilot.control.shared`) for both arms
+of each comparison. An isolated worker is timed by the controller from its own process: the
+runner's "timing" is ignored there, and the "seconds" this process reports about its own run call
+are kept for diagnostics only (a candidate could report anything). A shared worker runs the
+controller's own code and no candidate's; there the runner's timing (CUDA events, prefill apart)
+is what is measured.
 """
 
 import gc
@@ -125,42 +124,27 @@ def _handle(runner, msg: dict):
         return runner, {"ok": True, "pid": os.getpid(), "specpilot": getattr(package, "__file__", None)}
     if runner is None:
         raise RuntimeError(f"op {op!r} before build")
-    if op == "warmup":
-        runner.warmup(msg["prompts"], msg["max_new_tokens"])
+    if op == "warm":
+        runner.warm(msg["system"], msg["prompts"], msg["max_new_tokens"])
         gc.collect()
         gc.freeze()  # what is alive after warm-up (modules, compiled graphs) is never scanned again
         return runner, {"ok": True}
     if op == "collect":
         gc.collect()
         return runner, {"ok": True}
-    if op == "generate":
+    if op == "run":
         gc_was_on = gc.isenabled()
         if msg.get("gc_off"):
             gc.disable()
         start = time.perf_counter()
         try:
-            outputs = runner.generate(msg["prompts"], msg["max_new_tokens"])
+            reply = runner.run(msg["system"], msg["prompts"], msg["max_new_tokens"], bool(msg.get("stop_at_eos", True)))
         finally:
             seconds = time.perf_counter() - start
             if gc_was_on:
                 gc.enable()
         # "seconds" is this process's own account: the controller keeps it for diagnostics only.
-        return runner, {"ok": True, "outputs": outputs, "seconds": seconds}
-    if op == "warm":
-        runner.warm(msg["system"], msg["prompts"], msg["max_new_tokens"])
-        gc.collect()
-        gc.freeze()
-        return runner, {"ok": True}
-    if op == "run":
-        gc_was_on = gc.isenabled()
-        if msg.get("gc_off"):
-            gc.disable()
-        try:
-            reply = runner.run(msg["system"], msg["prompts"], msg["max_new_tokens"], bool(msg.get("stop_at_eos", True)))
-        finally:
-            if gc_was_on:
-                gc.enable()
-        return runner, {"ok": True, **reply}
+        return runner, {**reply, "ok": True, "seconds": seconds}
     raise RuntimeError(f"unknown op {op!r}")
 
 

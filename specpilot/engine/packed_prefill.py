@@ -1,10 +1,10 @@
 """Packed prefill: the prompt chunks of several cache rows in one forward.
 
 Continuous batching admits requests one sync at a time, and each brings a prompt chunk for its own
-row of the shared cache. Run row by row, every chunk is a whole eager forward: on the H200 the
-fixture-x16 target spends ~10 ms of host time launching one, so eight admissions cost ~0.15 s of
-a serving unit in which the GPU mostly waits, and that host time is what varies from run to run
-(`scripts/serving_timing_noise.py`). Packed, the chunks of one sync are one forward over their
+row of the shared cache. Run row by row, every chunk is a whole eager forward whose host time
+goes to launching kernels, so a sync with many admissions is a stretch of a serving unit in which
+the GPU mostly waits, and that host time is what varies from run to run (measured by
+`scripts/serving_timing_noise.py`). Packed, the chunks of one sync are one forward over their
 concatenated tokens [1,S]:
 
 * Each chunk gets a region of a batch-1 *packing cache* (`PackingCache`): region r holds slots
@@ -20,7 +20,7 @@ concatenated tokens [1,S]:
 * A graphed packing cache (`graphed`, on CUDA with a bucket) runs the forward as a CUDA graph, one
   per padded length, captured on the length's first use (`warm` captures them all): the layout's
   per-call tensors are copied into the graph's static inputs and the forward is one replay, where
-  the eager forward costs the x16 target ~10 ms of host launches. The copy-in of continued prompts
+  the eager forward pays the host's launch of every kernel. The copy-in of continued prompts
   and the write-back stay eager (their sizes vary); the features come out cloned.
 
 Outputs equal the row-by-row chunk forwards up to float rounding: the projections see an [S,C]

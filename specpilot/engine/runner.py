@@ -1,8 +1,22 @@
-"""`SystemRunner`: one system of one deployment behind the controller's worker contract.
+"""`SessionRunner`: the runner inside every worker process, behind the controller's worker contract.
 
-The controller builds it inside an isolated worker process from an `ArmSpec`-like object with
-`deployment` (path or shipped name), `system` (knob dict incl. name) and `device`, then calls
-`warmup` and `generate`. Timing is measured by the controller from outside this process.
+It holds the systems of one deployment over one loaded session (`control/arm.py` states the
+contract: `warm` and `run`, each naming its system by knob dict). An isolated worker
+(`control/pair.py`) builds it from one arm's spec and asks it for that system only, timed by the
+controller from outside; a shared worker (`control/shared.py`) asks one runner for every knob-only
+system of a comparison, all over one copy of the weights, and uses the times it reports.
+
+With `workspaces` (the loop's GPU workers, `loop/runner.py`) a system's first warm-up also builds
+every decoding workspace a timed request can need (`warm_workspaces`). The generator keeps one
+workspace (KV cache, CUDA graphs, warmed prefill shapes) per (batch, capacity), the capacity
+rounded up from prompt + new tokens + the tree's slack; the first request whose prompt lands in a
+new capacity builds one — graph capture and a pass over every padded prefill shape — inside its
+timed span. That costs several times the request's own time, more for a candidate whose deeper
+tree needs more slack: one such block outweighs a real gain, so no timed request may build a
+workspace (`scripts/first_request.py` measures a first request against its repeat).
+
+Owns: serving a block of prompts as the deployment's regime serves them, the per-system
+generators and their warm-up. Does not own timing from outside or what is sent when (`control/`).
 """
 
 from __future__ import annotations
@@ -11,6 +25,7 @@ from specpilot.config import Deployment, Regime, System, load_deployment
 from specpilot.engine.generator import Generator
 from specpilot.engine.serving import Request, ServingEngine
 from specpilot.engine.session import Session
+from specpilot.errors import ConfigError
 
 
 def run_regime(generator: Generator, regime: Regime, prompts: list[list[int]], max_new_tokens: int,
@@ -49,55 +64,91 @@ def system_of(deployment: Deployment, knobs: dict) -> System:
     return deployment.stock.with_knobs(knobs, name)
 
 
-class SystemRunner:
-    def __init__(self, spec):
-        deployment = load_deployment(spec.deployment)
-        self.system = system_of(deployment, spec.system)
-        self.session = Session.load(deployment, device=getattr(spec, "device", None))
-        self.generator = self.session.generator(self.system)
-
-    def warmup(self, prompts: list[list[int]], max_new_tokens: int) -> None:
-        self.generate(prompts, max_new_tokens)
-
-    def generate(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-        """Outputs per prompt, served as the deployment's regime serves them."""
-        return run_regime(self.generator, self.session.deployment.regime, prompts, max_new_tokens)[0]
-
-
 class SessionRunner:
-    """Every system of one deployment in one process, all sharing the session's loaded weights.
+    """Systems of one deployment in one process, all sharing the session's loaded weights.
 
-    The runner of a *shared* worker (`specpilot.control.shared`): it stays up across comparisons,
-    builds a generator per system on first use (keeping the `keep` most recent), and times its own
+    Builds a generator per system on first use (keeping the `keep` most recent) and times its own
     requests — prefill apart from decode, by CUDA events where there is a GPU and by the wall clock
-    as well. Its timings are trusted only because its code is the controller's own: a code-patch
-    candidate never runs here.
+    as well. A shared worker trusts those times only because its code is the controller's own: a
+    code-patch candidate runs in an isolated worker, timed from outside.
     """
 
-    def __init__(self, spec, keep: int = 8):
+    def __init__(self, spec, keep: int = 8, workspaces: bool = False):
         self.deployment = load_deployment(spec.deployment)
+        self.system(spec.system)  # knobs the engine refuses fail the build, not the first request
         self.session = Session.load(self.deployment, device=getattr(spec, "device", None))
         self.keep = keep
+        self.workspaces = workspaces
+        self.warmed: dict[str, list[int]] = {}  # system fingerprint -> prompt lengths of its workspace warm-up
         self._recent: list[str] = []  # system fingerprints, least recently used first
 
     def system(self, knobs: dict) -> System:
         return system_of(self.deployment, knobs)
 
-    def generator(self, knobs: dict):
+    def generator(self, knobs: dict) -> Generator:
         system = self.system(knobs)
         key = system.fingerprint()
         if key in self._recent:
             self._recent.remove(key)
         self._recent.append(key)
         while len(self._recent) > self.keep:
-            self.session.forget(self._recent.pop(0))
+            old = self._recent.pop(0)
+            self.session.forget(old)
+            self.warmed.pop(old, None)  # a rebuilt generator has no workspaces: warm them again
         return self.session.generator(system)
 
     def warm(self, knobs: dict, prompts: list[list[int]], max_new_tokens: int) -> None:
+        """One untimed request (EOS ignored); with `workspaces`, a system's first also builds its workspaces."""
         self.run(knobs, prompts, max_new_tokens, stop_at_eos=False)
+        key = self.system(knobs).fingerprint()
+        if self.workspaces and key not in self.warmed:
+            self.warmed[key] = warm_workspaces(self.generator(knobs), self.deployment.regime.batch, prompts,
+                                               max_new_tokens)
 
     def run(self, knobs: dict, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = True) -> dict:
         """Outputs per prompt and the request's timing, served as the regime serves them."""
         outputs, timing = run_regime(self.generator(knobs), self.deployment.regime, prompts, max_new_tokens,
                                      stop_at_eos)
         return {"outputs": outputs, "timing": timing}
+
+
+# The name `evaluate --runner` has always defaulted to (`control.arm.DEFAULT_RUNNER`): it enters each
+# arm's fingerprint, and so the prompts the controller draws for it.
+SystemRunner = SessionRunner
+
+
+def workspace_lengths(generator, max_new_tokens: int) -> list[int]:
+    """The shortest prompt length of each of the generator's smallest workspace capacities (as many
+    as it keeps at once), for `max_new_tokens` new tokens; [] when the generator does not say."""
+    capacity_for = getattr(generator, "capacity_for", None)
+    keep = getattr(generator, "max_workspaces", 0)
+    limit = getattr(generator, "max_positions", 0)
+    if capacity_for is None or keep < 1 or limit < 1:
+        return []
+    lengths, last = [], None
+    for length in range(1, limit + 1):
+        try:
+            cap = capacity_for(length, max_new_tokens)
+        except ConfigError:  # prompt + new tokens beyond the context: no longer prompt fits either
+            break
+        if cap != last:
+            if len(lengths) == keep:
+                break
+            lengths.append(length)
+            last = cap
+    return lengths
+
+
+def warm_workspaces(generator, batch: int, prompts: list[list[int]], max_new_tokens: int) -> list[int]:
+    """Generate `batch` prompts once at the shortest prompt length of each workspace capacity the
+    generator keeps (the smallest `max_workspaces` of them, which hold every prompt of the shipped
+    sets), largest first so the common small ones are the most recently used; the prompts are the
+    warm-up prompt's tokens repeated, never a timed prompt. Returns the lengths run."""
+    seed = next((list(p) for p in prompts if p), None)
+    if seed is None:
+        return []
+    lengths = workspace_lengths(generator, max_new_tokens)
+    for length in reversed(lengths):
+        prompt = (seed * (length // len(seed) + 1))[:length]
+        generator.generate([prompt] * batch, max_new_tokens)
+    return lengths

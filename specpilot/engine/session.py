@@ -32,6 +32,7 @@ from specpilot.models.eagle3 import Eagle3Model
 from specpilot.models.eagle3_checkpoint import is_eagle3_dir, load_eagle3
 from specpilot.models.config import ModelConfig
 from specpilot.models.fixture import resolve_checkpoint
+from specpilot.models import ops
 from specpilot.models.loading import load_model
 from specpilot.models.tokenizer import Tokenizer, check_same_vocabulary
 from specpilot.models.transformer import Transformer, use_attention
@@ -61,6 +62,34 @@ def _check_triton_device(device: torch.device, system: System, setting: str) -> 
     """Our Triton kernels run on CUDA, or on CPU under the interpreter: elsewhere `setting` is an error."""
     if device.type != "cuda" and not env.triton_interpret():
         raise ConfigError(f"system {system.name!r}: {setting} needs a CUDA device (or TRITON_INTERPRET=1)")
+
+
+def ran_on_device(system: System, device: str | torch.device) -> dict[str, tuple[object, str]]:
+    """The knobs of `system` that do not run as set on `device`, each as (what ran, why), by the
+    engine's rules: CUDA graphs are captured on CUDA only (`Generator.use_graphs`), else each round
+    runs eagerly; a compiled verification or proposal is compiled only where
+    `models.ops.compiled_static` compiles (CUDA, and SPECPILOT_COMPILE not 0), else eager; PDL is a
+    CUDA launch attribute (`kernels.launch.pdl`); kernel = "cublas" (and a drafter model's
+    draft_kernel) is torch's F.linear, which off CUDA is torch's own matmul, not cuBLAS. Empty for a
+    system that runs as set. For showing what ran: the system (its knobs, its fingerprint) is what
+    the memory keeps, and runs as set on a GPU."""
+    device = torch.device(device)
+    cuda, drafts = device.type == "cuda", system.drafter in DRAFTER_MODELS
+    out: dict[str, tuple[object, str]] = {}
+    if system.cuda_graphs and not cuda:
+        out["cuda_graphs"] = (False, "CUDA graphs are captured on CUDA only: each round ran eagerly")
+    if ops.STATIC_BACKEND == "inductor" and not ops.fusion_enabled(device):
+        for knob, on in (("verify_compile", system.verify_compile), ("draft_compile", system.draft_compile and drafts)):
+            if on:
+                out[knob] = (False, "torch.compile runs on CUDA only, and not with SPECPILOT_COMPILE=0: eager")
+    if system.pdl and not cuda:
+        out["pdl"] = (False, "programmatic dependent launch is a CUDA launch attribute")
+    if not cuda:
+        matmul = "F.linear off CUDA is torch's own matmul, not cuBLAS"
+        for knob, on in (("kernel", True), ("draft_kernel", drafts)):
+            if on and getattr(system, knob) is Kernel.CUBLAS:
+                out[knob] = ("torch", matmul)
+    return out
 
 
 def with_attention(model, system: System):

@@ -66,10 +66,9 @@ def prefill(model: Transformer, cache, prompts: list[list[int]], chunk: int = 20
     (padding cut off) for a feature-conditioned drafter; otherwise None.
 
     bucket > 0 pads each chunk with token 0 to a multiple of `bucket` tokens, so prompts of many
-    lengths run a few shapes: on the H200 the first prefill of each new length in a process costs
-    ~0.1 s more than a repeat, with or without torch.compile
-    (results/controller/first_request_*.json), which would make the first request of every prompt
-    slow and the controller's timings noisy. The generator runs each padded shape once when it
+    lengths run a few shapes: on a GPU the first prefill of each new length in a process costs
+    more than a repeat, with or without torch.compile (`scripts/first_request.py` measures it),
+    which would make the first request of every prompt slow and the controller's timings noisy. The generator runs each padded shape once when it
     creates a workspace. The padding is
     invisible: padded rows come after every real row (the causal mask hides them from it), and
     their cache slots lie past the prompt, where the first decode round writes before it reads,

@@ -24,10 +24,17 @@ class OutputRecord:
     output_ids: tuple[int, ...]
 
 
-def write_records(path: str | Path, records: list[OutputRecord], overwrite: bool = False) -> None:
+def refuse_existing(path: str | Path, overwrite: bool = False) -> Path:
+    """`path`, unless a file is there and `overwrite` is off: then one `SpecPilotError` line.
+    `write_records`' rule, for a command to check before it does the work whose output it saves."""
     path = Path(path)
     if path.exists() and not overwrite:
         raise SpecPilotError(f"{path}: already exists (pass --overwrite to replace it)")
+    return path
+
+
+def write_records(path: str | Path, records: list[OutputRecord], overwrite: bool = False) -> None:
+    path = refuse_existing(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     with os.fdopen(fd, "w") as f:

@@ -10,7 +10,9 @@ descriptors of the GEMM's TMA loads), `launch.py` (operands, split-K plan), `wor
 (split-K scratch), `dispatch.py` (choice by M), `op.py` (a projection as one custom op, opaque to
 torch.compile), `aot.py` (compiling every variant without a GPU),
 `search.py` (the launch-config search and the tuned tables it writes), `timing.py` (CUDA-graph
-timing, and the checked timer the search runs on a GPU), `attention.py` (split-KV attention for
+timing, and the checked timer the search runs on a GPU), `shape_tuning.py` (a deployment's
+projection shapes tuned within a budget, largest excess over the byte floor first; the GPU bench on
+its own weights), `attention.py` (split-KV attention for
 calls with few queries, as one custom op; its kernels in `attention_kernel.py`).
 The modules that route a model's projections to these kernels live in `specpilot.models.linear`.
 

@@ -200,7 +200,7 @@ TMA_X_MIN_M = 16  # x's tiles by TMA are worth a try from here (at M = 1 they ar
 
 
 # The untuned default tile per format, for M up to the bucket's bound: the candidate with the best
-# geometric mean of its time over the 10 Qwen3 projections at each M on the H200.
+# geometric mean of its time over the 10 Qwen3 projections at each M (`scripts/w12_kernels.py`).
 _HEURISTIC_TILES = {  # format -> ((largest M, (block_n, block_k, num_warps, num_stages)), ...)
     WeightFormat.W12: ((16, (64, 256, 4, 3)), (32, (64, 128, 4, 3)), (GEMM_MAX_M, (128, 128, 8, 3))),
     WeightFormat.DENSE: ((GEMM_MAX_M, (64, 128, 4, 3)),),
@@ -209,8 +209,8 @@ _HEURISTIC_TILES = {  # format -> ((largest M, (block_n, block_k, num_warps, num
 
 # The heuristic tiles load their weights by TMA (`tma.py`; cp.async wherever TMA cannot, e.g. before
 # sm_90): against the same tile with cp.async, TMA is faster on most rows in both formats (a few
-# percent in geometric mean) and rarely more than a few percent slower. Where the tuned table has a
-# row it decides; this is the default for the rest.
+# percent in geometric mean) and rarely more than a few percent slower (`scripts/w12_refine.py
+# --twin tma` times the two). Where the tuned table has a row it decides; this is the default for the rest.
 HEURISTIC_TMA = True
 
 # The escape gather reads a transposed copy of x (`gather_t`) by default from this many rows on weights
@@ -250,7 +250,7 @@ def auto_split_k(n_tiles: int, k_steps: int, sm_count: int, programs_per_sm: int
 
 @functools.cache
 def device_slug(device_name: str) -> str:
-    """'NVIDIA H200' -> 'nvidia_h200' (file name of the device's tuned table)."""
+    """'NVIDIA Name 80GB' -> 'nvidia_name_80gb' (file name of the device's tuned table)."""
     return re.sub(r"[^a-z0-9]+", "_", device_name.lower()).strip("_")
 
 

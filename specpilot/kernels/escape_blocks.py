@@ -3,9 +3,8 @@
 The GEMM decodes every escape slot as the placeholder code, which in its scaled domain
 (w * 2^(112 - e0), see `specpilot.w12.layout`) is 2^-15. The CSR correction after the K loop
 (`gemm.py`, ESC_EPILOGUE) costs a chain of dependent loads per row block -- CSR range, then
-escapes, then the x columns they name, for every 16 escapes -- at the end of every program:
-+2% to +61% of the kernel on the H200, against +1% to +21% for escape blocks
-(`results/w12/w12_escape_cost.md`). Adding them inside the K loop, per (row block, K tile), costs
+escapes, then the x columns they name, for every 16 escapes -- at the end of every program, which
+costs more of the kernel than escape blocks do (`scripts/w12_escape_cost.py` times both). Adding them inside the K loop, per (row block, K tile), costs
 as much as the epilogue: the x gather then stalls every step. Here each row block of `block_n` rows -- under split-K, each (row block, K
 split) -- gets a fixed number `slot` of *entries* (row in block, column, value) at an address the
 program computes from its ids: it loads them before its K loop (nothing waits on them there), and

@@ -17,9 +17,10 @@ as the placeholder 2^-15. The escapes are added in that scaled domain, one of tw
   K loop from addresses fixed by the program id, and after it one gather of x at their columns
   and one one-hot dot add them, each split-K program its own columns -- one memory round trip.
   The gather reads row-major x, one 32-byte sector per (entry, row), so its traffic grows with M;
-  with `LaunchConfig.gather_t` the call first copies x^T [K, M] (a kernel of ~2.5 µs) and the
-  gather reads each column's M values side by side: it pays on the lm_heads at M = 64 (0.93x ->
-  1.02x cuBLAS on the H200), while small projections lose the copy's time, so configs opt in;
+  with `LaunchConfig.gather_t` the call first copies x^T [K, M] (a kernel of its own) and the
+  gather reads each column's M values side by side: it pays on large weights at many rows (the
+  lm_heads at M = 64), while small projections lose the copy's time, so configs opt in
+  (`GATHER_T_MIN_M`, `GATHER_T_MIN_WEIGHTS`; `scripts/w12_kernels.py` times both);
 - the epilogue correction, for weights escape blocks cannot express (Inf/NaN, values whose scaled
   form is no normal BF16, rows full of escapes): the program finishing a row block reads its CSR
   escapes, 16 at a time, and adds two one-hot dots per chunk (values, minus placeholders), the
@@ -33,8 +34,8 @@ config asks for it (`LaunchConfig.resident`, `max_registers`).
 The first K step's MMA reads `where(step == step0, 0, acc)`, which Triton lowers to wgmma's
 use-accumulator flag. Starting from the zeros instead, the path that skips the loop hands the
 accumulator registers a plain move, and ptxas then serializes every wgmma of the kernel (info
-C7515): the K loop then waits after each HGMMA, 1-8% slower at M = 1 and up to 19% at M = 32 on
-the H200. The SASS test holds the loop to one wait per K step.
+C7515): the K loop then waits after each HGMMA, slower at every M and more so at more rows
+(`scripts/w12_kernels.py` times the kernel). The SASS test holds the loop to one wait per K step.
 
 With `LaunchConfig.tma` the weight tiles come by TMA from tensor descriptors instead (`tma.py`):
 the same tiles, so the same output bit for bit; a weight TMA cannot describe keeps cp.async. With
@@ -298,7 +299,7 @@ def gemm(x: torch.Tensor, weight: W12Weight | torch.Tensor, config: LaunchConfig
     or "off", which skips them: a wrong result, timed only; nothing else may pass it."""
     run, mode, _, block_args, slot = plan_launch(x, weight, config, workspace, escapes)
     gather_t = config.gather_t and mode.value == ESC_BLOCKS.value
-    xt = x.t().contiguous() if gather_t else x  # [K, M]: its own kernel, ~2.5 µs on the H200
+    xt = x.t().contiguous() if gather_t else x  # [K, M]: its own kernel
     descs = tma_descriptors(weight, run.ops, config) if config.tma else None
     bm = block_m(KernelPath.GEMM, x.shape[0])
     x_desc = x_descriptor(x, bm, config)

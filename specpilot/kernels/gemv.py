@@ -8,27 +8,27 @@ float32 weight), and code i of every group meets x at that code's column, gather
 (which the repeated reads keep in L1; BF16 x on the GPU a pair of columns per inline-PTX load).
 So the weights stay in the registers they were loaded into: nothing is reordered into column
 order, and nothing passes through shared memory (assembling tiles in column order, as the
-tensor-core GEMM needs them, makes Triton convert them through shared memory: 5.1 instructions
-per W12 weight at M = 1 on sm_90, slower than the GEMM).
+tensor-core GEMM needs them, makes Triton convert them through shared memory, which at these row
+counts is slower than the GEMM itself).
 
 Each activation row m keeps one [BLOCK_N, G] float32 accumulator (G = BLOCK_K / 8), summed over
 the codes of a group in code order, over the K steps in order, and over G once at the end. Plain
 weights run the same loop in the same order, their codes read by column (`_dense_codes`; BF16
 pairs as one 32-bit load): on escape-free weights W12 gives the plain kernel's output bit for
-bit, since the decoders' scaling by 2^(112 - e0) is undone exactly per row. With `num_stages` > 1
-Triton pipelines the loop's loads through shared memory (cp.async); on the H200 that, a register
-prefetch of the next step and TMA loads were all slower than plain loads with several programs
-per SM. Row blocks are split along K when there are too few of them to keep every SM streaming;
-splits reduce through `tiles.reduce_split_k` in a fixed order, so results do not depend on
-scheduling.
+bit, since the decoders' scaling by 2^(112 - e0) is undone exactly per row. The loop's loads are
+plain loads with several programs per SM: pipelining them through shared memory (`num_stages` > 1,
+cp.async), a register prefetch of the next step and TMA loads were all slower
+(`scripts/w12_kernels.py` times the GEMV's configs against cuBLAS). Row blocks are split along K
+when there are too few of them to keep every SM streaming; splits reduce through
+`tiles.reduce_split_k` in a fixed order, so results do not depend on scheduling.
 
 W12 escapes come from escape blocks (`gemm.escape_operands`): this program's slab is loaded before
 the K loop and added in the scaled domain after it. A slab of at most G entries (the benchmark's
 shapes: a few escapes per row block) is loaded one entry per lane of the accumulators' G axis and
 each product x[m, column] * value added into acc[its row, its lane] before the sum over G: no
 reduction or layout change of its own, where a one-hot [BM, SLOT, BN] sum after the loop goes
-through shared memory (on 8B qkv at M = 1: 13.32 µs against 14.24, 13.82 with escapes off).
-Wider slabs keep the one-hot sum. Weights without blocks take the CSR correction of the program
+through shared memory and slows the kernel (`scripts/w12_kernels.py` times it on weights with
+escapes). Wider slabs keep the one-hot sum. Weights without blocks take the CSR correction of the program
 that finishes a row block (three dependent loads after the loop).
 
 Launched with programmatic dependent launch (`launch.pdl`), a program loads and decodes its first

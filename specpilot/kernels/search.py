@@ -289,7 +289,7 @@ class OutOfBudget(enum.Enum):
 class SearchSettings:
     budget_s: float = math.inf  # problems reached within this many seconds are swept
     sweep: bool = True  # False: the default configs only, whatever the budget
-    sm_count: int = 132  # the GPU's SMs (an H200's 132), for the split phases
+    sm_count: int = 132  # the GPU's SMs (callers pass the device's), for the split phases
     out_of_budget: OutOfBudget = OutOfBudget.DEFAULTS
 
 

@@ -181,8 +181,8 @@ def reduce_split_k(acc, ws_ptr, count_ptr, tile, pid_k, split_k, ws_offsets, ws_
     (acq_rel, gpu scope) orders all threads' partial stores before the arrival; `.cg` loads read
     the partials from L2, never from a stale L1 line. The reset is relaxed: nothing in this launch
     reads the counter again, and the kernel boundary orders it before the next launch. An acq_rel
-    reset would put a second fence on the last split's path: 0.3-0.45 µs per call on the split
-    rows at M = 1 on the H200.
+    reset would put a second fence on the last split's path, a measurable cost per call on the
+    split rows at M = 1 (`scripts/w12_kernels.py` times them).
     """
     tl.store(ws_ptr + pid_k * split_stride + ws_offsets, acc, mask=ws_mask)
     tl.debug_barrier()

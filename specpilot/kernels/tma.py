@@ -20,7 +20,7 @@ breaks them (an odd row stride, a sliced view, a K step of 512) or is float32 ta
 loads. So does an x that fills less than three quarters of the box's rows: a box hanging far past
 x's last row is slower than the plain loads, the more so the more rows it fills with zeros. The
 search times tma_x at each bucket's full row count, where the box fits exactly; the dispatcher's
-configs at row counts between the bounds, with this rule, are in results/w12/w12_kernels_shipped_4.md.
+configs at row counts between the bounds, with this rule, are timed by `scripts/w12_kernels.py --shipped`.
 
 Which configs use TMA is the search's and the tuned table's choice (`search.py`, `configs.py`).
 Does not own the kernel (`gemm.py`).

@@ -12,9 +12,9 @@ the drafter's rank-j candidate with probability
 node, `decay` < 1 when the drafter drifts away from the target along a path). The rank decay r is
 not fitted: the stock tree (7 nodes) holds too few siblings to tell it apart from alpha. It is a
 prior per drafter kind (`RANK_DECAY`), chosen where `scripts/acceptance_check.py` (the model fitted
-on the stock shape against 8 measured shapes, `results/loop/acceptance_check.md`) erred least on
-the fixture; with r = 1 (a lower rank as likely as the top one once those above it missed) wide
-trees were over-predicted by up to 29% (draft model) and 39% (EAGLE-3). Exactly one child of
+on the stock shape against other measured shapes) erred least on the fixture; with r = 1 (a lower
+rank as likely as the top one once those above it missed) it over-predicts wide trees, the more so
+for EAGLE-3 than for the draft model. Exactly one child of
 a correct node can be right, so a node is on the accepted path with probability equal to its
 *value*, the product of p_j along its root path, and
 

@@ -13,8 +13,7 @@ what is left, so it stops cleanly and still measures and reports. The estimates:
 - the final measurement: AR, stock and the final system over every prompt at their measured (AR
   and incumbent) ms per token, plus warm-up: a process's start, load and CUDA graphs where the
   final system carries a patch (it is benched in its worktree's own process), else only each
-  system's graphs and warmed shapes in the loop's loaded process (an H200 run of fixture-x16-batch:
-  AR and stock warmed and served in 29 s against an estimate of 105 s with the whole start-up). Served by
+  system's graphs and warmed shapes in the loop's loaded process. Served by
   continuous batching in C slots, a unit of R x C requests of at most T tokens ends within
   (R + 1 - 1/C) x T token times (its last request starts once the others' work, at most
   (R x C - 1) x T, is spread over the slots), which is the estimate: slots draining at its end

@@ -17,9 +17,8 @@ procedure and reused from the memory, so a preset's numbers are fixed, not adapt
                12 noise blocks, up to 10 extra blocks in looks of 5. Under continuous batching a
                block is 1 request x 256 new tokens (`CONTINUOUS`): the same tokens per block, twice
                as far into each output. Acceptance grows along an output, and not equally for every
-               drafter: served at concurrency 8 on fixture-x16-batch, EAGLE-3 accepted 3.99 tokens a
-               round over the first 128 tokens and 4.88 over 512, the draft model 3.45 and 3.68, so
-               128-token requests price a drafter switch short (results/serving/lengths/).
+               drafter (EAGLE-3's more than the draft model's), so 128-token requests price a
+               drafter switch short (`scripts/serving_lengths.sh` serves both lengths).
     standard   the controller's own defaults (`control.defaults.default_config`): 20 blocks x 4
                requests x the deployment's max_new_tokens, 30 noise blocks — for long runs.
 

@@ -43,7 +43,7 @@ from specpilot.loop.systems import Candidate
 
 FINAL_NAME = "final"
 # a serving unit: two requests per slot, so requests are admitted while others decode (one per
-# slot would be a static batch that drains); results/serving/ was measured so too
+# slot would be a static batch that drains); `specpilot bench --regime serving` measures so too
 FINAL_REQUESTS_PER_SLOT = SERVING_REQUESTS_PER_SLOT  # as the loop's timed requests (`control.defaults`)
 
 

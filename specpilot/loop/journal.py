@@ -6,7 +6,8 @@ and the human line that was printed for it. `decisions.jsonl` in the run directo
 order, one per line, flushed and fsynced as they happen, so a killed run keeps every decision it
 took; `--resume` appends to the same file.
 
-Owns: `EventKind`, `Event`, `Journal` (write, read back, print). Does not own what is decided.
+Owns: `EventKind`, `Event`, `Journal` (write, read back, print). Does not own what is decided, nor
+what each record says (`reporter.py`).
 """
 
 from __future__ import annotations
@@ -106,6 +107,14 @@ class Journal:
         with self._lock:
             self.stream.write(prefix + lines[0] + "\n" + "".join(pad + line + "\n" for line in lines[1:]))
             self.stream.flush()
+
+    def acknowledge(self, text: str) -> None:
+        """A line answering the user (Ctrl-C), printed even when quiet: unprefixed then."""
+        if not self.quiet:
+            self.say(text)
+            return
+        self.stream.write(text + "\n")
+        self.stream.flush()
 
     def of(self, kind: EventKind) -> list[Event]:
         return [e for e in self.events if e.kind is kind]

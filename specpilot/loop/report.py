@@ -9,7 +9,8 @@ for a deployment served by continuous batching) and the cost tables before and a
     report.json       schema "specpilot.loop/1": settings, noise floor, seeds from similar
                       deployments, rounds (cost table, the slot split by gap, every decision with
                       its numbers and the gap it targeted), promotions, final measurement, gaps
-                      before/after
+                      before/after; the final system's file, each knob the run's device did not
+                      run as set noted with what ran (`system_toml`)
     report.md         the same for people: headline, promoted changes, rounds, gaps, settings
     trajectory.png    estimated gain over stock by round with intervals; final speedups over AR
     gaps.png          where a token's time goes, before and after, against the ceiling
@@ -97,8 +98,28 @@ def promotions(chain, journal_events, parent_patches: dict | None = None) -> lis
     return out
 
 
+def system_toml(system, device: str | None) -> tuple[str, dict]:
+    """The final system as the report shows it: its system file as the memory keeps it, each knob
+    that did not run as set on `device` (the run's devices' kind, "cpu" or "cuda"; None: unknown)
+    followed by a TOML comment saying what ran and why (`engine.session.ran_on_device`), so the
+    text still loads as this very system; and those knobs as {knob: {"set", "ran", "why"}}."""
+    from specpilot.engine.session import ran_on_device
+
+    ran = ran_on_device(system, device) if device else {}
+    knobs = system.knobs()
+    lines = []
+    for line in system.to_toml().splitlines():
+        knob = line.split(" = ", 1)[0]
+        if knob in ran:
+            line += f"  # on {device}: {json.dumps(ran[knob][0])} ({ran[knob][1]})"
+        lines.append(line)
+    return "\n".join(lines) + "\n", {k: {"set": knobs[k], "ran": v, "why": why} for k, (v, why) in ran.items()}
+
+
 def build_report(paths, journal, deployment, fp, config, ccfg, noise, start, incumbent, after, final, stop,
-                 memory) -> dict:
+                 memory, device: str | None = None) -> dict:
+    """The report document. `device`: the kind of the devices the run ran on ("cpu", "cuda"),
+    for saying which of the final system's knobs did not run as set there (`system_toml`)."""
     from specpilot.control.defaults import source_commit
     from specpilot.control.rule import promotion_threshold
     from specpilot.loop.state import promotion_chain
@@ -117,6 +138,7 @@ def build_report(paths, journal, deployment, fp, config, ccfg, noise, start, inc
     before = next((r["cost"] for r in rounds if r["cost"]), None)
     agents = {e.data["agent"]: {"enabled": e.data["enabled"], "reason": e.data["reason"]}
               for e in journal.events if e.kind is EventKind.AGENT}
+    toml, on_device = system_toml(incumbent.candidate.system, device)
     return plain_json({
         "schema": SCHEMA,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -140,7 +162,7 @@ def build_report(paths, journal, deployment, fp, config, ccfg, noise, start, inc
                          "has_patch": incumbent.candidate.patch is not None,
                          "patch_summary": _summary_dict(incumbent.candidate.patch),
                          "estimated_gain_over_stock": incumbent.cumulative_gain,
-                         "toml": incumbent.candidate.system.to_toml()},
+                         "toml": toml, "on_device": on_device},
         "promotions": chain,
         "compounded_gain": compounded - 1,
         "final": final.to_dict() if final else None,
@@ -160,12 +182,12 @@ def _stock_candidate(deployment):
 
 
 def write_report(paths, journal, deployment, fp, config, ccfg, noise, start, incumbent, after, final, stop,
-                 memory) -> tuple[list[Path], dict]:
+                 memory, device: str | None = None) -> tuple[list[Path], dict]:
     """Write the report's files; (their paths, the journal's last; the report document)."""
     from specpilot.loop.plots import plot_gaps, plot_trajectory
 
     report = build_report(paths, journal, deployment, fp, config, ccfg, noise, start, incumbent, after, final, stop,
-                          memory)
+                          memory, device)
     files = [paths.out / REPORT_JSON, paths.out / REPORT_MD]
     write_text_atomic(files[0], json.dumps(report, indent=1, allow_nan=False) + "\n")
     write_text_atomic(files[1], render_markdown(report))
@@ -266,8 +288,11 @@ def render_markdown(r: dict) -> str:
     fs = r["final_system"]
     lines += [f"Final system `{fs['name']}`: {describe(fs['changes_from_stock'], fs.get('patch_summary'))}; estimated "
               f"{_pct(fs['estimated_gain_over_stock'])} over stock from the promotions' stored gains "
-              f"(compounded {_pct(r['compounded_gain'])}).", "", "```toml", fs["toml"].strip(), "```", "",
-              "## Promoted changes", ""]
+              f"(compounded {_pct(r['compounded_gain'])}).", "", "```toml", fs["toml"].strip(), "```", ""]
+    if fs.get("on_device"):
+        lines += ["The `#` notes say what ran on this run's device instead of the knob as set; the system is "
+                  "stored as written, and runs so on a GPU.", ""]
+    lines += ["## Promoted changes", ""]
     if r["promotions"]:
         rows = [[p["round"] or "-", f"`{p['name']}`", p["agent"], p.get("gap") or "-",
                  describe(p["changes"], p.get("patch_summary")),
@@ -389,7 +414,7 @@ def seed_line(s: dict) -> str:
 
 
 def render_slots(d: dict) -> str:
-    """'Slots: knob 2 (acceptance 0.190 ms/tok), kernel 1 (verify-kernels 0.170 ms/tok)' from a SLOTS record."""
+    """'Slots: knob 2 (acceptance <gap> ms/tok), kernel 1 (verify-kernels <gap> ms/tok)' from a SLOTS record."""
     from specpilot.loop.slots import SlotPlan
 
     seeds = f"seeds from similar deployments {d['seeds']}; " if d.get("seeds") else ""

@@ -96,7 +96,7 @@ class SlotPlan:
         return tuple(s.agent for _, s in ranked if s.slots > 0)
 
     def line(self) -> str:
-        """e.g. 'slots: knob 2 (acceptance 0.190 ms/tok), kernel 1 (verify-kernels 0.170, exploration)'."""
+        """e.g. 'slots: knob 2 (acceptance <gap> ms/tok), kernel 1 (verify-kernels <gap>, exploration)'."""
         by_name = {s.agent: s for s in self.shares}
         parts = []
         for name in self.active:

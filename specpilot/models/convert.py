@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from specpilot.errors import CheckpointError
 from specpilot.models.loading import safetensors_files
@@ -33,6 +32,7 @@ from specpilot.w12.checkpoint import (
     ShardWriter,
     is_w12_checkpoint,
     iter_w12_tensors,
+    save_tensors,
 )
 from specpilot.w12.codec import decode, encode
 
@@ -227,7 +227,7 @@ def convert_checkpoint(src: str | Path, dst: str | Path, include_embeddings: boo
             writer.add(name, w)
             reports.append(TensorReport(name, w.shape, w.num_escapes, w.nbytes_total))
         if kept:
-            save_file(kept, str(tmp / KEPT_FILE), metadata={"format": "pt"})
+            save_tensors(kept, tmp / KEPT_FILE, {"format": "pt"})
         writer.close({"source": str(src.resolve()), **({"load": STORAGE_LOAD} if storage else {})})
         if dst.exists():
             shutil.rmtree(dst) if dst.is_dir() else dst.unlink()

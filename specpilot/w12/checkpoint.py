@@ -26,6 +26,7 @@ against a source (`specpilot.models.convert`).
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,13 +58,36 @@ def is_w12_checkpoint(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
+def umask_mode() -> int:
+    """The mode the user's umask gives a new file (0o666 & ~umask): read from /proc where Linux
+    shows it, else by setting the umask and putting it back."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)  # the strictest mask while it is read: a file another thread makes meanwhile is private
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    """safetensors' `save_file`, the file then given the mode any new file of the user's gets
+    (`umask_mode`): safetensors writes through a private temporary file (mode 0600)."""
+    save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, umask_mode())
+
+
 def crc32(t: torch.Tensor) -> int:
     """CRC-32 of a CPU tensor's bytes."""
     return zlib.crc32(memoryview(t.contiguous().numpy()).cast("B"))
 
 
 class ShardWriter:
-    """Writes W12 tensors into numbered shards of about `shard_bytes`, then the manifest."""
+    """Writes W12 tensors into numbered shards of about `shard_bytes`, then the manifest; every
+    file with the mode the user's umask gives a new file (`save_tensors`)."""
 
     def __init__(self, directory: Path, shard_bytes: int = DEFAULT_SHARD_BYTES):
         self.directory = directory
@@ -93,7 +117,7 @@ class ShardWriter:
             return
         file = f"{SHARD_PREFIX}{len(self.files) + 1:05d}.safetensors"
         path = self.directory / file
-        save_file(self.pending, str(path), metadata={"format": FORMAT_NAME, "version": str(FORMAT_VERSION)})
+        save_tensors(self.pending, path, {"format": FORMAT_NAME, "version": str(FORMAT_VERSION)})
         self.files[file] = {"bytes": path.stat().st_size}
         self.pending, self.pending_bytes = {}, 0
 

@@ -22,6 +22,30 @@ def test_a_system_file_with_ngram_and_adaptive_depth_generates(capsys, target_di
     assert code == 0 and report["knobs"]["adaptive_depth"] == [3, 7] and report["identical_to_ar"]
 
 
+def test_an_existing_save_jsonl_file_is_refused_before_any_model_loads(monkeypatch, capsys, target_dir, tmp_path):
+    """Issue 56: `--save-jsonl FILE` refused an existing FILE only after generating; it is refused
+    first (one `error:` line, exit 2, the file as it was), and `--overwrite` still lets it through."""
+    from specpilot.engine.session import Session
+
+    out = tmp_path / "outputs.jsonl"
+    out.write_text("kept\n")
+    loads = []
+
+    def load(cls, *args, **kwargs):
+        loads.append(args)
+        raise RuntimeError("the models were loaded before the file was checked")
+
+    monkeypatch.setattr(Session, "load", classmethod(load))
+    argv = ["generate", "--target", str(target_dir), "--prompt", "a b", "--max-new-tokens", "4", "--device", "cpu",
+            "--save-jsonl", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {out}: already exists (pass --overwrite to replace it)\n"
+    assert loads == [] and out.read_text() == "kept\n"
+    with pytest.raises(RuntimeError, match="loaded"):
+        main([*argv, "--overwrite"])
+
+
 @pytest.fixture
 def two_threads():
     """torch on two threads while the test runs (the session's fixture gives it one)."""

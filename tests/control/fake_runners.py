@@ -1,7 +1,8 @@
 """Fake runners for the controller's tests. Standard library only: they run inside worker processes.
 
-Each follows the runner contract (`factory(spec)`, `warmup`, `generate`) and reads its behaviour
-from knobs in `spec.system`:
+Each follows the runner contract (`factory(spec)`, `warm`, `run`: `specpilot.control.arm`) for its
+own arm's system, serving `run` from `generate` (what the subclasses vary), and reads its
+behaviour from knobs in `spec.system`:
 
     seconds   sleep per prompt of a request (the runner's "speed")
     jitter    relative sd of a per-request lognormal jitter; `spike` adds a rare x(1+spike) outlier
@@ -52,8 +53,11 @@ class SpeedRunner:
         self.rng = random.Random(int(knobs.get("seed", 0)))
         self.device = spec.device
 
-    def warmup(self, prompts, max_new_tokens):
-        self.generate(prompts, max_new_tokens)
+    def warm(self, system, prompts, max_new_tokens):
+        self.run(system, prompts, max_new_tokens)
+
+    def run(self, system, prompts, max_new_tokens, stop_at_eos=True):
+        return {"outputs": self.generate(prompts, max_new_tokens)}
 
     def _sleep(self, n_prompts: int) -> None:
         factor = math.exp(self.rng.gauss(0.0, self.jitter)) if self.jitter else 1.0
@@ -172,7 +176,7 @@ class WatcherRunner(SpeedRunner):
         self.watch = Path(spec.system["watch_pid_file"])
         self.log = Path(spec.system["log_file"])
 
-    def warmup(self, prompts, max_new_tokens):  # every worker warms up at once: nothing to watch
+    def warm(self, system, prompts, max_new_tokens):  # every worker warms up at once: nothing to watch
         SpeedRunner.generate(self, prompts, max_new_tokens)
 
     def generate(self, prompts, max_new_tokens):
@@ -307,7 +311,7 @@ class HonestFirstRunner(SpeedRunner):
         self.honest = int(spec.system.get("honest", 1))
         self.calls = 0
 
-    def warmup(self, prompts, max_new_tokens):  # not counted: warm-up is not a generate request
+    def warm(self, system, prompts, max_new_tokens):  # not counted: warm-up is not a run request
         SpeedRunner.generate(self, prompts, max_new_tokens)
 
     def generate(self, prompts, max_new_tokens):

@@ -29,7 +29,7 @@ def test_worker_runs_on_the_cores_it_was_given(tmp_path):
     w = Worker.start(spec, "a0", tmp_path, cpus=(core,))
     try:
         w.request({"op": "build", "spec": w.spec.to_dict()}, 60)
-        reply = w.request({"op": "generate", "prompts": [[1, 2]], "max_new_tokens": 8}, 60)
+        reply = w.request({"op": "run", "system": spec.system, "prompts": [[1, 2]], "max_new_tokens": 8}, 60)
     finally:
         w.close()
     assert reply["outputs"] == [[core]]

@@ -111,10 +111,10 @@ class Runner:
         knobs = spec.system
         self.dir, self.arm, self.other = Path(knobs["dir"]), knobs["arm"], knobs["other"]
 
-    def warmup(self, prompts, n):
+    def warm(self, system, prompts, n):
         pass
 
-    def generate(self, prompts, n):
+    def run(self, system, prompts, n, stop_at_eos=True):
         seq = len(list(self.dir.glob(self.arm + ".*")))  # one request of an arm at a time
         (self.dir / f"{self.arm}.{seq}").touch()
         peer = self.dir / f"{self.other}.{seq}"
@@ -123,7 +123,7 @@ class Runner:
             time.sleep(0.001)
         with open(self.dir / (self.arm + "-log"), "a") as f:
             f.write("met\\n" if peer.exists() else "alone\\n")
-        return [[1] for _ in prompts]
+        return {"outputs": [[1] for _ in prompts]}
 """
 
 
@@ -222,15 +222,16 @@ def test_worktree_comes_first_on_the_workers_path(tmp_path):
         "import specpilot\n"
         "class Runner:\n"
         "    def __init__(self, spec):\n        self.flag = int(getattr(specpilot, 'PATCHED', False))\n"
-        "    def warmup(self, prompts, n):\n        pass\n"
-        "    def generate(self, prompts, n):\n        return [[self.flag] for _ in prompts]\n")
+        "    def warm(self, system, prompts, n):\n        pass\n"
+        "    def run(self, system, prompts, n, stop_at_eos=True):\n"
+        "        return {'outputs': [[self.flag] for _ in prompts]}\n")
     w = Worker.start(ArmSpec("fixture", {"name": "p"}, "cpu", str(tmp_path), "patched_runner:Runner"), "p", tmp_path)
     try:
         w.send({"op": "build", "spec": w.spec.to_dict()})
         w.wait_ready(20)
         info = w.receive()
         assert info["specpilot"] == str(tmp_path / "specpilot" / "__init__.py")
-        w.send({"op": "generate", "prompts": [[1], [2]], "max_new_tokens": 4})
+        w.send({"op": "run", "system": {"name": "p"}, "prompts": [[1], [2]], "max_new_tokens": 4})
         w.wait_ready(20)
         assert w.receive()["outputs"] == [[1], [1]]
         w.send({"op": "explode"})  # failures inside the worker are reported, not fatal

@@ -34,7 +34,7 @@ def test_a_worker_started_from_a_thread_outlives_that_thread(tmp_path):
     try:
         time.sleep(0.5)  # a death signal would have landed by now
         assert w.proc.poll() is None, (tmp_path / "t.log").read_text()
-        reply = w.request({"op": "generate", "prompts": [[4, 5, 6]], "max_new_tokens": 4}, 30)
+        reply = w.request({"op": "run", "system": spec.system, "prompts": [[4, 5, 6]], "max_new_tokens": 4}, 30)
         assert reply
     finally:
         w.close()

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from specpilot.config import shipped_deployments_dir
-from specpilot.engine.runner import SessionRunner, SystemRunner
+from specpilot.engine.runner import SessionRunner
 from specpilot.errors import ConfigError
 
 
@@ -24,22 +24,22 @@ def test_continuous_regime_serves_the_block_with_the_static_outputs(tmp_path):
     (tmp_path / "static").mkdir()
     static_spec = SimpleNamespace(deployment=deployment(tmp_path / "static", "[regime]\nbatch = 2\n"), system={},
                                   device="cpu")
-    static = SystemRunner(static_spec)
+    static = SessionRunner(static_spec)
     spec = SimpleNamespace(deployment=deployment(tmp_path, "[regime]\nbatch = 2\ncontinuous = true\n"), device="cpu",
                            system={"segment_tokens": 6})
-    served = SystemRunner(spec)
+    served = SessionRunner(spec)
     assert served.session.deployment.regime.continuous
-    expected = static.generate(PROMPTS, 12)
-    assert served.generate(PROMPTS, 12) == expected
-    out = SessionRunner(spec).run({"segment_tokens": 6}, PROMPTS, 12)
+    static_out = static.run({}, PROMPTS, 12)
+    expected = static_out["outputs"]
+    out = served.run({"segment_tokens": 6}, PROMPTS, 12)
     assert out["outputs"] == expected
     timing = out["timing"]
     assert timing["gpu_s"] is None and timing["decode_s"] == timing["wall_s"] > 0
     assert timing["tokens"] == sum(len(o) for o in expected)
     # six prompts in two slots: prompts waited while every slot was taken
     assert timing["saturated_s"] > 0 and 0 < timing["saturated_tokens"] < timing["tokens"]
-    assert SessionRunner(spec).run({}, PROMPTS[:2], 12)["timing"]["saturated_tokens"] == 0  # never a wait
-    static_timing = SessionRunner(static_spec).run({}, PROMPTS, 12)["timing"]
+    assert served.run({}, PROMPTS[:2], 12)["timing"]["saturated_tokens"] == 0  # never a wait
+    static_timing = static_out["timing"]
     assert static_timing["saturated_s"] is None and static_timing["saturated_tokens"] is None
 
 

@@ -107,3 +107,15 @@ def git_repo(root: Path) -> Path:
     (root / "pkg" / "new.py").write_text("NEW = True\n")
     (root / "debug.log").write_text("ignored\n")
     return root
+
+
+def run_context(**given):
+    """A `RunContext` with only `given` set and None elsewhere: for tests of one step of a run (no
+    models, no workers)."""
+    from dataclasses import fields
+
+    from specpilot.loop.context import RunContext
+
+    names = [f.name for f in fields(RunContext)]
+    assert set(given) <= set(names), f"not RunContext fields: {set(given) - set(names)}"
+    return RunContext(**{name: given.get(name) for name in names})

@@ -4,7 +4,7 @@ import time
 from dataclasses import replace
 
 import pytest
-from loop_fixtures import CONFIG, DEPLOYMENT, STOCK, cost_table, evaluation, fingerprint
+from loop_fixtures import CONFIG, DEPLOYMENT, STOCK, cost_table, evaluation, fingerprint, run_context
 
 from specpilot.config import Regime
 from specpilot.control.controller import Costs
@@ -82,7 +82,7 @@ def test_the_final_measurement_in_the_loaded_process_warms_each_system_only():
 def test_the_final_may_carry_a_patch_when_any_source_of_one_is_there():
     from types import SimpleNamespace
 
-    from specpilot.loop.run import _Run as LoopRun
+    from specpilot.loop.context import holds_patches
 
     class Memory:
         def __init__(self, patches):
@@ -93,13 +93,14 @@ def test_the_final_may_carry_a_patch_when_any_source_of_one_is_there():
             return [SimpleNamespace(candidate=SimpleNamespace(patch=p)) for p in self.patches]
 
     def run(patches=(), agents=("knob",)):
-        return SimpleNamespace(_patches_stored=None, memory=Memory(patches),
-                               enabled=tuple(SimpleNamespace(name=a) for a in agents))
+        memory = Memory(patches)
+        ctx = run_context(patches_stored=holds_patches(memory), agents=tuple(SimpleNamespace(name=a) for a in agents))
+        assert memory.calls == 1  # the memory is read once per run, as it opens
+        return ctx
 
     plain, patched = (SimpleNamespace(candidate=SimpleNamespace(patch=p)) for p in (None, "diff"))
     quiet = run()
-    assert not LoopRun._final_may_patch(quiet, plain) and not LoopRun._final_may_patch(quiet, plain)
-    assert quiet.memory.calls == 1  # the memory is read once per run
-    assert LoopRun._final_may_patch(quiet, patched)
-    assert LoopRun._final_may_patch(run(agents=("knob", "coding")), plain)
-    assert LoopRun._final_may_patch(run(patches=(None, "diff")), plain)
+    assert not quiet.final_may_patch(plain) and not quiet.final_may_patch(plain)
+    assert quiet.final_may_patch(patched)
+    assert run(agents=("knob", "coding")).final_may_patch(plain)
+    assert run(patches=(None, "diff")).final_may_patch(plain)

@@ -226,12 +226,12 @@ def test_the_final_measurement_runs_when_the_final_cost_table_cannot_be_measured
     """On the H200 a final system whose AR twin could not be built lost its final measurement with its
     cost table; the final benchmark does not need the table, and the report names what failed."""
     from specpilot.errors import ConfigError
-    from specpilot.loop import run as loop_run
+    from specpilot.loop.context import RunContext
 
     def broken(self, candidate):
         raise ConfigError("system 'ar': cannot be measured")
 
-    monkeypatch.setattr(loop_run._Run, "measure", broken)
+    monkeypatch.setattr(RunContext, "measure", broken)
     result = run_loop(config(rounds=0, agents=("knob",)), RunOptions(
         deployment=world["deployment"], out=str(world["root"] / "run-no-table"), memory=world["memory"],
         devices=("cpu",)), io.StringIO())

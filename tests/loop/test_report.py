@@ -1,5 +1,7 @@
 """The report's reading of the journal."""
 
+import torch
+
 from specpilot.loop.journal import Event, EventKind
 from specpilot.loop.report import rounds_from_journal
 
@@ -110,3 +112,35 @@ def test_the_summary_says_when_an_undecided_bound_cleared_the_bar_but_not_the_co
     assert why_undecided({**e, "lower_bound": 0.09, "reasons": ["undecided"]}) == "lower bound +9.0% < bar +10.3%"
     assert why_undecided({**e, "reasons": ["contaminated"]}) == ("lower bound +11.1% >= bar +10.3%, undecided "
                                                                  "(contaminated)")
+
+
+def test_the_final_system_says_what_ran_on_the_cpu(target_dir):
+    """Issue 56: a CPU run's report listed `cuda_graphs = true` and `kernel = "cublas"` as if they
+    ran. Each knob the device did not run as set carries a TOML comment saying what ran (the text
+    still loads as the very system the memory keeps), and report.json has them under `on_device`;
+    on CUDA nothing is noted. What is noted is what the engine does on a CPU."""
+    import tomllib
+
+    from specpilot.config import Deployment, DrafterKind, System
+    from specpilot.engine.session import Session
+    from specpilot.loop.report import system_toml
+
+    stock = System()
+    toml, on_device = system_toml(stock, "cpu")
+    assert System.from_dict(tomllib.loads(toml)).fingerprint() == stock.fingerprint()
+    lines = {line.split(" = ")[0]: line for line in toml.splitlines()}
+    assert lines["cuda_graphs"].startswith("cuda_graphs = true  # on cpu: false (CUDA graphs are captured on CUDA only")
+    assert lines["kernel"].startswith('kernel = "cublas"  # on cpu: "torch" (F.linear off CUDA is torch\'s own matmul')
+    assert "#" not in lines["depth"] and "#" not in lines["attention"]
+    assert set(on_device) == {"cuda_graphs", "kernel", "draft_kernel"}
+    assert on_device["cuda_graphs"]["set"] is True and on_device["cuda_graphs"]["ran"] is False
+    assert system_toml(stock, "cuda") == (stock.to_toml(), {}) and system_toml(stock, None) == (stock.to_toml(), {})
+    ngram = stock.with_changes(name="ngram", drafter=DrafterKind.NGRAM, verify_compile=True)
+    assert set(system_toml(ngram, "cpu")[1]) == {"cuda_graphs", "kernel", "verify_compile"}  # no drafter model
+    session = Session.load(Deployment(name="tiny", target=str(target_dir), drafter="ngram"), device="cpu")
+    from specpilot.engine.steps import verify_step
+
+    generator = session.generator(ngram)
+    assert not generator.use_graphs and generator._verify is verify_step  # eager, uncompiled
+    projections = [m for name, m in session._target_for(ngram).named_modules() if name.endswith(("proj", "lm_head"))]
+    assert projections and all(type(m) is torch.nn.Linear for m in projections)  # F.linear: torch's matmul

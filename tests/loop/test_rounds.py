@@ -37,7 +37,7 @@ def test_round_robin_over_agents_skips_what_is_known_settled_or_repeated(tmp_pat
 def test_the_evaluation_line_says_when_pairs_were_compared_on_saturated_stretches():
     from dataclasses import replace
 
-    from specpilot.loop.rounds import evaluation_line
+    from specpilot.loop.reporter import evaluation_line
 
     p = proposal("knob", tree_budget=16)
     e = evaluation(p.candidate.system)
@@ -54,7 +54,7 @@ def test_the_evaluation_line_says_whether_the_timed_outputs_passed_the_guard():
 
     from specpilot.control.gate import GateResult
     from specpilot.control.rule import Outcome, Reason
-    from specpilot.loop.rounds import evaluation_line
+    from specpilot.loop.reporter import evaluation_line
 
     p = proposal("knob", verify_compile=True)
     e = evaluation(p.candidate.system)
@@ -65,3 +65,29 @@ def test_the_evaluation_line_says_whether_the_timed_outputs_passed_the_guard():
     line = evaluation_line(p, failed, 1)
     assert "guard pass; timed outputs FAILED the guard: mismatch rate 0.8% > stock's 0.4%" in line
     assert line.lstrip().startswith("[x] REJECT")
+
+
+def test_each_round_gives_the_next_state():
+    """`RoundState.after`: the numbering goes on, the incumbent's cost table is kept unless a new
+    incumbent was promoted, history and outcomes grow, idle rounds count until one times something."""
+    from types import SimpleNamespace
+
+    from loop_fixtures import cost_table
+
+    from specpilot.control.load import Load
+    from specpilot.loop.noise import NoiseChoice
+    from specpilot.loop.rounds import RoundOutcome, RoundState
+
+    stock, other = Incumbent(Candidate(STOCK)), Incumbent(Candidate(STOCK.with_changes(name="d3", depth=3)))
+    cost, load = cost_table(), Load("cpu", 1.0, 0.0, 0.0, 2)
+    state = RoundState(index=4, done=3, incumbent=stock, cost=cost, idle=1,
+                       noise=NoiseChoice(floor=None, id=None, load=None, per_evaluation=1.0))
+    idle = RoundOutcome(index=4, label="r/r4", incumbent_before=stock, incumbent_after=stock, cost=cost, proposals=0)
+    after = state.after(idle, load)
+    assert (after.index, after.done, after.idle, after.cost, after.last_load) == (5, 4, 2, cost, load)
+    assert after.history == ((STOCK, cost),) and after.outcomes == (idle,) and not after.first
+    promoted = RoundOutcome(index=5, label="r/r5", incumbent_before=stock, incumbent_after=other, cost=cost,
+                            proposals=3, selected=(proposal("knob", depth=3),), promoted=SimpleNamespace())
+    again = after.after(promoted, load)
+    assert (again.index, again.idle, again.incumbent, again.cost) == (6, 0, other, None)
+    assert len(again.history) == 2 and state.first and state.index == 4  # frozen: the old state is unchanged

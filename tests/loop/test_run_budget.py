@@ -1,6 +1,6 @@
 """A run keeps to its budget and says up front what fits (`loop.run`, `loop.budget_plan`).
 
-On a bare run object (no models, no workers; a fake clock, rounds that take what they are told): the
+On a bare run context (no models, no workers; a fake clock, rounds that take what they are told): the
 plan is said before the first round, rounds keep the final measurement's time, a promoted incumbent's
 cost table is not measured when it and the final cannot both fit, the final measurement is skipped
 when it does not fit, and a wait for another run's timing lock is not counted. End to end on the tiny
@@ -12,10 +12,11 @@ from __future__ import annotations
 import io
 import threading
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-from loop_fixtures import DEPLOYMENT, STOCK, cost_table
+from loop_fixtures import DEPLOYMENT, STOCK, cost_table, run_context
 
 from specpilot.control.load import FixedProbe, Load
 from specpilot.control.timing_lock import TimingLock
@@ -24,9 +25,12 @@ from specpilot.loop import run as loop_run
 from specpilot.loop.budget import Budget
 from specpilot.loop.budget_plan import plan_line
 from specpilot.loop.config import LoopConfig, StopReason
+from specpilot.loop.context import RunContext, RunOptions, uncount_wait
 from specpilot.loop.journal import EventKind
-from specpilot.loop.run import RunOptions, _Run, run_loop
-from specpilot.loop.state import ResumePoint
+from specpilot.loop.noise import NoiseChoice
+from specpilot.loop.reporter import Reporter
+from specpilot.loop.rounds import RoundState
+from specpilot.loop.run import finish, run_loop, run_rounds
 from specpilot.loop.systems import Candidate, Incumbent
 
 FINAL_S = 20.0  # every final-measurement estimate in these tests
@@ -65,22 +69,27 @@ def clock(monkeypatch):
     return c
 
 
+class Run:
+    """A bare run: its context, its rounds' state, and when its cost tables were measured."""
+
+    def __init__(self, ctx: RunContext, state: RoundState):
+        self.ctx, self.state, self.journal, self.measured = ctx, state, ctx.journal, []
+
+    def rounds(self):
+        """(incumbent, outcomes, stop, cost) after the rounds."""
+        self.state, stop = run_rounds(self.ctx, self.state)
+        return self.state.incumbent, list(self.state.outcomes), stop, self.state.cost
+
+    def finish(self, incumbent, cost, stop):
+        return finish(self.ctx, replace(self.state, incumbent=incumbent, cost=cost), stop)
+
+
 def bare_run(monkeypatch, budget_minutes: float | None, clock: Clock, rounds_s: list[float], measure_s: float = 2.0,
-             promote: bool = False, rounds: int = 3) -> _Run:
+             promote: bool = False, rounds: int = 3) -> Run:
     """A run of `rounds` rounds of 3 candidates (10 s an evaluation: a first round of ~45 s) whose
     rounds take `rounds_s` seconds and whose cost tables take `measure_s`."""
-    r = object.__new__(_Run)
-    r.config = LoopConfig(rounds=rounds, budget_minutes=budget_minutes, max_candidates=3, patience=5)
-    r.budget, r.measure_s, r.reserve = Budget(r.config.budget_s), 0.0, 0.0
-    r.journal, r.deployment, r.device, r.per_evaluation = Log(), DEPLOYMENT, "cpu", 10.0
+    config = LoopConfig(rounds=rounds, budget_minutes=budget_minutes, max_candidates=3, patience=5)
     incumbent = Incumbent(Candidate(STOCK))
-    r.start = ResumePoint(incumbent, 1, 0, (), "")
-    r.backend = SimpleNamespace(parallelism=1)
-    r.paths, r.options = SimpleNamespace(run_id="run"), RunOptions()
-    r.memory = SimpleNamespace(tag_load=lambda ids, load: None, entries=lambda: [])
-    r.enabled, r._patches_stored, r.seeds = (), False, ()
-    for name in ("setup", "stock", "controller", "ccfg", "noise", "noise_id", "fp", "deployment_file", "session"):
-        setattr(r, name, None)
 
     class Window:
         load = Load("cpu", 1.0, 0.0, 0.0, 2)
@@ -91,20 +100,24 @@ def bare_run(monkeypatch, budget_minutes: float | None, clock: Clock, rounds_s: 
         def __exit__(self, *exc):
             pass
 
-    r.lock = SimpleNamespace(window=Window)
-    r.measured = []
+    ctx = run_context(config=config, options=RunOptions(), budget=Budget(config.budget_s), journal=Log(),
+                      deployment=DEPLOYMENT, device="cpu", backend=SimpleNamespace(parallelism=1),
+                      paths=SimpleNamespace(run_id="run"), memory=SimpleNamespace(tag_load=lambda ids, load: None),
+                      lock=SimpleNamespace(window=Window), agents=(), seeds=(), patches_stored=False)
+    noise = NoiseChoice(floor=None, id=None, load=None, per_evaluation=10.0)
+    r = Run(ctx, RoundState(index=1, done=0, incumbent=incumbent, noise=noise))
 
-    def measure(candidate):
+    def measure(self, candidate):
         r.measured.append(clock.now)
         clock.now += measure_s
         return cost_table(STOCK)
 
-    r.measure = measure
+    monkeypatch.setattr(RunContext, "measure", measure)
     took = iter(rounds_s)
 
-    def run_round(inputs, journal):
+    def run_round(ctx, state, candidates, choose_noise=None):
         seconds = next(took)
-        journal.lines.append(f"ROUND {inputs.index} of {inputs.max_candidates} candidate(s)")
+        ctx.journal.lines.append(f"ROUND {state.index} of {candidates} candidate(s)")
         clock.now += seconds
         return SimpleNamespace(seconds=seconds, nothing_new=False, evaluated=(), incumbent_before=incumbent,
                                incumbent_after=incumbent, cost=cost_table(STOCK), promoted=promote or None)
@@ -118,7 +131,7 @@ def test_what_fits_is_said_before_the_first_round_and_the_final_keeps_its_time(c
     left, which is said before round 1; round 2 fits only one candidate; round 3 none."""
     run = bare_run(monkeypatch, 100 / 60, clock, [45.0, 25.0])
     start = clock.now
-    _, outcomes, stop, _ = run._rounds()
+    _, outcomes, stop, _ = run.rounds()
     lines = run.journal.lines
     plan = "budget: 98 s left: 1 of the 3 round(s) (~45 s each) and the final measurement (~20 s) fit"
     assert lines.index(plan) < lines.index("ROUND 1 of 3 candidate(s)") < lines.index("ROUND 2 of 1 candidate(s)")
@@ -130,13 +143,13 @@ def test_a_budget_that_holds_a_smaller_round_or_none_says_so_first(clock, monkey
     """50 s: one candidate's round (~25 s) fits beside the final, a full one does not; 40 s: none does,
     the final does; 10 s: neither."""
     run = bare_run(monkeypatch, 50 / 60, clock, [25.0], rounds=1)
-    run._rounds()
+    run.rounds()
     assert run.journal.lines[:2] == [
         "budget: 48 s left: a full round (~45 s) does not fit beside the final measurement (~20 s); a round of 1 "
         "candidate(s) instead of 3 does", "round 1: 1 candidate(s) instead of 3: a full round (~45 s) and the final "
         "measurement (~20 s) would not fit in the 48 s left"]
     run = bare_run(monkeypatch, 40 / 60, clock, [])
-    _, outcomes, stop, _ = run._rounds()
+    _, outcomes, stop, _ = run.rounds()
     assert outcomes == [] and stop is StopReason.BUDGET and run.journal.lines[0] == (
         "budget: 38 s left: no round (~45 s) fits beside the final measurement (~20 s): the run goes on to the final "
         "measurement without one")
@@ -148,25 +161,25 @@ def test_a_promoted_incumbent_is_not_measured_when_it_and_the_final_do_not_fit(c
     """Round 1 promotes with 49 s left: the new incumbent's cost table (30 s, as the first took) and
     the final (~20 s) would not fit, so the run stops instead of measuring it, and the final
     measurement runs without it (the report goes without the gaps after the run)."""
-    monkeypatch.setattr(_Run, "_final", lambda self, incumbent: "final")
+    monkeypatch.setattr(loop_run, "run_final", lambda ctx, incumbent: "final")
     run = bare_run(monkeypatch, 124 / 60, clock, [45.0, 45.0], measure_s=30.0, promote=True)
-    _, outcomes, stop, cost = run._rounds()
+    _, outcomes, stop, cost = run.rounds()
     assert len(run.measured) == 1 and len(outcomes) == 1 and stop is StopReason.BUDGET and cost is None
     assert run.journal.lines[-1].startswith("stopping: measuring the new incumbent (~30 s) for round 2 and the "
                                             "final measurement (~20 s) would not fit in the 49 s left")
-    assert run._finish(Incumbent(Candidate(STOCK)), cost, stop) == (None, "final", stop)
+    assert run.finish(Incumbent(Candidate(STOCK)), cost, stop) == (None, "final", stop)
     assert len(run.measured) == 1 and "no time left to measure the final system's cost table" in run.journal.lines[-1]
 
 
 def test_the_final_measurement_runs_only_when_it_fits(clock, monkeypatch):
     ran = []
-    monkeypatch.setattr(_Run, "_final", lambda self, incumbent: ran.append(incumbent) or "final")
+    monkeypatch.setattr(loop_run, "run_final", lambda ctx, incumbent: ran.append(incumbent) or "final")
     run = bare_run(monkeypatch, 30 / 60, clock, [])
     incumbent = Incumbent(Candidate(STOCK))
     clock.now += 5  # 25 s left: the final (~20 s) fits
-    assert run._finish(incumbent, cost_table(STOCK), StopReason.BUDGET)[1] == "final"
+    assert run.finish(incumbent, cost_table(STOCK), StopReason.BUDGET)[1] == "final"
     clock.now += 10  # 15 s left: it does not
-    assert run._finish(incumbent, cost_table(STOCK), StopReason.BUDGET)[1] is None and len(ran) == 1
+    assert run.finish(incumbent, cost_table(STOCK), StopReason.BUDGET)[1] is None and len(ran) == 1
     kind, text, data = run.journal.events[-1]
     assert kind is EventKind.STOP and data["error"]
     assert text == "skipping the final measurement (~20 s): it would not fit in the 15 s left of the budget"
@@ -178,32 +191,30 @@ def test_a_wait_for_the_timing_lock_is_not_counted(tmp_path):
     other = TimingLock(["cpu"], tmp_path / "m.sqlite", home=tmp_path / "home", probe=FixedProbe(),
                        say=lambda line: None)
     other.acquire()
-    run = object.__new__(_Run)
-    run.config, run.journal = LoopConfig(budget_minutes=0.1), Log()  # 6 s
-    run.budget = Budget(run.config.budget_s)
-    run.lock = TimingLock(["cpu"], tmp_path / "m.sqlite", home=tmp_path / "home", probe=FixedProbe(), poll_s=0.05,
-                          say=run.journal.say)
+    config, journal = LoopConfig(budget_minutes=0.1), Log()  # 6 s
+    budget = Budget(config.budget_s)
+    lock = TimingLock(["cpu"], tmp_path / "m.sqlite", home=tmp_path / "home", probe=FixedProbe(), poll_s=0.05,
+                      say=journal.say)
     threading.Timer(1.0, other.release).start()
     try:
-        assert run.lock.acquire()
-        run._uncount_wait()
+        assert lock.acquire()
+        budget = uncount_wait(budget, lock, Reporter(journal), config.budget_s)
     finally:
-        run.lock.release()
-    assert run.lock.waited_s >= 0.9 and run.budget.left() > 5.5
-    assert run.journal.lines[-1].startswith(f"budget: waited {run.lock.waited_s:.0f} s for another timing run; the "
-                                            "wait is not counted: ")
+        lock.release()
+    assert lock.waited_s >= 0.9 and budget.left() > 5.5
+    assert journal.lines[-1].startswith(f"budget: waited {lock.waited_s:.0f} s for another timing run; the "
+                                        "wait is not counted: ")
 
 
 def quiet_setup(monkeypatch):
     """No noise-floor measurement (it starts worker processes): a stored-looking one instead."""
     from specpilot.control.stats import GainEstimate, NoiseFloor
 
-    def noise(self, *args, **kwargs):
-        self.noise_id, self.per_evaluation = None, 1000.0  # no round fits
-        self.noise = NoiseFloor(GainEstimate((0.001, -0.001, 0.0005, 0.0, -0.0005), resamples=500),
-                                self.controller.procedure)
+    def noise(ctx, *args, **kwargs):  # no round fits
+        return NoiseChoice(floor=NoiseFloor(GainEstimate((0.001, -0.001, 0.0005, 0.0, -0.0005), resamples=500),
+                                            ctx.controller.procedure), id=None, load=None, per_evaluation=1000.0)
 
-    monkeypatch.setattr(_Run, "_noise", noise)
+    monkeypatch.setattr(loop_run, "choose_noise", noise)
 
 
 @pytest.mark.serial
@@ -214,7 +225,8 @@ def test_a_budget_too_short_for_the_final_measurement_skips_it(home, tmp_path, m
     quiet_setup(monkeypatch)
     stream = io.StringIO()
     monkeypatch.setattr(loop_run, "final_seconds", lambda *args, **kwargs: 1000.0)
-    monkeypatch.setattr(_Run, "_final", lambda self, incumbent: pytest.fail("final started: " + stream.getvalue()))
+    monkeypatch.setattr(loop_run, "run_final",
+                        lambda ctx, incumbent: pytest.fail("final started: " + stream.getvalue()))
     dep = tmp_path / "tiny.toml"
     dep.write_text(f'name = "tiny"\ntarget = "{target_dir}"\ndrafter = "{drafter_dir}"\nmax_new_tokens = 8\n')
     config = LoopConfig(rounds=1, budget_minutes=2, agents=("knob",), profile_tokens=4, profile_batches=1)

@@ -1,20 +1,23 @@
 """Gap-driven rounds: slots in proportion to what each agent's gaps would save, exploration, the record."""
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
-from loop_fixtures import CONFIG, DEPLOYMENT, STOCK, cost_table, evaluation, fingerprint
+from loop_fixtures import CONFIG, DEPLOYMENT, STOCK, cost_table, evaluation, fingerprint, run_context
 
 from specpilot.config import System
 from specpilot.control.controller import RoundResult
 from specpilot.control.rule import Outcome
 from specpilot.control.stats import GainEstimate, NoiseFloor
 from specpilot.loop.agents.base import LoopSetup, Proposal, Proposer
-from specpilot.loop.config import SlotPolicy
+from specpilot.loop.config import LoopConfig, SlotPolicy
+from specpilot.loop.context import RunOptions
 from specpilot.loop.cost_model import Gap, GapKind
 from specpilot.loop.journal import EventKind, Journal
 from specpilot.loop.report import render_slots, rounds_from_journal
-from specpilot.loop.rounds import RoundInputs, run_round, select
+from specpilot.loop.noise import NoiseChoice
+from specpilot.loop.rounds import RoundState, run_round, select
 from specpilot.loop.recall import Recall
 from specpilot.loop.slots import CLOSERS, allocate, closes
 from specpilot.loop.systems import Candidate, Incumbent
@@ -131,10 +134,14 @@ def run(tmp_path, agents, cost, seeds=(), policy=SlotPolicy.GAPS, index=1, choos
     journal = Journal(tmp_path / "decisions.jsonl", quiet=True)
     setup = LoopSetup(DEPLOYMENT, "cuda", "NVIDIA H200", None, tmp_path)
     with Memory(tmp_path / "m.sqlite") as memory:
-        r = RoundInputs(index, f"t/r{index}", setup, Incumbent(Candidate(STOCK)), Candidate(STOCK), tuple(agents),
-                        controller or Controller(), CONFIG, noise_floor(), None, memory, fingerprint(), "fx", "x:y",
-                        3, lambda c: cost, None, cost, (), 0, tuple(seeds), policy, choose_noise)
-        outcome = run_round(r, journal)
+        ctx = run_context(config=LoopConfig(slots=policy, seed=0), options=RunOptions(runner="x:y"),
+                          deployment_file="fx", controller_config=CONFIG, memory=memory,
+                          paths=SimpleNamespace(run_id="t"), journal=journal, fingerprint=fingerprint(),
+                          controller=controller or Controller(), setup=setup, stock=Candidate(STOCK),
+                          agents=tuple(agents), seeds=tuple(seeds))
+        state = RoundState(index=index, done=index - 1, incumbent=Incumbent(Candidate(STOCK)), cost=cost,
+                           noise=NoiseChoice(floor=noise_floor(), id=None, load=None, per_evaluation=1.0))
+        outcome = run_round(ctx, state, 3, choose_noise)
     return outcome, Journal.read(tmp_path / "decisions.jsonl")
 
 
@@ -145,7 +152,7 @@ def test_the_noise_floor_is_chosen_only_when_the_round_has_candidates_to_time(tm
 
     def choose():
         chosen.append(1)
-        return again, None
+        return NoiseChoice(floor=again, id=None, load=None, per_evaluation=1.0)
 
     _, events = run(tmp_path / "a", [Fake("knob", moves=0)], table(acceptance=0.5), choose_noise=choose)
     assert chosen == [] and any(e.data.get("nothing_new") for e in events if e.kind is EventKind.ROUND_END)

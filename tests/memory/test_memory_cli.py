@@ -98,3 +98,35 @@ def test_bad_input(db, tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"error: no memory entry 42 in {db}"
     assert run_cli(["memory", "list", "--memory", str(tmp_path / "none.sqlite")]) == 2
     assert "no memory database at" in capsys.readouterr().err
+
+
+def test_tables_are_as_wide_as_their_content(db, capsys):
+    """Issue 56: `memory list` cut candidate names at 20 characters (and deployment names at 16,
+    rounds at 8); every column is now as wide as its widest cell, and the columns stay aligned."""
+    long_candidate, long_deployment = "stock+depth=3+topk=2+tree_budget=12", "a-deployment-with-a-long-name"
+    with Memory(db) as m:
+        m.record_evaluation(fingerprint(long_deployment, gpu="NVIDIA H100 80GB HBM3"),
+                            evaluation(spec(long_candidate, depth=3)), CONFIG, round="20261207T120000Z-fixture/r12")
+    assert run_cli(["memory", "list", "--memory", db]) == 0
+    header, newest, *_ = capsys.readouterr().out.splitlines()
+    assert f"  {long_deployment}  {long_candidate}  " in newest and newest.endswith("20261207T120000Z-fixture/r12")
+    assert newest.index(long_candidate) == header.index("candidate")  # aligned under its header
+    assert run_cli(["memory", "deployments", "--memory", db]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    gpu = lines[0].index("gpu")
+    assert [line[gpu:].split("  ")[0] for line in lines[1:]] == ["NVIDIA H200", "NVIDIA H100", "NVIDIA H100 80GB HBM3"]
+    assert lines[-1].split()[1] == long_deployment
+
+
+def test_like_with_nothing_to_compare_says_so(tmp_path, capsys):
+    """Issue 56: `deployments --like NAME` with no other deployment stored printed only a header;
+    it says in one line that there is nothing to compare with, and how to get something, exit 0."""
+    path = tmp_path / "one.sqlite"
+    with Memory(path) as m:
+        m.record_evaluation(fingerprint("alpha"), evaluation(spec("deep", depth=8)), CONFIG, round="r1")
+    assert run_cli(["memory", "deployments", "--memory", str(path), "--like", "alpha"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.count("\n") == 1 and out.startswith(f"no other deployment in {path} to compare 'alpha'")
+    assert "specpilot memory import" in out
+    assert run_cli(["memory", "deployments", "--memory", str(path), "--like", "alpha", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []

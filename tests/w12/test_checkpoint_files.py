@@ -1,6 +1,8 @@
 """W12 files: a truncated, altered or foreign file is a one-line CheckpointError, never garbage."""
 
 import json
+import os
+import stat
 import struct
 
 import pytest
@@ -128,3 +130,20 @@ def test_manifest_records_format_version_and_checksums(w12_dir):
     assert set(entry["crc32"]) == {"lo", "hi", "base", "esc_ptr", "esc_col", "esc_val"}
     assert shard_metadata(shard_of(w12_dir)) == {"format": "specpilot-w12", "version": "2"}
     assert all(f["bytes"] == (w12_dir / name).stat().st_size for name, f in manifest["files"].items())
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027], ids=["umask-022", "umask-027"])
+def test_converted_files_get_the_mode_of_the_users_umask(tmp_path, umask):
+    """Issue 56: `w12 convert` wrote its shards and kept file 0600 (safetensors' private temporary
+    file); every file it writes gets 0o666 & ~umask, as any new file of the user's."""
+    src = write_random_checkpoint(tmp_path / "src", tiny_config(num_layers=1), seed=5, dtype=torch.bfloat16)
+    before = os.umask(umask)
+    try:
+        convert_checkpoint(src, tmp_path / "w12", shard_bytes=1 << 16)  # several shards
+    finally:
+        os.umask(before)
+    written = [*sorted((tmp_path / "w12").glob("w12-*.safetensors")), tmp_path / "w12" / "model.safetensors",
+               tmp_path / "w12" / MANIFEST]
+    assert len(written) > 3
+    assert {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in written} == {f.name: oct(0o666 & ~umask)
+                                                                             for f in written}

@@ -35,7 +35,7 @@ def visible_devices() -> list[str]:
 
 
 def device_name(device: str) -> str:
-    """Marketing name of a device ("NVIDIA H200"), or the CPU's architecture."""
+    """Marketing name of a device (torch's "NVIDIA ..."), or the CPU's architecture."""
     if device.startswith("cuda"):
         import torch
 

@@ -62,7 +62,7 @@ class LoopSetup:
 
     deployment: Deployment
     device: str  # "cpu" or "cuda" (the kind of device candidates run on)
-    device_name: str  # e.g. "NVIDIA H200", "cpu-x86_64"
+    device_name: str  # torch's "NVIDIA ..." name, or e.g. "cpu-x86_64"
     checkout: Checkout | None  # the baseline for worktrees; None when the package is not a git checkout
     scratch: Path  # where agents may write (worktrees, logs, task files)
 

@@ -443,10 +443,9 @@ def segment_admission(regime, inc: System) -> dict:
     """The knobs that turn segment admission on for `inc`: under continuous batching, with it off;
     {} otherwise. Proposed on its own (`batch_moves`) and with each drafter switch: a switch measured
     faster is a predicted move with it, the others come ahead of every other exploratory move. The
-    cost table times static batches; on fixture-x16-batch at c8 it
-    priced the EAGLE-3 switch 6% slower than the draft model at 16 nodes
-    (`results/loop/switch_estimates.json`) while serving measured EAGLE-3 with segment admission
-    1.13x faster (`results/serving/fixture-x16-batch/`)."""
+    cost table times static batches, so it can price a drafter switch slower than serving with
+    segment admission runs it (`scripts/switch_estimates.py` prices the switch, `specpilot bench
+    --regime serving` serves it)."""
     if regime.batch < 2 or not regime.continuous or inc.segment_tokens:
         return {}
     return {"segment_tokens": max(8, inc.tree_budget)}
