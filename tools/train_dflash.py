@@ -157,11 +157,12 @@ def block_logits(draft, target, tokens: torch.Tensor, feats: torch.Tensor, ancho
     bid = torch.arange(A, device=dev).repeat_interleave(block)
     own = (bid[:, None] == bid[None, :]).expand(B, -1, -1)  # [B,Q,Q]
     mask = torch.cat([ctx, own], -1)[:, None]
-    emb = target.embed_tokens(tokens.gather(1, anchors)).repeat_interleave(block, 1)  # [B,Q,C]
+    emb = draft.input_embeddings(target.embed_tokens, tokens.gather(1, anchors))  # [B,A,C]
+    emb = emb.repeat_interleave(block, 1)  # [B,Q,C]
     noise = torch.where((offset == 0)[..., None], emb, draft.mask_embedding.to(emb.dtype).expand_as(emb))
     ctx_pos = torch.arange(S, device=dev).expand(B, -1)
     hidden = draft.forward_dense(feats.to(emb.dtype), ctx_pos, noise, pos, mask)
-    return target.lm_head(hidden).float(), labels, offset
+    return draft.logits(target.lm_head, hidden).float(), labels, offset
 
 
 def teacher_logits(logits: torch.Tensor, anchors: torch.Tensor, block: int) -> torch.Tensor:

@@ -6,20 +6,34 @@ on the final state (draft proposal, target forward over N tree nodes for a range
 step), plus memory-bandwidth and byte-size facts for the byte floors. Replays of the draft and
 verify forwards write only scratch cache slots past each row's length, so they are idempotent.
 
+Byte facts by the model's config and modules, whatever the family (`StepProfile` applies them):
+- weights (`streamed_bytes`, `touched_params`): every parameter and buffer but the RoPE tables and
+  the embedding tables (the token table, Gemma-4's per-layer input table), of which a token reads
+  one row; a mixture-of-experts target's routed experts are stored bytes of which a forward reads
+  only the experts its tokens route to (`expert_sizes`; `StepProfile.weight_bytes`, through the
+  union curve of `engine/experts.py`, measured on the profiled text);
+- K/V (`kv_bytes_per_token`, `sliding_kv_bytes`): per layer that keeps K/V of its own (Gemma-4's
+  KV-shared layers read another layer's), at its own K/V heads and head dim (Gemma-4's global
+  layers); a sliding-window layer reads at most `sliding_window` positions
+  (`StepProfile.kv_bytes_read`).
+
 Does not own what to do with the numbers (`specpilot.loop.cost_model`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
+import torch.nn as nn
 
+from specpilot.engine.experts import experts_read_at, measure_experts_read
 from specpilot.engine.generator import Generator
 from specpilot.engine.steps import tree_forward
 from specpilot.engine.tree import DraftTree
 from specpilot.models import ops
+from specpilot.models.moe import Experts
 from specpilot.models.transformer import Transformer
 
 
@@ -34,12 +48,12 @@ class StepProfile:
     verify_curve_ms: dict  # N nodes -> target forward ms
     accept_at_depth: tuple[float, ...]  # P(accepted drafts >= d), d = 1..max
     tree_nodes: int  # N of the system's tree (1 for AR)
-    target_bytes: int  # weight bytes streamed per target forward
+    target_bytes: int  # weight bytes a target forward streams (MoE: with every routed expert; `weight_bytes`)
     drafter_bytes: int  # weight bytes streamed per draft forward
-    kv_bytes_per_token: int  # target KV bytes per cached token (K and V, all layers)
+    kv_bytes_per_token: int  # target KV bytes per cached token (K and V, every layer keeping its own)
     bandwidth_gbps: float  # measured device copy bandwidth (GB/s, read + write)
     matmul_tflops: float  # measured dense matmul rate in the model's dtype
-    target_params: int  # parameters touched per token (FLOPs per token ~ 2 x this)
+    target_params: int  # parameters touched per token (FLOPs per token ~ 2 x this; MoE: k of E experts)
     drafter_params: int
     draft_forwards: int  # draft-model forwards per round (catch-up + expansions)
     context: float  # mean cached tokens per row during the profiled generation
@@ -49,10 +63,49 @@ class StepProfile:
     # node (each node's state written for the commit, its conv input)
     state_bytes_per_row: int = 0
     state_bytes_per_node: int = 0
+    # sliding-window layers (Gemma; 0 for other targets or stored before): the part of
+    # kv_bytes_per_token in layers that read at most `sliding_window` positions
+    sliding_kv_bytes_per_token: int = 0
+    sliding_window: int = 0
+    # mixture-of-experts targets (0 and {} for dense ones or stored before): the routed experts of
+    # every sparse layer (bytes, part of target_bytes; parameters, k/E of which are in target_params),
+    # E and k, and the measured union curve: tokens per forward -> mean experts a sparse layer reads
+    # ({}: uniform routing; `engine/experts.py`)
+    expert_bytes: int = 0
+    expert_params: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_union: dict = field(default_factory=dict)
 
     @property
     def ms_per_token(self) -> float:
         return self.round_ms / self.tokens_per_round
+
+    @property
+    def active_expert_params(self) -> float:
+        """Of `expert_params`, those a token multiplies: k of every E."""
+        return self.expert_params * self.experts_per_token / self.num_experts if self.num_experts else 0.0
+
+    def experts_read(self, tokens: float) -> float:
+        """Experts one sparse layer reads in a forward over `tokens` tokens (the whole batch's):
+        the measured union curve, else uniform routing's expectation (`experts.experts_read_at`)."""
+        return experts_read_at(self.expert_union, self.num_experts, self.experts_per_token, tokens)
+
+    def weight_bytes(self, tokens: float) -> float:
+        """Weight bytes a target forward over `tokens` tokens streams: `target_bytes`, less the
+        routed experts it does not read (a dense target: `target_bytes` at any count)."""
+        if not self.num_experts:
+            return float(self.target_bytes)
+        return self.target_bytes - self.expert_bytes * (1.0 - self.experts_read(tokens) / self.num_experts)
+
+    def kv_bytes_read(self, context: float) -> float:
+        """K/V bytes a row's forward reads at `context` cached tokens: all of them in the layers that
+        see the whole context, at most `sliding_window` in the sliding-window layers. That is the
+        floor's count: today's cache keeps every position in every layer (`models/gemma.py`) and
+        its attention reads the whole row with a mask, so a measured forward reads more."""
+        sliding = self.sliding_kv_bytes_per_token
+        window = min(context, self.sliding_window) if self.sliding_window else context
+        return (self.kv_bytes_per_token - sliding) * context + sliding * window
 
     @property
     def overhead_ms(self) -> float:
@@ -107,28 +160,57 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int = 2048) -> fl
 
 
 def touched_params(model: Transformer) -> int:
-    """Parameters a token multiplies (embedding lookups excluded), whatever their storage format."""
+    """Parameters a token multiplies, whatever their storage format: the config's count less the
+    lookups (an untied token table, Gemma-4's per-layer input table) and, in each sparse layer,
+    the routed experts the token does not route to (E - k of E)."""
     c = model.config
-    return c.num_params - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size)
+    lookups = (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size) + (
+        c.per_layer_input_vocab * c.num_layers * c.per_layer_input_size)
+    unread = len(c.moe_layers) * (c.num_experts - c.num_experts_per_tok) * 3 * c.hidden_size * c.moe_intermediate_size
+    return c.num_params - lookups - unread
 
 
 def streamed_bytes(model: Transformer) -> int:
-    """Weight bytes one forward must read: every parameter and buffer (packed W12 planes are buffers)
-    but the RoPE tables and the embedding table, of which one row is read."""
+    """Weight bytes one forward may read: every parameter and buffer (packed W12 planes are buffers)
+    but the RoPE tables and the embedding tables (a model's own, not one its lm_head reads whole),
+    of which one row each is read. A mixture-of-experts model's every expert is counted
+    (`expert_sizes`: what a forward leaves unread)."""
     total = 0
     for name, t in list(model.named_parameters()) + [(n, b) for n, b in model.named_buffers() if "rope" not in n]:
         total += t.numel() * t.element_size()
-    table = getattr(model, "embed_tokens", None)  # feature-conditioned heads may share the target's
-    e = table.weight if table is not None else None
-    if e is not None and model.lm_head.weight is not e:
-        total -= e.numel() * e.element_size() - e.shape[1] * e.element_size()
+    head = getattr(getattr(model, "lm_head", None), "weight", None)
+    for m in model.modules():  # feature-conditioned heads may share the target's table (none of their own)
+        if isinstance(m, nn.Embedding) and m.weight is not head:
+            e = m.weight
+            total -= (e.numel() - e.shape[1]) * e.element_size()
     return total
 
 
+def expert_sizes(model: Transformer) -> tuple[int, int]:
+    """(bytes, parameters) of the routed experts of every sparse layer ((0, 0) for a dense model)."""
+    experts = [t for m in model.modules() if isinstance(m, Experts) for t in (m.gate_up_proj, m.down_proj)]
+    return sum(t.numel() * t.element_size() for t in experts), sum(t.numel() for t in experts)
+
+
+def _cache_layers(config) -> tuple[int, ...]:
+    """The attention layers that keep K/V of their own (a KV-shared layer reads another's)."""
+    return tuple(sorted({config.kv_layers[i] for i in config.attention_layers}))
+
+
 def kv_bytes_per_token(model: Transformer) -> int:
-    """K and V bytes per cached token over the attention layers."""
+    """K and V bytes per cached token over the layers that keep their own, each at its K/V heads
+    and head dim."""
     c = model.config
-    return 2 * len(c.attention_layers) * c.num_kv_heads * c.head_dim * model.dtype.itemsize
+    return 2 * sum(c.layer_kv_heads[i] * c.layer_head_dims[i] for i in _cache_layers(c)) * model.dtype.itemsize
+
+
+def sliding_kv_bytes(model: Transformer) -> tuple[int, int]:
+    """(the part of `kv_bytes_per_token` in sliding-window layers, their window); (0, 0) without any."""
+    c = model.config
+    layers = [i for i in _cache_layers(c) if i in c.sliding_layers]
+    if not layers:
+        return 0, 0
+    return 2 * sum(c.layer_kv_heads[i] * c.layer_head_dims[i] for i in layers) * model.dtype.itemsize, c.sliding_window
 
 
 def state_bytes(model: Transformer) -> tuple[int, int]:
@@ -158,8 +240,8 @@ CURVE_NODES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
 
 def warm_up(gen: Generator, prompts: list[list[int]], max_new_tokens: int) -> None:
     """Run a short generation of `prompts` before a timed one (compilation, graph capture). A short
-    one suffices: on the H200, a full-length warm-up moved no entry of the loop's cost table by more
-    than 0.2% (`scripts/switch_estimates.py`)."""
+    one suffices: a full-length warm-up does not move the loop's cost table beyond its noise
+    (`scripts/switch_estimates.py` measures both)."""
     gen.generate(prompts, min(max_new_tokens, WARMUP_TOKENS))
 
 
@@ -205,6 +287,11 @@ def profile(gen: Generator, prompts: list[list[int]], max_new_tokens: int,
     tokens_per_round = result.num_tokens / max(sum(result.rounds), 1)
     depth = getattr(drafter, "depth", 0)
     dmodel = getattr(drafter, "model", None)
+    c = gen.target.config
+    expert_bytes, expert_params = expert_sizes(gen.target)
+    # the routers on the decoded text, at the token counts of the curve's verify forwards
+    union = measure_experts_read(gen.target, [p + o for p, o in zip(prompts, result.outputs)],
+                                 tuple(sorted({1, *(n * B for n in curve_nodes)}))) if expert_params else {}
     return StepProfile(
         device=str(device),
         batch=B,
@@ -227,4 +314,11 @@ def profile(gen: Generator, prompts: list[list[int]], max_new_tokens: int,
         head_params=gen.target.lm_head.weight.numel(),
         state_bytes_per_row=state_bytes(gen.target)[0],
         state_bytes_per_node=state_bytes(gen.target)[1],
+        sliding_kv_bytes_per_token=sliding_kv_bytes(gen.target)[0],
+        sliding_window=sliding_kv_bytes(gen.target)[1],
+        expert_bytes=expert_bytes,
+        expert_params=expert_params,
+        num_experts=c.num_experts if expert_params else 0,
+        experts_per_token=c.num_experts_per_tok if expert_params else 0,
+        expert_union=union,
     )

@@ -30,6 +30,17 @@ Gaps, each in ms per token that closing it would save end to end (ranked largest
 - `acceptance`: time per token at floor costs with the current tree vs the ceiling's shape.
 They add up to measured - ceiling (exactly, unless a measurement fell below its floor).
 
+Floors by target family, from the profile's byte facts (`StepProfile`; no branch on the family):
+- mixture of experts: a forward over n tokens of the batch (N tree nodes x B rows) streams the
+  non-expert weights and, per sparse layer, only the experts its tokens route to: the union of
+  their top-k sets, measured on the profiled text when the profile carries the curve, else the
+  uniform-routing expectation E * (1 - (1 - k/E) ** n) (`engine/experts.py`). So the MoE verify
+  floor grows with N (up to every expert read) where a dense target's stays flat until compute
+  binds, and a tree's best size is smaller. FLOPs count the k experts a token multiplies;
+- sliding-window attention (Gemma): the KV read per row counts every position in the layers that
+  see the whole context and at most `sliding_window` in the sliding layers, each layer at its own
+  K/V heads and head dim, none for a KV-shared layer (`StepProfile.kv_bytes_read`).
+
 Floors by format (`format_floors`): the same floors and ceiling with the weights touched per token
 in each format the engine can run (`FORMAT_BITS`: BF16, W12), whatever the measured system runs,
 so the table shows the room a format would give (the gaps stay those of the measured format).
@@ -57,6 +68,10 @@ BUDGETS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128)
 # the lm_head stays at HEAD_BITS in every format (W12 encodes the projections, not the lm_head)
 FORMAT_BITS = {"bf16": 16.0, "w12": 12.01}
 HEAD_BITS = 16.0
+# a mixture-of-experts target's routed experts stay at EXPERT_BITS in every format (`w12 convert`
+# encodes the decoder's 2-D projections, not the expert stacks); its shared experts, left alone as
+# well, are counted with the projections
+EXPERT_BITS = 16.0
 
 
 class GapKind(enum.Enum):
@@ -111,9 +126,8 @@ class FormatFloor:
 def forward_floor_ms(params: int, weight_bytes: int, kv_bytes: float, tokens: int, p: StepProfile) -> float:
     """Lower bound on one forward over `tokens` tokens of the whole batch."""
     # The copy bandwidth counts read + write bytes: it is the rate at which the device moves bytes,
-    # which a forward streaming its weights (reads) reaches as well. Halved, it puts the floor above
-    # measured forwards: on the H200 fixture-x16's verify forward takes ~2.4 ms, its 6.61 GB of
-    # weights 1.74 ms at the measured 3.81 TB/s, 3.47 ms at half of it.
+    # which a forward streaming its weights (reads) reaches as well. Halved, it would put the floor
+    # above measured forwards (`scripts/engine_ar.py` measures both the bandwidth and the forwards).
     bw = p.bandwidth_gbps * 1e9
     memory = (weight_bytes + kv_bytes) / bw
     compute = 2 * params * tokens / (p.matmul_tflops * 1e12)
@@ -197,14 +211,21 @@ class CostTable:
     # ---- floors ------------------------------------------------------------------------------
     def verify_floor_ms(self, nodes: int, bits: float | None = None) -> float:
         """Floor of a target forward over `nodes` nodes: its measured weight bytes, or (`bits`) its
-        params touched per token at that many bits each, the lm_head's at `HEAD_BITS`; plus the KV
-        cache it reads and, for a hybrid target, the recurrent states it reads per row and writes
-        per node (what makes large trees dearer on a hybrid than on a dense target)."""
+        params touched per token at that many bits each, the lm_head's at `HEAD_BITS`; a
+        mixture-of-experts target's only with the experts `nodes` x batch tokens read (at
+        `EXPERT_BITS` in a format); plus the KV cache it reads (a sliding layer's window at most)
+        and, for a hybrid target, the recurrent states it reads per row and writes per node (what
+        makes large trees dearer on a hybrid than on a dense target)."""
         p = self.profile
-        kv = (p.kv_bytes_per_token * p.context + p.state_bytes_per_row + p.state_bytes_per_node * nodes) * p.batch
-        weights = p.target_bytes if bits is None else ((p.target_params - p.head_params) * bits
-                                                       + p.head_params * HEAD_BITS) / 8
-        return forward_floor_ms(p.target_params, weights, kv, nodes * p.batch, p)
+        tokens = nodes * p.batch
+        kv = (p.kv_bytes_read(p.context) + p.state_bytes_per_row + p.state_bytes_per_node * nodes) * p.batch
+        if bits is None:
+            weights = p.weight_bytes(tokens)
+        else:
+            experts = p.expert_params * p.experts_read(tokens) / p.num_experts if p.num_experts else 0.0
+            weights = ((p.target_params - p.active_expert_params - p.head_params) * bits
+                       + p.head_params * HEAD_BITS + experts * EXPERT_BITS) / 8
+        return forward_floor_ms(p.target_params, weights, kv, tokens, p)
 
     def draft_forward_floor_ms(self, topk: int = 1, bits: float | None = None) -> float:
         p = self.profile
@@ -289,9 +310,11 @@ class CostTable:
     @property
     def bits_per_weight(self) -> float:
         """Bits per touched target parameter in the format the measured system runs (32 for the
-        fixture's float32 on CPU, ~16 for BF16, ~12 for W12), beside the formats' floors."""
+        fixture's float32 on CPU, ~16 for BF16, ~12 for W12), beside the formats' floors; a
+        mixture-of-experts target's routed experts (no format's to encode) left out of both."""
         p = self.profile
-        return 8 * p.target_bytes / p.target_params if p.target_params else math.nan
+        params = p.target_params - p.active_expert_params
+        return 8 * (p.target_bytes - p.expert_bytes) / params if params else math.nan
 
     def format_floor(self, fmt: str) -> FormatFloor | None:
         return next((f for f in self.format_floors if f.format == fmt), None)
@@ -356,6 +379,7 @@ class CostTable:
 def _profile_dict(p: StepProfile) -> dict:
     d = asdict(p)
     d["verify_curve_ms"] = {str(k): v for k, v in p.verify_curve_ms.items()}
+    d["expert_union"] = {str(k): v for k, v in p.expert_union.items()}
     d["accept_at_depth"] = list(p.accept_at_depth)
     return d
 
@@ -365,6 +389,7 @@ def profile_from_dict(d: dict) -> StepProfile:
     names = StepProfile.__dataclass_fields__
     kw = {k: v for k, v in d.items() if k in names}
     kw["verify_curve_ms"] = {int(k): float(v) for k, v in kw["verify_curve_ms"].items()}
+    kw["expert_union"] = {int(k): float(v) for k, v in (kw.get("expert_union") or {}).items()}
     kw["accept_at_depth"] = tuple(kw["accept_at_depth"])
     return StepProfile(**kw)
 

@@ -10,6 +10,14 @@ context and to the whole block. The drafter has no embedding or head: it embeds 
 `mask_token_id` or a learned vector) and projects its final-normed outputs with the target's
 `lm_head`.
 
+Target embedding and head, as the public reference computes them (`z-lab/dflash`'s current
+`dflash_generate`, vLLM's DFlash2): the block's inputs are the *raw* rows of the target's input
+embedding table times `dflash_config.input_embedding_scale` (default 1.0), so a drafter trained
+beside a target that scales its embeddings (Gemma's sqrt(C)) states that scale itself; the draft
+logits are the target's `lm_head` times `output_multiplier` (default 1.0), then soft-capped at the
+drafter's own `final_logit_softcapping` (none by default; the target's cap is not applied).
+`input_embeddings` and `logits` hold these rules for the drafter and the training recipe.
+
 Owns: the module, its `DFlashSpec`, and the math of one layer. Does not own where K/V live or
 what may be attended (`specpilot.engine.drafters.dflash`), or files (`dflash_checkpoint.py`).
 """
@@ -41,7 +49,10 @@ class DFlashSpec:
     target_layer_ids: tuple[int, ...]  # target layers whose outputs are the features, in order
     block_size: int = 16  # trained block length (root + block_size - 1 mask positions)
     mask_token_id: int | None = None  # target token whose embedding is the mask; None = learned
-    num_target_layers: int | None = None  # layers of the target it was trained for (informative)
+    num_target_layers: int | None = None  # layers of the target it was built for (another depth is refused)
+    input_embedding_scale: float = 1.0  # block inputs = the target's raw embedding rows x this
+    output_multiplier: float = 1.0  # draft logits = the target's lm_head x this ...
+    final_logit_softcapping: float = 0.0  # ... then cap * tanh(logits / cap); 0: none
 
 
 class DFlashModel(nn.Module):
@@ -81,6 +92,22 @@ class DFlashModel(nn.Module):
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
         return self.rope_cos[positions].to(dtype).unsqueeze(2), self.rope_sin[positions].to(dtype).unsqueeze(2)
+
+    def input_embeddings(self, embed: nn.Embedding, ids: torch.Tensor) -> torch.Tensor:
+        """Block inputs [.., C] of token ids [..]: the target's raw embedding rows (`embed`, its
+        `embed_tokens`) times `spec.input_embedding_scale`."""
+        e = embed(ids)
+        scale = self.spec.input_embedding_scale
+        return e if scale == 1.0 else e * scale
+
+    def logits(self, lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft logits [.., V] of final-normed hidden states [.., C] through the target's `lm_head`,
+        times `spec.output_multiplier`, soft-capped at `spec.final_logit_softcapping` when set."""
+        logits = lm_head(hidden)
+        if self.spec.output_multiplier != 1.0:
+            logits = logits * self.spec.output_multiplier
+        cap = self.spec.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap if cap else logits
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor):
         """Per layer (k, v) [B,T,Hkv,D] of context tokens. features [B,T,n*C]; positions [B,T]."""

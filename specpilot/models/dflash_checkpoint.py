@@ -3,20 +3,27 @@
 `config.json` is a Qwen3 config of the drafter's own layers (`num_hidden_layers`, `hidden_size`,
 heads, ...) plus `architectures: ["DFlashDraftModel"]`, `block_size`, `num_target_layers` and
 `dflash_config: {target_layer_ids, mask_token_id}` (some exports put `block_size` or
-`mask_token_id` inside or beside `dflash_config`: both are read). Tensors in `*.safetensors` carry
-the module names of `DFlashDraftModel`: `layers.N.self_attn.{q,k,v,o}_proj.weight`,
+`mask_token_id` inside or beside `dflash_config`: both are read), and for a target whose trunk
+scales or caps what the drafter sees (Gemma) `dflash_config.{input_embedding_scale,
+output_multiplier, final_logit_softcapping}` (`dflash.py`: absent, 1.0 / 1.0 / none). Tensors in
+`*.safetensors` carry the module names of `DFlashDraftModel`: `layers.N.self_attn.{q,k,v,o}_proj.weight`,
 `layers.N.self_attn.{q,k}_norm.weight`, `layers.N.mlp.{gate,up,down}_proj.weight`,
 `layers.N.{input,post_attention}_layernorm.weight`, `fc.weight`, `hidden_norm.weight`,
 `norm.weight` (a leading `model.` is tolerated). A drafter trained here with a learned mask vector
-instead of a mask token also has `mask_embedding` (our one extension; absent in public files).
+instead of a mask token also has `mask_embedding` (our one extension; absent in public files): the
+block input of a mask position as is (a mask token's is its raw embedding row x
+`input_embedding_scale`, as any block token's).
 
 Owns: detection (`is_dflash_dir`), loading against a target with one-line errors for a mismatch
-(hidden size, feature layer ids, vocabulary), and the writer. Does not own the network (`dflash.py`).
+(hidden size, vocabulary, feature layer ids, the target depth it was built for), and the writer.
+Does not own the network (`dflash.py`).
 """
 
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,6 +35,9 @@ from specpilot.models.dflash import DFlashModel, DFlashSpec, build_target_layer_
 from specpilot.models.loading import read_hf_tensors
 
 ARCHITECTURE = "DFlashDraftModel"
+# `dflash_config` numbers of the target's embedding and head as the drafter sees them, and their
+# defaults (`dflash.py`); final_logit_softcapping 0 (or absent / null) is no cap
+SCALES = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": 0.0}
 
 
 def _read_config(path: Path) -> dict:
@@ -77,7 +87,18 @@ def read_dflash_config(path: str | Path) -> tuple[ModelConfig, DFlashSpec]:
         raise CheckpointError(f"{where}: target_layer_ids, block_size and mask_token_id must be integers") from None
     if not spec.target_layer_ids or spec.block_size < 2:
         raise CheckpointError(f"{where}: needs at least one target layer id and block_size >= 2")
-    return config, spec
+    scales = {}
+    for name, default in SCALES.items():
+        value = dcfg.get(name, cfg.get(name))
+        try:
+            value = default if value is None else float(value)
+        except (TypeError, ValueError):
+            raise CheckpointError(f"{where}: {name} must be a number") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and name != "final_logit_softcapping"):
+            raise CheckpointError(f"{where}: {name} = {value} must be finite and "
+                                  + (">= 0" if name == "final_logit_softcapping" else "> 0"))
+        scales[name] = value
+    return config, replace(spec, **scales)
 
 
 def check_target(config: ModelConfig, spec: DFlashSpec, target: ModelConfig, where: str) -> None:
@@ -95,6 +116,11 @@ def check_target(config: ModelConfig, spec: DFlashSpec, target: ModelConfig, whe
         raise CheckpointError(
             f"{where}: DFlash target_layer_ids {list(spec.target_layer_ids)} name layer(s) {bad} "
             f"outside the target's {target.num_layers} layers"
+        )
+    if spec.num_target_layers is not None and spec.num_target_layers != target.num_layers:
+        raise CheckpointError(
+            f"{where}: DFlash drafter was built for a target of {spec.num_target_layers} layers (num_target_layers); "
+            f"this target has {target.num_layers}"
         )
     if spec.mask_token_id is not None and not 0 <= spec.mask_token_id < target.vocab_size:
         raise CheckpointError(f"{where}: DFlash mask_token_id {spec.mask_token_id} is outside the target vocabulary")
@@ -138,8 +164,9 @@ def load_dflash(path: str | Path, target, device="cpu", dtype: torch.dtype = tor
     C = config.hidden_size
     if "mask_embedding" in tensors:
         mask = tensors["mask_embedding"]
-    elif spec.mask_token_id is not None:
-        mask = target.embed_tokens.weight[spec.mask_token_id, : config.hidden_size].detach().cpu()  # copy 0 if widened
+    elif spec.mask_token_id is not None:  # the token's raw row (copy 0 if widened), scaled as any block input
+        mask = target.embed_tokens.weight[spec.mask_token_id, : config.hidden_size].detach().cpu()
+        mask = mask * spec.input_embedding_scale if spec.input_embedding_scale != 1.0 else mask
     else:
         raise CheckpointError(f"{path}: no dflash_config.mask_token_id and no mask_embedding tensor")
     if tuple(mask.shape) != (C,):
@@ -193,6 +220,7 @@ def write_dflash(model: DFlashModel, path: str | Path, dtype: torch.dtype = torc
     dflash = {"target_layer_ids": list(spec.target_layer_ids)}
     if spec.mask_token_id is not None:
         dflash["mask_token_id"] = spec.mask_token_id
+    dflash.update({name: getattr(spec, name) for name, default in SCALES.items() if getattr(spec, name) != default})
     cfg["dflash_config"] = dflash
     tensors = {k: v.to(dtype) for k, v in to_public_state(model).items()}
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})

@@ -18,6 +18,14 @@ names layer *outputs* (SpecForge trains on them, SGLang captures the input of id
 inputs of (2, L//2, L-3), which every implementation agrees on; the writer therefore omits the field
 when the ids are that default, and otherwise writes SpecForge's form.
 
+Targets of every family give the head the same two things. Features: the residual stream as
+transformers' `hidden_states` reports it (what SpecForge trains on): for Gemma, entry 0 is the
+embedding scaled by sqrt(C) and each layer's output includes Gemma-4's per-layer input and layer
+scalar; for mixture-of-experts targets, the output after the sparse MLP (`GemmaTransformer.forward`,
+`Transformer.forward` with `capture`). Token embedding: the raw row of the target's table (or the
+head's own `embed_tokens`), unscaled on every family: SGLang hands the head the target's
+`embed_tokens.weight` (`get_embed_and_head`), which the head's plain embedding reads as is.
+
 Owns: detection (`is_eagle3_dir`), loading against a target with one-line errors for a mismatch
 (hidden size, vocabulary, layer ids, the draft-vocabulary map), and the writer. Does not own the
 network (`eagle3.py`).

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from specpilot.errors import CheckpointError
-from specpilot.models.config import ModelConfig
+from specpilot.models.config import GEMMA_FAMILIES, ModelConfig
 from specpilot.models.loading import build_model, check_tensors, load_model, read_hf_tensors, to_fused_state
 from specpilot.models.transformer import Transformer
 
@@ -56,6 +56,11 @@ def expanded_config(config: ModelConfig, factor: int) -> ModelConfig:
     check_factor(factor)
     if factor == 1:
         return config
+    if config.moe_layers:
+        raise CheckpointError(f"width expansion of mixture-of-experts layers ({config.family}, "
+                              f"num_experts={config.num_experts}) is not supported yet")
+    if config.family in GEMMA_FAMILIES:  # sqrt(C) embedding scale, per-layer inputs: another rule
+        raise CheckpointError(f"width expansion of {config.family} decoders is not supported yet")
     return config.with_changes(
         hidden_size=config.hidden_size * factor,
         intermediate_size=config.intermediate_size * factor,

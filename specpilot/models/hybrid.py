@@ -217,9 +217,10 @@ def hf_tensor_shapes(config: ModelConfig, prefix: str = "model.") -> dict[str, t
         shapes["lm_head.weight"] = (V, C)
     for i in range(c.num_layers):
         p = f"{prefix}layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (C,), p + "post_attention_layernorm.weight": (C,),
-                       p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C),
-                       p + "mlp.down_proj.weight": (C, I)})
+        shapes.update({p + "input_layernorm.weight": (C,), p + "post_attention_layernorm.weight": (C,)})
+        if i not in c.moe_layers:  # a sparse layer's experts: `models/moe.py`
+            shapes.update({p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C),
+                           p + "mlp.down_proj.weight": (C, I)})
         if i in c.linear_layers:
             a = p + "linear_attn."
             shapes.update({a + "conv1d.weight": (Cc, 1, c.linear_conv_kernel_dim), a + "A_log": (Hv,),
@@ -282,8 +283,10 @@ def to_fused_state(config: ModelConfig, hf: dict) -> dict:
         p, q = f"{P}layers.{i}.", f"layers.{i}."
         for n in ("input_layernorm", "post_attention_layernorm"):
             out[q + n + ".weight"] = hf[p + n + ".weight"]
-        out[q + "mlp.gate_up_proj.weight"] = concat_rows([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
-        out[q + "mlp.down_proj.weight"] = hf[p + "mlp.down_proj.weight"]
+        if i not in c.moe_layers:
+            out[q + "mlp.gate_up_proj.weight"] = concat_rows([hf[p + "mlp.gate_proj.weight"],
+                                                              hf[p + "mlp.up_proj.weight"]])
+            out[q + "mlp.down_proj.weight"] = hf[p + "mlp.down_proj.weight"]
         if i in c.linear_layers:
             a, b = p + "linear_attn.", q + "linear_attn."
             if c.family == "qwen3_next":
@@ -320,8 +323,10 @@ def to_hf_state(model: HybridTransformer) -> dict[str, torch.Tensor]:
         p, q = f"model.layers.{i}.", f"layers.{i}."
         for n in ("input_layernorm", "post_attention_layernorm"):
             hf[p + n + ".weight"] = sd[q + n + ".weight"]
-        hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"] = sd[q + "mlp.gate_up_proj.weight"].split([I, I])
-        hf[p + "mlp.down_proj.weight"] = sd[q + "mlp.down_proj.weight"]
+        if i not in c.moe_layers:
+            wg, wu = sd[q + "mlp.gate_up_proj.weight"].split([I, I])
+            hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"] = wg, wu
+            hf[p + "mlp.down_proj.weight"] = sd[q + "mlp.down_proj.weight"]
         if i in c.linear_layers:
             a, b = p + "linear_attn.", q + "linear_attn."
             w = sd[b + "in_proj.weight"]

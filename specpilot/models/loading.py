@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specpilot.errors import CheckpointError
-from specpilot.models.config import ModelConfig
+from specpilot.models.config import GEMMA_FAMILIES, ModelConfig
 from specpilot.models.registry import family
 from specpilot.models.transformer import rope_tables
 from specpilot.models.w12_linear import W12Linear
@@ -77,6 +77,14 @@ def check_tensors(config: ModelConfig, tensors: dict, where: str) -> None:
         from specpilot.models.hybrid import hf_prefix
 
         shapes = family(config).hf_tensor_shapes(config, hf_prefix(tensors))
+    if config.family in GEMMA_FAMILIES:  # also a multimodal wrapper's text model, under its prefix
+        from specpilot.models.gemma import hf_prefix as gemma_prefix
+
+        shapes = family(config).hf_tensor_shapes(config, gemma_prefix(tensors))
+    if config.moe_layers:  # per-expert or transformers' fused expert tensors, whichever the checkpoint holds
+        from specpilot.models.moe import checkpoint_shapes
+
+        shapes = checkpoint_shapes(config, tensors)
     for name, shape in shapes.items():
         if name not in tensors:
             raise CheckpointError(f"{where}: tensor {name} is missing")
@@ -132,8 +140,13 @@ def build_model(
         parent_name, attr = module_name.rsplit(".", 1) if "." in module_name else ("", module_name)
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, attr, W12Linear(value if device is None else value.to(device)))
-    cos, sin = rope_tables(config, max_positions or config.max_position_embeddings)
-    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    own = getattr(model, "rope_buffers", None)  # a family with RoPE per layer type builds its own tables
+    if own is not None:
+        for name, table in own(max_positions).items():
+            setattr(model, name, table.to(device))
+    else:
+        cos, sin = rope_tables(config, max_positions or config.max_position_embeddings)
+        model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
     return model.eval().requires_grad_(False)
 
 

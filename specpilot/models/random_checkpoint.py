@@ -178,7 +178,8 @@ def write_random_hybrid(out: str | Path, config: ModelConfig | None = None, seed
 def write_mixerless_drafter(hybrid_dir: str | Path, out: str | Path) -> Path:
     """The dense decoder computing `hybrid_dir`'s model with every token mixer removed: its
     embeddings, MLPs, head and norms (zero-centred weights w become 1 + w), attention projections
-    zero. A draft model the hybrid accepts often, since its mixers only perturb the residual stream."""
+    zero (and the MLPs of sparse mixture-of-experts layers zero too). A draft model the hybrid
+    accepts often, since its mixers only perturb the residual stream."""
     hybrid = load_model(hybrid_dir)
     c = hybrid.config
     config = c.dense().with_changes(family="qwen3")
@@ -189,7 +190,7 @@ def write_mixerless_drafter(hybrid_dir: str | Path, out: str | Path) -> Path:
                 p.copy_(1.0 + hybrid.get_parameter(name).float())
             elif name.endswith(("q_norm.weight", "k_norm.weight")):
                 p.fill_(1.0)
-            elif "self_attn" in name:
+            elif "self_attn" in name or (".mlp." in name and int(name.split(".")[1]) in c.moe_layers):
                 p.zero_()
             else:
                 p.copy_(hybrid.get_parameter(name))

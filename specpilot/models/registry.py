@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from specpilot.models import hybrid, transformer
+from specpilot.models import gemma, hybrid, moe, transformer
 from specpilot.models.config import ModelConfig
 
 
@@ -27,8 +27,15 @@ class Family:
 DENSE = Family(transformer.Transformer, transformer.hf_tensor_shapes, transformer.to_fused_state,
                transformer.to_hf_state)
 HYBRID = Family(hybrid.HybridTransformer, hybrid.hf_tensor_shapes, hybrid.to_fused_state, hybrid.to_hf_state)
-FAMILIES = {"qwen3": DENSE, "llama": DENSE, "qwen3_next": HYBRID, "qwen3_5": HYBRID}
+MOE = Family(moe.MoETransformer, moe.hf_tensor_shapes, moe.to_fused_state, moe.to_hf_state)
+MOE_HYBRID = Family(moe.MoEHybridTransformer, moe.hf_tensor_shapes, moe.to_fused_state, moe.to_hf_state)
+GEMMA = Family(gemma.GemmaTransformer, gemma.hf_tensor_shapes, gemma.to_fused_state, gemma.to_hf_state)
+FAMILIES = {"qwen3": DENSE, "llama": DENSE, "qwen3_next": HYBRID, "qwen3_5": HYBRID, "qwen3_moe": MOE,
+            "gemma3": GEMMA, "gemma4": GEMMA}
 
 
 def family(config: ModelConfig) -> Family:
+    """The config's family; a hybrid family with sparse layers (Qwen3-Next's MoE) is `MOE_HYBRID`."""
+    if config.moe_layers and FAMILIES[config.family] is HYBRID:
+        return MOE_HYBRID
     return FAMILIES[config.family]

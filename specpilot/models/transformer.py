@@ -351,10 +351,10 @@ def hf_tensor_shapes(config: ModelConfig, prefix: str = "model.") -> dict[str, t
             p + "self_attn.k_proj.weight": (Hkv * D, C),
             p + "self_attn.v_proj.weight": (Hkv * D, C),
             p + "self_attn.o_proj.weight": (C, H * D),
-            p + "mlp.gate_proj.weight": (I, C),
-            p + "mlp.up_proj.weight": (I, C),
-            p + "mlp.down_proj.weight": (C, I),
         })
+        if i not in config.moe_layers:  # a sparse layer's experts: `models/moe.py`
+            shapes.update({p + "mlp.gate_proj.weight": (I, C), p + "mlp.up_proj.weight": (I, C),
+                           p + "mlp.down_proj.weight": (C, I)})
         if config.qk_norm:
             shapes[p + "self_attn.q_norm.weight"] = (D,)
             shapes[p + "self_attn.k_norm.weight"] = (D,)
@@ -373,8 +373,10 @@ def to_fused_state(config: ModelConfig, hf: dict) -> dict:
             [hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
         )
         out[q + "self_attn.o_proj.weight"] = hf[p + "self_attn.o_proj.weight"]
-        out[q + "mlp.gate_up_proj.weight"] = concat_rows([hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]])
-        out[q + "mlp.down_proj.weight"] = hf[p + "mlp.down_proj.weight"]
+        if i not in config.moe_layers:
+            out[q + "mlp.gate_up_proj.weight"] = concat_rows([hf[p + "mlp.gate_proj.weight"],
+                                                              hf[p + "mlp.up_proj.weight"]])
+            out[q + "mlp.down_proj.weight"] = hf[p + "mlp.down_proj.weight"]
         if config.qk_norm:
             out[q + "self_attn.q_norm.weight"] = hf[p + "self_attn.q_norm.weight"]
             out[q + "self_attn.k_norm.weight"] = hf[p + "self_attn.k_norm.weight"]
@@ -397,9 +399,10 @@ def to_hf_state(model: Transformer) -> dict[str, torch.Tensor]:
         hf[p + "self_attn.q_proj.weight"], hf[p + "self_attn.k_proj.weight"] = wq, wk
         hf[p + "self_attn.v_proj.weight"] = wv
         hf[p + "self_attn.o_proj.weight"] = sd[q + "self_attn.o_proj.weight"]
-        wg, wu = sd[q + "mlp.gate_up_proj.weight"].split([I, I])
-        hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"] = wg, wu
-        hf[p + "mlp.down_proj.weight"] = sd[q + "mlp.down_proj.weight"]
+        if i not in c.moe_layers:
+            wg, wu = sd[q + "mlp.gate_up_proj.weight"].split([I, I])
+            hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"] = wg, wu
+            hf[p + "mlp.down_proj.weight"] = sd[q + "mlp.down_proj.weight"]
         if c.qk_norm:
             hf[p + "self_attn.q_norm.weight"] = sd[q + "self_attn.q_norm.weight"]
             hf[p + "self_attn.k_norm.weight"] = sd[q + "self_attn.k_norm.weight"]

@@ -124,8 +124,10 @@ def test_config_fields_and_refusals():
     c = ModelConfig.from_hf_dict(hf)
     assert c.hybrid and c.attention_layers == (3, 7) and c.linear_layers == (0, 1, 2, 4, 5, 6)
     assert c.rotary_dim == 2 and c.conv_dim == 2 * 16 + 32 and c.linear_conv_kernel_dim == 4
-    with pytest.raises(CheckpointError, match="mixture-of-experts"):
-        ModelConfig.from_hf_dict({**hf, "num_experts": 8})
+    assert ModelConfig.from_hf_dict({**hf, "num_experts": 8, "num_experts_per_tok": 2}).moe_layers == tuple(range(8))
+    with pytest.raises(CheckpointError, match="mixture-of-experts"):  # Qwen3-Next's sparse layers load (test_moe)
+        ModelConfig.from_hf_dict({**hf, "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
+                                  "num_experts": 8})
     with pytest.raises(CheckpointError, match="layer_types"):
         ModelConfig.from_hf_dict({**hf, "layer_types": ["linear_attention"] * 3})
     with pytest.raises(CheckpointError, match="multiple of linear_num_key_heads"):

@@ -163,13 +163,13 @@ class DFlashDrafter(Drafter):
         dev = state.tokens.device
         P = state.cache_prefix()  # [B] slot and position of the root
         roots = state.roots()
-        embed = self.target.embed_tokens(roots)[:, None]  # [B,1,C]
+        embed = self.model.input_embeddings(self.target.embed_tokens, roots)[:, None]  # [B,1,C]
         noise = torch.cat([embed, self.model.mask_embedding.to(embed.dtype).expand(B, T - 1, -1)], 1)  # [B,T,C]
         pos = P[:, None] + torch.arange(T, device=dev)[None]  # [B,T]
         s = torch.arange(self.cache.capacity, device=dev)[None, :]
         visible = (s < P[:, None] + T)[:, None, None, :].expand(B, 1, T, -1)  # context and the whole block
         hidden = self.model.block_forward(noise, pos, self.cache, pos, visible)  # [B,T,C]
-        logits = self.target.lm_head(hidden[:, 1:])  # [B,K,V]
+        logits = self.model.logits(self.target.lm_head, hidden[:, 1:])  # [B,K,V]
         return torch.log_softmax(logits.float(), dim=-1)
 
 

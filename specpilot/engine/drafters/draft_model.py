@@ -31,7 +31,7 @@ from specpilot.models.kv_cache import KVCache
 from specpilot.engine.packed_prefill import PACK_ROWS, Chunk, PackingCache, packed_forward, warm
 from specpilot.engine.selection import row_caps, share_rows
 from specpilot.engine.state import DecodeState
-from specpilot.engine.steps import prefill
+from specpilot.engine.steps import prefill, prefill_chunk
 from specpilot.engine.tree import DraftTree
 from specpilot.models import ops
 from specpilot.models.transformer import Transformer
@@ -68,7 +68,7 @@ class DraftModelDrafter(Drafter):
     def start(self, prompts: list[list[int]], state: DecodeState) -> None:
         key = (state.batch, state.capacity)
         if key not in self.caches:
-            self.caches[key] = KVCache.allocate(self.model.config, *key, self.model.device, self.model.dtype)
+            self.caches[key] = self.model.new_cache(*key)  # the draft model's own layout
         self.cache = self.caches[key]
         prefill(self.model, self.cache, prompts, bucket=self.prefill_bucket)
 
@@ -83,12 +83,16 @@ class DraftModelDrafter(Drafter):
     def prefill_rows(self, chunks: list, state: DecodeState, features=None) -> None:
         """One sync's prompt chunks into the draft cache, packed `PACK_ROWS` to a forward."""
         full = [c for c in chunks if c.tokens]
+        if not self.cache.packable:  # K/V of several shapes (`new_cache`): no batch-1 packing cache
+            for c in full:
+                prefill_chunk(self.model, self.cache.row(c.row), list(c.tokens), c.start, self.prefill_bucket)
+            return
         packing = self._packing() if full else None
         for i in range(0, len(full), PACK_ROWS):
             packed_forward(self.model, self.cache, packing, full[i : i + PACK_ROWS], self.prefill_bucket)
 
     def warm_rows(self, limit: int) -> None:
-        if self.prefill_bucket > 0:
+        if self.prefill_bucket > 0 and self.cache.packable:
             warm(self.model, self.cache, self._packing(), self.prefill_bucket, limit)
 
     def prefill_row(self, row: int, tokens: list[int], start: int, state: DecodeState, features=None) -> None:
