@@ -1,5 +1,5 @@
 """The `specpilot` command. Each command lives in a module of this package (`run.py`, `generate.py`,
-`bench.py`, `guard.py`, `evaluate.py`, `memory.py`, `w12.py`) with a one-line `HELP` and a
+`bench.py`, `guard.py`, `evaluate.py`, `memory.py`, `w12.py`, `fp8.py`) with a one-line `HELP` and a
 `register(subparsers)`; this module only dispatches.
 
 Only the command being run registers its flags; the others are listed by their `HELP`, so
@@ -23,7 +23,7 @@ from specpilot import __version__
 from specpilot.errors import Notice, SpecPilotError, storage_error
 
 # the commands, in the order `--help` lists them; the module of each is specpilot.cli.<name>
-COMMANDS = ("run", "generate", "bench", "guard", "evaluate", "memory", "w12")
+COMMANDS = ("run", "generate", "bench", "guard", "evaluate", "memory", "w12", "fp8")
 
 INTERRUPTED = 130  # exit status after Ctrl-C, for every command (128 + SIGINT)
 

@@ -4,7 +4,9 @@ Owns: reading `config.json` + single or sharded `*.safetensors` (with `model.saf
 mapping HF tensor names onto our fused layout (q/k/v -> qkv_proj, gate/up -> gate_up_proj), checking
 that every tensor is present with the right shape, and writing our models back out in HF format
 (so `transformers` loads them too). A directory converted to W12 (see `specpilot.w12`) loads
-through the same call: its projections come back as W12 weights and become `W12Linear` modules.
+through the same call: its projections come back as W12 weights and become `W12Linear` modules;
+so does an FP8 directory (a `quantization_config` in config.json, `models.fp8_checkpoint`), whose
+e4m3 projections become `FP8Linear` modules.
 
 Does not own: the tokenizer (`tokenizer.py`) or width expansion (`expand.py`).
 """
@@ -116,8 +118,11 @@ def build_model(
 ):
     """The family's decoder (`registry`) holding `state` (our names) on `device` in `dtype`.
 
-    Entries that are W12 weights become `W12Linear` modules; everything else is cast to `dtype`.
+    Entries that are W12 weights become `W12Linear` modules, FP8 weights `FP8Linear` modules (both
+    must name an `nn.Linear` of the model); everything else is cast to `dtype`.
     """
+    from specpilot.models.fp8_linear import FP8Linear, FP8Weight
+
     with torch.device("meta"):
         model = family(config).model(config, max_positions=max_positions)
     special = {}
@@ -139,7 +144,10 @@ def build_model(
         module_name = name.rsplit(".", 1)[0]
         parent_name, attr = module_name.rsplit(".", 1) if "." in module_name else ("", module_name)
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, W12Linear(value if device is None else value.to(device)))
+        if not isinstance(getattr(parent, attr, None), torch.nn.Linear):
+            raise CheckpointError(f"{name} is stored quantized but is not a projection of the model")
+        value = value if device is None else value.to(device)
+        setattr(parent, attr, FP8Linear(value) if isinstance(value, FP8Weight) else W12Linear(value))
     own = getattr(model, "rope_buffers", None)  # a family with RoPE per layer type builds its own tables
     if own is not None:
         for name, table in own(max_positions).items():
@@ -156,12 +164,17 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     max_positions: int | None = None,
 ):
-    """Load an HF model directory (plain or W12-converted) into its family's decoder."""
+    """Load an HF model directory (plain, W12-converted or FP8) into its family's decoder."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: model directory does not exist")
     config = ModelConfig.from_dir(path)
     tensors = read_hf_tensors(path)
+    from specpilot.models.fp8_checkpoint import fp8_scheme, pair_fp8_tensors, read_config_json
+
+    scheme = fp8_scheme(read_config_json(path), str(path / "config.json"))
+    if scheme is not None or any(t.dtype == torch.float8_e4m3fn for t in tensors.values()):
+        tensors = pair_fp8_tensors(tensors, scheme, str(path))
     from specpilot.w12.checkpoint import is_storage_checkpoint, is_w12_checkpoint, read_w12_tensors
 
     if is_w12_checkpoint(path) and not is_storage_checkpoint(path):
