@@ -9,7 +9,9 @@
 Files: `records.py` (the JSONL outputs format), `config.py` (GuardConfig, near-tie thresholds),
 `forcing.py`, `statistics.py` (sequence-level bootstrap), `verdict.py` (the decision), `gate.py`,
 `divergence.py` (token-for-token comparison of two systems), `simulation.py` (size and power of
-the rate rule). The command is `specpilot.cli.guard`; fault injection lives in `specpilot.engine.faults`.
+the rate rule), `sampling.py` (the sampling guard: randomized PIT of sampled outputs, uniformity
+vs stock's; not yet wired into `gate` or the CLI). The command is `specpilot.cli.guard`; fault
+injection lives in `specpilot.engine.faults`.
 """
 
 import importlib
@@ -23,6 +25,8 @@ _EXPORTS = {
     "SequenceCounts": "statistics", "Verdict": "verdict", "compare": "verdict", "compare_outputs": "divergence",
     "default_near_tie_nats": "config", "force": "forcing", "rate_difference": "statistics",
     "read_records": "records", "records_from_outputs": "records", "write_records": "records",
+    "SamplingGuardConfig": "sampling", "SamplingVerdict": "sampling", "compare_sampled": "sampling",
+    "pit_values": "sampling",
 }
 
 __all__ = sorted(_EXPORTS)
