@@ -169,3 +169,18 @@ def source_commit() -> str | None:
     """Commit of a copied source tree (`SPECPILOT_COMMIT`), for provenance; when set it wins over
     what git says there (a copy's .git may be absent or stale)."""
     return os.environ.get("SPECPILOT_COMMIT") or None
+
+
+def umask_mode() -> int:
+    """The mode the user's umask gives a new file (0o666 & ~umask): read from /proc where Linux
+    shows it, else by setting the umask and putting it back."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)  # the strictest mask while it is read: a file another thread makes meanwhile is private
+    os.umask(mask)
+    return 0o666 & ~mask

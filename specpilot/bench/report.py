@@ -48,6 +48,7 @@ def write_text_atomic(path: Path, text: str) -> None:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
+            os.chmod(tmp, env.umask_mode())  # mkstemp makes it 0600
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

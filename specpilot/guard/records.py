@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from specpilot import env
 from specpilot.errors import SpecPilotError
 
 
@@ -40,6 +41,7 @@ def write_records(path: str | Path, records: list[OutputRecord], overwrite: bool
     with os.fdopen(fd, "w") as f:
         for r in records:
             f.write(json.dumps({"prompt_ids": list(r.prompt_ids), "output_ids": list(r.output_ids)}) + "\n")
+    os.chmod(tmp, env.umask_mode())  # mkstemp makes it 0600
     os.replace(tmp, path)
 
 

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from specpilot.errors import CheckpointError
 from specpilot.models.fp8_linear import E4M3, E4M3_MAX, Activation, FP8Weight
+from specpilot.w12.checkpoint import MANIFEST, save_tensors
 
 BLOCK = 128  # `fp8 convert` writes 128x128 blocks, as the public block-wise releases do
 SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
@@ -233,12 +233,13 @@ def convert_fp8(src: str | Path, dst: str | Path, lm_head: bool = False, force: 
     if not quantized:
         raise CheckpointError(f"SRC {src}: no projection weights to quantize")
     dst.mkdir(parents=True, exist_ok=True)
-    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    save_tensors(out, dst / "model.safetensors", metadata={"format": "pt"})  # the umask's mode, not 0600
     config_json["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                           "weight_block_size": [BLOCK, BLOCK], "modules_to_not_convert": skip}
     (dst / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
     for f in src.iterdir():  # tokenizer and generation files travel with the weights
-        if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json"):
+        if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json",
+                                                                      MANIFEST):  # a W12-stored source's index
             shutil.copyfile(f, dst / f.name)
     size = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
     return FP8ConvertReport(str(dst), tuple(quantized), len(out) - 2 * len(quantized),

@@ -35,6 +35,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from specpilot import env
 from specpilot.errors import CheckpointError
 from specpilot.w12.layout import FORMAT_VERSION
 from specpilot.w12.weight import PLANES, W12Weight
@@ -58,26 +59,11 @@ def is_w12_checkpoint(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
-def umask_mode() -> int:
-    """The mode the user's umask gives a new file (0o666 & ~umask): read from /proc where Linux
-    shows it, else by setting the umask and putting it back."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o077)  # the strictest mask while it is read: a file another thread makes meanwhile is private
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
     """safetensors' `save_file`, the file then given the mode any new file of the user's gets
     (`umask_mode`): safetensors writes through a private temporary file (mode 0600)."""
     save_file(tensors, str(path), metadata=metadata)
-    os.chmod(path, umask_mode())
+    os.chmod(path, env.umask_mode())
 
 
 def crc32(t: torch.Tensor) -> int:

@@ -45,3 +45,16 @@ def test_a_results_directory_that_takes_no_files_is_refused_before_timing(tmp_pa
     monkeypatch.setattr(os, "open", read_only)
     with pytest.raises(StorageError, match=f"cannot write the results directory {tmp_path / 'out'}: read-only"):
         report.prepare_out_dir(tmp_path / "out", "fixture")
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_a_report_file_gets_the_mode_of_the_users_umask(tmp_path, umask):
+    """write_text_atomic's temporary file is private (mkstemp); the report it becomes is not."""
+    import stat
+
+    before = os.umask(umask)
+    try:
+        report.write_text_atomic(tmp_path / "results.json", "{}\n")
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE((tmp_path / "results.json").stat().st_mode) == 0o666 & ~umask

@@ -100,3 +100,21 @@ def test_transformers_loads_the_blockwise_layout_to_the_same_logits(tmp_path):
         got = load_model(fp8).forward_causal(tokens)
     assert torch.equal(got, want), (got - want).abs().max()
     shutil.rmtree(fp8)
+
+
+def test_a_w12_stored_source_converts_to_the_same_fp8_directory(tmp_path, capsys):
+    """A source stored in W12 (as the shipped fixture is) converts to the FP8 directory its BF16 original
+    gives, without the W12 index (which would name shards the FP8 directory does not have)."""
+    from safetensors.torch import load_file
+
+    src = write_random_checkpoint(tmp_path / "bf16", tiny_config(**DIMS), dtype=torch.bfloat16)
+    assert main(["w12", "convert", "--storage", str(src), str(tmp_path / "w12")]) in (0, None)
+    for name in ("bf16", "w12"):
+        assert main(["fp8", "convert", str(tmp_path / name), str(tmp_path / f"fp8-{name}")]) in (0, None)
+    assert not (tmp_path / "fp8-w12" / "w12_index.json").exists()
+    a, b = (load_file(tmp_path / f"fp8-{name}" / "model.safetensors") for name in ("bf16", "w12"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k].view(torch.uint8) if a[k].dtype == torch.float8_e4m3fn
+                                                    else a[k], b[k].view(torch.uint8) if b[k].dtype ==
+                                                    torch.float8_e4m3fn else b[k]) for k in a)
+    assert generate(tmp_path / "fp8-w12", tmp_path / "out.jsonl", ["--drafter", "none"])
+    capsys.readouterr()

@@ -41,3 +41,17 @@ def test_match_prompts():
     assert match_prompts(a, [(1,), (2, 3)]) is None
     assert match_prompts(a, [(1,), (2, 3), (2, 3)]) is None
     assert records_from_outputs([[1]], [[2]]) == [OutputRecord((1,), (2,))]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_a_records_file_gets_the_mode_of_the_users_umask(tmp_path, umask):
+    """Written through a private temporary file, the records file still gets 0o666 & ~umask."""
+    import os
+    import stat
+
+    before = os.umask(umask)
+    try:
+        write_records(tmp_path / "out.jsonl", [OutputRecord((1, 2), (3,))])
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE((tmp_path / "out.jsonl").stat().st_mode) == 0o666 & ~umask
