@@ -27,16 +27,9 @@ DIMS = dict(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_l
             linear_key_head_dim=16, linear_value_head_dim=8, max_position_embeddings=512, eos_token_id=0)
 
 
-def hf_checkpoint(path, layout: str, seed: int = 0):
-    """A tiny random model saved by transformers, its weights spread so that logits do not tie:
-    norms off their init, projections ~1/sqrt(fan_in), a larger lm_head."""
-    if layout == "qwen3_next":
-        config = transformers.Qwen3NextConfig(num_experts=0, **DIMS)
-        model = transformers.Qwen3NextForCausalLM(config)
-    else:
-        from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**DIMS))
+def spread_weights(model, seed: int, scale=lambda name: 1.0) -> None:
+    """Random weights spread so that logits do not tie: norms off their init, GDN gates in range,
+    projections ~scale(name)/sqrt(fan_in), a larger lm_head."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -51,7 +44,20 @@ def hf_checkpoint(path, layout: str, seed: int = 0):
             elif name == "lm_head.weight":
                 p.copy_(torch.randn(p.shape, generator=g) * 3 / p.shape[1] ** 0.5)
             else:
-                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+                p.copy_(torch.randn(p.shape, generator=g) * scale(name) / p.shape[-1] ** 0.5)
+
+
+def hf_checkpoint(path, layout: str, seed: int = 0):
+    """A tiny random model saved by transformers, its weights spread so that logits do not tie:
+    norms off their init, projections ~1/sqrt(fan_in), a larger lm_head."""
+    if layout == "qwen3_next":
+        config = transformers.Qwen3NextConfig(num_experts=0, **DIMS)
+        model = transformers.Qwen3NextForCausalLM(config)
+    else:
+        from transformers.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+        model = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**DIMS))
+    spread_weights(model, seed)
     model.save_pretrained(path)
     copy_tokenizer(path)
     return model.eval()

@@ -18,6 +18,7 @@ from specpilot.models.expand import expanded_config
 from specpilot.models.loading import load_model, save_model
 from specpilot.models.moe import MoEHybridTransformer, MoETransformer, SparseMoE, experts_read
 from specpilot.models.random_checkpoint import copy_tokenizer
+from tests.models.test_hybrid import spread_weights
 
 transformers = pytest.importorskip("transformers")
 
@@ -41,24 +42,12 @@ def hf_checkpoint(path, variant: str = "qwen3_moe", seed: int = 0, sparse_scale:
     kind, fields = VARIANTS[variant]
     config = getattr(transformers, f"{kind}Config")(**DIMS, **fields)
     model = getattr(transformers, f"{kind}ForCausalLM")(config)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith("A_log"):
-                p.copy_(torch.empty(p.shape).uniform_(1.0, 16.0, generator=g).log())
-            elif name.endswith("dt_bias"):
-                p.copy_(torch.randn(p.shape, generator=g) - 1.0)
-            elif "embed" in name:
-                p.copy_(torch.randn(p.shape, generator=g))
-            elif name == "lm_head.weight":
-                p.copy_(torch.randn(p.shape, generator=g) * 3 / p.shape[1] ** 0.5)
-            else:
-                sparse = name.endswith(("o_proj.weight", "out_proj.weight")) or (
-                    "down_proj" in name and ("experts" in name or "shared_expert" in name))
-                scale = sparse_scale if sparse else 1.0
-                p.copy_(torch.randn(p.shape, generator=g) * scale / p.shape[-1] ** 0.5)
+    def scale(name):
+        sparse = name.endswith(("o_proj.weight", "out_proj.weight")) or (
+            "down_proj" in name and ("experts" in name or "shared_expert" in name))
+        return sparse_scale if sparse else 1.0
+
+    spread_weights(model, seed, scale)
     model.save_pretrained(path)
     copy_tokenizer(path)
     return model.eval()
