@@ -68,20 +68,20 @@ class Experts(nn.Module):
         ids, perm = ids.sort(dim=-1)  # each token's experts in increasing order
         weights = weights.gather(-1, perm)
         flat = ids.reshape(-1)  # [T*k] token-major (t*k + j)
-        order = torch.argsort(flat, stable=True)  # the pairs grouped by expert, in increasing expert order
+        grouped_ids, order = flat.sort(stable=True)  # the pairs grouped by expert, in increasing expert order
         token = order // k  # [T*k] token of each grouped pair
         scale = weights.reshape(-1)[order, None]  # [T*k,1]
         if grouped is None:
             grouped = x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
-        y = torch.empty(T * k, x.shape[-1], dtype=x.dtype, device=x.device)  # [T*k,C] expert-sorted
-        if grouped:
+        if grouped:  # y [T*k,C]: the pairs' outputs, expert-sorted
             experts = torch.arange(E, device=x.device, dtype=flat.dtype)
-            offs = torch.searchsorted(flat[order], experts, right=True).to(torch.int32)  # [E] group ends (no sync)
+            offs = torch.searchsorted(grouped_ids, experts, right=True).to(torch.int32)  # [E] group ends (no sync)
             h = act(torch._grouped_mm(x[token], self.gate_up_proj.transpose(-2, -1), offs=offs))  # [T*k,I]
             y = torch._grouped_mm(h, self.down_proj.transpose(-2, -1), offs=offs) * scale
         else:
             # the one host read of a sparse layer: how many tokens each expert got (the loop bounds)
             counts = torch.bincount(flat, minlength=E).tolist()
+            y = torch.empty(T * k, x.shape[-1], dtype=x.dtype, device=x.device)
             start = 0
             for e, n in enumerate(counts):
                 if n:
