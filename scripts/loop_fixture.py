@@ -7,7 +7,7 @@
 Runs the loop (`specpilot.loop.run.run_loop`) on the deployment with the GPU defaults (timing preset
 `scaled`: 10 paired blocks x 2 requests x 256 new tokens, 12 noise blocks; agents integration,
 knob, kernel, and coding when SPECPILOT_CODING_AGENT is set), then times AR, stock and the final
-system in one benchmark run (4 prompts x 5 sets x 512 new tokens). It is budget-aware: a round
+system in one benchmark run (5 prompts x 5 sets x 512 new tokens). It is budget-aware: a round
 starts only if it and the final measurement fit in what is left of --budget-minutes; should the
 budget be overrun anyway, an alarm at budget + 45 s — or SIGINT / SIGTERM from an outer `timeout`
 — kills this run's workers, interrupts the work and the report is still written (without the
@@ -62,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--placement", choices=["auto", "alternate", "side-by-side"], default=None,
                    help="arms on one GPU each (alternate, default) or side by side on two")
     p.add_argument("--devices", help="comma-separated worker devices (default: see the module docstring)")
-    p.add_argument("--final-prompts", type=int, default=4, help="prompts per set in the final measurement")
+    p.add_argument("--final-prompts", type=int, default=5, help="prompts per set in the final measurement (>= 5: an interval needs them)")
     p.add_argument("--final-tokens", type=int, default=512, help="new tokens per prompt in the final measurement")
     p.add_argument("--no-final", action="store_true",
                    help="no final measurement: its time goes to rounds (a call that a later --resume continues)")

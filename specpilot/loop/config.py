@@ -34,6 +34,7 @@ from __future__ import annotations
 import enum
 from dataclasses import asdict, dataclass, field, replace
 
+from specpilot.bench.stats import MIN_UNITS
 from specpilot.config import Deployment
 from specpilot.control.config import ControllerConfig
 from specpilot.errors import ConfigError
@@ -69,7 +70,7 @@ class LoopConfig:
     profile_batches: int = 5  # batches of the regime's size the incumbent is profiled on (drawn round-robin
     profile_tokens: int = 64  # over the benchmark sets: 5 batches of one prompt = one prompt of each set)
     final: bool = True  # measure stock and the final system against AR at the end
-    final_prompts: int = 2  # per benchmark set
+    final_prompts: int = MIN_UNITS  # per benchmark set (fewer: the final speedups have no interval)
     final_tokens: int = 64
     patience: int = 2  # stop after this many rounds in a row with nothing new to time
     seed: int = 0
@@ -91,8 +92,9 @@ class LoopConfig:
         for name in ("profile_batches", "profile_tokens", "final_prompts", "final_tokens", "patience"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
-        if self.final_prompts < 2:
-            raise ConfigError("final_prompts must be >= 2: an interval needs two prompts per set")
+        if self.final_prompts < MIN_UNITS:
+            raise ConfigError(f"final_prompts must be >= {MIN_UNITS}: the final speedups' intervals need "
+                              f"{MIN_UNITS} prompts per set (got {self.final_prompts})")
 
     @property
     def budget_s(self) -> float | None:

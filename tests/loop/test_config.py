@@ -24,8 +24,8 @@ def test_device_defaults_and_presets():
     assert (tuned.blocks, tuned.seed) == (9, 3)
     with pytest.raises(ConfigError, match="unknown field"):
         controller_config(for_device("cpu", controller={"blockz": 9}), DEPLOYMENT)
-    with pytest.raises(ConfigError, match="final_prompts must be >= 2"):
-        LoopConfig(final_prompts=1)
+    with pytest.raises(ConfigError, match="final_prompts must be >= 5"):
+        LoopConfig(final_prompts=4)
     with pytest.raises(ConfigError, match="--coding-agents must be >= 1"):
         LoopConfig(coding_agents=0)
 

@@ -159,7 +159,7 @@ def test_a_run_killed_mid_round_resumes_from_the_memory(world, first):
     out = world["root"] / "run2"
     argv = [sys.executable, "-m", "specpilot", "run", "--deployment", world["deployment"], "--out", str(out),
             "--memory", world["memory"], "--devices", "cpu", "--rounds", "1", "--agents", "loop_agents:ScriptedAgent",
-            "--max-candidates", "2", "--profile-tokens", "24", "--final-prompts", "2", "--final-tokens", "16"]
+            "--max-candidates", "2", "--profile-tokens", "24", "--final-prompts", "5", "--final-tokens", "16"]
     argv += [a for k, v in CONTROLLER.items() for a in ("--controller", f"{k}={v}")]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
