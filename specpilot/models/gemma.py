@@ -16,14 +16,15 @@ their own head dim / K/V heads, values taken from the key projection (`attention
 KV-shared layers (the last `num_kv_shared_layers` attend to an earlier layer's cache entries and
 own none; with `double_wide_mlp` their MLPs are twice as wide).
 
-Sliding windows over the ordinary cache. The engine's masks admit, for each query, exactly its
-history: one key per position up to its own (committed tokens, then its tree path or chunk
-prefix), in slot order, itself last (tree nodes follow their parents: `engine.tree`). So a visible
-key's distance query_pos - key_pos is the number of visible keys after it, and a sliding layer
-keeps the visible keys with fewer than `sliding_window` after them: per query, along its own path,
-with no key positions stored. Every layer keeps all slots; a ring of `sliding_window` slots per
-sliding layer would need slot != position bookkeeping (key positions per slot, or the ring's
-offset) and a commit that rotates the ring.
+Sliding windows. The engine's masks admit, for each query, exactly its history: one key per
+position up to its own (committed tokens, then its tree path or chunk prefix), in slot order,
+itself last (tree nodes follow their parents: `engine.tree`). So a visible key's distance
+query_pos - key_pos is the number of visible keys after it, and a sliding layer keeps the visible
+keys with fewer than `sliding_window` after them (`window_mask`): per query, along its own path,
+with no key positions stored. When the cache is longer than the window plus what a forward writes,
+the sliding layers keep only a ring of the last R slots (`models.ring_cache`, where the rules are):
+their K/V memory and the bytes attention reads follow the window, not the context; the mask above
+is gathered at the slots the ring holds.
 
 Owns: the modules, their forward (the dense `Transformer.forward` signature), the decode cache
 (`GemmaCache`) and the HF tensor layout <-> our fused parameters (`hf_tensor_shapes`,
@@ -44,6 +45,7 @@ from specpilot.models.config import ModelConfig
 from specpilot.models.fusion import concat_rows
 from specpilot.models.kv_cache import KVCache
 from specpilot.models.ops import rotate_half
+from specpilot.models.ring_cache import RingCache, gather_columns, ring_slots
 from specpilot.models.transformer import Packing
 
 
@@ -76,13 +78,17 @@ def rope_table(theta: float, D: int, pairs: int, factor: float, max_positions: i
     return emb.cos(), emb.sin()
 
 
-def attention_bias(mask: torch.Tensor, window: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive bias [B,1,T,S] (0 or -inf) from the engine's mask [B,1,T,S]; window > 0 keeps only
-    the visible keys with fewer than `window` visible keys after them (distance < window, see the
-    module docstring)."""
-    if window:
-        later = mask.flip(-1).cumsum(-1, dtype=torch.int32).flip(-1) - mask.to(torch.int32)  # [B,1,T,S]
-        mask = mask & (later < window)
+def window_mask(mask: torch.Tensor, window: int) -> torch.Tensor:
+    """The engine's mask [B,1,T,S] keeping only the visible keys with fewer than `window` visible
+    keys after them (distance < window, see the module docstring); window 0: unchanged."""
+    if not window:
+        return mask
+    later = mask.flip(-1).cumsum(-1, dtype=torch.int32).flip(-1) - mask.to(torch.int32)  # [B,1,T,S]
+    return mask & (later < window)
+
+
+def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Additive bias (0 or -inf) of a bool mask, same shape."""
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
@@ -123,9 +129,12 @@ class GemmaAttention(nn.Module):
         if not self.shared:
             self.k_norm = GemmaNorm(D, c)
 
-    def forward(self, x, cos, sin, cache, rows, slots, bias, packing=None):
+    def forward(self, x, cos, sin, cache, rows, slots, bias, packing=None, fresh=None):
         """x [B,T,C] (or packed [1,M,C]); cos, sin [B,T,1,D]; rows, slots [B,T]; bias [B,1,G*T,S]
-        with the G = H / Hkv query heads of a group folded into the query axis."""
+        with the G = H / Hkv query heads of a group folded into the query axis (a sliding layer
+        over a ring: [B,1,G*T,R], or [B,1,G*T,R+T] when `fresh`). `fresh` (a long chunk over a
+        ring, `models.ring_cache`): a dict where a sliding layer leaves its new K/V [B,T,Hkv,D]
+        instead of writing the ring, and from which it (and a layer sharing its K/V) attends."""
         H, Hkv, D = self.config.num_heads, self.Hkv, self.D
         y = self.qkv_proj(x)
         if packing is not None:
@@ -133,7 +142,9 @@ class GemmaAttention(nn.Module):
         B, T, _ = y.shape
         q = self.q_norm(y[..., : H * D].view(B, T, H, D))
         q = q * cos + rotate_half(q) * sin
-        k_cache, v_cache = cache.k[self.cache_index], cache.v[self.cache_index]  # [B,Hkv,S,D]
+        k_cache, v_cache = cache.k[self.cache_index], cache.v[self.cache_index]  # [B,Hkv,S or R,D]
+        ring = getattr(cache, "ring", None) if self.sliding else None
+        deferred = ring is not None and fresh is not None
         if not self.shared:
             k = y[..., H * D : (H + Hkv) * D].view(B, T, Hkv, D)
             v = k if self.k_eq_v else y[..., (H + Hkv) * D :].view(B, T, Hkv, D)
@@ -141,8 +152,16 @@ class GemmaAttention(nn.Module):
             k = k * cos + rotate_half(k) * sin
             if self.v_norm:
                 v = rms_norm(v, None, self.config.rms_norm_eps, zero_centered=False)
-            k_cache[rows, :, slots] = k  # advanced indices first: [B,T,Hkv,D]
-            v_cache[rows, :, slots] = v
+            if deferred:
+                fresh[self.cache_index] = (k, v)
+            else:
+                at = slots if ring is None else ring.entries(slots)
+                k_cache[rows, :, at] = k  # advanced indices first: [B,T,Hkv,D]
+                v_cache[rows, :, at] = v
+        if deferred:
+            k_new, v_new = fresh[self.cache_index]
+            k_cache = torch.cat([k_cache, k_new.transpose(1, 2)], 2)  # [B,Hkv,R+T,D]
+            v_cache = torch.cat([v_cache, v_new.transpose(1, 2)], 2)
         q = q.permute(0, 2, 1, 3).reshape(B, Hkv, (H // Hkv) * T, D)  # head h = j*G + g
         o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=bias, scale=self.scale)  # [B,Hkv,G*T,D]
         o = o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
@@ -178,9 +197,9 @@ class GemmaBlock(nn.Module):
         if c.family == "gemma4":
             self.layer_scalar = nn.Parameter(torch.ones(1))
 
-    def forward(self, h, cos, sin, cache, rows, slots, bias, packing, per_layer_input):
+    def forward(self, h, cos, sin, cache, rows, slots, bias, packing, per_layer_input, fresh=None):
         """The residual stream [B,T,C] (packed: [1,M,C]) after this layer; per_layer_input [..,P] or None."""
-        a = self.self_attn(self.input_layernorm(h), cos, sin, cache, rows, slots, bias, packing)
+        a = self.self_attn(self.input_layernorm(h), cos, sin, cache, rows, slots, bias, packing, fresh)
         h = h + self.post_attention_layernorm(a)
         h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
         if per_layer_input is not None:
@@ -193,10 +212,13 @@ class GemmaBlock(nn.Module):
 class GemmaCache:
     """K/V of the layers that keep their own (`cache_layers`): one stacked `KVCache` per distinct
     (Hkv, D) shape (Gemma-4's global layers may differ from its sliding layers), so a commit is a
-    gather and a scatter per shape. `k[j]` / `v[j]` are the j-th cache layer's [B,Hkv,S,D]."""
+    gather and a scatter per shape; with `ring`, the sliding layers' K/V live in that ring instead
+    (`models.ring_cache`). `k[j]` / `v[j]` are the j-th cache layer's [B,Hkv,S,D] ([B,Hkv,R,D] in
+    the ring)."""
 
-    groups: list[KVCache]
+    groups: list  # KVCache per shape, then the RingCache if any
     where: list[tuple[int, int]]  # cache layer j -> (its group, its index in the group)
+    capacity: int  # absolute slots a row may use (the engine's masks' S)
     k: list[torch.Tensor] = field(init=False)  # per cache layer [B,Hkv,S,D] (views of the groups')
     v: list[torch.Tensor] = field(init=False)
 
@@ -205,40 +227,56 @@ class GemmaCache:
         self.v = [self.groups[g].v[i] for g, i in self.where]
 
     @classmethod
-    def allocate(cls, config: ModelConfig, batch: int, capacity: int, device, dtype) -> "GemmaCache":
-        shapes = [(config.layer_kv_heads[i], config.layer_head_dims[i]) for i in cache_layers(config)]
-        distinct = list(dict.fromkeys(shapes))
-        groups = []
+    def allocate(cls, config: ModelConfig, batch: int, capacity: int, device, dtype,
+                 nodes: int = 1) -> "GemmaCache":
+        """Every cache layer's K/V for `capacity` slots; the sliding layers' in a ring when
+        `ring_slots(window, capacity, nodes)` is smaller (a forward writes up to `nodes` slots)."""
+        layers = cache_layers(config)
+        R = ring_slots(config.sliding_window, capacity, nodes) if config.sliding_layers else 0
+        in_ring = [R > 0 and i in config.sliding_layers for i in layers]
+        shapes = [(config.layer_kv_heads[i], config.layer_head_dims[i]) for i in layers]
+        plain = [s for s, r in zip(shapes, in_ring) if not r]
+        distinct = list(dict.fromkeys(plain))
+        groups: list = []
         for Hkv, D in distinct:
-            n = shapes.count((Hkv, D))
+            n = plain.count((Hkv, D))
             stack = torch.zeros(2, n, batch, Hkv, capacity, D, device=device, dtype=dtype)
             groups.append(KVCache([stack[0, i] for i in range(n)], [stack[1, i] for i in range(n)], stack))
-        where = [(distinct.index(s), shapes[:j].count(s)) for j, s in enumerate(shapes)]
-        return cls(groups, where)
+        where, seen = [], {s: 0 for s in distinct}
+        for s, r in zip(shapes, in_ring):
+            if r:
+                where.append((len(distinct), sum(in_ring[: len(where)])))
+            else:
+                where.append((distinct.index(s), seen[s]))
+                seen[s] += 1
+        if R:
+            (Hkv, D), = {s for s, r in zip(shapes, in_ring) if r}  # sliding layers share one shape
+            groups.append(RingCache.allocate(sum(in_ring), batch, Hkv, D, config.sliding_window, R, device, dtype))
+        return cls(groups, where, capacity)
+
+    @property
+    def ring(self) -> RingCache | None:
+        return self.groups[-1] if isinstance(self.groups[-1], RingCache) else None
 
     @property
     def packable(self) -> bool:
-        """Packed prefill builds its batch-1 cache in the shape of `k[0]`: one shape only."""
-        return len(self.groups) == 1
+        """Packed prefill builds its batch-1 cache in the shape of `k[0]`: one shape only, no ring."""
+        return len(self.groups) == 1 and self.ring is None
 
     @property
     def batch(self) -> int:
         return self.groups[0].batch
-
-    @property
-    def capacity(self) -> int:
-        return self.groups[0].capacity
 
     def nbytes(self) -> int:
         return sum(g.nbytes() for g in self.groups)
 
     def row(self, b: int) -> "GemmaCache":
         """A view of row `b` (writes go to the shared buffers)."""
-        return GemmaCache([g.row(b) for g in self.groups], self.where)
+        return GemmaCache([g.row(b) for g in self.groups], self.where, self.capacity)
 
     def span(self, n: int) -> "GemmaCache":
-        """A view of slots 0..n-1 of every row (`KVCache.span`)."""
-        return GemmaCache([g.span(n) for g in self.groups], self.where)
+        """A view of slots 0..n-1 of every row (`KVCache.span`); a ring stays whole."""
+        return GemmaCache([g if isinstance(g, RingCache) else g.span(n) for g in self.groups], self.where, n)
 
     def move_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         for g in self.groups:
@@ -293,8 +331,9 @@ class GemmaTransformer(nn.Module):
         return self.embed_tokens.weight.dtype
 
     def new_cache(self, batch: int, capacity: int, nodes: int = 1) -> GemmaCache:
-        """The decode cache of `batch` rows of `capacity` slots (`nodes`: a KV cache needs no scratch)."""
-        return GemmaCache.allocate(self.config, batch, capacity, self.device, self.dtype)
+        """The decode cache of `batch` rows of `capacity` slots whose forwards write up to `nodes`
+        slots each (tree nodes, a serving segment; longer chunks are prefill: see `ring_cache`)."""
+        return GemmaCache.allocate(self.config, batch, capacity, self.device, self.dtype, nodes)
 
     def _per_layer_inputs(self, tokens: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """Gemma-4's per-layer inputs [B,T,L,P] of tokens [B,T] with scaled embeddings h [B,T,C]."""
@@ -330,26 +369,42 @@ class GemmaTransformer(nn.Module):
             packing = Packing(pack, B, T)
             h, ids = packing.pack(h), packing.pack(tokens[..., None])[..., 0]  # [1,M,C], [1,M]
         per_layer = self._per_layer_inputs(ids, h) if c.per_layer_input_size else None  # [B,T,L,P]
+        rows = torch.arange(B, device=tokens.device)[:, None].expand(B, T)
+        kept: dict[int, torch.Tensor] = {-1: h} if -1 in capture else {}
         rope = {False: (self.rope_cos, self.rope_sin), True: (self.rope_cos_sliding, self.rope_sin_sliding)}
         rope = {kind: (cos[positions].to(h.dtype).unsqueeze(2), sin[positions].to(h.dtype).unsqueeze(2))
                 for kind, (cos, sin) in rope.items()}  # [B,T,1,D] per layer type
-        base = {False: attention_bias(mask, 0, h.dtype)}  # [B,1,T,S] per layer type
+        ring = getattr(cache, "ring", None)
+        fresh = {} if ring is not None and T > ring.slack else None  # a long chunk: see `ring_cache`
+        masks = {False: mask}  # [B,1,T,S or R or R+T] bool per layer type
         if c.sliding_layers:
-            base[True] = attention_bias(mask, c.sliding_window, h.dtype)
-        biases: dict[tuple[bool, int], torch.Tensor] = {}  # per (sliding, G): [B,1,G*T,S]
-        rows = torch.arange(B, device=tokens.device)[:, None].expand(B, T)
-        kept: dict[int, torch.Tensor] = {-1: h} if -1 in capture else {}
+            masks[True] = window_mask(mask, c.sliding_window)
+            if ring is not None and fresh is None:
+                ring.record(rows, slots)  # the layers write first, then attend over the ring
+                masks[True] = gather_columns(masks[True], ring.columns())
+            elif ring is not None:
+                cols = torch.cat([ring.columns(before=slots.min(1).values), slots], 1)  # [B,R+T]
+                masks[True] = gather_columns(masks[True], cols)
+        base = {kind: attention_bias(m, h.dtype) for kind, m in masks.items()}
+        biases: dict[tuple[bool, int], torch.Tensor] = {}  # per (sliding, G): [B,1,G*T,S']
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             G = c.num_heads // attn.Hkv
             if (attn.sliding, G) not in biases:
-                S = mask.shape[-1]
+                S = base[attn.sliding].shape[-1]
                 biases[attn.sliding, G] = base[attn.sliding].expand(B, G, T, S).reshape(B, 1, G * T, S)
             cos, sin = rope[attn.sliding]
             h = layer(h, cos, sin, cache, rows, slots, biases[attn.sliding, G], packing,
-                      per_layer[:, :, i] if per_layer is not None else None)
+                      per_layer[:, :, i] if per_layer is not None else None, fresh)
             if i in capture:
                 kept[i] = h
+        if fresh:  # the chunk's last R slots into the ring, after every layer has read it as it was
+            R = ring.size
+            at = ring.entries(slots[:, -R:])
+            for j, (k, v) in fresh.items():
+                cache.k[j][rows[:, -R:], :, at] = k[:, -R:]
+                cache.v[j][rows[:, -R:], :, at] = v[:, -R:]
+            ring.record(rows, slots)
         x = self.norm(h)
         if c.num_layers - 1 in capture:
             kept[c.num_layers - 1] = x  # HF's last hidden state is final-normed
