@@ -62,7 +62,10 @@ BATCH_DRAFTERS = (DrafterKind.MODEL, DrafterKind.EAGLE3, DrafterKind.DFLASH, Dra
 
 # Knobs that only speculative rounds read, at their off values: AR of a system resets them
 # (`System.plain_ar`); segment admission rides in verify rows, which AR does not have.
-SPECULATION_ONLY = {"adaptive_depth": (), "shared_budget": 0, "row_depth_margin": 0, "segment_tokens": 0}
+SPECULATION_ONLY = {"adaptive_depth": (), "shared_budget": 0, "row_depth_margin": 0, "segment_tokens": 0,
+                    "tlv_chain": 0}
+# the drafters two-level verification can add its chain to (their trees are built on the device)
+TLV_DRAFTERS = (DrafterKind.MODEL, DrafterKind.EAGLE3, DrafterKind.DFLASH)
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,10 @@ class System:
     # the kernel before them finishes, loading their weights, and wait for it before reading its
     # output (`kernels.launch.pdl`); CUDA only, the same arithmetic.
     pdl: bool = False
+    # Two-level verification (`engine.drafters.two_level`): an 8-bit (FP8 e4m3 per-channel) view of
+    # the target drafts a greedy chain of this many tokens beside the drafter's tree, and one verify
+    # forward checks their union; 0 = off. The view's weights add 1 byte per projection weight.
+    tlv_chain: int = 0
 
     def __post_init__(self):
         if self.drafter is not DrafterKind.NONE:
@@ -176,6 +183,12 @@ class System:
                               "= 'model', 'dflash' or 'eagle3'")
         if not (2 <= self.block_size <= 64):
             raise ConfigError(f"system {self.name!r}: block_size must be in 2..64 (got {self.block_size})")
+        if not (0 <= self.tlv_chain <= 16):
+            raise ConfigError(f"system {self.name!r}: tlv_chain must be in 0..16 (got {self.tlv_chain})")
+        if self.tlv_chain and (self.drafter not in TLV_DRAFTERS or self.adaptive_depth):
+            raise ConfigError(f"system {self.name!r}: tlv_chain adds a chain to a device drafter's tree: it needs "
+                              "drafter = 'model', 'eagle3' or 'dflash' and no adaptive_depth tiers "
+                              f"(got drafter = {self.drafter.value!r}, adaptive_depth = {list(self.adaptive_depth)})")
 
     def _check_batch_mechanisms(self) -> None:
         """shared_budget and row_depth_margin need a drafter whose trees are selected by path score:
@@ -266,7 +279,7 @@ class System:
 _LATER_KNOBS = {"block_size": 16, "tree_construction": TreeConstruction.BEST_FIRST.value, "kernel_table": "",
                 "shared_budget": 0, "row_depth_margin": 0, "segment_tokens": 0, "attention_span": 256,
                 "draft_compile": False, "verify_compile": False, "attention": AttentionKernel.SDPA.value,
-                "pdl": False, "draft_kernel": Kernel.CUBLAS.value}
+                "pdl": False, "draft_kernel": Kernel.CUBLAS.value, "tlv_chain": 0}
 
 
 @dataclass(frozen=True)

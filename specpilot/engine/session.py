@@ -22,6 +22,7 @@ from specpilot.config import DRAFTER_MODELS, AttentionKernel, Deployment, Drafte
 from specpilot.engine.drafters.dflash import DFlashDrafter
 from specpilot.engine.drafters.draft_model import DraftModelDrafter
 from specpilot.engine.drafters.eagle3 import Eagle3Drafter
+from specpilot.engine.drafters.two_level import TwoLevelDrafter
 from specpilot.engine.drafters.ngram import NgramDrafter
 from specpilot.engine.generator import Generator
 from specpilot.errors import CheckpointError, ConfigError
@@ -252,6 +253,18 @@ class Session:
             self._drafter_models[key] = with_attention(with_draft_kernels(model, system), system)
         return self._drafter_models[key]
 
+    def _view_for(self, system: System):
+        """The target's 8-bit view (`models.view`) with the system's attention, built once."""
+        from specpilot.models.view import fp8_view
+
+        key = ("fp8_view", system.attention)
+        if key not in self._drafter_models:
+            base = self._drafter_models.get(("fp8_view", AttentionKernel.SDPA))
+            if base is None:
+                base = self._drafter_models["fp8_view", AttentionKernel.SDPA] = fp8_view(self.target)
+            self._drafter_models[key] = with_attention(base, system)
+        return self._drafter_models[key]
+
     def _build(self, system: System) -> Generator:
         with launch.knob_scope(system.pdl):  # compiled proposals: inductor launches as ours
             return self._build_in_scope(system)
@@ -293,6 +306,9 @@ class Session:
         elif system.drafter is DrafterKind.NGRAM:
             for d in tiers:
                 drafters[d] = NgramDrafter(d, system.topk, system.tree_budget, system.ngram_min, system.ngram_max)
+        if system.tlv_chain:  # one tier (`System` checks): its tree plus the view's chain
+            (tier, inner), = drafters.items()
+            drafters = {tier: TwoLevelDrafter(inner, self._view_for(system), system.tlv_chain)}
         return Generator(
             target,
             drafters,

@@ -26,7 +26,8 @@ Each round it proposes, best first:
    proposal and the verification compiled (`draft_compile`, `verify_compile`), the draft model on
    the Triton kernels (`draft_kernel`), these launch-level moves together (`launch_bundle`: some gain
    less alone than the promotion threshold), fewer host syncs (`sync_every`), Triton kernels, W12
-   weights (where the format floors do not price them), the Triton lm_head. Under continuous
+   weights (where the format floors do not price them), the Triton lm_head, two-level verification
+   (`tlv_chain`: an FP8 view's chain beside the tree; not on recurrent or FP8 targets). Under continuous
    batching without segment admission, each drafter switch is also proposed with segment
    admission, ahead of the gap order (`segment_admission`).
 Predicted and exploratory moves are interleaved 2:1 so a round times at least one of each when
@@ -46,7 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
-from specpilot.config import DRAFTER_MODELS, AttentionKernel, DrafterKind, Kernel, System
+from specpilot.config import DRAFTER_MODELS, TLV_DRAFTERS, AttentionKernel, DrafterKind, Kernel, System
 from specpilot.errors import ConfigError
 from specpilot.kernels.configs import RULE_MAX_M
 from specpilot.loop.acceptance import TreeShape
@@ -368,6 +369,7 @@ class KnobAgent(Proposer):
                 moves.append((GapKind.VERIFY_KERNELS, {"w12": True}, "W12 weights: 25% fewer bytes per forward"))
             if inc.kernel is Kernel.TRITON and not inc.kernel_lm_head:
                 moves.append((GapKind.VERIFY_KERNELS, {"kernel_lm_head": True}, "the lm_head through the same kernels"))
+            moves += tlv_moves(ctx.cost.profile, inc)
         rank = {kind: i for i, kind in enumerate(ctx.gaps)}
         moves.sort(key=lambda m: rank.get(m[0], len(rank)))
         out = [self._proposal(ctx, changes, gap, why) for gap, changes, why in first + moves]
@@ -389,6 +391,24 @@ class KnobAgent(Proposer):
                 ctx.log(f"knob: not proposing {describe(diff)} again: {record.gain:+.1%} on an earlier incumbent "
                         f"(entry {record.id}, {record.round})")
         return kept
+
+
+TLV_CHAINS = (2, 4)  # two-level chains explored
+
+
+def tlv_moves(p, inc: System) -> list[tuple[GapKind, dict, str]]:
+    """Two-level verification (`engine.drafters.two_level`) on a GPU: an FP8 view of the target
+    drafts a chain beside the incumbent's tree. Not for recurrent targets (the view cannot catch up
+    on a recurrent state) nor FP8 ones (a view would read as many bytes), nor with depth tiers."""
+    if (inc.tlv_chain or inc.drafter not in TLV_DRAFTERS or inc.adaptive_depth or p.state_bytes_per_row
+            or p.target_bytes < 1.5 * p.target_params):
+        return []
+    step_ms = p.target_bytes / 2 / (p.bandwidth_gbps * 1e6)  # a view forward at the copy rate: half the bytes
+    return [(GapKind.ACCEPTANCE, {"tlv_chain": c},
+             f"two-level verification: an FP8 view of the target drafts a greedy chain of {c} beside the tree, "
+             f"checked in the same verify forward (~{c} x {step_ms:.2f} ms of view forwards per round at the "
+             f"byte floor, against a {p.round_ms:.2f} ms round accepting {p.tokens_per_round:.2f} tokens)")
+            for c in TLV_CHAINS]
 
 
 def launch_bundle(inc: System, launch: list[tuple[GapKind, dict, str]]) -> list[tuple[GapKind, dict, str]]:

@@ -498,3 +498,16 @@ def test_every_move_for_an_ngram_incumbent_decodes_on_the_engine():
     for p in out:
         result = session.generator(p.candidate.system).generate([prompt], 24, stop_at_eos=False)
         assert len(result.outputs[0]) == 24, p.candidate.name
+
+
+def test_on_gpu_two_level_verification_is_explored_where_a_view_can_draft():
+    def tlv(out, inc=Candidate(STOCK)):
+        return sorted(p.candidate.system.tlv_chain for p in out
+                      if set(p.candidate.changes_from(inc)) == {"tlv_chain"})
+
+    assert tlv(KnobAgent().propose(context(limit=80))) == [2, 4]
+    assert tlv(KnobAgent().propose(context(device="cpu", limit=80))) == []
+    hybrid = cost_table(state_bytes_per_row=1 << 20)
+    assert tlv(KnobAgent().propose(context(cost=hybrid, limit=80))) == []
+    on = Incumbent(Candidate(STOCK.with_changes(name="t", tlv_chain=2)), 1, 0.1)
+    assert tlv(KnobAgent().propose(context(incumbent=on, limit=80)), on.candidate) == []
