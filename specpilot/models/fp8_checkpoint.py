@@ -179,13 +179,22 @@ def quantize_blockwise(w: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tenso
     scale = amax / 448 (1 for an all-zero block), codes = e4m3(W / scale), round to nearest even."""
     w = w.float()
     N, K = w.shape
-    pad = torch.zeros(-(-N // block) * block, -(-K // block) * block)
+    pad = torch.zeros(-(-N // block) * block, -(-K // block) * block, device=w.device)
     pad[:N, :K] = w
     blocks = pad.unflatten(0, (-1, block)).unflatten(2, (-1, block))  # [Nb, b, Kb, b]
     amax = blocks.abs().amax(dim=(1, 3))  # [Nb, Kb]
     scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
     q = (blocks / scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
     return q.flatten(2).flatten(0, 1)[:N, :K].contiguous(), scale.contiguous()
+
+
+def quantize_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [N, K] -> (codes [N, K] e4m3, scale [N, 1] float32): `quantize_blockwise`'s rule with one
+    scale per output row (amax / 448, 1 for an all-zero row), the per-channel layout's."""
+    w = w.float()
+    amax = w.abs().amax(dim=1, keepdim=True)  # [N, 1]
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return (w / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).contiguous(), scale.contiguous()
 
 
 @dataclass(frozen=True)

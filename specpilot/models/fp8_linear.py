@@ -13,8 +13,14 @@ Dequantization rule (the reference, and what "the FP8 target" means for lossless
 and y = F.linear(x, W). The reference path is weight-only even where the layout says W8A8
 (`Activation.DYNAMIC`: per-token e4m3 activations; `Activation.STATIC`: one input scale): how
 activations are quantized is a GPU kernel choice, a different function of the same checkpoint, that
-the guard must judge against this reference like any other kernel. Does not own checkpoint
-parsing or conversion (`models.fp8_checkpoint`) or any GPU kernel.
+the guard must judge against this reference like any other kernel.
+
+Which computation `FP8Linear` runs is its `kernel` (`kernels.fp8_dispatch.FP8Kernel`, a registry
+by name): `auto` (the default) takes the Triton weight-only kernel on CUDA and this reference
+elsewhere, so CPU models decode exactly as before; `reference` forces the rule above anywhere;
+`triton`, `w8a8-triton`, `w8a8-scaled-mm` name a kernel (an error where it cannot run).
+`set_fp8_kernel` sets it on every FP8 projection of a model. Does not own checkpoint parsing or
+conversion (`models.fp8_checkpoint`) or any GPU kernel (`kernels.fp8_gemm`, `kernels.fp8_dispatch`).
 """
 
 from __future__ import annotations
@@ -93,8 +99,11 @@ class FP8Weight:
 class FP8Linear(nn.Module):
     """y = x @ W.T for an `FP8Weight` W [N, K] (no bias), W by the module docstring's rule."""
 
-    def __init__(self, weight: FP8Weight):
+    def __init__(self, weight: FP8Weight, kernel: str = "auto"):
         super().__init__()
+        from specpilot.kernels.fp8_dispatch import parse_kernel
+
+        self.kernel = parse_kernel(kernel)  # which computation forward runs (module docstring)
         self.out_features, self.in_features = weight.shape
         self.block_k = weight.block_k
         self.activation = weight.activation
@@ -107,8 +116,24 @@ class FP8Linear(nn.Module):
         return FP8Weight(self.weight_e4m3, self.weight_scale, self.block_k, self.activation, self.input_scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., K] -> [..., N]
-        return F.linear(x, self.weight_fp8.dequantize(x.dtype))
+        from specpilot.kernels import fp8_dispatch
+
+        kernel = fp8_dispatch.resolve(self.kernel, x)
+        if kernel is fp8_dispatch.FP8Kernel.REFERENCE:
+            return F.linear(x, self.weight_fp8.dequantize(x.dtype))
+        return fp8_dispatch.linear(x, self.weight_e4m3, self.weight_scale, self.block_k, kernel)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, block_k={self.block_k}, "
-                f"activation={self.activation.value}")
+                f"activation={self.activation.value}, kernel={self.kernel.value}")
+
+
+def set_fp8_kernel(model: nn.Module, kernel: str) -> int:
+    """Run every `FP8Linear` of `model` by `kernel` (an `FP8Kernel` name); returns how many."""
+    from specpilot.kernels.fp8_dispatch import parse_kernel
+
+    chosen = parse_kernel(kernel)
+    modules = [m for m in model.modules() if isinstance(m, FP8Linear)]
+    for m in modules:
+        m.kernel = chosen
+    return len(modules)

@@ -230,3 +230,16 @@ def test_convert_refuses_a_quantized_source_and_a_full_destination(src, tmp_path
     with pytest.raises(CheckpointError, match="--force"):
         convert_fp8(src, tmp_path / "fp8")
     convert_fp8(src, tmp_path / "fp8", force=True)
+
+
+def test_per_channel_quantization_error_bound():
+    """One scale per row: each row's amax maps to +-448, every weight within e4m3's half-ulp."""
+    from specpilot.models.fp8_checkpoint import quantize_per_channel
+
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(5, 300, generator=g) * torch.tensor([[1e-3], [1.0], [0.0], [30.0], [0.02]])
+    codes, scale = quantize_per_channel(w)
+    assert codes.dtype == E4M3 and scale.shape == (5, 1) and scale[2, 0] == 1.0
+    assert torch.equal(codes[[0, 1, 3, 4]].float().abs().amax(1), torch.full((4,), 448.0))
+    back = codes.float() * scale
+    assert bool(((w - back).abs() <= torch.maximum(w.abs() * 2**-4, scale * 2**-10)).all())
