@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One GPU call (<= ~9.5 min) for the Gemma/MoE, FP8 and TLV paths, each part under its own timeout
+# so one failure or overrun costs only that part; everything lands under $OUT:
+#   gpu_tests.txt   the CUDA tests of the new families (Gemma ring cache, MoE grouped GEMMs, graphs)
+#   fp8/            scripts/fp8_kernels.py (FP8 kernels vs byte floor, _scaled_mm, BF16; FP8 vs BF16 AR)
+#   tlv_b1/         specpilot bench on fixture-x16: AR, stock, stock + TLV chains of 2 and 4
+#   families/       scripts/families_checks.py (AR vs byte floor and verify curves, random weights)
+#   times.txt       seconds per part
+#     bash scripts/families_fp8_tlv.sh COMMIT
+set -u
+C=${1:-unknown}
+run() {  # name timeout command...
+  local name=$1 limit=$2; shift 2
+  local t0=$(date +%s)
+  timeout --signal=INT --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "$name rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUT/times.txt"
+}
+export PYTHONUNBUFFERED=1
+run gpu_tests 100 python -m pytest -q -m gpu tests/gpu/test_families_cuda.py -p no:cacheprovider
+run fp8 200 python scripts/fp8_kernels.py --out "$OUT/fp8" --commit "$C" --rounds 2
+run tlv_b1 150 python -m specpilot bench --deployment fixture-x16 --system stock --system scripts/systems/tlv-2.toml \
+  --system scripts/systems/tlv-4.toml --n-prompts 5 --max-new-tokens 192 --out "$OUT/tlv_b1" --no-progress
+run families 100 python scripts/families_checks.py --out "$OUT/families" --commit "$C"
+rm -f "$OUT"/*/*.png
