@@ -11,6 +11,13 @@ trustworthy. The rule for the numbers: tok/s and `--compare-ar`'s speedup are st
 that warning (AR is timed right after the system, in this process, on the same threads), and
 `--json` carries the load as `cpu_load`. GPU runs are not watched.
 
+Sampling: `--temperature` (0, the default: greedy), `--top-k`, `--top-p`, `--min-p` and `--seed`
+map 1:1 onto `SamplingParams`; `--samples N` decodes N independent samples of each prompt as N
+rows of one batch with seeds seed..seed+N-1 (a seed drawn at random, and printed, when none is
+given) and prints each. Every path samples exactly from the target's processed distribution
+(`engine.sampled_steps`); a sample's tokens depend on its seed, not on the batch. Bad values are
+one `error:` line, exit 2, before any model loads.
+
 `--save-jsonl FILE` refuses a FILE that exists (without `--overwrite`) before any model loads:
 one `error:` line, exit 2, the file untouched.
 """
@@ -33,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from specpilot.config import AttentionKernel, Kernel, TreeConstruction
 
     p = sub.add_parser("generate", help=HELP,
-                       description="Greedy generation with a target model and an optional drafter.")
+                       description="Greedy or sampled generation with a target model and an optional drafter.")
     p.add_argument("--deployment", help="deployment file or shipped name (default: fixture)")
     p.add_argument("--target", help="target model directory, or 'fixture' (overrides the deployment's)")
     p.add_argument("--drafter", help="draft model directory, DFlash drafter or EAGLE-3 head directory (public "
@@ -47,6 +54,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="DFlash: chain, best_first (DDTree) or spine_first tree")
     p.add_argument("--prompt", action="append", required=True, help="prompt text (repeat for a batch)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0: off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus: the smallest set of mass >= P (default 1: off)")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="keep tokens with probability >= P x the largest (default 0: off)")
+    p.add_argument("--seed", type=int, help="sampling seed of the first sample (default: drawn at random)")
+    p.add_argument("--samples", type=int, default=1,
+                   help="independent samples of each prompt, batched, seeds seed..seed+N-1 (default 1)")
     p.add_argument("--compare-ar", action="store_true", help="also run AR in the same process and report the speedup")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--kernel", choices=[k.value for k in Kernel], help="projection kernel")
@@ -197,6 +212,7 @@ def run_generate(args) -> int:
 
     if args.max_new_tokens < 1:
         raise ConfigError("--max-new-tokens must be >= 1")
+    params = sampling_from_args(args)  # bad values: one `error:` line before anything loads
     if args.save_jsonl:  # before anything loads or runs: a refused file costs no generation
         from specpilot.guard.records import refuse_existing
 
@@ -210,16 +226,17 @@ def run_generate(args) -> int:
     check_memory(dep, device)  # a CPU load that cannot fit: one `error:` line, before anything loads
     with watched(device) as cpu:
         session = Session.load(dep, device=device)
-        prompts = [session.encode_prompt(p) for p in args.prompt]
+        prompts = [session.encode_prompt(p) for p in args.prompt for _ in range(args.samples)]
+        rows = [params_for(params, i) for _ in args.prompt for i in range(args.samples)] if params else None
         gen = session.generator(system)
         cpu.fit_threads()  # under foreign load: torch on the cores left free
         warm = min(args.max_new_tokens, 16)
-        gen.generate(prompts, warm)  # warm-up: graph capture, allocator, kernel selection
-        result = gen.generate(prompts, args.max_new_tokens)
+        gen.generate(prompts, warm, sampling=rows)  # warm-up: graph capture, allocator, kernel selection
+        result = gen.generate(prompts, args.max_new_tokens, sampling=rows)
         if args.compare_ar:
             ar = session.generator(system.plain_ar().with_changes(fault=""))
-            ar.generate(prompts, warm)
-            ar_result = ar.generate(prompts, args.max_new_tokens)
+            ar.generate(prompts, warm, sampling=rows)
+            ar_result = ar.generate(prompts, args.max_new_tokens, sampling=rows)
         cpu.timed()
     report = {
         "system": system.name,
@@ -231,12 +248,16 @@ def run_generate(args) -> int:
         "seconds": result.seconds,
         "tokens_per_second": result.tokens_per_second,
     }
+    if params is not None:
+        report["sampling"] = {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
+                              "min_p": params.min_p, "seeds": [r.seed for r in rows]}
     if args.compare_ar:
         report["ar_seconds"] = ar_result.seconds
         report["ar_tokens_per_second"] = ar_result.tokens_per_second
         report["speedup_vs_ar"] = ar_result.seconds / result.seconds
-        report["identical_to_ar"] = ar_result.outputs == result.outputs
-        report["first_divergence"] = [first_divergence(a, b) for a, b in zip(result.outputs, ar_result.outputs)]
+        if params is None:  # sampled outputs of two systems are equal in law, not token for token
+            report["identical_to_ar"] = ar_result.outputs == result.outputs
+            report["first_divergence"] = [first_divergence(a, b) for a, b in zip(result.outputs, ar_result.outputs)]
     if cpu.on:
         report["cpu_load"] = cpu.record()
     warning = cpu.warning("generate" + (" --compare-ar" if args.compare_ar else ""))
@@ -250,7 +271,10 @@ def run_generate(args) -> int:
     if args.json:
         print(json.dumps({**report, "texts": texts}, indent=2))
     else:
-        for prompt, text in zip(args.prompt, texts):
+        for i, text in enumerate(texts):
+            prompt = args.prompt[i // args.samples]
+            if params is not None:
+                print(f"[sample {i % args.samples + 1}/{args.samples}, seed {rows[i].seed}]")
             print(prompt + text)
             print("-" * 60)
         print(format_stats(report), file=sys.stderr)
@@ -259,14 +283,44 @@ def run_generate(args) -> int:
     return 0
 
 
+def sampling_from_args(args):
+    """The flags' `SamplingParams` (its seed: the first sample's, drawn when not given), or None
+    for greedy decoding with one sample per prompt."""
+    from specpilot.engine.row_sampling import request_seed
+    from specpilot.engine.sampling import SamplingParams
+    from specpilot.errors import ConfigError
+
+    if args.samples < 1:
+        raise ConfigError(f"--samples must be >= 1 (got {args.samples})")
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
+    if params.greedy:
+        if args.samples > 1:
+            raise ConfigError("--samples N > 1 needs --temperature > 0 (greedy samples are all the same)")
+        return None
+    return replace(params, seed=request_seed(params))
+
+
+def params_for(params, i: int):
+    """Sample i's parameters: the flags' with seed + i."""
+    return replace(params, seed=params.seed + i)
+
+
 def format_stats(r: dict) -> str:
     lines = [
         f"system {r['system']} on {r['device']}: {r['tokens']} tokens in {r['seconds']:.3f} s "
         f"({r['tokens_per_second']:.1f} tok/s), {r['rounds']} target forwards, "
         f"mean accepted length {r['mean_accepted_length']:.2f}",
     ]
+    if "sampling" in r:
+        s = r["sampling"]
+        lines.append(f"sampled: temperature {s['temperature']:g}, top-k {s['top_k']}, top-p {s['top_p']:g}, "
+                     f"min-p {s['min_p']:g}; seeds {min(s['seeds'])}..{max(s['seeds'])}")
     if "speedup_vs_ar" in r:
-        same = "identical to AR" if r["identical_to_ar"] else f"DIFFERS from AR (first divergence {r['first_divergence']})"
+        if "identical_to_ar" not in r:
+            same = "sampled (equal to AR in distribution)"
+        else:
+            same = ("identical to AR" if r["identical_to_ar"]
+                    else f"DIFFERS from AR (first divergence {r['first_divergence']})")
         lines.append(f"AR: {r['ar_tokens_per_second']:.1f} tok/s; speedup vs AR {r['speedup_vs_ar']:.2f}x; output {same}")
     if "saved" in r:
         lines.append(f"outputs written to {r['saved']}")

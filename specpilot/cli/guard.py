@@ -27,6 +27,12 @@ and the near-tie threshold defaults per dtype (bfloat16 0.5, float16 0.0625, flo
 decision: reject if the one-sided 95% lower bound of rate(candidate) - rate(stock), from a
 bootstrap over whole prompts (paired), exceeds --rate-margin-pp, or if the candidate has more
 large-margin mismatches (margin > near-tie threshold) than stock.
+sampling mode (--temperature > 0): for outputs SAMPLED with these settings (temperature, top-k,
+top-p, min-p as in `specpilot generate`), each emitted token is forced through the target, its
+processed distribution p taken, and u = F(x-) + V p(x) computed (randomized PIT, tokens ordered by
+p). Exact sampling gives i.i.d. uniform u's. Reject if the candidate emitted more tokens with
+p(x) = 0 than stock, or its u's fail a uniformity test (KS or chi-square) at 1 - confidence while
+stock's pass. Use at least 16384 emitted tokens per side (--min-tokens) for power.
 exit status: 0 pass, 1 reject, 2 bad input.
 """
 
@@ -59,7 +65,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--large-margin-allowance", type=int, default=d.large_margin_allowance,
                    help="large-margin mismatches allowed beyond stock's (default 0)")
     p.add_argument("--resamples", type=int, default=d.resamples, help=f"bootstrap resamples (default {d.resamples})")
-    p.add_argument("--seed", type=int, default=d.seed, help="bootstrap seed (default 0)")
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help="bootstrap seed; in sampling mode the seed of the PIT's V's (default 0)")
     p.add_argument("--chunk", type=int, default=d.chunk, help=f"tokens per forced forward (default {d.chunk})")
     p.add_argument("--pairing", choices=[m.value for m in Pairing], default=d.pairing.value,
                    help="required: same prompts, paired bootstrap (default); auto: paired when the prompts "
@@ -69,6 +76,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "reject unless the upper bound is below it")
     p.add_argument("--min-sequences", type=int, default=d.min_sequences,
                    help=f"warn below this many prompts (default {d.min_sequences})")
+    from specpilot.guard.sampling import SamplingGuardConfig, TokenOrder, UniformityTest
+
+    sd = SamplingGuardConfig()
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="the outputs were sampled at this temperature: the sampling guard (default 0: token forcing)")
+    p.add_argument("--top-k", type=int, default=0, help="sampling mode: the outputs' top-k (default 0: off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sampling mode: the outputs' top-p (default 1: off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="sampling mode: the outputs' min-p (default 0: off)")
+    p.add_argument("--uniformity-test", choices=[t.value for t in UniformityTest], default=sd.test.value,
+                   help="sampling mode: Kolmogorov-Smirnov (default) or chi-square on equal bins")
+    p.add_argument("--order", choices=[o.value for o in TokenOrder], default=sd.order.value,
+                   help="sampling mode: token order of the PIT (default: by probability)")
+    p.add_argument("--min-tokens", type=int, default=sd.min_tokens,
+                   help=f"sampling mode: caution below this many scored tokens per side (default {sd.min_tokens})")
     p.set_defaults(func=run_guard)
 
 
@@ -100,12 +121,46 @@ def load_scorer(name: str, device: str | None, dtype_name: str | None):
     return load_role(name, "target", 1, dev, dtype)
 
 
+def sampling_from_args(args):
+    """(SamplingParams, SamplingGuardConfig) of sampling mode, or None for token forcing."""
+    from specpilot.engine.sampling import SamplingParams
+    from specpilot.errors import ConfigError
+    from specpilot.guard.sampling import SamplingGuardConfig, TokenOrder, UniformityTest
+
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p)
+    if params.greedy:
+        return None
+    if not 0.5 < args.confidence < 1.0:
+        raise ConfigError(f"guard confidence must be in (0.5, 1) (got {args.confidence})")
+    config = SamplingGuardConfig(alpha=1.0 - args.confidence, test=UniformityTest(args.uniformity_test),
+                                 order=TokenOrder(args.order), min_tokens=args.min_tokens, seed=args.seed)
+    return params, config
+
+
+def run_sampling_guard(args, params, config) -> int:
+    from specpilot.guard.forcing import check_records
+    from specpilot.guard.records import read_records
+    from specpilot.guard.sampled_forcing import sampling_gate
+
+    candidate = read_records(args.candidate)  # format errors before the model loads
+    stock = read_records(args.stock)
+    target = load_scorer(args.target, args.device, args.dtype)
+    check_records(target, candidate, args.candidate)
+    check_records(target, stock, args.stock)
+    verdict = sampling_gate(target, candidate, stock, params, config, args.chunk)
+    print(json.dumps(verdict.to_dict(), indent=2) if args.json else verdict.summary())
+    return 0 if verdict.passed else 1
+
+
 def run_guard(args) -> int:
     from specpilot.guard.forcing import check_records
     from specpilot.guard.gate import gate
     from specpilot.guard.records import read_records
     from specpilot.guard.verdict import pair_prompts
 
+    sampled = sampling_from_args(args)  # bad values: one `error:` line before anything loads
+    if sampled is not None:
+        return run_sampling_guard(args, *sampled)
     config = config_from_args(args)
     candidate = read_records(args.candidate)  # format errors before the model loads
     stock = read_records(args.stock)

@@ -4,6 +4,11 @@ Owns: workspaces (a KV cache + decoding state per batch size and capacity, reuse
 requests so captured CUDA graphs stay valid), graph capture, adaptive depth tiers, the host loop
 with its single sync point, timing, and turning device state into `GenerationResult`s.
 
+Sampling: `generate(..., sampling=...)` takes per-row `SamplingParams`. A batch with no sampled
+row (None, or every row at temperature 0) runs the greedy rounds (`steps.py`) exactly as before;
+otherwise every round is a sampled one (`sampled_steps.py`, with the rows' parameters in the
+workspace's `RowSampling` and a graph of its own per `Filters`), greedy rows in it included.
+
 Does not own what a round computes (`steps.py`, `drafters/`) or how models are loaded
 (`session.py`).
 """
@@ -20,6 +25,9 @@ from specpilot.engine.drafters.base import Drafter
 from specpilot.engine.faults import Fault, FaultKind, parse_fault
 from specpilot.engine.graphs import GraphedCallable
 from specpilot.engine.packed_prefill import PackingCache
+from specpilot.engine.row_sampling import Filters, RowSampling
+from specpilot.engine.sampled_steps import sampled_ar_step, sampled_verify_step
+from specpilot.engine.sampling import SamplingParams
 from specpilot.engine.state import DecodeState, extract_outputs
 from specpilot.engine.steps import ar_step, prefill, verify_step
 from specpilot.engine.tree import DraftTree
@@ -75,6 +83,13 @@ class Workspace:
     graphs: dict = field(default_factory=dict)  # tier depth (or 0 for AR) -> GraphedCallable
     prefill_warm: bool = False  # every padded prefill shape has run once (`Generator._warm_prefill`)
     packing: PackingCache | None = None  # continuous batching's packed prefill cache (`engine.packed_prefill`)
+    sampling: RowSampling | None = None  # the rows' sampling parameters, allocated by the first sampled batch
+
+    def rows(self) -> RowSampling:
+        """The workspace's `RowSampling` (allocated once: captured graphs keep pointing at it)."""
+        if self.sampling is None:
+            self.sampling = RowSampling.allocate(self.state.batch, self.state.tokens.device)
+        return self.sampling
 
 
 def _launching(method):
@@ -120,6 +135,10 @@ class Generator:
         with self.launching():  # inductor's kernels launch as ours do
             self._verify = ops.compiled_static(verify_step, target.device) if verify_compile else verify_step
             self._ar_step = ops.compiled_static(ar_step, target.device) if verify_compile else ar_step
+            self._sampled_verify = (ops.compiled_static(sampled_verify_step, target.device) if verify_compile
+                                    else sampled_verify_step)
+            self._sampled_ar_step = (ops.compiled_static(sampled_ar_step, target.device) if verify_compile
+                                     else sampled_ar_step)
         self.drafters = drafters or {}
         self.eos_ids = tuple(eos_ids)
         self.fault = parse_fault(fault) if isinstance(fault, str) or fault is None else fault
@@ -208,34 +227,51 @@ class Generator:
 
     # ---- rounds ------------------------------------------------------------------------
     @_launching
-    def _round(self, ws: Workspace, tier: int, tree: DraftTree | None = None, span: int | None = None):
+    def _round(self, ws: Workspace, tier: int, tree: DraftTree | None = None, span: int | None = None,
+               filters: Filters | None = None):
         """One round; with `span`, the target attends over cache slots 0..span-1 only (every slot
-        any row reads or writes this round must lie below it: the caller's bound)."""
+        any row reads or writes this round must lie below it: the caller's bound); with `filters`,
+        a sampled round by the workspace's `RowSampling` (`sampled_steps.py`)."""
         cache = ws.cache if span is None else ws.cache.span(span)
         if not self.speculative:
-            self._ar_step(self.target, cache, ws.state, self.fault)
+            if filters is not None:
+                self._sampled_ar_step(self.target, cache, ws.state, ws.rows(), filters, self.fault)
+            else:
+                self._ar_step(self.target, cache, ws.state, self.fault)
             return None
         drafter = self.drafters[tier]
         if tree is None:
             tree = drafter.propose(ws.state)
-        if not self.feature_layers:
+        prefix = ws.state.cache_prefix().clone() if self.feature_layers else None  # the root's slot, before commit
+        if filters is not None:
+            acc = self._sampled_verify(self.target, cache, ws.state, tree, ws.rows(), filters, self.fault,
+                                       capture=self.feature_layers)
+        elif not self.feature_layers:
             return self._verify(self.target, cache, ws.state, tree, self.fault, segment=self.segment_tokens)
-        prefix = ws.state.cache_prefix().clone()  # the root's slot, before commit moves it
-        acc = self._verify(self.target, cache, ws.state, tree, self.fault, capture=self.feature_layers,
-                          segment=self.segment_tokens)
-        drafter.observe(acc, prefix)  # the accepted path's features, still inside the round
+        else:
+            acc = self._verify(self.target, cache, ws.state, tree, self.fault, capture=self.feature_layers,
+                               segment=self.segment_tokens)
+        if self.feature_layers:
+            drafter.observe(acc, prefix)  # the accepted path's features, still inside the round
         return acc
 
-    def _graphed_round(self, ws: Workspace, tier: int, host_tree: tuple | None, span: int | None = None):
+    @staticmethod
+    def _graph_key(tier: int, span: int | None, filters: Filters | None):
         key = tier if span is None else (tier, span)
+        return key if filters is None else ("sampled", filters, key)
+
+    def _graphed_round(self, ws: Workspace, tier: int, host_tree: tuple | None, span: int | None = None,
+                       filters: Filters | None = None):
+        key = self._graph_key(tier, span, filters)
         g = ws.graphs.get(key)
         if g is None:
-            g = self._capture(ws, tier, span)
+            g = self._capture(ws, tier, span, filters)
             ws.graphs[key] = g
         return g(*host_tree) if host_tree is not None else g()
 
     @_launching
-    def _capture(self, ws: Workspace, tier: int, span: int | None = None) -> GraphedCallable:
+    def _capture(self, ws: Workspace, tier: int, span: int | None = None,
+                 filters: Filters | None = None) -> GraphedCallable:
         drafter = self.drafters.get(tier)
         B = ws.state.batch
         dummy = [[0, 0] for _ in range(B)]
@@ -251,10 +287,10 @@ class Generator:
 
             def fn(tok, par):
                 tree = DraftTree(tok, par, max_depth=drafter.depth)
-                return self._round(ws, tier, tree, span)
+                return self._round(ws, tier, tree, span, filters)
 
             return GraphedCallable(fn, static_inputs=(tokens, parents))
-        return GraphedCallable(lambda: self._round(ws, tier, span=span))
+        return GraphedCallable(lambda: self._round(ws, tier, span=span, filters=filters))
 
     @_launching
     def _warm_prefill(self, ws: Workspace, tier: int) -> None:
@@ -274,23 +310,31 @@ class Generator:
     # ---- the loop ----------------------------------------------------------------------
     @torch.inference_mode()
     @_launching
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = True) -> GenerationResult:
-        """Greedy tokens for every prompt: up to `max_new_tokens` each, fewer where a row emits EOS,
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = True,
+                 sampling: SamplingParams | list[SamplingParams] | None = None) -> GenerationResult:
+        """Tokens for every prompt: up to `max_new_tokens` each, fewer where a row emits EOS,
         unless `stop_at_eos` is False (fixed-length runs, e.g. benchmarks: every row gets exactly
-        `max_new_tokens`)."""
+        `max_new_tokens`). Greedy unless `sampling` (one `SamplingParams` for every row, or one per
+        row) samples some row: then each row samples by its own parameters and seed, exactly from
+        the target's processed distribution on every path (module docstring)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ConfigError("every prompt needs at least one token")
         if max_new_tokens < 1:
             raise ConfigError("max_new_tokens must be >= 1")
         B = len(prompts)
+        params = self._row_params(sampling, B)
+        filters = Filters.of(params) if params is not None else None
         capacity = self.capacity_for(max(len(p) for p in prompts), max_new_tokens)
         ws = self._workspace(B, capacity, max_new_tokens)
+        if params is not None:
+            ws.rows().load(params)
         tiers = sorted(self.drafters) or [0]
         tier = tiers[0] if len(tiers) == 1 else self._initial_tier(tiers)
         if self.use_graphs:
             for t in tiers:  # capture before timing starts
-                if t not in ws.graphs:
-                    ws.graphs[t] = self._capture(ws, t)
+                key = self._graph_key(t, None, filters)
+                if key not in ws.graphs:
+                    ws.graphs[key] = self._capture(ws, t, filters=filters)
         if not ws.prefill_warm:  # new workspace: every padded prefill shape once, before timing starts
             self._warm_prefill(ws, tier)
             ws.prefill_warm = True
@@ -319,9 +363,10 @@ class Generator:
                 t = self.drafters[tier].propose(ws.state, host)
                 host_tree = (t.tokens, t.parents)
             if self.use_graphs:
-                acc = self._graphed_round(ws, tier, host_tree)
+                acc = self._graphed_round(ws, tier, host_tree, filters=filters)
             else:
-                acc = self._round(ws, tier, DraftTree(*host_tree, max_depth=self.drafters[tier].depth) if host_tree else None)
+                tree = DraftTree(*host_tree, max_depth=self.drafters[tier].depth) if host_tree else None
+                acc = self._round(ws, tier, tree, filters=filters)
             if (r + 1) % self.sync_every:
                 continue
             # ---- the one host sync of the loop ----
@@ -344,6 +389,27 @@ class Generator:
             result.gpu_seconds = events[0].elapsed_time(events[2]) / 1e3
             result.gpu_prefill_seconds = events[0].elapsed_time(events[1]) / 1e3
         return result
+
+    def _row_params(self, sampling, batch: int) -> list[SamplingParams] | None:
+        """Per-row parameters of a batch that samples some row; None for an all-greedy batch."""
+        if sampling is None:
+            return None
+        params = [sampling] * batch if isinstance(sampling, SamplingParams) else list(sampling)
+        if len(params) != batch:
+            raise ConfigError(f"{len(params)} sampling parameters for {batch} prompts")
+        return params if self._row_params_filters(params) is not None else None
+
+    def _row_params_filters(self, params: list[SamplingParams]) -> Filters | None:
+        """The `Filters` of a run with these requests' parameters; None when none samples. Refuses
+        what sampled rounds do not support."""
+        if all(p.greedy for p in params):
+            return None
+        if self.segment_tokens:
+            raise ConfigError("sampling with segment admission (segment_tokens > 0) is not supported")
+        if self.fault is not None and self.fault.kind is FaultKind.ACCEPT_UNVERIFIED:
+            raise ConfigError("fault 'accept-unverified' breaks the greedy rule; under sampling inject "
+                              "'sampling-rule:...', 'target-temperature:T' or 'target-top-p:P'")
+        return Filters.of(params)
 
     @_launching
     def _prefill(self, ws: Workspace, prompts: list[list[int]]):

@@ -29,6 +29,12 @@ shapes), `commit_tokens` leaves it alone, and what the round writes is never rea
   prompt, `segment_tokens` per round, and turn it into a decoding row on the device
   (`engine.segments`).
 
+Sampling: a request may carry `SamplingParams`; when any request of a run samples, every round
+of the run is a sampled one (`sampled_steps.py`), each row by the parameters and seed of the
+request it holds (loaded at admission into the workspace's `RowSampling`; idle rows greedy). The
+uniforms of a row are keyed by its own seed and emitted count, so a request's tokens do not depend
+on the slot it lands in or on its neighbours. Segment admission is refused with sampling.
+
 Does not own what a round computes (`steps.py`, `drafters/`) or the serving benchmark
 (`specpilot.bench.serving`).
 """
@@ -44,6 +50,8 @@ import torch
 from specpilot.engine.generator import Generator, Workspace
 from specpilot.engine.packed_prefill import PACK_ROWS, Chunk, PackingCache, packed_forward
 from specpilot.engine.packed_prefill import warm as warm_packed
+from specpilot.engine.row_sampling import Filters
+from specpilot.engine.sampling import SamplingParams
 from specpilot.engine.state import cut_output
 from specpilot.engine.steps import prefill_chunk
 from specpilot.engine.tree import DraftTree
@@ -59,6 +67,7 @@ class Request:
     # seconds after the start of `ServingEngine.run` at which it arrives and queues; None: a
     # closed-loop client's request, sent when a slot is free and timed from its admission
     arrival: float | None = None
+    sampling: SamplingParams | None = None  # None: greedy
 
 
 @dataclass(frozen=True)
@@ -166,7 +175,13 @@ class ServingEngine:
         self._envelope = (max(self._envelope[0], capacity), max(self._envelope[1], max_new))
 
     # ---- setup -------------------------------------------------------------------------
-    def _prepare(self, requests: list[Request], eos_ids: tuple[int, ...]) -> tuple[Workspace, list[int], int]:
+    def _filters(self, requests: list[Request]) -> Filters | None:
+        """The run's sampling stages; None when no request samples (the greedy rounds)."""
+        params = [r.sampling or SamplingParams() for r in requests]
+        return self.generator._row_params_filters(params)
+
+    def _prepare(self, requests: list[Request], eos_ids: tuple[int, ...],
+                 filters: Filters | None = None) -> tuple[Workspace, list[int], int]:
         gen = self.generator
         for r in requests:
             if not r.prompt:
@@ -181,15 +196,17 @@ class ServingEngine:
         if gen.use_graphs:
             for t in tiers:  # capture before the clock starts: every tier at every attention span
                 for span in self._spans(ws):
-                    key = t if span is None else (t, span)
+                    key = gen._graph_key(t, span, filters)
                     if key not in ws.graphs:
-                        ws.graphs[key] = gen._capture(ws, t, span)
+                        ws.graphs[key] = gen._capture(ws, t, span, filters)
         if not ws.prefill_warm:
             gen._warm_prefill(ws, tier)
             ws.prefill_warm = True
         idle = [[0]] * self.slots
         ws.state.reset(idle, eos_ids, max_new=1)
         ws.state.done.fill_(True)
+        if filters is not None:
+            ws.rows().load([SamplingParams()] * self.slots)
         if gen.speculative:
             gen._start_drafter(tier, idle, ws.state)  # binds the draft state; rows fill on admission
         if ws.packing is None and ws.cache.packable:  # packed prefill: its cache, every packed length run once
@@ -310,7 +327,8 @@ class ServingEngine:
     def _run(self, requests: list[Request], stop_at_eos: bool) -> ServingResult:
         gen = self.generator
         eos_ids = gen.eos_ids if stop_at_eos else ()
-        ws, tiers, tier = self._prepare(requests, eos_ids)
+        filters = self._filters(requests)
+        ws, tiers, tier = self._prepare(requests, eos_ids, filters)
         st = ws.state
         B = self.slots
         dev = gen.target.device
@@ -338,6 +356,8 @@ class ServingEngine:
                     i = queue.popleft()
                     slots[b] = _Slot(i, admitted=now)
                     st.load_row(b, list(requests[i].prompt), requests[i].max_new)
+                    if filters is not None:
+                        ws.rows().load_row(b, requests[i].sampling or SamplingParams())
                     if host is not None:
                         host[b] = list(requests[i].prompt)
                     n = len(requests[i].prompt)
@@ -362,7 +382,7 @@ class ServingEngine:
                 key = str(span or "all")
                 spans[key] = spans.get(key, 0) + sync_every
                 for _ in range(sync_every):
-                    acc = self._round(ws, tier, host, span)
+                    acc = self._round(ws, tier, host, span, filters)
                     rounds += 1
             # ---- the one host sync of the loop ----
             packed = [st.done.long(), st.seq_lens, st.rounds]
@@ -404,16 +424,17 @@ class ServingEngine:
         return ServingResult(results, time.perf_counter() - t0, rounds,
                              {"segment_admissions": segments, "attention_spans": spans}, sat_seconds, sat_tokens)
 
-    def _round(self, ws: Workspace, tier: int, host: list[list[int]] | None, span: int | None = None):
+    def _round(self, ws: Workspace, tier: int, host: list[list[int]] | None, span: int | None = None,
+               filters: Filters | None = None):
         gen = self.generator
         host_tree = None
         if host is not None:
             t = gen.drafters[tier].propose(ws.state, host)
             host_tree = (t.tokens, t.parents)
         if gen.use_graphs:
-            return gen._graphed_round(ws, tier, host_tree, span)
+            return gen._graphed_round(ws, tier, host_tree, span, filters)
         tree = DraftTree(*host_tree, max_depth=gen.drafters[tier].depth) if host_tree else None
-        return gen._round(ws, tier, tree, span)
+        return gen._round(ws, tier, tree, span, filters)
 
     def _retire(self, ws: Workspace, rows: list[int], slots, requests, results, lens, row_rounds, eos_ids,
                 now: float) -> None:

@@ -10,7 +10,8 @@ Files: `records.py` (the JSONL outputs format), `config.py` (GuardConfig, near-t
 `forcing.py`, `statistics.py` (sequence-level bootstrap), `verdict.py` (the decision), `gate.py`,
 `divergence.py` (token-for-token comparison of two systems), `simulation.py` (size and power of
 the rate rule), `sampling.py` (the sampling guard: randomized PIT of sampled outputs, uniformity
-vs stock's; not yet wired into `gate` or the CLI). The command is `specpilot.cli.guard`; fault
+vs stock's), `sampled_forcing.py` (sampled outputs forced through the stock target into PIT
+values; `specpilot guard --temperature T`; not yet wired into `gate`). The command is `specpilot.cli.guard`; fault
 injection lives in `specpilot.engine.faults`.
 """
 
@@ -26,7 +27,7 @@ _EXPORTS = {
     "default_near_tie_nats": "config", "force": "forcing", "rate_difference": "statistics",
     "read_records": "records", "records_from_outputs": "records", "write_records": "records",
     "SamplingGuardConfig": "sampling", "SamplingVerdict": "sampling", "compare_sampled": "sampling",
-    "pit_values": "sampling",
+    "pit_values": "sampling", "sampled_pit": "sampled_forcing", "sampling_gate": "sampled_forcing",
 }
 
 __all__ = sorted(_EXPORTS)

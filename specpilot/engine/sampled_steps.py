@@ -1,0 +1,126 @@
+"""One sampled decoding round, AR and speculative: the sampling counterparts of `steps.ar_step`
+and `steps.verify_step`, as graph-capturable tensor code.
+
+Each round processes the target's logits row by row (`row_sampling.process_rows`: the request's
+temperature, top-k, top-p, min-p), draws its uniforms from the counter-based generator keyed by
+(row seed, tokens the row emitted before the round, draw id) (`counter_rng`), and commits exactly
+as the greedy steps do (`verify.commit`, `state.commit_tokens`) from the same `Acceptance`:
+
+- AR: the next token is the inverse-CDF draw from p with draw 0.
+- Speculative: `acceptance_sampling.sampled_accept` over the drafter's tree with draws 0..N-1 for
+  the node tests and draw N for the final (recovered or bonus) token. Drafters here propose node
+  sets that are functions of the context and the drafter's outputs (greedy and top-k expansion,
+  best-first and DDTree selection, n-gram lookup), so they are verified as point masses
+  (`DraftKind.POINT_MASS`), exact for any such tree (the proof is in `acceptance_sampling`).
+
+Rows at temperature 0 get one-hot p, for which `sampled_accept` accepts exactly what
+`greedy_accept` does and emits the argmax: a greedy request in a sampled batch stays greedy.
+The greedy steps themselves are untouched: a batch with no sampled row never runs this module.
+
+Faults (`engine.faults`, sampled kinds): the logit bias applies as in greedy rounds;
+`sampling-rule:*` passes a `SamplingFault` to the acceptance rule; `target-temperature:*` and
+`target-top-p:*` change the target-side processing of every sampled row. Segment admission
+(`engine.segments`) is not supported here: the generator refuses it with sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from specpilot.engine.acceptance_sampling import DraftKind, SamplingFault, sampled_accept
+from specpilot.engine.counter_rng import counter_uniforms
+from specpilot.engine.faults import Fault, FaultKind, apply_logit_bias
+from specpilot.engine.row_sampling import Filters, RowSampling, process_rows
+from specpilot.engine.sampling import sample_from
+from specpilot.engine.state import DecodeState, commit_tokens
+from specpilot.engine.steps import tree_forward
+from specpilot.engine.tree import DraftTree
+from specpilot.engine.verify import Acceptance, commit
+from specpilot.models.recurrence import Recurrence
+from specpilot.models.transformer import Transformer
+
+
+def target_rows(rows: RowSampling, filters: Filters, fault: Fault | None) -> tuple[RowSampling, Filters]:
+    """The parameters the target's side is processed with: the rows' own, or a fault's change."""
+    if fault is None or fault.kind not in (FaultKind.TARGET_TEMPERATURE, FaultKind.TARGET_TOP_P):
+        return rows, filters
+    sampled = rows.temperature > 0
+    if fault.kind is FaultKind.TARGET_TEMPERATURE:
+        t = torch.where(sampled, torch.full_like(rows.temperature, fault.value), rows.temperature)
+        return RowSampling(t, rows.top_k, rows.top_p, rows.min_p, rows.seed), filters
+    p = torch.full_like(rows.top_p, fault.value)
+    return RowSampling(rows.temperature, rows.top_k, p, rows.min_p, rows.seed), replace(filters, top_p=filters.top_p or fault.value < 1)
+
+
+def target_probs(logits: torch.Tensor, rows: RowSampling, filters: Filters, fault: Fault | None) -> torch.Tensor:
+    """logits [B,T,V] -> the target's processed p [B,T,V] (a fault's change included)."""
+    rows, filters = target_rows(rows, filters, fault)
+    return process_rows(logits, rows, filters)
+
+
+def sampling_fault(fault: Fault | None) -> SamplingFault | None:
+    return SamplingFault(fault.rule) if fault is not None and fault.kind is FaultKind.SAMPLING_RULE else None
+
+
+def emitted_count(state: DecodeState) -> torch.Tensor:
+    """[B] tokens each row has emitted: the counter of its next round's uniforms."""
+    return state.seq_lens - state.prompt_lens
+
+
+def sampled_ar_step(model: Transformer, cache, state: DecodeState, rows: RowSampling, filters: Filters,
+                    fault: Fault | None = None) -> None:
+    """Sampled AR round: process each row's root, draw its next token from p, commit it."""
+    prefix = state.cache_prefix()  # [B]
+    root = state.roots()[:, None]  # [B,1]
+    pos = prefix[:, None]
+    s = torch.arange(cache.capacity, device=prefix.device)
+    mask = (s[None, :] <= prefix[:, None])[:, None, None, :]  # [B,1,1,S]
+    keep = torch.where(state.done, -1, 0)  # [B] a done row's state stays
+    logits = model(root, pos, cache, pos, mask, recurrence=Recurrence.chunk(keep))  # [B,1,V]
+    logits = apply_logit_bias(fault, logits, pos + 1 - state.prompt_lens[:, None])
+    probs = target_probs(logits, rows, filters, fault)[:, 0]  # [B,V]
+    u = counter_uniforms(rows.seed, emitted_count(state), 1)[:, 0]  # [B]
+    nxt = sample_from(probs, u)  # [B]
+    commit_tokens(state, nxt[:, None], torch.ones_like(prefix))
+
+
+def _tree_logits(model: Transformer, cache, tree: DraftTree, prefix: torch.Tensor, generated_index: torch.Tensor,
+                 fault: Fault | None, capture: tuple[int, ...]):
+    """The target's logits [B,N,V] at every node (a shared-budget tree: its valid nodes projected
+    alone, the others zero and never tested), and the features [B,N,nC] with `capture`."""
+    B, N = tree.tokens.shape
+    if not tree.num_valid:
+        out = tree_forward(model, cache, tree, prefix, capture)
+        logits, features = out if capture else (out, None)
+        return apply_logit_bias(fault, logits, generated_index), features
+    pack = torch.sort(tree.valid.reshape(-1).to(torch.int32), descending=True, stable=True).indices[: tree.num_valid]
+    out = tree_forward(model, cache, tree, prefix, capture, pack=pack)  # [1,M,V] (, [B,N,nC])
+    packed, features = out if capture else (out, None)
+    packed = apply_logit_bias(fault, packed, generated_index.reshape(-1)[pack][None])
+    full = torch.zeros(B * N, packed.shape[-1], device=packed.device, dtype=packed.dtype)
+    return full.index_copy_(0, pack, packed[0]).view(B, N, -1), features
+
+
+def sampled_verify_step(
+    model: Transformer, cache, state: DecodeState, tree: DraftTree, rows: RowSampling, filters: Filters,
+    fault: Fault | None = None, capture: tuple[int, ...] = (), kind: DraftKind = DraftKind.POINT_MASS,
+    draft_probs: torch.Tensor | None = None,
+) -> Acceptance:
+    """Verify a draft tree by exact rejection sampling in one target forward; commit the accepted
+    path and the final token. `draft_probs [B,N,V]`: what each node's children were drafted from
+    (SAMPLED / WITHOUT_REPLACEMENT drafts only). With `capture`, `acc.features` as in `verify_step`."""
+    prefix = state.cache_prefix()
+    N = tree.num_nodes
+    generated_index = prefix[:, None] + tree.depths() + 1 - state.prompt_lens[:, None]
+    logits, features = _tree_logits(model, cache, tree, prefix, generated_index, fault, capture)
+    probs = target_probs(logits, rows, filters, fault)  # [B,N,V]
+    u = counter_uniforms(rows.seed, emitted_count(state), N + 1)  # [B,N+1]
+    acc = sampled_accept(tree, probs, u[:, :N], u[:, N], draft_probs, kind, sampling_fault(fault))
+    if features is not None:
+        idx = acc.path.clamp(min=0)[..., None].expand(-1, -1, features.shape[-1])
+        acc.features = features.gather(1, idx)
+    commit(cache, prefix, acc, ~state.done)
+    commit_tokens(state, acc.new_tokens, acc.accept_len + 1)
+    return acc
