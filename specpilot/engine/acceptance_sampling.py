@@ -69,7 +69,7 @@ import torch
 
 from specpilot.engine.sampling import inverse_cdf, sample_from
 from specpilot.engine.tree import DraftTree, path_nodes
-from specpilot.engine.verify import Acceptance
+from specpilot.engine.verify import Acceptance, greedy_accept
 
 
 class DraftKind(enum.Enum):
@@ -167,6 +167,32 @@ def sampled_accept(tree: DraftTree, target_probs: torch.Tensor, u_accept: torch.
     new = torch.where(levels[None] <= accept_len[:, None], drafted, final[:, None])
     new_tokens = torch.cat([new, final[:, None]], dim=1)  # [B,K+1]
     return Acceptance(accept_len, path, new_tokens, final)
+
+
+def duplicate_siblings(tree: DraftTree) -> torch.Tensor:
+    """[B,N] bool: node j repeats the token of an earlier sibling (same parent, smaller index)."""
+    same = (tree.parents[:, :, None] == tree.parents[:, None, :]) & (tree.tokens[:, :, None] == tree.tokens[:, None, :])
+    N = tree.num_nodes
+    earlier = torch.ones(N, N, dtype=torch.bool, device=same.device).tril(-1)  # [j, i]: i < j
+    return (same & earlier).any(-1) & (tree.parents >= 0)
+
+
+def point_mass_accept(tree: DraftTree, target_probs: torch.Tensor, u: torch.Tensor) -> Acceptance:
+    """`sampled_accept` for POINT_MASS drafts in one pass, with the same output law: draw one token
+    y_v ~ p_v at every node (`u [B,N]`, inverse CDF), then accept as `greedy_accept` does with y
+    in place of the argmax, a repeated sibling never accepted.
+
+    Why the law is the same. At a node v with distinct children c_1..c_m the sequential rule accepts
+    c_1 w.p. p(c_1), else c_2 w.p. p(c_2) / (1 - p(c_1)), ..., so c_i w.p. p(c_i) overall, and if
+    all are rejected it draws from p with c_1..c_m removed: exactly the law of one draw y ~ p,
+    accepted as the child it equals or emitted when it equals none. A repeated sibling has p_res = 0
+    when its turn comes, so it is never accepted by either rule. Below an accepted child the walk
+    starts afresh with that child's p and fresh uniforms in both rules, so by induction over depth
+    the emitted sequences have the same law. Temperature-0 rows (one-hot p) draw the argmax."""
+    y = sample_from(target_probs.float(), u)  # [B,N]
+    tokens = torch.where(duplicate_siblings(tree), -1, tree.tokens)
+    return greedy_accept(DraftTree(tokens, tree.parents, tree.max_depth, tree.valid, tree.num_valid,
+                                   tree._ancestors, tree._depths), y)
 
 
 def draw_uniforms(batch: int, num_nodes: int, generator: torch.Generator | None = None,

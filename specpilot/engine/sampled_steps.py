@@ -7,8 +7,9 @@ temperature, top-k, top-p, min-p), draws its uniforms from the counter-based gen
 as the greedy steps do (`verify.commit`, `state.commit_tokens`) from the same `Acceptance`:
 
 - AR: the next token is the inverse-CDF draw from p with draw 0.
-- Speculative: `acceptance_sampling.sampled_accept` over the drafter's tree with draws 0..N-1 for
-  the node tests and draw N for the final (recovered or bonus) token. Drafters here propose node
+- Speculative: `acceptance_sampling.point_mass_accept` over the drafter's tree, one draw per node
+  (draws 0..N-1), the walk of `sampled_accept` in one pass with the same law; `sampled_accept`
+  itself (draw N for the final token) for drafts with probabilities and under a `sampling-rule:*` fault. Drafters here propose node
   sets that are functions of the context and the drafter's outputs (greedy and top-k expansion,
   best-first and DDTree selection, n-gram lookup), so they are verified as point masses
   (`DraftKind.POINT_MASS`), exact for any such tree (the proof is in `acceptance_sampling`).
@@ -29,7 +30,7 @@ from dataclasses import replace
 
 import torch
 
-from specpilot.engine.acceptance_sampling import DraftKind, SamplingFault, sampled_accept
+from specpilot.engine.acceptance_sampling import DraftKind, SamplingFault, point_mass_accept, sampled_accept
 from specpilot.engine.counter_rng import counter_uniforms
 from specpilot.engine.faults import Fault, FaultKind, apply_logit_bias
 from specpilot.engine.row_sampling import Filters, RowSampling, process_rows
@@ -117,7 +118,11 @@ def sampled_verify_step(
     logits, features = _tree_logits(model, cache, tree, prefix, generated_index, fault, capture)
     probs = target_probs(logits, rows, filters, fault)  # [B,N,V]
     u = counter_uniforms(rows.seed, emitted_count(state), N + 1)  # [B,N+1]
-    acc = sampled_accept(tree, probs, u[:, :N], u[:, N], draft_probs, kind, sampling_fault(fault))
+    rule_fault = sampling_fault(fault)
+    if kind is DraftKind.POINT_MASS and rule_fault is None:  # one draw per node, no walk over the nodes
+        acc = point_mass_accept(tree, probs, u[:, :N])
+    else:
+        acc = sampled_accept(tree, probs, u[:, :N], u[:, N], draft_probs, kind, rule_fault)
     if features is not None:
         idx = acc.path.clamp(min=0)[..., None].expand(-1, -1, features.shape[-1])
         acc.features = features.gather(1, idx)

@@ -13,7 +13,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from specpilot.engine.acceptance_sampling import DraftKind, SamplingFault, draw_uniforms, sampled_accept
+from specpilot.engine.acceptance_sampling import (
+    DraftKind, SamplingFault, draw_uniforms, duplicate_siblings, point_mass_accept, sampled_accept,
+)
 from specpilot.engine.sampling import SamplingParams, process_logits
 from specpilot.engine.tree import DraftTree
 from specpilot.engine.verify import greedy_accept
@@ -240,3 +242,35 @@ def test_with_a_point_mass_target_it_is_greedy_acceptance():
             assert torch.equal(got.path, want.path) and torch.equal(got.bonus, want.bonus)
             assert torch.equal(got.new_tokens, want.new_tokens)
         assert want.accept_len.float().mean() > 0.5
+
+
+@pytest.mark.parametrize("drafts", ["best-first", "sampled-with-repeats"])
+def test_the_one_pass_point_mass_rule_emits_the_target_distribution(drafts):
+    """`point_mass_accept` (one draw per node, then greedy matching, repeated siblings never
+    accepted) has the sequential rule's law: on a best-first tree, and on a tree whose i.i.d. drafted
+    children repeat tokens (without the repeat mask the first two tokens' law is off)."""
+    world = World(V=7)
+    (p1, p2), (q1, q2) = world.p(), world.q()
+    V = world.V
+    g = torch.Generator().manual_seed(7)
+    if drafts == "best-first":
+        tokens, parents = best_first_tree(q1, q2, m1=3, budget=5)
+        tok = torch.tensor(tokens).expand(S, len(tokens))
+        tree = DraftTree(tok, torch.tensor(parents).expand(S, -1), max_depth=2)
+        tprobs = torch.cat([p1.expand(S, 1, V), p2[tok[:, 1:4]], torch.full((S, len(tokens) - 4, V), 1.0 / V)], 1)
+    else:
+        tree, tprobs, _ = two_level_tree(world, world.p(), world.q(), DraftKind.SAMPLED, (3, 2), g)
+        assert duplicate_siblings(tree).any(1).float().mean() > 0.3
+    u, _ = draw_uniforms(S, tree.num_nodes, g)
+    acc = point_mass_accept(tree, tprobs, u)
+    t1 = acc.new_tokens[:, 0]
+    t2 = torch.where(acc.accept_len >= 1, acc.new_tokens[:, 1], torch.multinomial(p2[t1], 1, generator=g)[:, 0])
+    assert pvalue(t1, p1) > EXACT
+    assert pvalue(t1 * V + t2, joint(world)) > EXACT
+    assert (acc.accept_len == 2).float().mean() > 0.1
+    if drafts != "best-first":  # the same tree matched without the repeat mask: biased
+        y = torch.stack([torch.multinomial(tprobs[:, j], 1, generator=g)[:, 0] for j in range(tree.num_nodes)], 1)
+        naive = greedy_accept(tree, y)
+        n1 = naive.new_tokens[:, 0]
+        n2 = torch.where(naive.accept_len >= 1, naive.new_tokens[:, 1], torch.multinomial(p2[n1], 1, generator=g)[:, 0])
+        assert pvalue(n1 * V + n2, joint(world)) < CAUGHT
