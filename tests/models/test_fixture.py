@@ -66,6 +66,25 @@ def test_fixture_deployments():
         assert (d.stock.depth, d.stock.topk, d.stock.tree_budget) == (5, 4, 7)
 
 
+def test_the_13b_class_deployments():
+    """fixture-x32: a 13B-class target (26.4 GB a step in bf16) with all three drafters; two
+    isolated workers' weights fit an 80 GB GPU; stock is SGLang's DFLASH default, and its twin's
+    the EAGLE-3 default."""
+    from specpilot.engine.memory_check import weight_bytes
+    from specpilot.models.config import ModelConfig
+    from specpilot.models.expand import expanded_config
+
+    dflash, eagle = load_deployment("fixture-x32"), load_deployment("fixture-x32-eagle3")
+    for d in (dflash, eagle):
+        assert (d.target_expand, d.drafter_expand, d.dflash, d.eagle3) == (32, 8, "fixture-dflash", "fixture-eagle3")
+        assert 2 * weight_bytes(d, torch.bfloat16) < 70e9
+    target = expanded_config(ModelConfig.from_dir(fixture.fixture_path("target")), 32)
+    assert 13e9 < target.num_params < 13.5e9
+    assert (dflash.stock.drafter.value, dflash.stock.block_size, dflash.stock.tree_construction.value,
+            dflash.stock.tree_budget) == ("dflash", 16, "chain", 15)
+    assert (eagle.stock.drafter.value, eagle.stock.depth, eagle.stock.topk, eagle.stock.tree_budget) == ("eagle3", 5, 4, 7)
+
+
 # ---- the shipped checkpoints --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pair():
