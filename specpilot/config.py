@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from importlib import resources
@@ -282,18 +283,99 @@ _LATER_KNOBS = {"block_size": 16, "tree_construction": TreeConstruction.BEST_FIR
                 "pdl": False, "draft_kernel": Kernel.CUBLAS.value, "tlv_chain": 0}
 
 
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_sampling(knobs: dict, where: str) -> None:
+    """Refuse a bad sampling value with one line naming `where` ("regime", "sampling")."""
+    t, k, p, m = (knobs[n] for n in ("temperature", "top_k", "top_p", "min_p"))
+    if not _is_number(t) or not math.isfinite(t) or t < 0:
+        raise ConfigError(f"{where} temperature must be a finite number >= 0, 0 = greedy (got {t!r})")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ConfigError(f"{where} top_k must be an integer >= 0, 0 = off (got {k!r})")
+    if not _is_number(p) or not 0 < p <= 1:
+        raise ConfigError(f"{where} top_p must be in (0, 1], 1 = off (got {p!r})")
+    if not _is_number(m) or not 0 <= m <= 1:
+        raise ConfigError(f"{where} min_p must be in [0, 1], 0 = off (got {m!r})")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a deployment's requests sample: temperature, top-k, top-p, min-p, as
+    `engine.sampling.SamplingParams` takes them (the order of its module docstring); the defaults
+    are greedy. Each request gets its own seed from whoever serves it (`engine.runner.sampling_params`)."""
+
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    min_p: float = 0.0  # 0: off
+
+    def __post_init__(self):
+        check_sampling(asdict(self), "sampling")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def set_knobs(self) -> dict:
+        """The knobs away from their defaults (greedy: {})."""
+        return {k: v for k, v in asdict(self).items() if v != SAMPLING_DEFAULTS[k]}
+
+    def describe(self) -> str:
+        """"greedy", or "sampled: temperature 0.7, top-p 0.95" (only the filters that are on)."""
+        if self.greedy:
+            return "greedy"
+        names = {"temperature": "temperature", "top_k": "top-k", "top_p": "top-p", "min_p": "min-p"}
+        return "sampled: " + ", ".join(f"{names[k]} {v:g}" for k, v in self.set_knobs().items())
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "greedy": self.greedy}
+
+
+SAMPLING_DEFAULTS = {f.name: f.default for f in fields(Sampling)}
+
+
 @dataclass(frozen=True)
 class Regime:
     batch: int = 1  # concurrent requests decoded together
     # True: the requests are served by continuous batching in `batch` slots (closed loop: a finished
     # request's slot takes the next at once, engine/serving.py); False: static batches of `batch`.
     continuous: bool = False
+    # How every request samples (`Sampling`); the defaults are greedy. A sampled regime is benched
+    # under sampling, timed with fixed seeds per request pair and judged by the sampling guard.
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
 
     def __post_init__(self):
         if self.batch < 1:
             raise ConfigError(f"regime batch must be >= 1 (got {self.batch})")
         if not isinstance(self.continuous, bool):
             raise ConfigError(f"regime continuous must be true or false (got {self.continuous!r})")
+        check_sampling({k: getattr(self, k) for k in SAMPLING_DEFAULTS}, "regime")
+
+    @property
+    def sampling(self) -> Sampling:
+        return Sampling(**{k: getattr(self, k) for k in SAMPLING_DEFAULTS})
+
+    @property
+    def sampled(self) -> bool:
+        return not self.sampling.greedy
+
+    def to_dict(self) -> dict:
+        """The [regime] table: batch and continuous, and the sampling knobs that are set."""
+        return {"batch": self.batch, "continuous": self.continuous, **self.sampling.set_knobs()}
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "") -> "Regime":
+        if not isinstance(d, dict):
+            raise ConfigError(f"{source or 'deployment'}: [regime] must be a table")
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigError(f"{source or 'deployment'}: unknown regime field(s) {', '.join(sorted(unknown))}")
+        return cls(**d)
 
 
 BENCHMARK_SETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
@@ -333,6 +415,9 @@ class Deployment:
         for later in ("dflash", "eagle3"):  # added later: unset, they leave earlier fingerprints as they were
             if not d[later]:
                 del d[later]
+        for knob, default in SAMPLING_DEFAULTS.items():  # likewise: a greedy regime keeps its fingerprint
+            if d["regime"][knob] == default:
+                del d["regime"][knob]
         d["stock"] = self.stock.knobs()
         return d
 
@@ -361,11 +446,25 @@ class Deployment:
             v = d.get(key)
             if base and isinstance(v, str) and v and not _shipped_name(v) and not Path(v).is_absolute():
                 d[key] = str((base / v).resolve())
-        d["regime"] = Regime(**d.get("regime", {}))
+        d["regime"] = Regime.from_dict(d.get("regime", {}), source)
         d["stock"] = System.from_dict(d.get("stock", {}), name="stock")
         if "sets" in d:
             d["sets"] = tuple(d["sets"])
         return cls(**d, source=source)
+
+    def to_toml(self) -> str:
+        """This deployment as a deployment file (`from_toml` reads it back equal, `source` aside):
+        model paths as given (absolute once read from a file), the [regime] table with its set
+        sampling knobs only, and the stock's every knob."""
+        lines = [f"name = {json.dumps(self.name)}", f"target = {json.dumps(self.target)}",
+                 f"drafter = {json.dumps(self.drafter)}"]
+        lines += [f"{k} = {json.dumps(getattr(self, k))}" for k in ("dflash", "eagle3") if getattr(self, k)]
+        lines += [f"target_expand = {self.target_expand}", f"drafter_expand = {self.drafter_expand}",
+                  f"sets = {json.dumps(list(self.sets))}", f"max_new_tokens = {self.max_new_tokens}",
+                  f"n_prompts = {self.n_prompts}", "", "[regime]"]
+        lines += [f"{k} = {json.dumps(v)}" for k, v in self.regime.to_dict().items()]
+        lines += ["", "[stock]"] + [f"{k} = {json.dumps(v)}" for k, v in self.stock.knobs().items()]
+        return "\n".join(lines) + "\n"
 
 
 def _shipped_name(spec: str) -> bool:

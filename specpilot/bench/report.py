@@ -102,17 +102,27 @@ def _headline_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _detail_rows(s: SystemSummary) -> tuple[list[str], list[list[str]]]:
+SAMPLED_IDENTICAL = "n/a (sampled)"  # sampled outputs differ from AR's by design: nothing to claim
+
+
+def _detail_rows(s: SystemSummary, sampled: bool = False) -> tuple[list[str], list[list[str]]]:
     header = ["set", "tok/s", "AR tok/s", "tokens", "AR tokens", "accepted length", "identical to AR"]
+
+    def same(x) -> str:
+        return SAMPLED_IDENTICAL if sampled else f"{x.identical}/{x.prompts}"
+
     rows = [[x.set_name, _fmt(x.tokens_per_second), _fmt(x.ar_tokens_per_second), str(x.tokens), str(x.ar_tokens),
-             _fmt(x.mean_accepted_length, 2), f"{x.identical}/{x.prompts}"] for x in s.sets]
+             _fmt(x.mean_accepted_length, 2), same(x)] for x in s.sets]
     rows.append(["all", "", "", str(sum(x.tokens for x in s.sets)), str(sum(x.ar_tokens for x in s.sets)),
-                 _fmt(s.mean_accepted_length, 2), f"{s.identical}/{s.prompts}"])
+                 _fmt(s.mean_accepted_length, 2), same(s)])
     return header, rows
 
 
 def divergences(result: BenchResult, name: str) -> list[tuple[str, str, int]]:
-    """(set, source id, first divergent token index) of every prompt whose tokens differ from AR's."""
+    """(set, source id, first divergent token index) of every prompt whose tokens differ from AR's;
+    none under sampling (the outputs differ by design)."""
+    if not result.config.sampling.greedy:
+        return []
     out = []
     for m in result.measurements:
         for info, o in zip(m.prompts, m.system(name).outputs):
@@ -136,6 +146,12 @@ def _text_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([fmt(header), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows])
 
 
+def _sampling_words(sampling) -> str:
+    if sampling.greedy:
+        return "greedy"
+    return f"{sampling.describe()} (one seed per prompt, the same for AR and every system)"
+
+
 def describe(result: BenchResult) -> list[str]:
     env_ = result.environment
     c = result.config
@@ -149,7 +165,7 @@ def describe(result: BenchResult) -> list[str]:
     return [
         f"deployment `{result.deployment.name}` on {where}, {env_.get('dtype')}; commit {commit}; "
         f"torch {env_['versions']['torch']}; {result.created}",
-        f"{prompts} per set (seed {c.seed}), batch {c.batch}, {length}, greedy; "
+        f"{prompts} per set (seed {c.seed}), batch {c.batch}, {length}, {_sampling_words(c.sampling)}; "
         f"prompt format: {'chat template' if result.chat_template else 'plain (see specpilot/bench/prompts.py)'}",
         f"speedup per set = AR time per generated token / system time per generated token, from the totals over "
         f"the set's {units} (prefill + decode, AR and systems interleaved in one process), i.e. the ratio of "
@@ -194,7 +210,7 @@ def render_markdown(result: BenchResult) -> str:
         diff = s.system.diff(result.deployment.stock)
         knobs = ", ".join(f"{k} = {v[1]}" for k, v in diff.items()) or "stock knobs"
         parts += [f"## {s.name}", "", f"knobs vs stock: {knobs}; fingerprint {s.system.fingerprint()}", ""]
-        parts += [_markdown_table(*_detail_rows(s)), ""]
+        parts += [_markdown_table(*_detail_rows(s, not result.config.sampling.greedy)), ""]
         div = divergences(result, s.name)
         if div:
             shown = ", ".join(f"{st} {sid} @ {i}" for st, sid, i in div[:20])
@@ -214,7 +230,7 @@ def render_terminal(result: BenchResult) -> str:
     lines = [*describe(result), "", _text_table(*_headline_rows(result))]
     lines += [f"note: {n}" for n in length_notes(result)]
     for s in result.systems:
-        lines += ["", f"{s.name}:", _text_table(*_detail_rows(s))]
+        lines += ["", f"{s.name}:", _text_table(*_detail_rows(s, not result.config.sampling.greedy))]
         div = divergences(result, s.name)
         if div:
             lines.append(f"  tokens differ from AR on {len(div)} prompt(s): "

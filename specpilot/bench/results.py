@@ -207,6 +207,15 @@ def summarise(measurements: tuple[BatchMeasurement, ...], systems: tuple[System,
     return tuple(out)
 
 
+def _unclaimed(system: dict) -> dict:
+    """A sampled run's system summary with no "identical" counts: sampled outputs differ from AR's
+    by design, so none is claimed (each output's own `identical` stays in "batches")."""
+    system["identical"] = None
+    for s in system["sets"]:
+        s["identical"] = None
+    return system
+
+
 @dataclass(frozen=True)
 class BenchResult:
     """Everything one `specpilot bench` run produced; `to_dict` is the results.json document."""
@@ -240,6 +249,7 @@ class BenchResult:
             "config": {**self.config.to_dict(), "chat_template": self.chat_template,
                        "dropped_prompts": self.dropped_prompts, "speedup_definition": SPEEDUP_DEFINITION},
             "wall_seconds": self.wall_seconds,
-            "systems": [s.to_dict(self.deployment.stock) for s in self.systems],
+            "systems": [_unclaimed(s.to_dict(self.deployment.stock)) if not self.config.sampling.greedy
+                        else s.to_dict(self.deployment.stock) for s in self.systems],
             "batches": [m.to_dict() for m in self.measurements],
         }

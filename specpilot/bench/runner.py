@@ -19,18 +19,26 @@ happens before the clock starts. The garbage collector is off during the call (a
 With --batch B the unit of timing, and of the bootstrap, is the batch, never a share of it.
 Every engine stops a row at EOS unless `ignore_eos` (--ignore-eos): then every row decodes exactly
 `max_new_tokens` tokens, a fixed-length run whose AR and system outputs have equal lengths.
+
+Sampling. Under a sampled `BenchConfig.sampling` (the deployment regime's, or --temperature /
+--top-k / --top-p / --min-p) every prompt samples with its own seed, `prompt_seed(seed, set,
+index)`: the same for AR and every system (and the warm-up), so each engine decodes a prompt
+with the same seed and the pairs stay comparable, run after run. Outputs then differ from AR's
+by design (an exact system samples from the same distribution, not the same tokens): `identical`
+is still recorded per output, but no report claims "identical to AR" under sampling.
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
 from dataclasses import asdict, dataclass
 from typing import Callable
 
 from specpilot.bench.datasets import check_set_names
 from specpilot.bench.prompts import BenchPrompt
 from specpilot.bench.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, IntervalMethod
-from specpilot.config import Deployment, System, load_system
+from specpilot.config import Deployment, Sampling, System, load_system
 from specpilot.errors import ConfigError
 from specpilot.guard.divergence import first_divergence
 
@@ -68,6 +76,7 @@ class BenchConfig:
     interval: IntervalMethod = IntervalMethod.BCA
     bootstrap_seed: int = 0
     ignore_eos: bool = False  # decode exactly max_new_tokens per prompt, through any EOS
+    sampling: Sampling = Sampling()  # greedy unless set (default: the deployment regime's)
 
     def __post_init__(self):
         check_shared_settings(self)
@@ -78,9 +87,11 @@ class BenchConfig:
 
     @classmethod
     def for_deployment(cls, deployment: Deployment, **overrides) -> "BenchConfig":
-        """Defaults from the deployment (sets, n_prompts, max_new_tokens, regime.batch); None = default."""
+        """Defaults from the deployment (sets, n_prompts, max_new_tokens, regime.batch, regime.sampling);
+        None = default."""
         base = dict(sets=deployment.sets, n_prompts=deployment.n_prompts,
-                    max_new_tokens=deployment.max_new_tokens, batch=deployment.regime.batch)
+                    max_new_tokens=deployment.max_new_tokens, batch=deployment.regime.batch,
+                    sampling=deployment.regime.sampling)
         base.update({k: v for k, v in overrides.items() if v is not None})
         base["sets"] = tuple(base["sets"])
         return cls(**base)
@@ -89,7 +100,24 @@ class BenchConfig:
         d = asdict(self)
         d["sets"] = list(self.sets)
         d["interval"] = self.interval.value
+        d["sampling"] = self.sampling.to_dict()
         return d
+
+
+def prompt_seed(seed: int, set_name: str, index: int) -> int:
+    """The sampling seed of prompt `index` of `set_name` in a run seeded `seed`: one per prompt, the
+    same for AR and every system (and across runs with the same seed)."""
+    text = f"bench-sampling:{seed}:{set_name}:{index}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+
+
+def sampling_of(config, prompts: list[BenchPrompt]):
+    """Per-prompt `SamplingParams` (seeded by `prompt_seed`), or None under greedy."""
+    if config.sampling.greedy:
+        return None
+    from specpilot.engine.runner import sampling_params
+
+    return [sampling_params(config.sampling, prompt_seed(config.seed, p.set_name, p.index)) for p in prompts]
 
 
 @dataclass(frozen=True)
@@ -211,11 +239,16 @@ def systems_under_test(specs: list[str] | None, deployment: Deployment) -> tuple
     return tuple(systems)
 
 
-def _timed(generator, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool):
+def _sampled(sampling) -> dict:
+    """`generate`'s sampling argument where there is one (greedy calls stay as they always were)."""
+    return {} if sampling is None else {"sampling": sampling}
+
+
+def _timed(generator, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool, sampling=None):
     gc.collect()
     gc.disable()
     try:
-        return generator.generate(prompts, max_new_tokens, stop_at_eos=stop_at_eos)
+        return generator.generate(prompts, max_new_tokens, stop_at_eos=stop_at_eos, **_sampled(sampling))
     finally:
         gc.enable()
 
@@ -243,19 +276,23 @@ def run_benchmark(session, systems: tuple[System, ...], prompts: list[BenchPromp
     for _, gen in engines:  # fail before any timing if a prompt cannot fit the context
         gen.capacity_for(longest, config.max_new_tokens)
     warm = [p.as_list() for p in batches[0][1]]
+    warm_sampling = sampling_of(config, batches[0][1])  # sampled rounds (their graphs) warm up too
     for name, gen in engines:
-        gen.generate(warm, min(config.warmup_tokens, config.max_new_tokens), stop_at_eos=not config.ignore_eos)
+        gen.generate(warm, min(config.warmup_tokens, config.max_new_tokens), stop_at_eos=not config.ignore_eos,
+                     **_sampled(warm_sampling))
         if progress:
             progress(f"warm-up {name}")
     measurements = []
     counters: dict[str, int] = {}
     for k, (set_name, items) in enumerate(batches):
         ids = [p.as_list() for p in items]
+        sampling = sampling_of(config, items)  # the same seeds for every engine
         shift = k % len(engines)
         order = engines[shift:] + engines[:shift]
         results = {}
         for name, gen in order:
-            results[name] = _timed(gen, ids, config.max_new_tokens, stop_at_eos=not config.ignore_eos)
+            results[name] = _timed(gen, ids, config.max_new_tokens, stop_at_eos=not config.ignore_eos,
+                                   sampling=sampling)
             if progress:
                 progress(f"{set_name}: {name}")
         reference = results[AR_NAME].outputs

@@ -14,6 +14,8 @@ admission to its last request's return, the device synchronised at both ends; gr
 padded prefill shapes run before it (warm-up: each engine serves C requests of `warmup_tokens`
 tokens untimed). AR and each system serve each unit back to back, the order rotating by one place
 per unit, as in the batch benchmark. The unit is the bootstrap's unit (`serving_results.py`).
+Under a sampled `ServingConfig.sampling` every request samples with its prompt's seed
+(`runner.prompt_seed`), the same for AR and every system, as in the batch benchmark.
 
 Does not own the serving engine (`specpilot.engine.serving`) or statistics (`serving_results.py`).
 """
@@ -27,9 +29,9 @@ from typing import Callable
 import numpy as np
 
 from specpilot.bench.prompts import BenchPrompt
-from specpilot.bench.runner import AR_NAME, PromptInfo, check_shared_settings
+from specpilot.bench.runner import AR_NAME, PromptInfo, check_shared_settings, prompt_seed
 from specpilot.bench.stats import DEFAULT_LEVEL, DEFAULT_RESAMPLES, IntervalMethod
-from specpilot.config import Deployment, System, load_system
+from specpilot.config import Deployment, Sampling, System, load_system
 from specpilot.errors import ConfigError
 from specpilot.guard.divergence import first_divergence
 
@@ -51,6 +53,7 @@ class ServingConfig:
     interval: IntervalMethod = IntervalMethod.BCA
     bootstrap_seed: int = 0
     ignore_eos: bool = False
+    sampling: Sampling = Sampling()  # greedy unless set (default: the deployment regime's)
 
     def __post_init__(self):
         check_shared_settings(self)
@@ -69,7 +72,8 @@ class ServingConfig:
     def for_deployment(cls, deployment: Deployment, **overrides) -> "ServingConfig":
         """Defaults from the deployment (sets, n_prompts, max_new_tokens, concurrency = regime.batch)."""
         base = dict(sets=deployment.sets, n_prompts=deployment.n_prompts,
-                    max_new_tokens=deployment.max_new_tokens, concurrency=(deployment.regime.batch,))
+                    max_new_tokens=deployment.max_new_tokens, concurrency=(deployment.regime.batch,),
+                    sampling=deployment.regime.sampling)
         base.update({k: v for k, v in overrides.items() if v is not None})
         base["sets"], base["concurrency"] = tuple(base["sets"]), tuple(base["concurrency"])
         return cls(**base)
@@ -81,7 +85,14 @@ class ServingConfig:
         d = asdict(self)
         d["sets"], d["concurrency"] = list(self.sets), list(self.concurrency)
         d["interval"] = self.interval.value
+        d["sampling"] = self.sampling.to_dict()
         return d
+
+    def request_sampling(self, prompt: BenchPrompt):
+        """The prompt's `SamplingParams` (its `prompt_seed`), None under greedy."""
+        from specpilot.engine.runner import sampling_params
+
+        return sampling_params(self.sampling, prompt_seed(self.seed, prompt.set_name, prompt.index))
 
 
 @dataclass(frozen=True)
@@ -210,14 +221,16 @@ def run_serving(session, systems: tuple[System, ...], prompts: list[BenchPrompt]
         for name, gen in gens:
             engine = ServingEngine(gen, c)
             engine.reserve(longest, config.max_new_tokens)  # one workspace for the warm-up and every unit
-            warm = [Request(p.ids, min(config.warmup_tokens, config.max_new_tokens)) for p in pool[:c]]
+            warm = [Request(p.ids, min(config.warmup_tokens, config.max_new_tokens), None, config.request_sampling(p))
+                    for p in pool[:c]]
             engine.run(warm, stop_at_eos=stop)
             if progress:
                 progress(f"c={c} warm-up {name}")
             engines.append((name, engine))
         for k, items in enumerate(units):
             arrivals = arrival_times(config.arrival_rate, len(items), config.seed, c, k)
-            requests = [Request(p.ids, config.max_new_tokens, t) for p, t in zip(items, arrivals)]
+            requests = [Request(p.ids, config.max_new_tokens, t, config.request_sampling(p))
+                        for p, t in zip(items, arrivals)]
             shift = k % len(engines)
             order = engines[shift:] + engines[:shift]
             results = {}

@@ -221,9 +221,18 @@ class ServingBenchResult:
             "environment": self.environment, "deployment": dep,
             "config": {**self.config.to_dict(), "regime": "serving", "chat_template": self.chat_template},
             "wall_seconds": self.wall_seconds,
-            "levels": [lv.to_dict() for lv in self.levels],
+            "levels": [_unclaimed(lv.to_dict()) if not self.config.sampling.greedy else lv.to_dict()
+                       for lv in self.levels],
             "units": [m.to_dict() for m in self.measurements],
         }
+
+
+def _unclaimed(level: dict) -> dict:
+    """A sampled level's summary with no "identical" count (the outputs differ from AR's by design;
+    each request's own `identical` stays in "units")."""
+    for engine in level.get("engines", []):
+        engine["identical"] = None
+    return level
 
 
 def describe(result: ServingBenchResult) -> list[str]:
@@ -238,7 +247,9 @@ def describe(result: ServingBenchResult) -> list[str]:
     prompts = "every prompt" if c.n_prompts == 0 else f"{c.n_prompts} prompts"
     return [
         f"deployment `{result.deployment.name}` on {where}, {env_.get('dtype')}; commit {commit}; {result.created}",
-        f"continuous batching, {arrivals}; {prompts} per set (seed {c.seed}), the sets in turn; {length}, greedy",
+        f"continuous batching, {arrivals}; {prompts} per set (seed {c.seed}), the sets in turn; {length}, "
+        + ("greedy" if c.sampling.greedy else f"{c.sampling.describe()} (one seed per prompt, the same for AR "
+                                             "and every system)"),
         f"throughput = output tokens / serving time over the level's units; speedup = a system's throughput / AR's "
         f"(paired by unit), and over the first system likewise; scaling = throughput / AR's at concurrency "
         f"{c.concurrency[0]}; saturated = while a request waited for a slot (no ramp-down); latency from arrival; "
@@ -255,7 +266,7 @@ def _fmt(iv: Interval | None, digits: int = 2, scale: float = 1.0, unit: str = "
     return f"{est} [{iv.low * scale:.{digits}f}, {iv.high * scale:.{digits}f}]"
 
 
-def level_rows(level: LevelSummary) -> tuple[list[str], list[list[str]]]:
+def level_rows(level: LevelSummary, sampled: bool = False) -> tuple[list[str], list[list[str]]]:
     baseline = next((e.baseline for e in level.engines if e.baseline), None)  # a column only with two systems
     saturated = any(e.saturated for e in level.engines)
     header = ["engine", "tok/s", "speedup", *([f"over {baseline}"] if baseline else []), "scaling",
@@ -268,7 +279,7 @@ def level_rows(level: LevelSummary) -> tuple[list[str], list[list[str]]]:
                      _fmt(e.scaling), *([_fmt(e.saturated, 0), _fmt(e.saturated_speedup)] if saturated else []),
                      _fmt(q["latency"][0.5]), _fmt(q["latency"][0.9]), _fmt(q["latency"][0.99]),
                      _fmt(q["time_to_first_token"][0.5], 3), _fmt(q["time_per_output_token"][0.5], 1, 1e3),
-                     f"{e.mean_accepted_length:.2f}", f"{e.identical}/{e.requests}"])
+                     f"{e.mean_accepted_length:.2f}", "n/a (sampled)" if sampled else f"{e.identical}/{e.requests}"])
     return header, rows
 
 
@@ -280,7 +291,7 @@ def _title(level: LevelSummary) -> str:
 def render_markdown(result: ServingBenchResult) -> str:
     parts = [f"# Serving benchmark: {result.deployment.name}", ""] + [f"{line}  " for line in describe(result)]
     for level in result.levels:
-        parts += ["", f"## {_title(level)}", "", _markdown_table(*level_rows(level))]
+        parts += ["", f"## {_title(level)}", "", _markdown_table(*level_rows(level, not result.config.sampling.greedy))]
     parts += ["", "Written by `specpilot bench --regime serving`; every number comes from results.json here.", ""]
     return "\n".join(parts)
 
@@ -288,7 +299,7 @@ def render_markdown(result: ServingBenchResult) -> str:
 def render_terminal(result: ServingBenchResult) -> str:
     lines = describe(result)
     for level in result.levels:
-        lines += ["", _title(level), _text_table(*level_rows(level))]
+        lines += ["", _title(level), _text_table(*level_rows(level, not result.config.sampling.greedy))]
     return "\n".join(lines)
 
 

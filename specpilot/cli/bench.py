@@ -83,10 +83,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="serving: a timed unit serves this many requests per slot (default 4)")
     p.add_argument("--units", type=int,
                    help="serving: timed units per concurrency level, at most (default: all the prompts give)")
+    p.add_argument("--temperature", type=float,
+                   help="sample at this temperature, AR and every system with the same seed per prompt "
+                        "(default: the deployment regime's; 0 = greedy)")
+    p.add_argument("--top-k", type=int, help="sampling: top-k, 0 = off (default: the regime's)")
+    p.add_argument("--top-p", type=float, help="sampling: top-p, 1 = off (default: the regime's)")
+    p.add_argument("--min-p", type=float, help="sampling: min-p, 0 = off (default: the regime's)")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--out", help="results directory (default: $SPECPILOT_HOME/runs/bench/<UTC time>-<deployment>)")
     p.add_argument("--overwrite", action="store_true", help="allow --out to be a directory that already holds files")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p")
+
+
+def sampling_from_args(args, deployment: Deployment):
+    """The deployment regime's `Sampling` with the flags given laid over it (one `error:` line for a bad value)."""
+    from dataclasses import replace
+
+    given = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k, None) is not None}
+    return replace(deployment.regime.sampling, **given)
 
 
 def config_from_args(args, deployment: Deployment) -> BenchConfig:
@@ -100,6 +117,7 @@ def config_from_args(args, deployment: Deployment) -> BenchConfig:
         deployment, sets=sets, n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens, batch=args.batch,
         seed=args.seed, warmup_tokens=args.warmup_tokens, resamples=args.resamples, level=args.level,
         interval=IntervalMethod(args.interval), ignore_eos=args.ignore_eos,
+        sampling=sampling_from_args(args, deployment),
     )
 
 
@@ -120,6 +138,7 @@ def serving_config_from_args(args, deployment: Deployment):
         requests_per_slot=args.requests_per_slot, units=args.units,
         seed=args.seed, warmup_tokens=args.warmup_tokens, resamples=args.resamples, level=args.level,
         interval=IntervalMethod(args.interval), ignore_eos=args.ignore_eos,
+        sampling=sampling_from_args(args, deployment),
     )
 
 
@@ -248,7 +267,8 @@ def plan_line(config, n_systems: int) -> str:
     """What a run will decode, before it starts: the scale a user can still cut with flags."""
     prompts = f"{config.n_prompts} prompts per set" if config.n_prompts else "every prompt of each set"
     return (f"bench: {len(config.sets)} sets x {prompts} x up to {config.max_new_tokens} new tokens, "
-            f"AR and {n_systems} system(s) each (--n-prompts and --max-new-tokens make it shorter)")
+            f"AR and {n_systems} system(s) each, {config.sampling.describe()} (--n-prompts and --max-new-tokens "
+            "make it shorter)")
 
 
 def run_serving_bench(args, deployment: Deployment, systems: tuple[System, ...]) -> int:

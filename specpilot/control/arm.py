@@ -7,6 +7,7 @@ worker is only ever asked for its own spec's:
     runner = factory(spec)                      # factory named by spec.factory, "module:callable"
     runner.warm(system, prompts, max_new_tokens) -> None                   # untimed
     runner.run(system, prompts, max_new_tokens, stop_at_eos) -> {"outputs": [[..]], "timing": {..}}
+    runner.run(system, prompts, max_new_tokens, stop_at_eos, seeds=[..])  # a sampled regime: a seed per prompt
 
 "outputs" holds the ids generated per prompt; "timing" (as `engine.runner.run_regime` gives it)
 is read from shared workers only.

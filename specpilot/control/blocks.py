@@ -18,6 +18,9 @@ kernel reduces in another order and a near-tie can flip, after which the outputs
 lengths -- differ (on a GPU, a lossless tree candidate against stock). Per token, such a difference does not pass for a speed change. Blocks whose outputs
 carry no tokens (simulations) use the times alone.
 
+Under a sampled regime (`ControllerConfig.sampled`) a plan carries one seed per prompt
+(`request_seeds`), which both arms' requests carry: a request pair samples with the same seeds.
+
 * One device: arms alternate request by request, which arm goes first following `Order`: ABBA
   (A B | B A | A B ..., continued across blocks, so a linear drift within any two consecutive
   pairs cancels) or a seeded coin. The idle arm is frozen while the other is timed.
@@ -78,6 +81,8 @@ class BlockPlan:
     max_new_tokens: int
     phases: tuple[Phase, ...]
     first: tuple[Arm, ...]  # per request: the arm sent (on one device: run) first
+    # per prompt: its sampling seed under a sampled regime, the same for both arms; () when greedy
+    seeds: tuple[int, ...] = ()
 
     @property
     def requests(self) -> list[list[list[int]]]:
@@ -85,11 +90,28 @@ class BlockPlan:
         p = [list(x) for x in self.prompts]
         return [p[i : i + self.request_size] for i in range(0, len(p), self.request_size)]
 
+    @property
+    def request_seeds(self) -> list[list[int] | None]:
+        """The seeds of each request's prompts (None for every request when greedy)."""
+        if not self.seeds:
+            return [None] * len(self.requests)
+        s = list(self.seeds)
+        return [s[i : i + self.request_size] for i in range(0, len(s), self.request_size)]
+
 
 def derived_seed(seed: int, *parts) -> int:
     """A 63-bit seed from the config seed and labels; stable across processes and versions."""
     text = ":".join(str(x) for x in (seed, *parts))
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+
+
+def request_seeds(config: ControllerConfig, n: int, *labels) -> tuple[int, ...]:
+    """Sampling seeds of `n` prompts drawn under `labels` (stream and block index, or the gate's key):
+    a function of the config seed and those labels only, so both arms of every request pair, and a
+    re-run of the same plan, decode each prompt with the same seed; () unless `config.sampled`."""
+    if not config.sampled:
+        return ()
+    return tuple(derived_seed(config.seed, "sampling", *labels, i) for i in range(n))
 
 
 def phases_for(placement: Placement, index: int) -> tuple[Phase, ...]:
@@ -114,7 +136,8 @@ def plan_block(config: ControllerConfig, placement: Placement, index: int, promp
     if len(prompts) != config.block_prompts:
         raise ValueError(f"block needs {config.block_prompts} prompts, got {len(prompts)}")
     return BlockPlan(index, tuple(tuple(p) for p in prompts), config.request_size, config.max_new_tokens,
-                     phases_for(placement, index), first_arms(config, index, stream))
+                     phases_for(placement, index), first_arms(config, index, stream),
+                     request_seeds(config, len(prompts), stream, index))
 
 
 Outputs = tuple[tuple[int, ...], ...]  # generated ids per prompt

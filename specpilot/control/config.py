@@ -89,6 +89,11 @@ class ControllerConfig:
     gate_prompts: int = 4  # prompts of the cheap subset the guard gate sees before any timing
     min_token_ratio: float = 0.95  # candidate must return >= this share of the incumbent's tokens (a sanity
     # bound: timing is per token, and bf16 near-tie flips legitimately change lengths by ~1%)
+    # ---- sampling ----------------------------------------------------------------------
+    # The deployment's regime samples (`config.Regime.sampling`; `defaults.default_config` sets it): every
+    # prompt of a block, of the gate and of the warm-up carries a seed (`blocks.request_seeds`), the same
+    # for both arms of a request pair, so the pair decodes alike up to what the systems change.
+    sampled: bool = False
     # ---- worker limits -----------------------------------------------------------------
     startup_timeout_s: float = 1800.0  # building a runner (model load) and warming it up
     request_timeout_s: float = 600.0  # one generate request
@@ -146,6 +151,8 @@ class ControllerConfig:
                 "warmup_blocks", "order", "freeze_idle", "collect_garbage", "pin_cpus", "level", "noise_blocks",
                 "shared_workers")
         d = {k: v for k, v in self.to_dict().items() if k in keep}
+        if self.sampled:  # greedy procedures keep the keys they had before sampling existed
+            d["sampled"] = True
         d["placement"] = placement.value
         d["statistic"] = STATISTIC  # floors measured with another block statistic are not reused
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]

@@ -34,6 +34,10 @@ re-measured in its place; a re-measure that merely does not confirm ends the rou
 
 The noise floor (`measure_noise`) is stock against a second copy of stock, same procedure.
 
+Under a sampled regime (`ControllerConfig.sampled`) every prompt the arms decode carries a seed:
+a block's from its plan (`blocks.request_seeds`: stream, block index and position), the gate's from
+its draw key; both arms get the same seeds, and the gate hears them (`GateRequest.seeds`).
+
 Owns: the order of these steps and `Evaluation` / `RoundResult`. Does not own the statistics,
 the rule, processes or the memory (`specpilot.memory.evaluate` ties the controller to it).
 """
@@ -49,7 +53,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from specpilot.control.backends.base import Backend
-from specpilot.control.blocks import Arm, BlockResult, derived_seed, plan_block, saturated_pairs
+from specpilot.control.blocks import Arm, BlockResult, derived_seed, plan_block, request_seeds, saturated_pairs
 from specpilot.control.census import BlockCensus, CensusSummary
 from specpilot.control.config import ControllerConfig, Placement, Stage
 from specpilot.control.gate import Gate, GateRequest, GateResult
@@ -348,10 +352,12 @@ class Controller:
     def _run_gate(self, session, incumbent: ArmSpec, candidate: ArmSpec, config: ControllerConfig,
                   key: str = "") -> GateResult:
         prompts = draw(self.prompt_source, config.gate_prompts, config.seed, "gate", key)
-        cand = session.generate(Arm.CANDIDATE, prompts, config.max_new_tokens)
-        inc = session.generate(Arm.INCUMBENT, prompts, config.max_new_tokens)
+        seeds = request_seeds(config, len(prompts), "gate", key)  # () when greedy: requests as before
+        kw = {"seeds": seeds} if seeds else {}
+        cand = session.generate(Arm.CANDIDATE, prompts, config.max_new_tokens, **kw)
+        inc = session.generate(Arm.INCUMBENT, prompts, config.max_new_tokens, **kw)
         return self._judge(GateRequest(self.deployment, incumbent, candidate, tuple(tuple(p) for p in prompts),
-                                       cand, inc, config.max_new_tokens))
+                                       cand, inc, config.max_new_tokens, seeds))
 
     def _force_timed(self, incumbent: ArmSpec, candidate: ArmSpec, config: ControllerConfig, stream: str,
                      blocks: Sequence[BlockResult], key: str) -> GateResult | None:
@@ -363,16 +369,17 @@ class Controller:
         clock = hashlib.sha256(repr([(b.incumbent_seconds, b.candidate_seconds) for b in blocks]).encode())
         rng = random.Random(derived_seed(config.seed, "forced", key, clock.hexdigest()))
         chosen = sorted(rng.sample(units, min(FORCED_REQUESTS, len(units))))
-        prompts, cand, inc = [], [], []
+        prompts, cand, inc, seeds = [], [], [], []
         for i, phase, r in chosen:
             plan = self._plan(config, stream, blocks[i].index)
             prompts.extend(plan.prompts[r * R : (r + 1) * R])
+            seeds.extend(plan.seeds[r * R : (r + 1) * R])
             cand.extend(blocks[i].candidate_outputs[phase][r * R : (r + 1) * R])
             inc.extend(blocks[i].incumbent_outputs[phase][r * R : (r + 1) * R])
         if not chosen or len(cand) != len(prompts):  # blocks without outputs (simulations): nothing to force
             return None
         verdict = self._judge(GateRequest(self.deployment, incumbent, candidate, tuple(prompts), tuple(cand),
-                                          tuple(inc), config.max_new_tokens))
+                                          tuple(inc), config.max_new_tokens, tuple(seeds)))
         where = [[blocks[i].index, phase, r] for i, phase, r in chosen]
         return GateResult(verdict.passed, {**verdict.summary, "forced_requests": where}, verdict.reason)
 

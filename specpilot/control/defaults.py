@@ -40,8 +40,9 @@ def request_size(deployment: Deployment) -> int:
 
 
 def default_config(deployment: Deployment, **changes) -> ControllerConfig:
-    """The defaults with the deployment's request size (`request_size`) and token budget, then
-    `changes` (field -> value)."""
-    base = {"request_size": request_size(deployment), "max_new_tokens": deployment.max_new_tokens}
+    """The defaults with the deployment's request size (`request_size`), token budget and whether its
+    regime samples, then `changes` (field -> value)."""
+    base = {"request_size": request_size(deployment), "max_new_tokens": deployment.max_new_tokens,
+            "sampled": deployment.regime.sampled}
     base.update(changes)
     return ControllerConfig.from_dict(base)

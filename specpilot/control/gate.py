@@ -11,7 +11,12 @@ speed. The gate never sees timing data, so gating first does not bias the timing
 `AlwaysPass` exists only for tests of the timing path; the CLI has no name for it and defaults
 to the guard.
 
-Owns: `GateRequest`, `GateResult`, `AlwaysPass`, `controller_gate` (the guard as a gate), `load_gate`.
+Under a sampled regime (the deployment's `Regime.sampling`) `controller_gate` is the sampling
+guard (`sampled_gate`: PIT uniformity of the sampled outputs forced through the stock target)
+instead of token forcing; greedy deployments are judged as before.
+
+Owns: `GateRequest`, `GateResult`, `AlwaysPass`, `controller_gate` (the guard as a gate), `sampled_gate`,
+`load_gate`.
 Does not own the guard's statistics.
 """
 
@@ -38,6 +43,7 @@ class GateRequest:
     candidate_outputs: Outputs  # generated in the candidate's isolated worker
     incumbent_outputs: Outputs  # generated in the incumbent's worker (a reference; the guard may rescore)
     max_new_tokens: int
+    seeds: tuple[int, ...] = ()  # per prompt, the sampling seeds both arms used; () when the regime is greedy
 
 
 @dataclass(frozen=True)
@@ -98,9 +104,35 @@ def controller_gate(request: GateRequest, config=None) -> GateResult:
 
     config = config or GuardConfig()
     device = request.candidate.device
+    session = cached_session(request.deployment, device)
+    if session.deployment.regime.sampled:
+        return sampled_gate(request, session, chunk=config.chunk)
     prompts = tuple(tuple(p) for p in request.prompts)
     stock = stock_forcing(request.deployment, device, prompts, request.max_new_tokens, config.chunk)
     candidate = records_from_outputs([list(p) for p in prompts], [list(o) for o in request.candidate_outputs])
-    verdict = gate(cached_session(request.deployment, device), candidate, stock, config)
+    verdict = gate(session, candidate, stock, config)
     return GateResult(verdict.passed, {"guard": "token-forcing", "baseline": "stock-ar", **verdict.to_dict()},
                       rejection_reason(verdict))
+
+
+def sampled_gate(request: GateRequest, session, config=None, chunk: int = 512) -> GateResult:
+    """The sampling guard as a gate, for a deployment whose regime samples: the candidate's sampled
+    outputs and *stock AR*'s, sampled for the same prompts with the same seeds (`request.seeds`;
+    without them, the seeds the runner gives unseeded prompts, `engine.runner.prompt_seeds`), each
+    teacher-forced through the stock target, the emitted tokens' randomized PIT values tested for
+    uniformity (`guard.sampled_forcing.sampling_gate`, `guard.sampling.compare_sampled`)."""
+    from specpilot.engine.runner import prompt_seeds, sampling_params
+    from specpilot.guard.gate import stock_sampled
+    from specpilot.guard.records import records_from_outputs
+    from specpilot.guard.sampled_forcing import sampling_gate
+    from specpilot.guard.sampling import SamplingGuardConfig
+
+    config = config or SamplingGuardConfig()
+    sampling = session.deployment.regime.sampling
+    prompts = tuple(tuple(p) for p in request.prompts)
+    seeds = tuple(int(s) for s in request.seeds) or tuple(prompt_seeds([list(p) for p in prompts]))
+    stock = stock_sampled(request.deployment, request.candidate.device, prompts, seeds, request.max_new_tokens)
+    candidate = records_from_outputs([list(p) for p in prompts], [list(o) for o in request.candidate_outputs])
+    verdict = sampling_gate(session.target, candidate, stock, sampling_params(sampling), config, chunk)
+    return GateResult(verdict.passed, {"guard": "sampling", "baseline": "stock-ar", "sampling": sampling.to_dict(),
+                                       **verdict.to_dict()}, verdict.reason())

@@ -94,12 +94,14 @@ class WorkerPair:
             raise
 
     # ---- the session interface -----------------------------------------------------------
-    def generate(self, arm: Arm, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> Outputs:
-        """Untimed generation on the arm's first worker (the gate's cheap subset)."""
+    def generate(self, arm: Arm, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 seeds: Sequence[int] | None = None) -> Outputs:
+        """Untimed generation on the arm's first worker (the gate's cheap subset); `seeds`: one per
+        prompt under a sampled regime."""
         worker = self.workers[arm, 0]
         self._activate([worker])
         try:
-            reply = worker.request(_run(worker, prompts, max_new_tokens, False), self.config.request_timeout_s)
+            reply = worker.request(_run(worker, prompts, max_new_tokens, False, seeds), self.config.request_timeout_s)
         except WorkerError as err:
             raise ArmFailure(arm, err) from None
         return self._outputs(arm, worker, reply, len(prompts), max_new_tokens)
@@ -113,11 +115,11 @@ class WorkerPair:
             times = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
             reports = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
             outs = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
-            for request, first in zip(plan.requests, plan.first):
+            for request, first, seeds in zip(plan.requests, plan.first, plan.request_seeds):
                 order = (first, first.other)
                 workers = {arm: self.workers[arm, phase.device(arm)] for arm in order}
                 msgs = {arm: json.dumps(_run(workers[arm], request, plan.max_new_tokens,
-                                             self.config.collect_garbage)).encode() for arm in order}
+                                             self.config.collect_garbage, seeds)).encode() for arm in order}
                 if phase.concurrent:
                     self._collect(order, workers)
                     got = self._timed_together(order, workers, msgs)
@@ -252,10 +254,14 @@ class WorkerPair:
         return replies
 
 
-def _run(worker: Worker, prompts, max_new_tokens: int, gc_off: bool) -> dict:
-    """A `run` request for the worker's own system, stopping at EOS as a deployment does."""
-    return {"op": "run", "system": worker.spec.system, "prompts": [list(p) for p in prompts],
-            "max_new_tokens": max_new_tokens, "stop_at_eos": True, "gc_off": gc_off}
+def _run(worker: Worker, prompts, max_new_tokens: int, gc_off: bool, seeds=None) -> dict:
+    """A `run` request for the worker's own system, stopping at EOS as a deployment does; with the
+    prompts' sampling seeds where the regime samples (greedy requests carry none, as before)."""
+    msg = {"op": "run", "system": worker.spec.system, "prompts": [list(p) for p in prompts],
+           "max_new_tokens": max_new_tokens, "stop_at_eos": True, "gc_off": gc_off}
+    if seeds is not None:
+        msg["seeds"] = [int(s) for s in seeds]
+    return msg
 
 
 def _reported_seconds(reply: dict) -> float:

@@ -169,9 +169,11 @@ class SharedPair:
                                    config.settle_tolerance, 3, limit)
             pool.settling.setdefault(key, self.settling)
 
-    def generate(self, arm: Arm, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> Outputs:
-        """Untimed generation, stopping at EOS as a deployment does (the gate's cheap subset)."""
-        reply = self._run(arm, [list(p) for p in prompts], max_new_tokens, True)
+    def generate(self, arm: Arm, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 seeds: Sequence[int] | None = None) -> Outputs:
+        """Untimed generation, stopping at EOS as a deployment does (the gate's cheap subset); `seeds`:
+        one per prompt under a sampled regime."""
+        reply = self._run(arm, [list(p) for p in prompts], max_new_tokens, True, seeds)
         return self._outputs(arm, reply, len(prompts), max_new_tokens)
 
     def run_block(self, plan: BlockPlan) -> BlockResult:
@@ -181,9 +183,9 @@ class SharedPair:
         walls = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
         outputs = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
         saturated = {Arm.INCUMBENT: [], Arm.CANDIDATE: []}
-        for request, first in zip(plan.requests, plan.first):
+        for request, first, seeds in zip(plan.requests, plan.first, plan.request_seeds):
             for arm in (first, first.other):
-                reply = self._timed(arm, request, plan.max_new_tokens)
+                reply = self._timed(arm, request, plan.max_new_tokens, **({} if seeds is None else {"seeds": seeds}))
                 timing = reply["timing"]
                 seconds[arm].append(timing["decode_s"])
                 walls[arm].append(timing["wall_s"] - timing["wall_prefill_s"])
@@ -199,10 +201,10 @@ class SharedPair:
         """Nothing to stop: the worker stays up for the next comparison."""
 
     # ---- requests ----------------------------------------------------------------------------
-    def _timed(self, arm: Arm, request, max_new_tokens: int) -> dict:
+    def _timed(self, arm: Arm, request, max_new_tokens: int, seeds=None) -> dict:
         """One timed request whose two clocks agree (run again when they do not)."""
         for attempt in range(MAX_RERUNS + 1):
-            reply = self._run(arm, request, max_new_tokens, False)
+            reply = self._run(arm, request, max_new_tokens, False, seeds)
             timing = reply["timing"]
             if timing.get("gpu_s") is None:
                 return reply
@@ -213,10 +215,12 @@ class SharedPair:
         raise ArmFailure(arm, WorkerError(f"GPU and wall clocks disagreed on {MAX_RERUNS + 1} runs of one request "
                                           f"(GPU {timing['gpu_s']:.4f} s, wall {wall:.4f} s)", FailureKind.PROTOCOL))
 
-    def _run(self, arm: Arm, prompts, max_new_tokens: int, stop_at_eos: bool) -> dict:
-        reply = self._request(arm, {"op": "run", "system": self.systems[arm], "prompts": [list(p) for p in prompts],
-                                    "max_new_tokens": max_new_tokens, "stop_at_eos": stop_at_eos,
-                                    "gc_off": self.config.collect_garbage}, self.config.request_timeout_s)
+    def _run(self, arm: Arm, prompts, max_new_tokens: int, stop_at_eos: bool, seeds=None) -> dict:
+        msg = {"op": "run", "system": self.systems[arm], "prompts": [list(p) for p in prompts],
+               "max_new_tokens": max_new_tokens, "stop_at_eos": stop_at_eos, "gc_off": self.config.collect_garbage}
+        if seeds is not None:  # a sampled regime: the request pair's seeds (greedy requests carry none)
+            msg["seeds"] = [int(s) for s in seeds]
+        reply = self._request(arm, msg, self.config.request_timeout_s)
         timing = reply.get("timing")
         if not isinstance(timing, dict) or not isinstance(timing.get("decode_s"), (int, float)):
             raise ArmFailure(arm, WorkerError("shared worker sent no timing", FailureKind.PROTOCOL))

@@ -12,10 +12,11 @@ worker cannot make the controller execute anything by what it sends back):
     -> {"op": "warm", "system": {..}, "prompts": [[..]], "max_new_tokens": n}     <- {"ok": true}
     -> {"op": "collect"}                                 <- {"ok": true}   (gc.collect(), untimed)
     -> {"op": "run", "system": {..}, "prompts": [[..]], "max_new_tokens": n, "stop_at_eos": bool,
-        "gc_off": bool}                   <- {"ok": true, "outputs": [[..]], "timing": {..}, "seconds": s}
+        "gc_off": bool[, "seeds": [..]]}  <- {"ok": true, "outputs": [[..]], "timing": {..}, "seconds": s}
     -> {"op": "close"}                                   <- {"ok": true}, then exit
     any failure                                          <- {"ok": false, "error": "...", "traceback": "..."}
 
+"seeds" (one per prompt) comes only under a sampled regime and is passed on as `run(..., seeds=)`.
 The runner (`control/arm.py` states its contract) is asked for a system by knob dict: an isolated
 worker's only ever for its own arm's, a shared worker's (`specpilot.control.shared`) for both arms
 of each comparison. An isolated worker is timed by the controller from its own process: the
@@ -138,7 +139,9 @@ def _handle(runner, msg: dict):
             gc.disable()
         start = time.perf_counter()
         try:
-            reply = runner.run(msg["system"], msg["prompts"], msg["max_new_tokens"], bool(msg.get("stop_at_eos", True)))
+            seeds = {"seeds": msg["seeds"]} if msg.get("seeds") is not None else {}  # sampled regimes only
+            reply = runner.run(msg["system"], msg["prompts"], msg["max_new_tokens"], bool(msg.get("stop_at_eos", True)),
+                               **seeds)
         finally:
             seconds = time.perf_counter() - start
             if gc_was_on:

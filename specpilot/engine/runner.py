@@ -21,32 +21,65 @@ generators and their warm-up. Does not own timing from outside or what is sent w
 
 from __future__ import annotations
 
-from specpilot.config import Deployment, Regime, System, load_deployment
+import hashlib
+
+from specpilot.config import Deployment, Regime, Sampling, System, load_deployment
 from specpilot.engine.generator import Generator
+from specpilot.engine.sampling import SamplingParams
 from specpilot.engine.serving import Request, ServingEngine
 from specpilot.engine.session import Session
 from specpilot.errors import ConfigError
 
 
+def sampling_params(sampling: Sampling, seed: int | None = None) -> SamplingParams | None:
+    """The `SamplingParams` of one request under `sampling` with `seed`; None when greedy (the greedy rounds)."""
+    if sampling.greedy:
+        return None
+    return SamplingParams(float(sampling.temperature), sampling.top_k, float(sampling.top_p), float(sampling.min_p),
+                          seed)
+
+
+def prompt_seeds(prompts: list[list[int]]) -> list[int]:
+    """Seeds for prompts that came without any (warm-up, a caller that sends none): a function of
+    each prompt's tokens and its place in the request, so a repeat samples alike."""
+    return [int.from_bytes(hashlib.sha256(f"{i}:{list(p)}".encode()).digest()[:8], "big") >> 1
+            for i, p in enumerate(prompts)]
+
+
+def regime_sampling(regime: Regime, prompts: list[list[int]], seeds: list[int] | None = None) -> list | None:
+    """Per-prompt `SamplingParams` of a sampled regime (`seeds`, one per prompt, else `prompt_seeds`);
+    None when the regime is greedy (the greedy rounds, exactly as before sampling existed)."""
+    if not regime.sampled:
+        return None
+    seeds = prompt_seeds(prompts) if seeds is None else [int(s) for s in seeds]
+    if len(seeds) != len(prompts):
+        raise ConfigError(f"{len(seeds)} sampling seeds for {len(prompts)} prompts")
+    return [sampling_params(regime.sampling, s) for s in seeds]
+
+
 def run_regime(generator: Generator, regime: Regime, prompts: list[list[int]], max_new_tokens: int,
-               stop_at_eos: bool = True) -> tuple[list[list[int]], dict]:
+               stop_at_eos: bool = True, seeds: list[int] | None = None) -> tuple[list[list[int]], dict]:
     """Outputs per prompt and their timing, served as the regime serves requests: static batches
     of `regime.batch`, or continuous batching in `regime.batch` slots (then the one span timed is
     the whole serving run, prefills included, and there are no CUDA-event times; `saturated_s` and
     `saturated_tokens` are its stretches with every slot taken, `ServingResult.saturated_*`, and
-    None under static batches)."""
+    None under static batches). A sampled regime samples every prompt with its seed (`regime_sampling`)."""
     B = regime.batch
     timing = {"wall_s": 0.0, "wall_prefill_s": 0.0, "gpu_s": 0.0, "gpu_prefill_s": 0.0, "decode_s": 0.0}
     outputs: list[list[int]] = []
+    sampling = regime_sampling(regime, prompts, seeds)
     if regime.continuous:
-        served = ServingEngine(generator, B).run([Request(tuple(p), max_new_tokens) for p in prompts], stop_at_eos)
+        requests = [Request(tuple(p), max_new_tokens, None, sampling[i] if sampling else None)
+                    for i, p in enumerate(prompts)]
+        served = ServingEngine(generator, B).run(requests, stop_at_eos)
         outputs = [r.output for r in served.requests]
         timing.update(wall_s=served.seconds, decode_s=served.seconds, gpu_s=float("nan"), gpu_prefill_s=float("nan"),
                       saturated_s=served.saturated_seconds, saturated_tokens=served.saturated_tokens)
     else:
         timing.update(saturated_s=None, saturated_tokens=None)
         for i in range(0, len(prompts), B):
-            result = generator.generate(prompts[i : i + B], max_new_tokens, stop_at_eos=stop_at_eos)
+            kw = {"sampling": sampling[i : i + B]} if sampling else {}
+            result = generator.generate(prompts[i : i + B], max_new_tokens, stop_at_eos=stop_at_eos, **kw)
             outputs += result.outputs
             timing["wall_s"] += result.seconds
             timing["wall_prefill_s"] += result.prefill_seconds
@@ -103,12 +136,14 @@ class SessionRunner:
         key = self.system(knobs).fingerprint()
         if self.workspaces and key not in self.warmed:
             self.warmed[key] = warm_workspaces(self.generator(knobs), self.deployment.regime.batch, prompts,
-                                               max_new_tokens)
+                                               max_new_tokens, self.deployment.regime)
 
-    def run(self, knobs: dict, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = True) -> dict:
-        """Outputs per prompt and the request's timing, served as the regime serves them."""
+    def run(self, knobs: dict, prompts: list[list[int]], max_new_tokens: int, stop_at_eos: bool = True,
+            seeds: list[int] | None = None) -> dict:
+        """Outputs per prompt and the request's timing, served as the regime serves them (a sampled
+        regime: each prompt with its seed of `seeds`, the request pair's, `control.blocks.request_seeds`)."""
         outputs, timing = run_regime(self.generator(knobs), self.deployment.regime, prompts, max_new_tokens,
-                                     stop_at_eos)
+                                     stop_at_eos, seeds)
         return {"outputs": outputs, "timing": timing}
 
 
@@ -139,16 +174,20 @@ def workspace_lengths(generator, max_new_tokens: int) -> list[int]:
     return lengths
 
 
-def warm_workspaces(generator, batch: int, prompts: list[list[int]], max_new_tokens: int) -> list[int]:
+def warm_workspaces(generator, batch: int, prompts: list[list[int]], max_new_tokens: int,
+                    regime: Regime | None = None) -> list[int]:
     """Generate `batch` prompts once at the shortest prompt length of each workspace capacity the
     generator keeps (the smallest `max_workspaces` of them, which hold every prompt of the shipped
     sets), largest first so the common small ones are the most recently used; the prompts are the
-    warm-up prompt's tokens repeated, never a timed prompt. Returns the lengths run."""
+    warm-up prompt's tokens repeated, never a timed prompt; under a sampled `regime`, sampled (so
+    the sampled rounds' graphs are the ones captured). Returns the lengths run."""
     seed = next((list(p) for p in prompts if p), None)
     if seed is None:
         return []
     lengths = workspace_lengths(generator, max_new_tokens)
     for length in reversed(lengths):
         prompt = (seed * (length // len(seed) + 1))[:length]
-        generator.generate([prompt] * batch, max_new_tokens)
+        rows = [prompt] * batch
+        sampling = regime_sampling(regime, rows) if regime is not None else None
+        generator.generate(rows, max_new_tokens, **({"sampling": sampling} if sampling else {}))
     return lengths

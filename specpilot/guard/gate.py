@@ -2,6 +2,7 @@
 
     gate(session_or_target, candidate, stock, config) -> Verdict
     stock_forcing(deployment, device, prompts, max_new_tokens, chunk) -> ForcingResult
+    stock_sampled(deployment, device, prompts, seeds, max_new_tokens) -> records    (a sampled regime)
 
 `gate` takes records or already-forced results on either side (force stock once, reuse it for
 every candidate). `stock_forcing` generates *stock AR* outputs (the deployment's stock knobs, the
@@ -66,6 +67,26 @@ def stock_forcing(deployment: str, device: str | None, prompts: tuple[tuple[int,
     for i in range(0, len(ids), B):
         outputs += generator.generate(ids[i : i + B], max_new_tokens).outputs
     return force(session.target, records_from_outputs(ids, outputs), chunk=chunk)
+
+
+@functools.lru_cache(maxsize=4)
+def stock_sampled(deployment: str, device: str | None, prompts: tuple[tuple[int, ...], ...], seeds: tuple[int, ...],
+                  max_new_tokens: int) -> tuple[OutputRecord, ...]:
+    """Stock AR outputs for `prompts` SAMPLED by the deployment regime's settings, prompt i with
+    `seeds[i]`, in batches of the regime's size: the sampling guard's baseline (`sampled_forcing`)."""
+    session = cached_session(deployment, device)
+    regime = session.deployment.regime
+    system = session.deployment.stock.plain_ar("stock-ar").with_changes(fault="")
+    generator = session.generator(system)
+    B = regime.batch
+    ids = [list(p) for p in prompts]
+    from specpilot.engine.runner import sampling_params
+
+    params = [sampling_params(regime.sampling, int(s)) for s in seeds]
+    outputs: list[list[int]] = []
+    for i in range(0, len(ids), B):
+        outputs += generator.generate(ids[i : i + B], max_new_tokens, sampling=params[i : i + B]).outputs
+    return tuple(records_from_outputs(ids, outputs))
 
 
 def rejection_reason(verdict: Verdict) -> str:

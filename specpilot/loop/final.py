@@ -153,12 +153,17 @@ def format_rate(interval: dict | None) -> str:
     return f"{est} [{interval['low']:,.0f}, {interval['high']:,.0f}]"
 
 
+def identical_count(engine: dict) -> str:
+    """"k/n" outputs identical to AR's, or "n/a (sampled)" where a sampled run claims none."""
+    return "n/a (sampled)" if engine.get("identical") is None else f"{engine['identical']}/{engine['requests']}"
+
+
 def serving_line(final: dict) -> str:
     """A serving final benchmark in one line: each engine's throughput, and outputs equal to AR's."""
     (level,) = final["bench"]["levels"]
     engines = serving_engines(final)
     rates = ", ".join(f"{label} {format_rate(e['tokens_per_second'])} tok/s" for label, e in engines)
-    same = ", ".join(f"{label} {e['identical']}/{e['requests']}" for label, e in engines[1:])
+    same = ", ".join(f"{label} {identical_count(e)}" for label, e in engines[1:])
     from specpilot.loop.report import format_speedup
 
     saturated = [(label, e["saturated_speedup"]) for label, e in engines[1:] if e.get("saturated_speedup")]
@@ -246,6 +251,10 @@ def bench_argv(deployment_file: str, system_file: Path, config: BenchConfig | Se
             "--warmup-tokens", str(config.warmup_tokens), "--resamples", str(config.resamples),
             "--level", str(config.level), "--interval", config.interval.value, "--no-progress",
             *(["--ignore-eos"] if config.ignore_eos else [])]
+    if not config.sampling.greedy:  # the deployment's regime gives them too; stated, so the run says what it ran
+        s = config.sampling
+        argv += ["--temperature", repr(float(s.temperature)), "--top-k", str(s.top_k), "--top-p",
+                 repr(float(s.top_p)), "--min-p", repr(float(s.min_p))]
     if isinstance(config, ServingConfig):
         argv += ["--regime", "serving", "--concurrency", *map(str, config.concurrency),
                  "--requests-per-slot", str(config.requests_per_slot), "--units", str(config.units),

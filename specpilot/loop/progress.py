@@ -30,8 +30,8 @@ class ObservedSession:
         self._every = max(1, math.ceil(blocks_expected / 3))
         self._gate_said = False
 
-    def generate(self, arm, prompts, max_new_tokens):
-        out = self._inner.generate(arm, prompts, max_new_tokens)
+    def generate(self, arm, prompts, max_new_tokens, **seeds):
+        out = self._inner.generate(arm, prompts, max_new_tokens, **seeds)  # `seeds=` only under a sampled regime
         if not self._gate_said and arm.name == "INCUMBENT":
             self._gate_said = True
             self._journal.say(f"  {self._label}: guard outputs generated ({len(prompts)} prompts), judging")

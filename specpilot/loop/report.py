@@ -231,6 +231,11 @@ def render_final(r: dict) -> list[str]:
     if final["final"]:
         rows.append([f"final `{r['final_system']['name']}`", format_speedup(final["final_speedup"]),
                      format_speedup(final["final_gain"])])
+    sampling = c.get("sampling") or {}
+    if sampling and not sampling.get("greedy", True):
+        note = (f" Sampled: temperature {sampling['temperature']:g}, top-k {sampling['top_k']}, top-p "
+                f"{sampling['top_p']:g}, min-p {sampling['min_p']:g}, one seed per prompt for AR and every system; "
+                "outputs are not compared with AR's.") + note
     if c.get("regime") != "serving":
         old = bench.get("schema", "").startswith("specpilot.bench/1")  # before per-token speedups
         per_set = ("total AR time / total system time" if old
@@ -239,7 +244,7 @@ def render_final(r: dict) -> list[str]:
             "", f"Measured in one run: AR and the systems interleaved batch by batch on {len(c['sets'])} sets x "
                 f"{c['n_prompts']} prompts x {c['max_new_tokens']} new tokens (batch {c['batch']}); per set "
                 f"{per_set}, geometric mean over sets, {c['interval']} bootstrap intervals.{note}"]
-    from specpilot.loop.final import format_rate, serving_engines
+    from specpilot.loop.final import format_rate, identical_count, serving_engines
 
     (level,) = bench["levels"]
     engines = serving_engines(final)
@@ -247,7 +252,7 @@ def render_final(r: dict) -> list[str]:
     for row, (label, e) in zip(rows, engines):
         tpot = e["time_per_output_token"]["p50"]["estimate"]
         row += [format_rate(e["tokens_per_second"]), "n/a" if tpot is None else f"{1e3 * tpot:.2f}",
-                "-" if label == "AR" else f"{e['identical']}/{e['requests']}"]
+                "-" if label == "AR" else identical_count(e)]
         if saturated:
             row += ["1.00x" if label == "AR" else format_speedup(e.get("saturated_speedup")),
                     format_speedup(e["saturated_gain"]) if e.get("saturated_gain") else ""]

@@ -262,7 +262,11 @@ def evaluation_record(p, e, entry: int, incumbent) -> dict:
         cand, stock = s.get("candidate") or {}, s.get("stock") or {}
         guard = {"passed": gate.passed, "reason": gate.reason, "candidate_rate": cand.get("rate"),
                  "stock_rate": stock.get("rate"), "candidate_large_margin": cand.get("large_margin"),
-                 "bound": s.get("bound"), "violated": s.get("violated")}
+                 "bound": s.get("bound"), "violated": s.get("violated"), "kind": s.get("guard")}
+        if s.get("guard") == "sampling":  # PIT uniformity (`guard.sampling`): p-values and tokens, no rates
+            guard.update(candidate_p=cand.get("p_value"), stock_p=stock.get("p_value"),
+                         candidate_tokens=cand.get("tokens"), candidate_zero_probability=cand.get("zero_probability"),
+                         cautions=s.get("cautions"))
     return {
         "candidate": p.candidate.name, "hash": p.hash, "agent": p.agent, "rationale": p.rationale,
         "gap": p.gap.value if p.gap else None,
@@ -298,7 +302,8 @@ def evaluation_line(p, e, entry: int) -> str:
         parts.append(f"gain {_pct(est.gain)} [{_pct(est.lower)}, {_pct(est.upper)}] over {est.n} blocks{on}, "
                      f"bound {_pct(d.lower_bound)} vs threshold {_pct(d.threshold)} (noise {e.noise.value:.1%})")
     if e.gate is not None:
-        parts.append("guard pass" if e.gate.passed else f"guard FAILED: {e.gate.reason}")
+        kind = "sampling guard" if e.gate.summary.get("guard") == "sampling" else "guard"
+        parts.append(f"{kind} pass" if e.gate.passed else f"{kind} FAILED: {e.gate.reason}")
     if e.forced is not None:  # the gate again, on a sample of the timed requests' outputs
         parts.append("timed outputs pass" if e.forced.passed else f"timed outputs FAILED the guard: {e.forced.reason}")
     if e.error:

@@ -2,7 +2,8 @@
 
 A fingerprint is content, not names: the sha256 of every file of the target and draft models
 (so a renamed or moved model is the same deployment and a re-trained one is not), the width
-expansion, the GPU's name, the serving regime, the benchmark sets and token budget, and the
+expansion, the GPU's name, the serving regime (its batch, and its sampling knobs where set: a
+greedy deployment keeps the digest it had before sampling existed), the benchmark sets and token budget, and the
 software versions that change kernels (specpilot, torch, CUDA, Python). Its `digest` hashes all of
 that except the deployment's name; the git commit is deliberately not part of it (each commit
 would otherwise be a new deployment) — it is stored with every evaluation instead.
@@ -185,6 +186,7 @@ def fingerprint_deployment(deployment, gpu: str, cache: HashCache | None = None,
     return DeploymentFingerprint(
         name=deployment.name, target=target, drafter=drafter, drafter_kind=kind,
         expand=(deployment.target_expand, deployment.drafter_expand), gpu=gpu,
-        regime={"batch": deployment.regime.batch}, max_new_tokens=deployment.max_new_tokens,
+        regime={"batch": deployment.regime.batch, **deployment.regime.sampling.set_knobs()},  # greedy: as before
+        max_new_tokens=deployment.max_new_tokens,
         sets=tuple(deployment.sets), versions=versions if versions is not None else software_versions(),
     )

@@ -7,7 +7,7 @@ interfaces, so the same rule and statistics run on this machine or across a Ray 
     Backend:      open(incumbent, candidate, config, warmup) -> PairSession;  device_name();  close()
                   plus `placement` (resolved: alternate / side-by-side) and `parallelism`
                   (how many sessions may run at once).
-    PairSession:  generate(arm, prompts, max_new_tokens) -> outputs   (untimed, for the gate)
+    PairSession:  generate(arm, prompts, max_new_tokens[, seeds]) -> outputs   (untimed, for the gate)
                   run_block(plan) -> BlockResult                      (timed by the session)
                   close()
 
@@ -28,7 +28,9 @@ from specpilot.errors import ConfigError
 
 
 class PairSession(Protocol):
-    def generate(self, arm: Arm, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> Outputs: ...
+    # `seeds` (one per prompt) is passed only under a sampled regime (`ControllerConfig.sampled`)
+    def generate(self, arm: Arm, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 seeds: Sequence[int] | None = None) -> Outputs: ...
 
     def run_block(self, plan: BlockPlan) -> BlockResult: ...
 

@@ -49,8 +49,8 @@ class PairActor:
         return self._call(lambda: setattr(self, "session", WorkerPair(
             incumbent, candidate, self.devices, config, placement, warmup)))
 
-    def generate(self, arm, prompts, max_new_tokens):
-        return self._call(lambda: self.session.generate(arm, prompts, max_new_tokens))
+    def generate(self, arm, prompts, max_new_tokens, seeds=None):
+        return self._call(lambda: self.session.generate(arm, prompts, max_new_tokens, seeds))
 
     def run_block(self, plan):
         return self._call(lambda: self.session.run_block(plan))
@@ -86,8 +86,9 @@ class RaySession:
         self._actor = actor
         self._ray = ray
 
-    def generate(self, arm, prompts, max_new_tokens):
-        return _unwrap(self._ray.get(self._actor.generate.remote(arm, [list(p) for p in prompts], max_new_tokens)))
+    def generate(self, arm, prompts, max_new_tokens, seeds=None):
+        return _unwrap(self._ray.get(self._actor.generate.remote(arm, [list(p) for p in prompts], max_new_tokens,
+                                                                 seeds)))
 
     def run_block(self, plan):
         return _unwrap(self._ray.get(self._actor.run_block.remote(plan)))
