@@ -348,7 +348,7 @@ def step_variants(model, prompt_len, new_tokens, bandwidth, reps=20, done=None, 
         row["own_floor_ms"] = row["streamed_bytes"] / (bandwidth * 1e12) * 1e3
         ws = next(reversed(gen.workspaces.values()))  # its rows are done: a step rewrites the same slot
         with torch.inference_mode():
-            row["step"] = piece(lambda: gen._round(ws, 0), reps)  # the generator's own step (compiled or not)
+            row["step"] = piece(lambda: gen.rounds.step(ws, 0), reps)  # the generator's own step (compiled or not)
         row["same_tokens_as_baseline"] = row["outputs"] == next(iter(out.values()), row)["outputs"]
         out[name] = row
         del gen

@@ -78,7 +78,7 @@ def count_round(deployment: str, system_spec: str, concurrency: int, expand: int
     ws = next(reversed(gen.workspaces.values()))
     counter = Counter()
     with torch.inference_mode(), counter:
-        gen._round(ws, sorted(gen.drafters)[0] if gen.drafters else 0)
+        gen.rounds.step(ws, gen.rounds.tiers[0])
     return counter.counts, system.name, dep.name
 
 

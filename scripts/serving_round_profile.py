@@ -1,10 +1,7 @@
 """Where a continuous-batching round's time goes, per system: serve one closed-loop unit (C slots,
 2 requests per slot, the deployment's prompt sets in turn) after a warm-up, then report batch rounds,
 milliseconds per round, the device's kernels per round and idle share, and the top operators of a
-profiled run (CUDA time on a GPU, CPU time else). `--compare` serves each system also with the
-round's glue as it was before 4ddf19c and fbb14ba (per-layer commit moves, log-softmax + torch.topk,
-ancestors by walking up, index constants made in every round), the two in turn, and prints old / new
-seconds per run.
+profiled run (CUDA time on a GPU, CPU time else).
 
 Usage: python scripts/serving_round_profile.py --deployment fixture-x16-batch --concurrency 8 \
            --system scripts/systems/eagle3-d5k4n7.toml --system scripts/systems/eagle3-segment-7.toml [--out DIR]
@@ -26,18 +23,8 @@ from specpilot.bench.prompts import prompt_ids  # noqa: E402
 from specpilot.bench.provenance import capture  # noqa: E402
 from specpilot.bench.serving import request_pool  # noqa: E402
 from specpilot.config import load_deployment, load_system  # noqa: E402
-from specpilot.engine import tree  # noqa: E402
-from specpilot.models import kv_cache  # noqa: E402
-from specpilot.engine.drafters import best_first  # noqa: E402
 from specpilot.engine.serving import Request, ServingEngine  # noqa: E402
 from specpilot.engine.session import Session  # noqa: E402
-from specpilot.kernels import topk  # noqa: E402
-
-
-def use_new_glue(new: bool) -> None:
-    """Switch the round glue changes of 4ddf19c and fbb14ba on (new) or off (old), for graphs
-    captured from now on."""
-    kv_cache.STACKED_MOVES = topk.ENABLED = tree.PATH_DOUBLING = best_first.CACHED_CONSTANTS = new
 
 
 def gpu_occupancy(prof, rounds: int) -> dict:
@@ -64,10 +51,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--runs", type=int, default=3, help="timed runs per variant")
-    ap.add_argument("--compare", action="store_true",
-                    help="also serve with the old glue (kv_cache.STACKED_MOVES, kernels.topk.ENABLED, "
-                    "tree.PATH_DOUBLING, best_first.CACHED_CONSTANTS off), in turn")
+    ap.add_argument("--runs", type=int, default=3, help="timed runs per system")
     a = ap.parse_args(argv)
     dep = load_deployment(a.deployment)
     session = Session.load(dep, a.device)
@@ -76,43 +60,30 @@ def main(argv=None) -> int:
     cuda = session.device.type == "cuda"
     report = {"deployment": dep.name, "concurrency": a.concurrency, "systems": [],
               "environment": capture(session.device, session.target.dtype)}
-    variants = ["old", "new"] if a.compare else ["new"]
     for spec in a.system or ["stock"]:
         system = load_system(spec, dep)
-        engines = {}
-        for v in variants:  # each captures its graphs with its own glue
-            use_new_glue(v == "new")
-            session.forget(system.fingerprint())
-            engine = ServingEngine(session.generator(system), a.concurrency)
-            engine.reserve(max(len(r.prompt) for r in requests), a.max_new_tokens)
-            engine.run([Request(r.prompt, 32) for r in requests[: a.concurrency]])  # warm-up, capture
-            engines[v] = engine
-        use_new_glue(True)
-        runs = {v: [] for v in variants}
-        for _ in range(a.runs):  # the variants in turn, so drift hits both
-            for v in variants:
-                res = engines[v].run(requests)
-                runs[v].append((res.seconds, res.rounds, sum(len(r.output) for r in res.requests), res.extra))
-        for v in variants:
-            acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-            with torch.profiler.profile(activities=acts) as prof:
-                engines[v].run(requests)
-            key = "cuda_time_total" if cuda else "cpu_time_total"
-            table = prof.key_averages().table(sort_by=key, row_limit=a.top)
-            best = min(runs[v])
-            row = {"system": system.name, "glue": v, "seconds": [r[0] for r in runs[v]], "rounds": best[1],
-                   "tokens": best[2], "ms_per_round": 1e3 * best[0] / max(best[1], 1), "extra": best[3]}
-            if cuda:
-                row["gpu"] = gpu_occupancy(prof, best[1])
-                table += "\n" + prof.key_averages().table(sort_by="count", row_limit=a.top)
-            report["systems"].append({**row, "profile": table})
-            print(json.dumps(row))
-            print(table)
-            sys.stdout.flush()
-        if a.compare:  # paired by run: old seconds / new seconds (same requests, same outputs)
-            ratios = sorted(p[0] / q[0] for p, q in zip(runs["old"], runs["new"]))
-            report.setdefault("new_over_old", {})[system.name] = ratios
-            print(json.dumps({"system": system.name, "new_speedup_per_run": ratios}))
+        engine = ServingEngine(session.generator(system), a.concurrency)
+        engine.reserve(max(len(r.prompt) for r in requests), a.max_new_tokens)
+        engine.run([Request(r.prompt, 32) for r in requests[: a.concurrency]])  # warm-up, capture
+        runs = []
+        for _ in range(a.runs):
+            res = engine.run(requests)
+            runs.append((res.seconds, res.rounds, sum(len(r.output) for r in res.requests), res.extra))
+        acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+        with torch.profiler.profile(activities=acts) as prof:
+            engine.run(requests)
+        key = "cuda_time_total" if cuda else "cpu_time_total"
+        table = prof.key_averages().table(sort_by=key, row_limit=a.top)
+        best = min(runs)
+        row = {"system": system.name, "seconds": [r[0] for r in runs], "rounds": best[1],
+               "tokens": best[2], "ms_per_round": 1e3 * best[0] / max(best[1], 1), "extra": best[3]}
+        if cuda:
+            row["gpu"] = gpu_occupancy(prof, best[1])
+            table += "\n" + prof.key_averages().table(sort_by="count", row_limit=a.top)
+        report["systems"].append({**row, "profile": table})
+        print(json.dumps(row))
+        print(table)
+        sys.stdout.flush()
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "serving_round_profile.json").write_text(json.dumps(report, indent=1))

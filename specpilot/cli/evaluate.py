@@ -53,14 +53,19 @@ CONFIG_HELP = {
     "settle_seconds": "at most this long warming a shared worker until its clocks settle",
     "settle_tolerance": "settled: the last 3 warm-up requests' per-token times within this of their median",
 }
+DERIVED = ("sampled",)  # set from the deployment (its regime samples), not a flag
+
+
 
 
 def add_config_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per ControllerConfig field."""
+    """One flag per ControllerConfig field (but the `DERIVED` ones)."""
     from specpilot.control.config import ControllerConfig
 
     g = p.add_argument_group("controller settings (ControllerConfig)")
     for f in fields(ControllerConfig):
+        if f.name in DERIVED:
+            continue
         flag = "--" + f.name.replace("_", "-")
         default = f.default
         shown = default.value if isinstance(default, enum.Enum) else default
@@ -79,7 +84,8 @@ def config_from_args(args, deployment: Deployment) -> ControllerConfig:
     from specpilot.control.config import ControllerConfig
     from specpilot.control.defaults import default_config
 
-    flags = {f.name: getattr(args, f.name) for f in fields(ControllerConfig) if getattr(args, f.name) is not None}
+    flags = {f.name: getattr(args, f.name) for f in fields(ControllerConfig)
+             if f.name not in DERIVED and getattr(args, f.name) is not None}
     return default_config(deployment, **flags)
 
 

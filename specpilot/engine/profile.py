@@ -285,8 +285,8 @@ def profile(gen: Generator, prompts: list[list[int]], max_new_tokens: int,
             t.ancestors()
             curve[n] = time_ms(lambda: tree_forward(gen.target, cache, t, prefix), device)
     tokens_per_round = result.num_tokens / max(sum(result.rounds), 1)
-    depth = getattr(drafter, "depth", 0)
-    dmodel = getattr(drafter, "model", None)
+    depth = drafter.depth if drafter is not None else 0
+    dmodel = drafter.model if drafter is not None else None
     c = gen.target.config
     expert_bytes, expert_params = expert_sizes(gen.target)
     # the routers on the decoded text, at the token counts of the curve's verify forwards

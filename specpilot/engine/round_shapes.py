@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specpilot.config import DRAFTER_MODELS, DrafterKind, System
-from specpilot.engine.generator import PREFILL_BUCKET
+from specpilot.engine.round import PREFILL_BUCKET
 from specpilot.kernels.shape_tuning import ProjectionShape
 
 MAX_ROWS = 257  # the most rows per batch row a verification runs (a 256-token tree and its root)

@@ -7,10 +7,11 @@ into one forward, `engine.packed_prefill`), retirement (a row that emitted
 EOS or reached its request's max_new leaves at the next sync with its output read back, and its
 slot takes the next request at once), per-request timing, and the loop with its one host sync.
 
-Reuses the generator's workspaces, CUDA graphs and round (`Generator._round`) as they are: a round
-decodes all B rows at their own positions and depths, since every per-row quantity (cache prefix,
-tree slots and mask, the draft model's catch-up window, DFlash's block and context) is indexed by
-row; nothing in a round knows about requests. B is fixed, so the round stays one captured graph.
+Reuses the generator's round with its workspaces and CUDA graphs (`round.Rounds`, through public
+names only) as they are: a round decodes all B rows at their own positions and depths, since every
+per-row quantity (cache prefix, tree slots and mask, the draft model's catch-up window, DFlash's
+block and context) is indexed by row; nothing in a round knows about requests. B is fixed, so the
+round stays one captured graph.
 
 Row life cycle. A row that no request decodes is `done`: the round still computes it (static
 shapes), `commit_tokens` leaves it alone, and what the round writes is never read:
@@ -47,14 +48,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specpilot.engine.generator import Generator, Workspace
+from specpilot.engine.generator import Generator
 from specpilot.engine.packed_prefill import PACK_ROWS, Chunk, PackingCache, packed_forward
 from specpilot.engine.packed_prefill import warm as warm_packed
+from specpilot.engine.round import TierPolicy, Workspace
 from specpilot.engine.row_sampling import Filters
 from specpilot.engine.sampling import SamplingParams
 from specpilot.engine.state import cut_output
 from specpilot.engine.steps import prefill_chunk
-from specpilot.engine.tree import DraftTree
 from specpilot.errors import ConfigError
 
 PREFILL_CHUNK = 512  # prompt tokens prefilled per host sync, over all admitted rows
@@ -163,6 +164,7 @@ class ServingEngine:
         if prefill_chunk < 1:
             raise ConfigError(f"prefill_chunk must be >= 1 (got {prefill_chunk})")
         self.generator = generator
+        self.rounds = generator.rounds  # the round every run runs
         self.slots = slots
         self.prefill_chunk = prefill_chunk
         # with the generator's segment_tokens: every prompt admitted while rows decode goes in by
@@ -171,79 +173,59 @@ class ServingEngine:
         self._envelope = (0, 1)  # (capacity, max_new) at least
 
     def reserve(self, prompt_len: int, max_new: int) -> None:
-        capacity = self.generator.capacity_for(prompt_len, max_new)
+        capacity = self.rounds.capacity_for(prompt_len, max_new)
         self._envelope = (max(self._envelope[0], capacity), max(self._envelope[1], max_new))
 
     # ---- setup -------------------------------------------------------------------------
     def _filters(self, requests: list[Request]) -> Filters | None:
         """The run's sampling stages; None when no request samples (the greedy rounds)."""
         params = [r.sampling or SamplingParams() for r in requests]
-        return self.generator._row_params_filters(params)
+        return self.rounds.filters(params)
 
     def _prepare(self, requests: list[Request], eos_ids: tuple[int, ...],
-                 filters: Filters | None = None) -> tuple[Workspace, list[int], int]:
-        gen = self.generator
+                 filters: Filters | None = None) -> tuple[Workspace, TierPolicy]:
+        rounds = self.rounds
         for r in requests:
             if not r.prompt:
                 raise ConfigError("every prompt needs at least one token")
             if r.max_new < 1:
                 raise ConfigError("max_new must be >= 1")
-        capacity = max([self._envelope[0]] + [gen.capacity_for(len(r.prompt), r.max_new) for r in requests])
+        capacity = max([self._envelope[0]] + [rounds.capacity_for(len(r.prompt), r.max_new) for r in requests])
         max_new = max([self._envelope[1]] + [r.max_new for r in requests])
-        ws = gen._workspace(self.slots, capacity, max_new)
-        tiers = sorted(gen.drafters) or [0]
-        tier = tiers[0] if len(tiers) == 1 else gen._initial_tier(tiers)
-        if gen.use_graphs:
-            for t in tiers:  # capture before the clock starts: every tier at every attention span
-                for span in self._spans(ws):
-                    key = gen._graph_key(t, span, filters)
-                    if key not in ws.graphs:
-                        ws.graphs[key] = gen._capture(ws, t, span, filters)
-        if not ws.prefill_warm:
-            gen._warm_prefill(ws, tier)
-            ws.prefill_warm = True
+        ws = rounds.workspace(self.slots, capacity, max_new)
+        # before the clock starts: every tier's graph at every attention span, the prefill shapes
+        policy = rounds.prepare(ws, self._spans(ws), filters)
         idle = [[0]] * self.slots
         ws.state.reset(idle, eos_ids, max_new=1)
         ws.state.done.fill_(True)
         if filters is not None:
             ws.rows().load([SamplingParams()] * self.slots)
-        if gen.speculative:
-            gen._start_drafter(tier, idle, ws.state)  # binds the draft state; rows fill on admission
+        if rounds.speculative:
+            rounds.start_drafter(policy.tier, idle, ws.state)  # binds the draft state; rows fill on admission
         if ws.packing is None and ws.cache.packable:  # packed prefill: its cache, every packed length run once
-            ws.packing = PackingCache(ws.cache, min(self.slots, PACK_ROWS), gen.prefill_bucket, gen.use_graphs)
+            ws.packing = PackingCache(ws.cache, min(self.slots, PACK_ROWS), rounds.prefill_bucket, rounds.use_graphs)
             limit = min(self.prefill_chunk, ws.cache.capacity)
-            warm_packed(gen.target, ws.cache, ws.packing, gen.prefill_bucket, limit, 0, gen.feature_layers)
-            if gen.speculative:
-                for d in self._row_drafters():
-                    d.warm_rows(limit)
-        return ws, tiers, tier
+            warm_packed(rounds.target, ws.cache, ws.packing, rounds.prefill_bucket, limit, 0, rounds.feature_layers)
+            if rounds.speculative:
+                rounds.row_drafter.warm_rows(limit)
+        return ws, policy
 
     def _spans(self, ws: Workspace) -> list[int | None]:
         """The attention spans a round may use: multiples of the generator's `attention_span`
         below the cache's capacity, and None (the whole cache)."""
-        step, cap = self.generator.attention_span, ws.cache.capacity
+        step, cap = self.rounds.attention_span, ws.cache.capacity
         return (list(range(step, cap, step)) if step else []) + [None]
 
     def _span(self, ws: Workspace, reach: list[int], rounds: int) -> int | None:
         """The smallest span that holds every slot any row can read or write in the next `rounds`
         rounds: each row's furthest known length (`reach`) plus, per round and once more for the
         last round's tree, the generator's slack (at least a round's growth and its nodes)."""
-        step = self.generator.attention_span
+        step = self.rounds.attention_span
         if not step:
             return None
-        need = max(reach) + (rounds + 1) * self.generator._slack()
+        need = max(reach) + (rounds + 1) * self.rounds.slack()
         span = -(-need // step) * step
         return span if span < ws.cache.capacity else None
-
-    def _row_drafters(self) -> list:
-        """One drafter per distinct per-row state: tiers of one draft model share a cache."""
-        seen, out = set(), []
-        for d in self.generator.drafters.values():
-            key = id(getattr(d, "cache", None) or d)
-            if key not in seen:
-                seen.add(key)
-                out.append(d)
-        return out
 
     # ---- admission ---------------------------------------------------------------------
     def _prefill(self, ws: Workspace, b: int, prompt: tuple[int, ...], start: int, n: int) -> None:
@@ -253,26 +235,25 @@ class ServingEngine:
     def _prefill_chunks(self, ws: Workspace, chunks: list[Chunk]) -> None:
         """One sync's prompt chunks into the target cache (packed, `PACK_ROWS` to a forward) and the
         drafters (a chunk without tokens only begins its row in the drafters, at start 0)."""
-        gen = self.generator
+        rounds = self.rounds
         full = [i for i, c in enumerate(chunks) if c.tokens]
         features: list = [None] * len(chunks)
         if not ws.cache.packable:  # recurrent layers: each chunk continues its own row's state
             for i in full:
                 c = chunks[i]
-                features[i] = prefill_chunk(gen.target, ws.cache.row(c.row), list(c.tokens), c.start,
-                                            gen.prefill_bucket, gen.feature_layers)
+                features[i] = prefill_chunk(rounds.target, ws.cache.row(c.row), list(c.tokens), c.start,
+                                            rounds.prefill_bucket, rounds.feature_layers)
             full = []
         for j in range(0, len(full), PACK_ROWS):
             group = full[j : j + PACK_ROWS]
-            out = packed_forward(gen.target, ws.cache, ws.packing, [chunks[i] for i in group], gen.prefill_bucket,
-                                 gen.feature_layers)
+            out = packed_forward(rounds.target, ws.cache, ws.packing, [chunks[i] for i in group],
+                                 rounds.prefill_bucket, rounds.feature_layers)
             if out is not None:
                 for i, f in zip(group, out):
                     features[i] = f
-        if gen.speculative:
+        if rounds.speculative:
             todo = [i for i, c in enumerate(chunks) if c.tokens or c.start == 0]
-            for d in self._row_drafters():
-                d.prefill_rows([chunks[i] for i in todo], ws.state, [features[i] for i in todo])
+            rounds.row_drafter.prefill_rows([chunks[i] for i in todo], ws.state, [features[i] for i in todo])
 
     def _advance_prefill(self, ws: Workspace, slots: list[_Slot | None], requests: list[Request]) -> list[int]:
         """Spend up to `prefill_chunk` prompt tokens on prefilling rows, oldest admission first, in
@@ -325,21 +306,20 @@ class ServingEngine:
             return self._run(requests, stop_at_eos)
 
     def _run(self, requests: list[Request], stop_at_eos: bool) -> ServingResult:
-        gen = self.generator
-        eos_ids = gen.eos_ids if stop_at_eos else ()
+        rounds = self.rounds
+        eos_ids = rounds.eos_ids if stop_at_eos else ()
         filters = self._filters(requests)
-        ws, tiers, tier = self._prepare(requests, eos_ids, filters)
+        ws, policy = self._prepare(requests, eos_ids, filters)
         st = ws.state
         B = self.slots
-        dev = gen.target.device
-        needs_host = gen.speculative and gen.drafters[tier].needs_host_tokens
-        sync_every = gen.sync_every
+        dev = rounds.target.device
+        needs_host = rounds.needs_host_tokens
+        sync_every = self.generator.sync_every
         host = [[0] for _ in range(B)] if needs_host else None
         queue = deque(sorted(range(len(requests)), key=lambda i: requests[i].arrival or 0.0))
         slots: list[_Slot | None] = [None] * B
         results: list[RequestResult | None] = [None] * len(requests)
-        recent: list[float] = []
-        rounds = 0
+        rounds_run = 0
         reach = [1] * B  # per slot, the furthest length the host knows its row has or will have
         spans: dict[str, int] = {}  # rounds per attention span ("all": the whole cache)
         retired = 0  # output tokens of the requests retired so far
@@ -362,8 +342,8 @@ class ServingEngine:
                         host[b] = list(requests[i].prompt)
                     n = len(requests[i].prompt)
                     reach[b] = n  # its prompt: by chunks before it decodes, or by segments inside rounds
-                    if by_segments(n, gen.segment_tokens, running) or (
-                            self.always_segments and gen.segment_tokens and running and n > 1):
+                    if by_segments(n, rounds.segment_tokens, running) or (
+                            self.always_segments and rounds.segment_tokens and running and n > 1):
                         self._admit_by_segments(ws, b, requests[i].prompt)
                         slots[b].decoding = slots[b].by_segment = True
             # an arrived request still waits after admission: every slot is taken
@@ -382,8 +362,8 @@ class ServingEngine:
                 key = str(span or "all")
                 spans[key] = spans.get(key, 0) + sync_every
                 for _ in range(sync_every):
-                    acc = self._round(ws, tier, host, span, filters)
-                    rounds += 1
+                    acc = rounds.round(ws, policy.tier, host, span, filters)
+                    rounds_run += 1
             # ---- the one host sync of the loop ----
             packed = [st.done.long(), st.seq_lens, st.rounds]
             if acc is not None:
@@ -398,9 +378,8 @@ class ServingEngine:
                 for b in decoding:
                     host[b].extend(int(fields[4 + j][b]) for j in range(counts[b] + 1))
             live = [b for b in decoding if lens[b] > len(requests[slots[b].index].prompt)]  # past their prompt
-            if acc is not None and len(tiers) > 1 and live:
-                recent.append(sum(fields[3][b] for b in live) / len(live))
-                tier = gen._next_tier(tiers, tier, recent)
+            if acc is not None and policy.adaptive and live:
+                policy.update(sum(fields[3][b] for b in live) / len(live))
             finished = [b for b in decoding if done[b]]
             for b in decoding:
                 if slots[b].first_token is None and lens[b] > len(requests[slots[b].index].prompt):
@@ -421,20 +400,8 @@ class ServingEngine:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         segments = sum(1 for r in results if r is not None and r.by_segment)
-        return ServingResult(results, time.perf_counter() - t0, rounds,
+        return ServingResult(results, time.perf_counter() - t0, rounds_run,
                              {"segment_admissions": segments, "attention_spans": spans}, sat_seconds, sat_tokens)
-
-    def _round(self, ws: Workspace, tier: int, host: list[list[int]] | None, span: int | None = None,
-               filters: Filters | None = None):
-        gen = self.generator
-        host_tree = None
-        if host is not None:
-            t = gen.drafters[tier].propose(ws.state, host)
-            host_tree = (t.tokens, t.parents)
-        if gen.use_graphs:
-            return gen._graphed_round(ws, tier, host_tree, span, filters)
-        tree = DraftTree(*host_tree, max_depth=gen.drafters[tier].depth) if host_tree else None
-        return gen._round(ws, tier, tree, span, filters)
 
     def _retire(self, ws: Workspace, rows: list[int], slots, requests, results, lens, row_rounds, eos_ids,
                 now: float) -> None:

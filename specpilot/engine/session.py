@@ -300,7 +300,7 @@ class Session:
                     f"has drafter = {self.deployment.drafter!r}, not an EAGLE-3 head directory"
                 )
             head = self._drafter_for(DrafterKind.EAGLE3, system)
-            for d in tiers:  # the tiers share one head cache (`Generator._start_drafter`)
+            for d in tiers:  # the tiers share one head cache (`Drafter.share_caches`)
                 drafters[d] = Eagle3Drafter(head, target, d, system.topk, system.tree_budget, system.shared_budget,
                                             system.row_depth_margin, system.draft_compile)
         elif system.drafter is DrafterKind.NGRAM:

@@ -26,9 +26,6 @@ from dataclasses import dataclass, field
 import torch
 
 
-PATH_DOUBLING = True  # ancestors by `ancestors_of` (False: `ancestors_walk`; measurements)
-
-
 @dataclass
 class DraftTree:
     tokens: torch.Tensor  # [B,N] int64, node 0 = root
@@ -62,8 +59,7 @@ class DraftTree:
     def ancestors(self) -> torch.Tensor:
         """[B,N,N] bool: ancestors[b,i,j] is True when j is i or an ancestor of i."""
         if self._ancestors is None:
-            build = ancestors_of if PATH_DOUBLING else ancestors_walk
-            self._ancestors = build(self.parents, self.max_depth)
+            self._ancestors = ancestors_of(self.parents, self.max_depth)
         return self._ancestors
 
     def depths(self) -> torch.Tensor:

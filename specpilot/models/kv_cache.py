@@ -19,9 +19,6 @@ import torch
 from specpilot.models.config import ModelConfig
 
 
-STACKED_MOVES = True  # move_slots over `stack` in one gather/scatter (False: per layer; measurements)
-
-
 @dataclass
 class KVCache:
     k: list[torch.Tensor]  # per layer [B, Hkv, S, D]
@@ -67,7 +64,7 @@ class KVCache:
         """
         B, J = src.shape
         rows = torch.arange(B, device=src.device)[:, None].expand(B, J)
-        if self.stack is not None and STACKED_MOVES:
+        if self.stack is not None:  # one gather/scatter over every layer
             s = self.stack  # [2,L,B,Hkv,S,D]
             s[:, :, rows, :, dst] = s[:, :, rows, :, src]  # gathered [B,J,2,L,Hkv,D], then scattered
             return

@@ -147,10 +147,10 @@ def test_bucketed_prompt_forwards_fill_the_head_as_unpadded_ones(target, heads, 
     for bucket in (0, 16):
         d = Eagle3Drafter(head, target, 4, 3, 12)
         gen = Generator(target, {4: d}, prefill_bucket=bucket)
-        assert d.prefill_bucket == bucket
-        ws = gen._workspace(len(few), gen.capacity_for(max(map(len, few)), 8), 8)
+        assert d.settings.prefill_bucket == bucket
+        ws = gen.rounds.workspace(len(few), gen.capacity_for(max(map(len, few)), 8), 8)
         ws.state.reset(few, (), max_new=8)
-        gen._start_drafter(4, few, ws.state, gen._prefill(ws, few))
+        gen.rounds.start_drafter(4, few, ws.state, gen.rounds.prefill(ws, few))
         L = [len(p) - 1 for p in few]  # filled slots per row
         states.append(([d.cache.kv.k[0][b, :, : L[b]].clone() for b in range(len(few))], d.cache.root_hidden.clone()))
         assert gen.generate(prompts, NEW_TOKENS).outputs == ar_outputs

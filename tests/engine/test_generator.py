@@ -88,17 +88,17 @@ def test_padded_prefill_changes_no_output(target, draft, make_prompts):
 
 def test_warm_prefill_runs_every_padded_shape_of_a_workspace(target, draft, monkeypatch):
     """What a new GPU workspace runs once after capture: each bucket up to the cache's room, target and drafter."""
-    from specpilot.engine import generator as gen_mod
+    from specpilot.engine import round as round_mod
 
     seen = []
-    real = gen_mod.prefill
-    monkeypatch.setattr(gen_mod, "prefill", lambda m, c, p, bucket=0: (seen.append((m is target, len(p[0]) - 1)),
+    real = round_mod.prefill
+    monkeypatch.setattr(round_mod, "prefill", lambda m, c, p, bucket=0: (seen.append((m is target, len(p[0]) - 1)),
                                                                         real(m, c, p, bucket=bucket)))
     drafter = DraftModelDrafter(draft, 3, 2, 6)
     g = Generator(target, {3: drafter}, prefill_bucket=16)
-    assert drafter.prefill_bucket == 16
-    ws = g._workspace(1, 96, 8)
-    g._warm_prefill(ws, 3)
-    room = 96 - g._slack() - 1
+    assert drafter.settings.prefill_bucket == 16
+    ws = g.rounds.workspace(1, 96, 8)
+    g.rounds.prepare(ws)
+    room = 96 - g.rounds.slack() - 1
     assert [T for is_target, T in seen if is_target] == list(range(16, room + 1, 16))
-    assert drafter.cache is drafter.caches[(1, 96)]
+    assert drafter.cache is drafter.caches.entries[(1, 96)]

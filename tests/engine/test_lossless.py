@@ -12,6 +12,7 @@ import torch
 from specpilot.engine.drafters.draft_model import DraftModelDrafter
 from specpilot.engine.drafters.ngram import NgramDrafter
 from specpilot.engine.generator import Generator
+from specpilot.engine.round import TierPolicy
 from specpilot.models.loading import load_model
 
 N_PROMPTS, NEW_TOKENS = 20, 128
@@ -119,8 +120,13 @@ def test_ngram_adaptive_depth_tiers_stay_exact(models, prompts, ar_outputs, monk
     target, _ = models
     tiers = {d: NgramDrafter(d, 2, 2 * d) for d in (2, 4, 8)}
     used = []
-    monkeypatch.setattr(Generator, "_next_tier",
-                        staticmethod(lambda order, tier, recent: used.append(tier) or order[order.index(tier) - 1]))
+
+    def update(policy, accepted):
+        used.append(policy.tier)
+        policy.tier = policy.tiers[policy.tiers.index(policy.tier) - 1]
+        return policy.tier
+
+    monkeypatch.setattr(TierPolicy, "update", update)
     result = Generator(target, tiers).generate(prompts, NEW_TOKENS)
     assert_identical(target, prompts, ar_outputs, result)
     assert set(used) == set(tiers)

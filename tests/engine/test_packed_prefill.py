@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specpilot.models.kv_cache import KVCache
+from specpilot.engine.drafters.base import DrafterSettings
 from specpilot.engine.packed_prefill import Chunk, PackingCache, packed_forward
 from specpilot.engine.steps import prefill_chunk
 from specpilot.models.loading import load_model
@@ -105,7 +106,7 @@ def test_eagle3_head_packed_equals_rowwise(target, bucket):
         for b, prompt in enumerate(p):
             state.load_row(b, prompt, 4)
         d = Eagle3Drafter(head, target, 3, 2, 4)
-        d.prefill_bucket = bucket
+        d.configure(DrafterSettings(prefill_bucket=bucket))
         d.start([[0]] * B, state)  # allocates the head's cache, fills nothing
         drafters.append((d, state))
     (rowwise, s0), (packed, s1) = drafters
@@ -223,13 +224,13 @@ def test_a_graphing_generator_has_the_draft_model_replay_its_packed_prefill(targ
     monkeypatch.setattr(packed_prefill, "GraphedCallable", ReplayOnCpu)
     draft = load_model(drafter_dir)
     gen = Generator(target, {3: DraftModelDrafter(draft, 3, 2, 6)}, prefill_bucket=16)
-    assert gen.drafters[3].prefill_graphs is False  # CPU: no graphs
+    assert gen.drafters[3].settings.prefill_graphs is False  # CPU: no graphs
     p = prompts()
     chunks = [Chunk(0, tuple(p[0][:20]), 0), Chunk(1, tuple(p[1]), 0), Chunk(2, tuple(p[2]), 0)]
     caches = []
     for graphed in (False, True):
         d = DraftModelDrafter(draft, 3, 2, 6)
-        d.prefill_bucket, d.prefill_graphs = 16, graphed
+        d.configure(DrafterSettings(prefill_bucket=16, prefill_graphs=graphed))
         state = DecodeState.allocate(B, CAP, 8, draft.device)
         d.start([[1, 2]] * B, state)
         d.prefill_rows(chunks, state)

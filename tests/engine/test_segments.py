@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from specpilot.config import DrafterKind, System
+from specpilot.engine.drafters.base import DrafterSettings
 from specpilot.engine.drafters.dflash import DFlashDrafter
 from specpilot.engine.drafters.draft_model import DraftModelDrafter
 from specpilot.engine.drafters.ngram import NgramDrafter
@@ -87,7 +88,7 @@ def test_a_shared_budget_keeps_a_segments_nodes_first(target, draft):
     torch.manual_seed(2)
     prompts = [torch.randint(1, 4096, (n,)).tolist() for n in (20, 7, 9, 12)]
     drafter = DraftModelDrafter(draft, 3, 3, 8, window=9, shared_budget=2)
-    drafter.segment_tokens = 6
+    drafter.configure(DrafterSettings(segment_tokens=6))
     state = DecodeState.allocate(4, 128, 8, "cpu")
     state.reset(prompts, (), 16)
     state.seq_lens[0] = 3  # row 0 in its prompt: 17 tokens to go, 6 per round
@@ -137,20 +138,20 @@ def test_drafter_caches_follow_the_prompt(target, draft, tmp_path, kind):
     other = torch.randint(1, 4096, (9,)).tolist()
     drafter = _drafters(kind, target, draft, tmp_path, window=9)
     gen = Generator(target, {drafter.depth: drafter}, segment_tokens=8)
-    ws = gen._workspace(2, gen.capacity_for(30, 16), 16)
+    ws = gen.rounds.workspace(2, gen.capacity_for(30, 16), 16)
     ws.state.reset([[prompt[0]], other], (), max_new=16)
-    gen._start_drafter(drafter.depth, [[prompt[0]], other], ws.state, gen._prefill(ws, [[prompt[0]], other]))
+    gen.rounds.start_drafter(drafter.depth, [[prompt[0]], other], ws.state, gen.rounds.prefill(ws, [[prompt[0]], other]))
     ws.state.tokens[0, :30] = torch.tensor(prompt)
     ws.state.prompt_lens[0] = 30  # row 0: admitted by segments, one token committed
     while int(ws.state.seq_lens[0]) <= 30:
-        gen._round(ws, drafter.depth)
-    gen._round(ws, drafter.depth)  # the draft model catches up at the start of a round
+        gen.rounds.step(ws, drafter.depth)
+    gen.rounds.step(ws, drafter.depth)  # the draft model catches up at the start of a round
     seg_k, seg_v = [[t[0, :, :29].clone() for t in kv] for kv in _draft_kv(drafter)]
 
     ref = Generator(target, {drafter.depth: drafter})
-    ws2 = ref._workspace(1, gen.capacity_for(30, 16) + 256, 16)
+    ws2 = ref.rounds.workspace(1, gen.capacity_for(30, 16) + 256, 16)
     ws2.state.reset([prompt], (), max_new=16)
-    ref._start_drafter(drafter.depth, [prompt], ws2.state, ref._prefill(ws2, [prompt]))
+    ref.rounds.start_drafter(drafter.depth, [prompt], ws2.state, ref.rounds.prefill(ws2, [prompt]))
     ref_k, ref_v = [[t[0, :, :29] for t in kv] for kv in _draft_kv(drafter)]
     for a, b in zip(seg_k + seg_v, ref_k + ref_v):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -187,8 +187,8 @@ def test_the_span_holds_every_row_for_the_rounds_until_the_next_sync(target):
     slack per round to come and one more; at or past the capacity, the whole cache."""
     gen = Generator(target, attention_span=64)
     engine = ServingEngine(gen, 3, prefill_chunk=16)
-    ws = gen._workspace(3, gen.capacity_for(60, 30), 30)
-    slack = gen._slack()
+    ws = gen.rounds.workspace(3, gen.capacity_for(60, 30), 30)
+    slack = gen.rounds.slack()
     assert ws.cache.capacity == 256 and engine._spans(ws) == [64, 128, 192, None]
     assert engine._span(ws, [1, 1, 1], 1) == 64
     for reach, rounds in (([61, 5, 1], 1), ([100, 3, 1], 4)):
@@ -209,7 +209,7 @@ def test_padded_packed_prefill_keeps_every_output(target, draft, requests, ar_ou
     else:
         d = Eagle3Drafter(random_eagle3(target.config, seed=3).eval().requires_grad_(False), target, 3, 2, 6)
     gen = Generator(target, {3: d}, prefill_bucket=16)
-    assert gen.prefill_bucket == 16 and d.prefill_bucket == 16
+    assert gen.prefill_bucket == 16 and d.settings.prefill_bucket == 16
     result = served(gen, requests, prefill_chunk=24)
     assert [r.output for r in result.requests] == ar_outputs
 

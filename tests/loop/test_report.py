@@ -141,6 +141,6 @@ def test_the_final_system_says_what_ran_on_the_cpu(target_dir):
     from specpilot.engine.steps import verify_step
 
     generator = session.generator(ngram)
-    assert not generator.use_graphs and generator._verify is verify_step  # eager, uncompiled
+    assert not generator.use_graphs and generator.rounds.steps.verify is verify_step  # eager, uncompiled
     projections = [m for name, m in session._target_for(ngram).named_modules() if name.endswith(("proj", "lm_head"))]
     assert projections and all(type(m) is torch.nn.Linear for m in projections)  # F.linear: torch's matmul

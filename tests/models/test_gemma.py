@@ -275,6 +275,7 @@ def test_a_draft_cache_of_two_shapes_prefills_rows_one_by_one(tmp_path):
     """A Gemma-4 draft model's cache holds K/V of two shapes, which no batch-1 packing cache lays
     out: `prefill_rows` runs each chunk on its row and writes what a whole-prompt prefill writes."""
     from specpilot.engine.drafters.draft_model import DraftModelDrafter
+    from specpilot.engine.drafters.base import DrafterSettings
     from specpilot.engine.packed_prefill import Chunk
     from specpilot.engine.state import DecodeState
 
@@ -283,7 +284,7 @@ def test_a_draft_cache_of_two_shapes_prefills_rows_one_by_one(tmp_path):
     p = [list(range(3, 30)), list(range(40, 52))]
     chunked, whole = DraftModelDrafter(model, 3, 1, 3), DraftModelDrafter(model, 3, 1, 3)
     state = DecodeState.allocate(2, 64, 8, model.device)
-    chunked.prefill_bucket = 16
+    chunked.configure(DrafterSettings(prefill_bucket=16))
     chunked.start([[1, 2]] * 2, state)
     chunked.warm_rows(32)  # nothing to warm without packing
     chunked.prefill_rows([Chunk(0, tuple(p[0][:20]), 0), Chunk(1, tuple(p[1]), 0)], state)

@@ -5,7 +5,6 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from specpilot.models import kv_cache
 from specpilot.models.kv_cache import KVCache
 from specpilot.models.config import ModelConfig
 
@@ -64,7 +63,8 @@ def index_puts(cache: KVCache) -> int:
     return sum(e.count for e in prof.key_averages() if e.key == "aten::index_put_")
 
 
-def test_a_commit_is_one_scatter_over_the_stack(monkeypatch):
-    assert index_puts(filled()) == 1
-    monkeypatch.setattr(kv_cache, "STACKED_MOVES", False)
-    assert index_puts(filled()) == 2 * CONFIG.num_layers
+def test_a_commit_is_one_scatter_over_the_stack():
+    cache = filled()
+    assert index_puts(cache) == 1
+    unstacked = KVCache(cache.k, cache.v)  # the same layers without their stack: one scatter each
+    assert index_puts(unstacked) == 2 * CONFIG.num_layers

@@ -1,4 +1,3 @@
-"""Drafters, one per file, behind `base.Drafter`; importing this package registers them."""
+"""Drafters, one per file, behind `base.Drafter`; `engine.session` builds them from a `System`."""
 
-from specpilot.engine.drafters import dflash, draft_model, eagle3, ngram  # noqa: F401
-from specpilot.engine.drafters.base import DRAFTERS, Drafter, register  # noqa: F401
+from specpilot.engine.drafters.base import Drafter, DrafterSettings  # noqa: F401

@@ -49,9 +49,6 @@ def num_candidates(depth: int, topk: int) -> int:
     return topk + (depth - 1) * topk * topk
 
 
-CACHED_CONSTANTS = True  # False: the constants are made in every expansion (measurements)
-
-
 @dataclass(frozen=True)
 class _Constants:
     """Index tensors an expansion of (topk, depth, capacity) uses every round: made once per device
@@ -100,8 +97,7 @@ def expand(
     tok = to_target(idx)
     cand_tokens, cand_scores = [tok], [score]
     # traced into the graph under torch.compile (`draft_compile`), where the cache would be ignored
-    cached = CACHED_CONSTANTS and not torch.compiler.is_compiling()
-    c = (_constants if cached else _constants.__wrapped__)(k, K, capacity, dev)
+    c = (_constants.__wrapped__ if torch.compiler.is_compiling() else _constants)(k, K, capacity, dev)
     cand_parent = [c.no_parent.expand(B, k)]
     frontier = c.first_ids.expand(B, k)  # candidate ids of the frontier
     f_tok, f_score = tok, score

@@ -37,7 +37,7 @@ import torch
 
 from specpilot.config import TreeConstruction
 from specpilot.engine.ddtree import build_tree, num_draft_nodes
-from specpilot.engine.drafters.base import Drafter, register
+from specpilot.engine.drafters.base import Drafter, WorkspaceCaches
 from specpilot.models.kv_cache import KVCache
 from specpilot.engine.packed_prefill import Chunk, to_device, with_features
 from specpilot.engine.selection import row_caps, share_rows
@@ -50,8 +50,9 @@ from specpilot.models.dflash import DFlashModel
 from specpilot.models.transformer import Transformer
 
 
-@register("dflash")
 class DFlashDrafter(Drafter):
+    name = "dflash"
+
     def __init__(self, model: DFlashModel, target: Transformer, block_size: int = 16, tree_budget: int = 32,
                  construction: TreeConstruction = TreeConstruction.BEST_FIRST, shared_budget: int = 0,
                  row_depth_margin: int = 0, compiled: bool = False):
@@ -74,27 +75,30 @@ class DFlashDrafter(Drafter):
         self.row_depth_margin = row_depth_margin  # 0 = every row drafts the whole block
         # ascending, the last is `depth`; on the device, as a graph capture cannot copy from the host
         self.tiers = torch.tensor(depth_tiers(block_size), device=target.device)
-        self.caches: dict[tuple[int, int], KVCache] = {}  # one per generator workspace, as draft_model
-        self.cache: KVCache | None = None
+        self.caches: WorkspaceCaches[KVCache] = WorkspaceCaches()  # per generator workspace
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
         return self.model.feature_layers
 
     @property
+    def cache(self) -> KVCache | None:
+        """The draft cache of the workspace in use."""
+        return self.caches.current
+
+    @property
     def num_nodes(self) -> int:
         return self._drafts + 1
 
-    def release(self, key: tuple[int, int]) -> None:
-        self.caches.pop(key, None)
+    def slack(self) -> int:
+        """The tree, or the block's slots P..P+block_size-1."""
+        return max(self.num_nodes, self.block_size)
 
     def start(self, prompts: list[list[int]], state: DecodeState, features: list[torch.Tensor] | None = None) -> None:
         """Allocate this workspace's draft cache and fill the prompts' context from `features`
         (per row [L-1, n*C], from the target's prefill; None when there is no prefill, e.g. capture)."""
         key = (state.batch, state.capacity)
-        if key not in self.caches:
-            self.caches[key] = KVCache.allocate(self.model.config, *key, self.model.device, self.model.dtype)
-        self.cache = self.caches[key]
+        self.caches.bind(key, lambda: KVCache.allocate(self.model.config, *key, self.model.device, self.model.dtype))
         if features is None:
             return
         for b, f in enumerate(features):
@@ -149,7 +153,7 @@ class DFlashDrafter(Drafter):
             beyond = torch.arange(1, self.depth + 1, device=cap.device)[None] > cap[:, None]  # [B,K]
             lp = lp.masked_fill(beyond[..., None], float("-inf"))
         return build_tree(self.construction, lp, state.roots(), self.budget, shared=self.shared,
-                          rows=share_rows(state, self.segment_tokens) if self.shared else None,
+                          rows=share_rows(state, self.settings.segment_tokens) if self.shared else None,
                           capped=bool(self.row_depth_margin))
 
     def depth_caps(self, state: DecodeState) -> torch.Tensor:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from specpilot.engine.drafters import best_first
-from specpilot.engine.drafters.base import Drafter, register
+from specpilot.engine.drafters.base import Drafter, WorkspaceCaches
 from specpilot.models.kv_cache import KVCache
 from specpilot.engine.packed_prefill import PACK_ROWS, Chunk, PackingCache, packed_forward, warm
 from specpilot.engine.selection import row_caps, share_rows
@@ -37,8 +37,9 @@ from specpilot.models import ops
 from specpilot.models.transformer import Transformer
 
 
-@register("model")
 class DraftModelDrafter(Drafter):
+    name = "model"
+
     def __init__(self, model: Transformer, depth: int, topk: int, tree_budget: int, window: int = 0,
                  shared_budget: int = 0, row_depth_margin: int = 0, compiled: bool = False):
         self.model = model
@@ -53,47 +54,50 @@ class DraftModelDrafter(Drafter):
         self.window = window or depth + 1
         if self.window < depth + 1:
             raise ValueError("window must cover depth + 1 tokens")
-        # one draft cache per (batch, capacity) workspace of the generator: a captured graph keeps
-        # pointing at the cache it was captured with, so caches are never reallocated in place
-        self.caches: dict[tuple[int, int], KVCache] = {}
+        # the draft model's cache per generator workspace (`base.WorkspaceCaches`)
+        self.caches: WorkspaceCaches[KVCache] = WorkspaceCaches()
         self.packings: dict[tuple[int, int], PackingCache] = {}  # per cache: packed prefill (`prefill_rows`)
-        self.cache: KVCache | None = None
-        self.prefill_bucket = 0  # set by the generator (see `steps.prefill`)
-        self.prefill_graphs = False  # set by the generator: packed prefill replays CUDA graphs (`packed_prefill`)
+
+    @property
+    def cache(self) -> KVCache | None:
+        """The draft cache of the workspace in use."""
+        return self.caches.current
 
     @property
     def num_nodes(self) -> int:
         return self.budget + 1
 
-    def start(self, prompts: list[list[int]], state: DecodeState) -> None:
+    def slack(self) -> int:
+        """The tree, or the tree region (M candidates from slot L) after a catch-up window of W."""
+        return max(self.num_nodes, self.num_candidates + self.window)
+
+    def start(self, prompts: list[list[int]], state: DecodeState, features=None) -> None:
         key = (state.batch, state.capacity)
-        if key not in self.caches:
-            self.caches[key] = self.model.new_cache(*key)  # the draft model's own layout
-        self.cache = self.caches[key]
-        prefill(self.model, self.cache, prompts, bucket=self.prefill_bucket)
+        cache = self.caches.bind(key, lambda: self.model.new_cache(*key))  # the draft model's own layout
+        prefill(self.model, cache, prompts, bucket=self.settings.prefill_bucket)
 
     def release(self, key: tuple[int, int]) -> None:
-        """Forget the cache of a workspace the generator dropped."""
-        self.caches.pop(key, None)
+        super().release(key)
         self.packings.pop(key, None)
 
     def _packing(self) -> PackingCache:
-        return PackingCache.of(self.packings, self.cache, self.prefill_bucket, self.prefill_graphs)
+        return PackingCache.of(self.packings, self.cache, self.settings.prefill_bucket, self.settings.prefill_graphs)
 
     def prefill_rows(self, chunks: list, state: DecodeState, features=None) -> None:
         """One sync's prompt chunks into the draft cache, packed `PACK_ROWS` to a forward."""
         full = [c for c in chunks if c.tokens]
         if not self.cache.packable:  # K/V of several shapes (`new_cache`): no batch-1 packing cache
             for c in full:
-                prefill_chunk(self.model, self.cache.row(c.row), list(c.tokens), c.start, self.prefill_bucket)
+                prefill_chunk(self.model, self.cache.row(c.row), list(c.tokens), c.start, self.settings.prefill_bucket)
             return
         packing = self._packing() if full else None
         for i in range(0, len(full), PACK_ROWS):
-            packed_forward(self.model, self.cache, packing, full[i : i + PACK_ROWS], self.prefill_bucket)
+            packed_forward(self.model, self.cache, packing, full[i : i + PACK_ROWS], self.settings.prefill_bucket)
 
     def warm_rows(self, limit: int) -> None:
-        if self.prefill_bucket > 0 and self.cache.packable:
-            warm(self.model, self.cache, self._packing(), self.prefill_bucket, limit)
+        bucket = self.settings.prefill_bucket
+        if bucket > 0 and self.cache.packable:
+            warm(self.model, self.cache, self._packing(), bucket, limit)
 
     def prefill_row(self, row: int, tokens: list[int], start: int, state: DecodeState, features=None) -> None:
         """One prompt chunk of the request entering `row` into the draft cache (as `start` does for
@@ -127,4 +131,4 @@ class DraftModelDrafter(Drafter):
         return best_first.expand(state.roots(), root_logits, step, self.depth, self.topk, self.budget,
                                  base=state.seq_lens, capacity=self.cache.capacity,
                                  depth_cap=caps, shared=self.shared,
-                                 rows=share_rows(state, self.segment_tokens) if self.shared else None)
+                                 rows=share_rows(state, self.settings.segment_tokens) if self.shared else None)

@@ -16,7 +16,7 @@ committed tokens (root at L - 1) slots 0..L-2 are filled and the output at slot 
    before anything sees them (the engine's stale-slot rule), as are the tree region's.
 The prompt's slots are filled in `start` (and, under continuous batching, `prefill_row`) from the
 features captured during the target's prefill, in forwards padded to a multiple of
-`prefill_bucket` positions as the target's are (the generator sets it: a bounded set of shapes, so
+`settings.prefill_bucket` positions as the target's are (`DrafterSettings`: a bounded set of shapes, so
 an attention backend that plans per shape, cuDNN's, plans each once, not each prompt length); the
 padding's entries land at slots >= the root's and are overwritten before anything sees them.
 Every shape is fixed by (batch, capacity, depth, topk, budget): the round is graph-capturable with
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from specpilot.engine.drafters import best_first
-from specpilot.engine.drafters.base import Drafter, register
+from specpilot.engine.drafters.base import Drafter, WorkspaceCaches
 from specpilot.models.kv_cache import KVCache
 from specpilot.engine.packed_prefill import PACK_ROWS, Chunk, PackingCache, pack, padded_lengths, with_features
 from specpilot.engine.selection import row_caps, share_rows
@@ -60,8 +60,9 @@ class Eagle3Cache:
     root_hidden: torch.Tensor  # [B,C] the head's output at each row's root slot (L - 2)
 
 
-@register("eagle3")
 class Eagle3Drafter(Drafter):
+    name = "eagle3"
+
     def __init__(self, model: Eagle3Model, target: Transformer, depth: int, topk: int, tree_budget: int,
                  shared_budget: int = 0, row_depth_margin: int = 0, compiled: bool = False):
         if min(depth, topk, tree_budget) < 1:
@@ -77,10 +78,8 @@ class Eagle3Drafter(Drafter):
         self.window = depth + 1  # slots a catch-up writes (the generator sizes its slack with this)
         self.embed = model.embed_tokens if model.embed_tokens is not None else target.embed_tokens
         self.token_ids = model.token_ids()  # [Vd] target id per draft id, None if the same vocabulary
-        self.caches: dict[tuple[int, int], Eagle3Cache] = {}  # per workspace, shared by depth tiers
+        self.caches: WorkspaceCaches[Eagle3Cache] = WorkspaceCaches()  # per workspace, shared by depth tiers
         self.packings: dict[tuple[int, int], PackingCache] = {}  # per workspace: packed prompt forwards
-        self.cache: Eagle3Cache | None = None
-        self.prefill_bucket = 0  # prompt forwards padded to a multiple of this (set by the generator)
         # a proposal (expansion and selection) compiled whole with static shapes, or eager
         self._propose = ops.compiled_static(self._proposal, target.device) if compiled else self._proposal
 
@@ -89,11 +88,20 @@ class Eagle3Drafter(Drafter):
         return self.model.feature_layers
 
     @property
+    def cache(self) -> Eagle3Cache | None:
+        """The head state of the workspace in use."""
+        return self.caches.current
+
+    @property
     def num_nodes(self) -> int:
         return self.budget + 1
 
+    def slack(self) -> int:
+        """The tree, or the tree region (M candidates) after the catch-up's `window` slots."""
+        return max(self.num_nodes, self.num_candidates + self.window)
+
     def release(self, key: tuple[int, int]) -> None:
-        self.caches.pop(key, None)
+        super().release(key)
         self.packings.pop(key, None)
 
     def start(self, prompts: list[list[int]], state: DecodeState, features: list[torch.Tensor] | None = None) -> None:
@@ -101,10 +109,8 @@ class Eagle3Drafter(Drafter):
         [len - 1, n*C], from the target's prefill; None when there is no prefill, e.g. capture)."""
         key = (state.batch, state.capacity)
         m = self.model
-        if key not in self.caches:
-            kv = KVCache.allocate(m.config, *key, m.device, m.dtype)
-            self.caches[key] = Eagle3Cache(kv, torch.zeros(state.batch, m.config.hidden_size, device=m.device, dtype=m.dtype))
-        self.cache = self.caches[key]
+        self.caches.bind(key, lambda: Eagle3Cache(KVCache.allocate(m.config, *key, m.device, m.dtype), torch.zeros(
+            state.batch, m.config.hidden_size, device=m.device, dtype=m.dtype)))
         if features is None:
             return
         self.cache.root_hidden.zero_()  # a one-token prompt has no slot: its first round drafts from zeros
@@ -139,7 +145,7 @@ class Eagle3Drafter(Drafter):
         """Head slots of (chunk, features [T,nC]) pairs in one forward, each slot paired with the
         prompt token after it (from `state.tokens`; zeros without a state: warm-up)."""
         m, kv, packing = self.model, self.cache.kv, self._packing()
-        p = pack(kv, packing, [c for c, _ in group], self.prefill_bucket)
+        p = pack(kv, packing, [c for c, _ in group], self.settings.prefill_bucket)
         S = p.tokens.shape[1]
         nxt = state.tokens[p.rows, p.row_slots + 1] if state is not None else p.tokens[0, : p.n]  # [n]
         tokens = torch.cat([nxt, nxt.new_zeros(S - p.n)])[None]  # [1,S]
@@ -151,12 +157,12 @@ class Eagle3Drafter(Drafter):
             self.cache.root_hidden[c.row] = out[0, o + f.shape[0] - 1]
 
     def _packing(self) -> PackingCache:
-        return PackingCache.of(self.packings, self.cache.kv, self.prefill_bucket)
+        return PackingCache.of(self.packings, self.cache.kv, self.settings.prefill_bucket)
 
     def warm_rows(self, limit: int) -> None:
         """Every packed length up to `limit` once (row 0, free before admission), as the target's."""
         width = len(self.feature_layers) * self.target.config.hidden_size
-        for S in padded_lengths(self.prefill_bucket, limit, self.cache.kv.capacity):
+        for S in padded_lengths(self.settings.prefill_bucket, limit, self.cache.kv.capacity):
             f = torch.zeros(S, width, device=self.target.device, dtype=self.target.dtype)
             self._packed_prompt_forward([(Chunk(0, (0,) * S, 0), f)], None)
 
@@ -164,7 +170,7 @@ class Eagle3Drafter(Drafter):
         """Slots start..start+T-1 of a one-row head cache from features [T,nC] and next tokens [T],
         padded to the bucket; the output [C] at the last real slot."""
         m, T = self.model, features.shape[0]
-        Tp = padded_length(T, start, row.capacity, self.prefill_bucket)
+        Tp = padded_length(T, start, row.capacity, self.settings.prefill_bucket)
         if Tp > T:
             features = torch.cat([features, features.new_zeros(Tp - T, features.shape[1])])
             nxt = torch.cat([nxt, nxt.new_zeros(Tp - T)])
@@ -200,7 +206,7 @@ class Eagle3Drafter(Drafter):
                                  base=state.cache_prefix(), capacity=self.cache.kv.capacity,
                                  carry=root[:, None].expand(B, k, -1), token_ids=self.token_ids,
                                  depth_cap=caps, shared=self.shared,
-                                 rows=share_rows(state, self.segment_tokens) if self.shared else None)
+                                 rows=share_rows(state, self.settings.segment_tokens) if self.shared else None)
 
     def _step(self, tokens, carry, positions, slots, mask):
         """One frontier level: (logits [B,k,Vd], the nodes' output hidden states [B,k,C])."""

@@ -8,17 +8,17 @@ earlier matches merged into a trie. Unused nodes up to the fixed budget are padd
 the root token hung under the root: they are verified like any node, so padding cannot make the
 output wrong, only waste verification width.
 
-The rows' indexes are this drafter's cache (`cache`, one list per generator workspace in `caches`,
-as the draft model keeps its KV caches): an index does not depend on the depth, so the drafters of
-adaptive depth tiers share it as those of a draft model share theirs (`Generator._start_drafter`,
-`ServingEngine._row_drafters`). Whichever tier proposes extends it with the tokens committed since.
+The rows' indexes are this drafter's per-workspace state (`base.WorkspaceCaches`, as the draft
+model keeps its KV caches): an index does not depend on the depth, so the drafters of adaptive
+depth tiers share it as those of a draft model share theirs (`Drafter.share_caches`). Whichever
+tier proposes extends it with the tokens committed since.
 """
 
 from __future__ import annotations
 
 import torch
 
-from specpilot.engine.drafters.base import Drafter, register
+from specpilot.engine.drafters.base import Drafter, WorkspaceCaches
 from specpilot.engine.state import DecodeState
 from specpilot.engine.tree import DraftTree
 
@@ -83,16 +83,20 @@ def build_trie(root: int, branches: list[list[int]], budget: int) -> tuple[list[
     return tokens, parents
 
 
-@register("ngram")
 class NgramDrafter(Drafter):
+    name = "ngram"
     needs_host_tokens = True
 
     def __init__(self, depth: int, topk: int, tree_budget: int, ngram_min: int = 1, ngram_max: int = 4):
         self.depth, self.topk = depth, topk
         self.budget = min(tree_budget, depth * topk)
         self.n_min, self.n_max = ngram_min, ngram_max
-        self.caches: dict[tuple[int, int], list[NgramIndex]] = {}  # per (batch, capacity) workspace
-        self.cache: list[NgramIndex] | None = None  # the rows' indexes, shared by the depth tiers
+        self.caches: WorkspaceCaches[list[NgramIndex]] = WorkspaceCaches()  # the rows' indexes per workspace
+
+    @property
+    def cache(self) -> list[NgramIndex] | None:
+        """The rows' indexes of the current batch."""
+        return self.caches.current
 
     @property
     def num_nodes(self) -> int:
@@ -103,17 +107,13 @@ class NgramDrafter(Drafter):
         """The rows' indexes of the current batch (empty before `start`)."""
         return self.cache if self.cache is not None else []
 
-    def start(self, prompts: list[list[int]], state: DecodeState) -> None:
-        self.cache = []
+    def start(self, prompts: list[list[int]], state: DecodeState, features=None) -> None:
+        indexes = self.caches.bind((state.batch, state.capacity), list)
+        indexes.clear()  # a new batch: every row's index from its prompt
         for p in prompts:
             idx = NgramIndex(self.n_min, self.n_max)
             idx.extend(p)
-            self.cache.append(idx)
-        self.caches[(state.batch, state.capacity)] = self.cache
-
-    def release(self, key: tuple[int, int]) -> None:
-        """Forget the indexes of a workspace the generator dropped."""
-        self.caches.pop(key, None)
+            indexes.append(idx)
 
     def prefill_row(self, row: int, tokens: list[int], start: int, state: DecodeState, features=None) -> None:
         """A new request in `row`: an empty index, filled from the host tokens on the next `propose`."""

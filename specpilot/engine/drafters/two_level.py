@@ -26,15 +26,10 @@ from __future__ import annotations
 
 import torch
 
-from specpilot.engine.drafters.base import Drafter, register
+from specpilot.engine.drafters.base import Drafter, DrafterSettings
 from specpilot.engine.drafters.draft_model import DraftModelDrafter
 from specpilot.engine.state import DecodeState
 from specpilot.engine.tree import DraftTree
-
-
-def drafter_depth(d: Drafter) -> int:
-    """The deepest path a drafter's tree can hold (a DFlash block: block_size - 1)."""
-    return getattr(d, "depth", 0) or getattr(d, "block_size", 1) - 1
 
 
 def union(first: DraftTree, chain: DraftTree) -> DraftTree:
@@ -49,15 +44,16 @@ def union(first: DraftTree, chain: DraftTree) -> DraftTree:
     return DraftTree(tokens, parents, max(first.max_depth, chain.max_depth), valid, num_valid)
 
 
-@register("tlv")
 class TwoLevelDrafter(Drafter):
+    name = "tlv"
+
     def __init__(self, inner: Drafter | None, view, chain: int):
         if chain < 1:
             raise ValueError(f"a two-level chain needs >= 1 token (got {chain})")
         if inner is not None and inner.needs_host_tokens:
             raise ValueError(f"two-level verification drafts on the device; drafter {inner.name!r} needs host tokens")
         self.inner, self.chain = inner, chain
-        deepest = max(chain, drafter_depth(inner) if inner is not None else 0)
+        deepest = max(chain, inner.depth if inner is not None else 0)
         self.view = DraftModelDrafter(view, chain, 1, chain, window=deepest + 1)
         self.depth = deepest
         self.feature_layers = inner.feature_layers if inner is not None else ()
@@ -66,38 +62,31 @@ class TwoLevelDrafter(Drafter):
     def parts(self) -> list[Drafter]:
         return [self.view] if self.inner is None else [self.inner, self.view]
 
-    # the generator's settings reach both parts
-    def __setattr__(self, name, value):
-        if name in ("prefill_bucket", "prefill_graphs", "segment_tokens") and "view" in self.__dict__:
-            for d in self.parts:
-                setattr(d, name, value)
-        object.__setattr__(self, name, value)
-
     @property
     def num_nodes(self) -> int:
         return (self.inner.num_nodes if self.inner is not None else 1) + self.chain
 
-    @property
-    def num_candidates(self) -> int:
-        """With `window` 0: the most slots past the committed length either part's proposal writes
-        in its own cache (the generator sizes the cache's slack from it)."""
-        return max(getattr(d, "num_candidates", 0) + getattr(d, "window", 0) for d in self.parts)
+    def slack(self) -> int:
+        """The union tree, or the most slots either part's round writes in its own cache."""
+        return max(self.num_nodes, *(d.slack() for d in self.parts))
 
-    window = 0
+    def configure(self, settings: DrafterSettings) -> None:
+        super().configure(settings)
+        for d in self.parts:
+            d.configure(settings)
 
-    @property
-    def block_size(self) -> int:
-        return getattr(self.inner, "block_size", 0)
-
-    def start(self, prompts: list[list[int]], state: DecodeState, features=None) -> None:
-        if self.inner is not None:
-            self.inner.start(prompts, state, features) if self.feature_layers else self.inner.start(prompts, state)
-        self.view.start(prompts, state)
+    def share_caches(self, other: "TwoLevelDrafter") -> None:
+        for mine, theirs in zip(self.parts, other.parts):
+            mine.share_caches(theirs)
 
     def release(self, key: tuple[int, int]) -> None:
         for d in self.parts:
-            if hasattr(d, "release"):
-                d.release(key)
+            d.release(key)
+
+    def start(self, prompts: list[list[int]], state: DecodeState, features=None) -> None:
+        if self.inner is not None:
+            self.inner.start(prompts, state, features)
+        self.view.start(prompts, state)
 
     def prefill_rows(self, chunks: list, state: DecodeState, features: list | None = None) -> None:
         if self.inner is not None:
