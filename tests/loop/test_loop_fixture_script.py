@@ -37,7 +37,7 @@ def test_controller_fields_reach_the_plan(tmp_path):
     assert "1 candidates per round" in ok.stdout and "30 noise blocks" in ok.stdout
     no_final = run("--dry-run", "--out", str(tmp_path / "o"), "--no-final", home=tmp_path)
     assert no_final.returncode == 0 and "no final measurement" in no_final.stdout
-    assert "final: 4 prompts/set" in ok.stdout
+    assert "final: 5 prompts/set" in ok.stdout
     bad = run("--dry-run", "--out", str(tmp_path / "o"), "--controller", "no_such_field=1", home=tmp_path)
     assert bad.returncode == 2 and "no_such_field" in bad.stderr
 
