@@ -466,8 +466,8 @@ def segment_admission(regime, inc: System) -> dict:
     cost table times static batches, so it can price a drafter switch slower than serving with
     segment admission runs it (`scripts/switch_estimates.py` prices the switch, `specpilot bench
     --regime serving` serves it)."""
-    if regime.batch < 2 or not regime.continuous or inc.segment_tokens:
-        return {}
+    if regime.batch < 2 or not regime.continuous or inc.segment_tokens or regime.sampled:
+        return {}  # sampled rounds do not carry prompt segments (`engine.round.Rounds.filters` refuses them)
     return {"segment_tokens": max(8, inc.tree_budget)}
 
 

@@ -329,6 +329,8 @@ def test_under_continuous_batching_a_drafter_switch_with_segment_admission_is_ex
                for p in served)  # the plain switch stays, in gap order
     static = explored(Regime(batch=8))
     assert not any(p.candidate.system.segment_tokens for p in static)
+    sampled = explored(Regime(batch=8, continuous=True, temperature=0.7))  # sampled rounds carry no segments
+    assert sampled and not any(p.candidate.system.segment_tokens for p in sampled)
     segmented = stock.with_changes(segment_tokens=7)
     out = KnobAgent().propose(context(table, Incumbent(Candidate(segmented)),
                                       deployment=replace(dep, regime=Regime(batch=8, continuous=True)), limit=40))
