@@ -52,6 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, help="DFlash: positions per drafted block (root included)")
     p.add_argument("--tree-construction", choices=[c.value for c in TreeConstruction],
                    help="DFlash: chain, best_first (DDTree) or spine_first tree")
+    p.add_argument("--tlv-chain", type=int, help="two-level verification: an FP8 view of the target drafts this "
+                   "many tokens beside the drafter's tree, verified in the same forward (0: off)")
     p.add_argument("--prompt", action="append", required=True, help="prompt text (repeat for a batch)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
@@ -150,7 +152,7 @@ def system_from_args(args, dep: Deployment) -> System:
         # an EAGLE-3 head drafts the stock best-first tree (SGLang's EAGLE defaults)
         changes["drafter"] = DrafterKind.EAGLE3
     for flag, knob in (("depth", "depth"), ("topk", "topk"), ("tree_budget", "tree_budget"),
-                       ("block_size", "block_size")):
+                       ("block_size", "block_size"), ("tlv_chain", "tlv_chain")):
         if getattr(args, flag, None) is not None:
             changes[knob] = getattr(args, flag)
     if getattr(args, "tree_construction", None):

@@ -102,3 +102,18 @@ def test_the_knob_checks():
         System(drafter=DrafterKind.NGRAM, tlv_chain=2)
     with pytest.raises(ConfigError, match="no adaptive_depth tiers"):
         System(tlv_chain=2, adaptive_depth=(2, 4))
+
+
+def test_generate_takes_tlv_chain(capsys, target_dir, drafter_dir):
+    import json
+
+    from specpilot.cli import main
+
+    code = main(["generate", "--target", str(target_dir), "--drafter", str(drafter_dir), "--prompt", "def f(x):",
+                 "--max-new-tokens", "16", "--tlv-chain", "2", "--json", "--compare-ar"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["knobs"]["tlv_chain"] == 2 and report["identical_to_ar"]
+    assert main(["generate", "--target", str(target_dir), "--drafter", "ngram", "--prompt", "x", "--tlv-chain", "2"]) == 2
+    assert capsys.readouterr().err.count("error:") == 1
