@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One GPU call (<= ~9.5 min: 90 + 170 + 130 + 80 + 90 s at most) for the Gemma/MoE, FP8 and TLV paths, each part under its own timeout
+# One GPU call (<= ~9.5 min: 120 + 170 + 130 + 80 + 90 s at most) for the Gemma/MoE, FP8 and TLV paths, each part under its own timeout
 # so one failure or overrun costs only that part; everything lands under $OUT:
-#   gpu_tests.txt   the CUDA tests of the new families (Gemma ring cache, MoE grouped GEMMs, graphs)
+#   gpu_tests.log   CUDA tests: the new families (Gemma ring cache, MoE grouped GEMMs), TLV and sampled
+#                   rounds in graphs, the FP8 kernel against its reference on the device
 #   fp8/            scripts/fp8_kernels.py (FP8 kernels vs byte floor, _scaled_mm, BF16; FP8 vs BF16 AR)
 #   tlv_b1/         specpilot bench on fixture-x16: AR, stock, stock + TLV chains of 2 and 4
 #   sampling/       scripts/sampling_speed.py on fixture-x16-eagle3 (T 0.7, top-p 0.95, greedy beside it)
@@ -17,11 +18,12 @@ run() {  # name timeout command...
   echo "$name rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUT/times.txt"
 }
 export PYTHONUNBUFFERED=1
-run gpu_tests 90 python -m pytest -q -m gpu tests/gpu/test_families_cuda.py -p no:cacheprovider
+run gpu_tests 120 python -m pytest -q tests/gpu/test_families_cuda.py tests/gpu/test_new_paths_cuda.py \
+  tests/kernels/test_fp8_gemm.py tests/kernels/test_fp8_dispatch.py -p no:cacheprovider
 run fp8 170 python scripts/fp8_kernels.py --out "$OUT/fp8" --commit "$C" --rounds 1
 run tlv_b1 130 python -m specpilot bench --deployment fixture-x16 --system stock --system scripts/systems/tlv-2.toml \
   --system scripts/systems/tlv-4.toml --n-prompts 5 --max-new-tokens 192 --out "$OUT/tlv_b1" --no-progress
 run sampling 80 python scripts/sampling_speed.py --deployment fixture-x16-eagle3 --n-prompts 1 --max-new-tokens 256 \
   --out "$OUT/sampling"
-run families 90 python scripts/families_checks.py --out "$OUT/families" --commit "$C"
+run families 60 python scripts/families_checks.py --out "$OUT/families" --commit "$C"
 rm -f "$OUT"/*/*.png
