@@ -253,7 +253,7 @@ class Session:
             self._drafter_models[key] = with_attention(with_draft_kernels(model, system), system)
         return self._drafter_models[key]
 
-    def _view_for(self, system: System):
+    def view_for(self, system: System):
         """The target's 8-bit view (`models.view`) with the system's attention, built once."""
         from specpilot.models.view import fp8_view
 
@@ -308,7 +308,7 @@ class Session:
                 drafters[d] = NgramDrafter(d, system.topk, system.tree_budget, system.ngram_min, system.ngram_max)
         if system.tlv_chain:  # one tier (`System` checks): its tree plus the view's chain
             (tier, inner), = drafters.items()
-            drafters = {tier: TwoLevelDrafter(inner, self._view_for(system), system.tlv_chain)}
+            drafters = {tier: TwoLevelDrafter(inner, self.view_for(system), system.tlv_chain)}
         return Generator(
             target,
             drafters,

@@ -165,6 +165,9 @@ class CostTable:
     # the same measurements in full (`loop.measure.switch_measurements`): drafter kind ->
     # {"ms_per_token", "round_ms", "tokens_per_round", "accept_at_depth"}; {} in older tables
     switch_rounds: dict[str, dict] = field(default_factory=dict)
+    # share of positions of the profiled text where the target's 8-bit view (`models.view`) picks the
+    # target's greedy token: what a two-level chain accepts per step (None: not measured)
+    view_agreement: float | None = None
 
     # ---- measured ----------------------------------------------------------------------------
     @property
@@ -284,6 +287,30 @@ class CostTable:
         verify = self.verify_ms * f.verify_floor_ms / self.verify_floor
         return (self.draft_ms + verify + self.overhead_ms) / self.tokens_per_round
 
+    def predict_tlv_ms_per_token(self, chain: int) -> float:
+        """Estimated ms/token of the measured system with two-level verification (`tlv_chain` =
+        `chain`): the view's chain of `chain` greedy drafts beside the tree, verified in the same
+        forward. Acceptance: a chain token at depth d survives with probability a^d (a =
+        `view_agreement`), independently of the tree's P(>= d) (`accept_at_depth`), so the
+        union reaches depth d with 1 - (1 - P_tree(>= d)) (1 - a^d); calibrated to the measured
+        tokens per round. Cost: `chain` view forwards, each the target's one-token forward scaled by
+        the view's bytes over the target's (one byte per touched weight instead of the measured
+        format's), plus the verify forward over `chain` more nodes. NaN without a measured
+        agreement or a tree."""
+        p, a = self.profile, self.view_agreement
+        if a is None or self.shape is None or not p.accept_at_depth:
+            return math.nan
+        tree = list(p.accept_at_depth)
+        depth = max(len(tree), chain)
+        tree += [0.0] * (depth - len(tree))
+        union = [1 - (1 - t) * (1 - (a ** d if d <= chain else 0.0)) for d, t in enumerate(tree, start=1)]
+        tokens = self.tokens_per_round * (1 + sum(union)) / (1 + sum(tree))
+        one = self.verify_ms_at(1)
+        view_ms = one * (p.target_params + p.kv_bytes_read(p.context)) / (p.target_bytes + p.kv_bytes_read(p.context))
+        nodes = p.tree_nodes
+        round_ms = self.round_ms + chain * view_ms + self.verify_ms_at(nodes + chain) - self.verify_ms_at(nodes)
+        return round_ms / tokens
+
     def switched(self, kind: str) -> CostTable | None:
         """The cost table of this system with drafter `kind` switched in, from its measured rounds
         at this tree shape: the target's verify and the overhead as measured here, the new
@@ -340,6 +367,7 @@ class CostTable:
             "ar_ms_per_token": self.ar_ms_per_token,
             "switch_ms_per_token": dict(self.switch_ms_per_token),
             "switch_rounds": dict(self.switch_rounds),
+            "view_agreement": self.view_agreement,
             "gaps": [g.to_dict() for g in self.gaps],
             "format_floors": [f.to_dict() for f in self.format_floors],
             "profile": _profile_dict(self.profile),
@@ -353,7 +381,8 @@ class CostTable:
                    TreeShape(**d["ceiling_shape"]) if d["ceiling_shape"] else None,
                    tuple(Gap.from_dict(g) for g in d["gaps"]), d.get("ar_ms_per_token"),
                    tuple(FormatFloor.from_dict(f) for f in d.get("format_floors", ())),
-                   dict(d.get("switch_ms_per_token") or {}), dict(d.get("switch_rounds") or {}))
+                   dict(d.get("switch_ms_per_token") or {}), dict(d.get("switch_rounds") or {}),
+                   d.get("view_agreement"))
 
     def render(self) -> str:
         ceiling = self.ceiling_shape.label() if self.ceiling_shape else "AR decoding"
@@ -407,12 +436,13 @@ def tree_shapes(max_depth: int = MAX_DEPTH):
 def analyze(p: StepProfile, shape: TreeShape | None = None, system: str = "", draft_kv_bytes_per_token: int = 0,
             max_depth: int = MAX_DEPTH, ar_ms_per_token: float | None = None,
             switch_ms_per_token: dict[str, float] | None = None, drafter: str = "",
-            switch_rounds: dict[str, dict] | None = None) -> CostTable:
+            switch_rounds: dict[str, dict] | None = None, view_agreement: float | None = None) -> CostTable:
     """The cost table of one measured system; `shape` is its tree (None: inferred, AR if no acceptance);
     `ar_ms_per_token`, when measured, is what plain AR decoding costs on the same prompts, and
     `switch_ms_per_token` what the system costs with each other loaded drafter switched in;
     `drafter` (a `DrafterKind` value) picks the acceptance model's rank decay; `switch_rounds` holds
-    the switched-in measurements in full (`CostTable.switched`)."""
+    the switched-in measurements in full (`CostTable.switched`); `view_agreement` prices two-level
+    verification (`CostTable.predict_tlv_ms_per_token`)."""
     if shape is None and p.accept_at_depth and p.tree_nodes > 1:
         depth = len(p.accept_at_depth)
         shape = TreeShape(depth, max(1, -(-(p.tree_nodes - 1) // depth)), p.tree_nodes - 1)
@@ -440,7 +470,8 @@ def analyze(p: StepProfile, shape: TreeShape | None = None, system: str = "", dr
         gaps.append(Gap(GapKind.ACCEPTANCE, at_floor_now, best, max(at_floor_now - best, 0.0), estimated=True))
     gaps.sort(key=lambda g: g.saving_ms_per_token, reverse=True)
     return CostTable(system, p, shape, acceptance, draft_kv_bytes_per_token, best, best_shape, tuple(gaps),
-                     ar_ms_per_token, tuple(formats), dict(switch_ms_per_token or {}), dict(switch_rounds or {}))
+                     ar_ms_per_token, tuple(formats), dict(switch_ms_per_token or {}), dict(switch_rounds or {}),
+                     view_agreement)
 
 
 def _ceiling(table: CostTable, shape: TreeShape | None, at_floor_now: float, max_depth: int,

@@ -16,8 +16,11 @@ estimate for switching drafting off), and so is the system with each other draft
 loads switched in (`DRAFTER_SWITCHES`: the draft model, EAGLE-3, DFlash), so the knob agent ranks
 a drafter switch by its measured time rather than exploring it blind.
 
+On a GPU it also measures how often the target's 8-bit view agrees with it (`view_agreement`),
+which prices two-level verification.
+
 Owns: `measure`, `measure_in_worktree`, `shape_run`, pooling, `ar_ms_per_token`,
-`switch_measurements`. Does not own profiling (engine) or the cost model's arithmetic (`cost_model.py`).
+`switch_measurements`, `view_agreement`. Does not own profiling (engine) or the cost model's arithmetic (`cost_model.py`).
 """
 
 from __future__ import annotations
@@ -67,11 +70,35 @@ def measure(session, system: System, batches: list[list[list[int]]], max_new_tok
     kv = kv_bytes_per_token(drafter) if drafter is not None else 0
     ar_ms = ar_ms_per_token(session, system, batches, max_new_tokens) if system.speculative else p.ms_per_token
     switches = switch_measurements(session, system, batches, max_new_tokens) if system.speculative else {}
+    agreement = view_agreement(session, system, gen, batches[0], max_new_tokens)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return analyze(p, shape_run(gen, system), system.name, kv, ar_ms_per_token=ar_ms,
                    switch_ms_per_token={k: m["ms_per_token"] for k, m in switches.items()},
-                   drafter=system.drafter.value, switch_rounds=switches)
+                   drafter=system.drafter.value, switch_rounds=switches, view_agreement=agreement)
+
+
+def view_agreement(session, system: System, gen, prompts: list[list[int]], max_new_tokens: int) -> float | None:
+    """On a GPU, for a system two-level verification applies to (`config.TLV_DRAFTERS`) and a
+    target that has an 8-bit view (`models.view`: not recurrent, not FP8): the share of positions
+    of the system's own text (prompts and their outputs) where the view's greedy token is the
+    target's. None elsewhere (a CPU runs the view's reference path, slower than the target)."""
+    import torch
+
+    from specpilot.config import TLV_DRAFTERS
+    from specpilot.errors import ConfigError
+    from specpilot.models.view import agreement
+
+    if gen.target.device.type != "cuda" or system.drafter not in TLV_DRAFTERS or system.adaptive_depth:
+        return None
+    try:
+        view = session.view_for(system)
+    except ConfigError:  # a recurrent or an FP8 target: no view
+        return None
+    outputs = gen.generate(prompts, max_new_tokens).outputs
+    rows = [p + o for p, o in zip(prompts, outputs)]
+    T = min(len(r) for r in rows)
+    return agreement(view, session.target, torch.tensor([r[:T] for r in rows], device=gen.target.device))
 
 
 def ar_ms_per_token(session, system: System, batches: list[list[list[int]]], max_new_tokens: int) -> float:

@@ -151,3 +151,29 @@ def test_a_switched_drafter_gets_a_table_of_its_own_from_its_measured_rounds():
     assert wrong_depth.switched("eagle3") is None
     again = CostTable.from_dict(json.loads(json.dumps(t.to_dict())))
     assert again.switch_rounds == t.switch_rounds and again.switched("eagle3").to_dict() == s.to_dict()
+
+
+def test_two_level_verification_is_priced_from_the_views_agreement():
+    """Union acceptance 1 - (1 - P_tree(>=d)) (1 - a^d), calibrated to the measured tokens per round;
+    cost: `chain` view forwards (the one-node forward at the view's bytes) and `chain` more nodes."""
+    import math
+    from dataclasses import replace
+
+    from loop_fixtures import cost_table
+
+    table = cost_table()
+    assert math.isnan(table.predict_tlv_ms_per_token(2))  # no agreement measured
+    p = table.profile
+    tree = list(p.accept_at_depth)
+    for a, chain in ((0.9, 2), (0.6, 4)):
+        t = replace(table, view_agreement=a)
+        union = [1 - (1 - x) * (1 - (a ** d if d <= chain else 0.0)) for d, x in enumerate(tree, 1)]
+        tokens = p.tokens_per_round * (1 + sum(union)) / (1 + sum(tree))
+        kv = p.kv_bytes_read(p.context)
+        view = t.verify_ms_at(1) * (p.target_params + kv) / (p.target_bytes + kv)
+        round_ms = p.round_ms + chain * view + t.verify_ms_at(p.tree_nodes + chain) - t.verify_ms_at(p.tree_nodes)
+        assert t.predict_tlv_ms_per_token(chain) == pytest.approx(round_ms / tokens)
+    assert CostTable.from_dict(replace(table, view_agreement=0.9).to_dict()).view_agreement == 0.9
+    # a view that never agrees adds cost and no tokens; one that always does pays for itself here
+    assert replace(table, view_agreement=0.0).predict_tlv_ms_per_token(2) > table.ms_per_token
+    assert replace(table, view_agreement=1.0).predict_tlv_ms_per_token(4) < table.ms_per_token

@@ -369,7 +369,7 @@ class KnobAgent(Proposer):
                 moves.append((GapKind.VERIFY_KERNELS, {"w12": True}, "W12 weights: 25% fewer bytes per forward"))
             if inc.kernel is Kernel.TRITON and not inc.kernel_lm_head:
                 moves.append((GapKind.VERIFY_KERNELS, {"kernel_lm_head": True}, "the lm_head through the same kernels"))
-            moves += tlv_moves(ctx.cost.profile, inc)
+            moves += tlv_moves(ctx.cost, inc)
         rank = {kind: i for i, kind in enumerate(ctx.gaps)}
         moves.sort(key=lambda m: rank.get(m[0], len(rank)))
         out = [self._proposal(ctx, changes, gap, why) for gap, changes, why in first + moves]
@@ -396,19 +396,28 @@ class KnobAgent(Proposer):
 TLV_CHAINS = (2, 4)  # two-level chains explored
 
 
-def tlv_moves(p, inc: System) -> list[tuple[GapKind, dict, str]]:
+def tlv_moves(cost, inc: System) -> list[tuple[GapKind, dict, str]]:
     """Two-level verification (`engine.drafters.two_level`) on a GPU: an FP8 view of the target
     drafts a chain beside the incumbent's tree. Not for recurrent targets (the view cannot catch up
-    on a recurrent state) nor FP8 ones (a view would read as many bytes), nor with depth tiers."""
+    on a recurrent state) nor FP8 ones (a view would read as many bytes), nor with depth tiers.
+    Where the view's agreement was measured (`CostTable.view_agreement`), only the chains the cost
+    model prices faster than the measurement (`predict_tlv_ms_per_token`), with that price."""
+    p = cost.profile
     if (inc.tlv_chain or inc.drafter not in TLV_DRAFTERS or inc.adaptive_depth or p.state_bytes_per_row
             or p.target_bytes < 1.5 * p.target_params):
         return []
-    step_ms = p.target_bytes / 2 / (p.bandwidth_gbps * 1e6)  # a view forward at the copy rate: half the bytes
-    return [(GapKind.ACCEPTANCE, {"tlv_chain": c},
-             f"two-level verification: an FP8 view of the target drafts a greedy chain of {c} beside the tree, "
-             f"checked in the same verify forward (~{c} x {step_ms:.2f} ms of view forwards per round at the "
-             f"byte floor, against a {p.round_ms:.2f} ms round accepting {p.tokens_per_round:.2f} tokens)")
-            for c in TLV_CHAINS]
+    out = []
+    for c in TLV_CHAINS:
+        why = (f"two-level verification: an FP8 view of the target drafts a greedy chain of {c} beside the tree, "
+               "checked in the same verify forward")
+        predicted = cost.predict_tlv_ms_per_token(c)
+        if cost.view_agreement is None or math.isnan(predicted):
+            out.append((GapKind.ACCEPTANCE, {"tlv_chain": c}, why))
+        elif predicted < cost.ms_per_token:
+            out.append((GapKind.ACCEPTANCE, {"tlv_chain": c},
+                        f"{why}; the view agrees with the target on {cost.view_agreement:.0%} of tokens: priced "
+                        f"{predicted:.3f} ms/token against {cost.ms_per_token:.3f} measured"))
+    return out
 
 
 def launch_bundle(inc: System, launch: list[tuple[GapKind, dict, str]]) -> list[tuple[GapKind, dict, str]]:

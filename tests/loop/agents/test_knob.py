@@ -513,3 +513,17 @@ def test_on_gpu_two_level_verification_is_explored_where_a_view_can_draft():
     assert tlv(KnobAgent().propose(context(cost=hybrid, limit=80))) == []
     on = Incumbent(Candidate(STOCK.with_changes(name="t", tlv_chain=2)), 1, 0.1)
     assert tlv(KnobAgent().propose(context(incumbent=on, limit=80)), on.candidate) == []
+
+
+def test_two_level_chains_are_proposed_only_where_priced_faster_once_the_agreement_is_measured():
+    from dataclasses import replace
+
+    def tlv(cost):
+        return [p for p in KnobAgent().propose(context(cost=cost, limit=80))
+                if set(p.candidate.changes_from(Candidate(STOCK))) == {"tlv_chain"}]
+
+    weak = cost_table(accept_at_depth=(0.4, 0.15, 0.05, 0.01, 0.0), tokens_per_round=1.6)  # a poor drafter
+    agreeing = tlv(replace(weak, view_agreement=0.98))
+    assert agreeing and all("priced" in p.rationale for p in agreeing)
+    assert tlv(replace(weak, view_agreement=0.0)) == []
+    assert tlv(replace(cost_table(), view_agreement=0.98)) == []  # stock's drafter: the view costs more than it adds
