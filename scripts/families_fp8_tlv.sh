@@ -8,11 +8,14 @@
 #   sampling/       scripts/sampling_speed.py on fixture-x16-eagle3 (T 0.7, top-p 0.95, greedy beside it)
 #   families/       scripts/families_checks.py (AR vs byte floor and verify curves, random weights)
 #   times.txt       seconds per part
-#     bash scripts/families_fp8_tlv.sh COMMIT
+#     bash scripts/families_fp8_tlv.sh COMMIT [PART ...]   (PARTS: gpu_tests fp8 tlv_b1 sampling families; default all)
 set -u
 C=${1:-unknown}
+shift || true
+PARTS=" ${*:-gpu_tests fp8 tlv_b1 sampling families} "
 run() {  # name timeout command...
   local name=$1 limit=$2; shift 2
+  [[ "$PARTS" == *" $name "* ]] || return 0
   local t0=$(date +%s)
   timeout --signal=INT --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "$name rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUT/times.txt"
