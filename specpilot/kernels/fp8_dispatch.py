@@ -3,7 +3,9 @@
 Owns `FP8Kernel` (the names), `FP8Backend` (the interface: `why_not` says whether it can run for
 these operands, `run` computes y [M, N]), the registry, `resolve` (`auto` -> the Triton
 weight-only kernel on CUDA, the reference elsewhere: on CPU the reference stays the default, and
-the kernels run there only when named, under TRITON_INTERPRET=1), and `specpilot::fp8_linear`,
+the kernels run there only when named, under TRITON_INTERPRET=1; should the Triton kernel raise
+on a device, outside a graph capture, `auto` warns once and takes the reference for the rest of
+the process, while a kernel named explicitly raises), and `specpilot::fp8_linear`,
 the custom op that keeps torch.compile out of the kernels' launch code (as `op.py` does for W12).
 
 Backends:
@@ -73,20 +75,37 @@ def backend(kernel: FP8Kernel) -> FP8Backend:
     return _REGISTRY[kernel]
 
 
+# why `auto` stopped taking the Triton kernel in this process (its first run raised), or None
+_AUTO_FALLBACK: str | None = None
+
+
 def resolve(kernel: FP8Kernel, x: torch.Tensor) -> FP8Kernel:
-    """`auto` -> `triton` for CUDA activations (Triton installed), else `reference`; others as named."""
+    """`auto` -> `triton` for CUDA activations (Triton installed, and its first run in this process
+    did not fail), else `reference`; others as named."""
     if kernel is not FP8Kernel.AUTO:
         return kernel
     from specpilot.kernels.dispatch import triton_installed
 
-    return FP8Kernel.TRITON if x.is_cuda and triton_installed() else FP8Kernel.REFERENCE
+    ok = x.is_cuda and triton_installed() and _AUTO_FALLBACK is None
+    return FP8Kernel.TRITON if ok else FP8Kernel.REFERENCE
+
+
+def _auto_fails(error: Exception) -> None:
+    """`auto`'s Triton run raised (a compiler or driver the kernel does not support): warn once and
+    take the reference rule from now on in this process (a named `triton` kernel still raises)."""
+    global _AUTO_FALLBACK
+    import warnings
+
+    _AUTO_FALLBACK = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    warnings.warn(f"FP8 kernel 'auto': the Triton kernel failed ({_AUTO_FALLBACK}); FP8 projections take the "
+                  "reference rule (dequantize, then F.linear) in this process", RuntimeWarning, stacklevel=3)
 
 
 def linear(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, block_k: int,
            kernel: FP8Kernel = FP8Kernel.AUTO) -> torch.Tensor:
     """x [..., K] @ W.T -> [..., N] in x's dtype by `kernel` (resolved); ValueError naming the
     kernel and the reason where it cannot run for these operands."""
-    kernel = resolve(kernel, x)
+    asked, kernel = kernel, resolve(kernel, x)
     N, K = data.shape
     if torch.compiler.is_compiling() and kernel is not FP8Kernel.REFERENCE:
         return torch.ops.specpilot.fp8_linear(x, data, scale, block_k, kernel.value)
@@ -97,7 +116,15 @@ def linear(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, block_k: in
     reason = chosen.why_not(x2d, data, scale, block_k)
     if reason is not None:
         raise ValueError(f"FP8 kernel {kernel.value!r} cannot run here: {reason}")
-    return chosen.run(x2d, data, scale, block_k).reshape(*x.shape[:-1], N)
+    try:
+        y = chosen.run(x2d, data, scale, block_k)
+    except Exception as e:  # noqa: BLE001 -- only `auto` falls back, and only outside a graph capture
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        if asked is not FP8Kernel.AUTO or kernel is FP8Kernel.REFERENCE or capturing:
+            raise
+        _auto_fails(e)
+        y = backend(FP8Kernel.REFERENCE).run(x2d, data, scale, block_k)
+    return y.reshape(*x.shape[:-1], N)
 
 
 @torch.library.custom_op("specpilot::fp8_linear", mutates_args=())

@@ -84,3 +84,30 @@ def test_a_converted_checkpoint_decodes_the_same_tokens_with_the_kernel(tmp_path
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
     assert (got - ref).abs().max() <= 1e-4 * ref.abs().max()
     assert not torch.equal(got, ref)  # a different summation: the kernel did run
+
+
+def test_auto_falls_back_to_the_reference_once_when_the_kernel_fails(monkeypatch):
+    """A Triton run that raises (a compiler the kernel does not support) under `auto`: one warning,
+    the reference's result, and the reference from then on; a named kernel still raises."""
+    from dataclasses import replace
+
+    from specpilot.kernels import fp8_dispatch as d
+
+    def broken(*args):
+        raise RuntimeError("no e4m3 on this device\nmore")
+
+    monkeypatch.setattr(d, "_AUTO_FALLBACK", None)
+    monkeypatch.setattr(d, "resolve", lambda k, x: d.FP8Kernel.TRITON if d._AUTO_FALLBACK is None and k is d.FP8Kernel.AUTO
+                        else (d.FP8Kernel.REFERENCE if k is d.FP8Kernel.AUTO else k))
+    triton = d.backend(d.FP8Kernel.TRITON)
+    monkeypatch.setitem(d._REGISTRY, d.FP8Kernel.TRITON, replace(triton, why_not=lambda *a: None, run=broken))
+    data = (torch.randn(8, 16) * 50).clamp(-448, 448).to(torch.float8_e4m3fn)
+    scale = torch.rand(8, 1) + 0.1
+    x = torch.randn(3, 16)
+    want = d.linear(x, data, scale, 16, d.FP8Kernel.REFERENCE)
+    with pytest.warns(RuntimeWarning, match="no e4m3 on this device"):
+        assert torch.equal(d.linear(x, data, scale, 16, d.FP8Kernel.AUTO), want)
+    assert d._AUTO_FALLBACK.startswith("RuntimeError: no e4m3 on this device")
+    assert torch.equal(d.linear(x, data, scale, 16, d.FP8Kernel.AUTO), want)  # no second warning needed
+    with pytest.raises(RuntimeError, match="no e4m3"):
+        d.linear(x, data, scale, 16, d.FP8Kernel.TRITON)
