@@ -34,7 +34,6 @@ import argparse
 import copy
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -47,6 +46,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specpilot.engine.profile import bandwidth_gbps  # noqa: E402
 
 MS = (1, 4, 16, 32, 64, 128)
 SMOKE_MS = (1, 5, 17)
@@ -77,27 +78,6 @@ SMOKE_SHAPES = (Projection("smoke", "a", 72, 256), Projection("smoke", "b", 48, 
 
 
 # -- measuring --------------------------------------------------------------------------------
-def copy_bandwidth(device, smoke: bool) -> float:
-    """Bytes per µs of a large device copy (read + write), median of 10."""
-    n = 2**22 if smoke else 2**30
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(12):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        else:
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            times.append((time.perf_counter() - t0) * 1e6)
-    return 2 * n / statistics.median(times[2:])
-
-
 def time_arms(arms: dict[str, list], rounds: int, smoke: bool) -> tuple[dict[str, float], dict[str, list[float]]]:
     """(fastest µs per call of each arm, every round's): CUDA-graph replays in rotated order, or on
     CPU each call timed alone."""
@@ -358,7 +338,7 @@ def main(argv=None) -> int:
 
     try:
         doc["environment"] = capture(device, torch.bfloat16)
-        bandwidth = copy_bandwidth(device, args.smoke)
+        bandwidth = bandwidth_gbps(device, 4 if args.smoke else 1024) * 1e3  # bytes per µs (read + write)
         doc["copy_bandwidth_GBps"] = bandwidth / 1e3
     except Exception:
         doc["errors"]["setup"] = traceback.format_exc()

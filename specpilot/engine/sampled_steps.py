@@ -36,10 +36,9 @@ from specpilot.engine.faults import Fault, FaultKind, apply_logit_bias
 from specpilot.engine.row_sampling import Filters, RowSampling, process_rows
 from specpilot.engine.sampling import sample_from
 from specpilot.engine.state import DecodeState, commit_tokens
-from specpilot.engine.steps import tree_forward
+from specpilot.engine.steps import ar_logits, packed_logits, tree_forward
 from specpilot.engine.tree import DraftTree
 from specpilot.engine.verify import Acceptance, commit
-from specpilot.models.recurrence import Recurrence
 from specpilot.models.transformer import Transformer
 
 
@@ -72,34 +71,25 @@ def emitted_count(state: DecodeState) -> torch.Tensor:
 
 def sampled_ar_step(model: Transformer, cache, state: DecodeState, rows: RowSampling, filters: Filters,
                     fault: Fault | None = None) -> None:
-    """Sampled AR round: process each row's root, draw its next token from p, commit it."""
-    prefix = state.cache_prefix()  # [B]
-    root = state.roots()[:, None]  # [B,1]
-    pos = prefix[:, None]
-    s = torch.arange(cache.capacity, device=prefix.device)
-    mask = (s[None, :] <= prefix[:, None])[:, None, None, :]  # [B,1,1,S]
-    keep = torch.where(state.done, -1, 0)  # [B] a done row's state stays
-    logits = model(root, pos, cache, pos, mask, recurrence=Recurrence.chunk(keep))  # [B,1,V]
-    logits = apply_logit_bias(fault, logits, pos + 1 - state.prompt_lens[:, None])
-    probs = target_probs(logits, rows, filters, fault)[:, 0]  # [B,V]
+    """Sampled AR round: process each row's root (`steps.ar_logits`), draw its next token from p,
+    commit it."""
+    probs = target_probs(ar_logits(model, cache, state, fault), rows, filters, fault)[:, 0]  # [B,V]
     u = counter_uniforms(rows.seed, emitted_count(state), 1)[:, 0]  # [B]
     nxt = sample_from(probs, u)  # [B]
-    commit_tokens(state, nxt[:, None], torch.ones_like(prefix))
+    commit_tokens(state, nxt[:, None], torch.ones_like(state.seq_lens))
 
 
 def _tree_logits(model: Transformer, cache, tree: DraftTree, prefix: torch.Tensor, generated_index: torch.Tensor,
                  fault: Fault | None, capture: tuple[int, ...]):
     """The target's logits [B,N,V] at every node (a shared-budget tree: its valid nodes projected
-    alone, the others zero and never tested), and the features [B,N,nC] with `capture`."""
+    alone, `steps.packed_logits`, the others zero and never tested), and the features [B,N,nC]
+    with `capture`."""
     B, N = tree.tokens.shape
     if not tree.num_valid:
         out = tree_forward(model, cache, tree, prefix, capture)
         logits, features = out if capture else (out, None)
         return apply_logit_bias(fault, logits, generated_index), features
-    pack = torch.sort(tree.valid.reshape(-1).to(torch.int32), descending=True, stable=True).indices[: tree.num_valid]
-    out = tree_forward(model, cache, tree, prefix, capture, pack=pack)  # [1,M,V] (, [B,N,nC])
-    packed, features = out if capture else (out, None)
-    packed = apply_logit_bias(fault, packed, generated_index.reshape(-1)[pack][None])
+    packed, features, pack = packed_logits(model, cache, tree, prefix, generated_index, fault, capture)
     full = torch.zeros(B * N, packed.shape[-1], device=packed.device, dtype=packed.dtype)
     return full.index_copy_(0, pack, packed[0]).view(B, N, -1), features
 

@@ -120,24 +120,32 @@ def tree_forward(model: Transformer, cache, tree: DraftTree, prefix: torch.Tenso
     )
 
 
-def packed_argmax(model: Transformer, cache, tree: DraftTree, prefix: torch.Tensor,
+def packed_logits(model: Transformer, cache, tree: DraftTree, prefix: torch.Tensor,
                   generated_index: torch.Tensor, fault: Fault | None, capture: tuple[int, ...] = ()):
-    """The target's argmax [B,N] at a shared-budget tree's valid nodes (-1 elsewhere), from one
-    forward whose projections run on the `tree.num_valid` valid nodes only; with `capture`, also
-    the features [B,N,nC] of those nodes (zeros elsewhere), else None."""
-    B, N = tree.tokens.shape
+    """One forward of a shared-budget tree whose projections run on its `tree.num_valid` valid
+    nodes only: (logits [1,M,V] of those nodes, fault applied; features [B,N,nC] with `capture`,
+    else None; `pack` [M], their flat indices into B*N)."""
     # the valid nodes' flat indices, in order: a static count, so no host sync and one graph
     pack = torch.sort(tree.valid.reshape(-1).to(torch.int32), descending=True, stable=True).indices[: tree.num_valid]
     out = tree_forward(model, cache, tree, prefix, capture, pack=pack)  # [1,M,V] (, [B,N,nC])
     logits, features = out if capture else (out, None)
-    logits = apply_logit_bias(fault, logits, generated_index.reshape(-1)[pack][None])
+    return apply_logit_bias(fault, logits, generated_index.reshape(-1)[pack][None]), features, pack
+
+
+def packed_argmax(model: Transformer, cache, tree: DraftTree, prefix: torch.Tensor,
+                  generated_index: torch.Tensor, fault: Fault | None, capture: tuple[int, ...] = ()):
+    """The target's argmax [B,N] at a shared-budget tree's valid nodes (-1 elsewhere), from
+    `packed_logits`; with `capture`, also the features [B,N,nC] of those nodes (zeros elsewhere),
+    else None."""
+    B, N = tree.tokens.shape
+    logits, features, pack = packed_logits(model, cache, tree, prefix, generated_index, fault, capture)
     argmax = torch.full((B * N,), -1, dtype=torch.int64, device=pack.device)
     return argmax.index_copy_(0, pack, logits[0].argmax(-1)).view(B, N), features
 
 
-def ar_step(model: Transformer, cache, state: DecodeState, fault: Fault | None = None) -> None:
-    """Greedy AR round: process each row's root, commit its argmax (and, in a recurrent layer, its
-    state: active rows only)."""
+def ar_logits(model: Transformer, cache, state: DecodeState, fault: Fault | None = None) -> torch.Tensor:
+    """The AR round's forward: each row's root at its slot, the target's logits [B,1,V] (fault
+    applied); a recurrent layer commits its state for active rows only."""
     prefix = state.cache_prefix()  # [B]
     root = state.roots()[:, None]  # [B,1]
     pos = prefix[:, None]
@@ -145,9 +153,14 @@ def ar_step(model: Transformer, cache, state: DecodeState, fault: Fault | None =
     mask = (s[None, :] <= prefix[:, None])[:, None, None, :]  # [B,1,1,S]
     keep = torch.where(state.done, -1, 0)  # [B] a done row's state stays
     logits = model(root, pos, cache, pos, mask, recurrence=Recurrence.chunk(keep))  # [B,1,V]
-    logits = apply_logit_bias(fault, logits, pos + 1 - state.prompt_lens[:, None])
-    nxt = logits.argmax(-1)  # [B,1]
-    commit_tokens(state, nxt, torch.ones_like(prefix))
+    return apply_logit_bias(fault, logits, pos + 1 - state.prompt_lens[:, None])
+
+
+def ar_step(model: Transformer, cache, state: DecodeState, fault: Fault | None = None) -> None:
+    """Greedy AR round: process each row's root, commit its argmax (and, in a recurrent layer, its
+    state: active rows only)."""
+    nxt = ar_logits(model, cache, state, fault).argmax(-1)  # [B,1]
+    commit_tokens(state, nxt, torch.ones_like(state.seq_lens))
 
 
 def verify_step(

@@ -63,14 +63,17 @@ def measure(session, system: System, batches: list[list[list[int]]], max_new_tok
     p = profile(gen, batches[0], max_new_tokens)
     depth = len(p.accept_at_depth)
     stats = [(p.round_ms, p.tokens_per_round, p.accept_at_depth)]
-    stats += [_round_stats(gen.generate(batch, max_new_tokens), depth) for batch in batches[1:]]
+    later = [gen.generate(batch, max_new_tokens) for batch in batches[1:]]
+    stats += [_round_stats(r, depth) for r in later]
     round_ms, tau, curve = _pooled(stats, depth)
     p = replace(p, tokens_per_round=tau, round_ms=round_ms, accept_at_depth=curve)
     drafter = session.drafter_model if system.drafter.value == "model" else None
     kv = kv_bytes_per_token(drafter) if drafter is not None else 0
     ar_ms = ar_ms_per_token(session, system, batches, max_new_tokens) if system.speculative else p.ms_per_token
     switches = switch_measurements(session, system, batches, max_new_tokens) if system.speculative else {}
-    agreement = view_agreement(session, system, gen, batches[0], max_new_tokens)
+    text = ((batches[1], later[0].outputs) if later  # the system's own text (lossless: the target's)
+            else (batches[0], None))
+    agreement = view_agreement(session, system, gen, *text, max_new_tokens)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return analyze(p, shape_run(gen, system), system.name, kv, ar_ms_per_token=ar_ms,
@@ -78,11 +81,13 @@ def measure(session, system: System, batches: list[list[list[int]]], max_new_tok
                    drafter=system.drafter.value, switch_rounds=switches, view_agreement=agreement)
 
 
-def view_agreement(session, system: System, gen, prompts: list[list[int]], max_new_tokens: int) -> float | None:
+def view_agreement(session, system: System, gen, prompts: list[list[int]], outputs: list[list[int]] | None,
+                   max_new_tokens: int) -> float | None:
     """On a GPU, for a system two-level verification applies to (`config.TLV_DRAFTERS`) and a
     target that has an 8-bit view (`models.view`: not recurrent, not FP8): the share of positions
     of the system's own text (prompts and their outputs) where the view's greedy token is the
-    target's. None elsewhere (a CPU runs the view's reference path, slower than the target)."""
+    target's (`outputs` of `prompts` already decoded, else decoded here). None elsewhere (a CPU runs
+    the view's reference path, slower than the target)."""
     import torch
 
     from specpilot.config import TLV_DRAFTERS
@@ -95,7 +100,8 @@ def view_agreement(session, system: System, gen, prompts: list[list[int]], max_n
         view = session.view_for(system)
     except ConfigError:  # a recurrent or an FP8 target: no view
         return None
-    outputs = gen.generate(prompts, max_new_tokens).outputs
+    if outputs is None:
+        outputs = gen.generate(prompts, max_new_tokens).outputs
     rows = [p + o for p, o in zip(prompts, outputs)]
     T = min(len(r) for r in rows)
     return agreement(view, session.target, torch.tensor([r[:T] for r in rows], device=gen.target.device))

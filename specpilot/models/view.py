@@ -56,12 +56,6 @@ def view_bytes(view: nn.Module) -> int:
                for t in (m.weight_e4m3, m.weight_scale))
 
 
-def is_view_of(view: nn.Module, model: nn.Module) -> bool:
-    """Whether `view` shares its non-projection tensors with `model` (a test's check)."""
-    ours = {id(t) for t in model.parameters()}
-    return all(id(t) in ours for n, t in view.named_parameters())
-
-
 def agreement(view: nn.Module, model: nn.Module, tokens: torch.Tensor) -> float:
     """Share of positions of tokens [B,T] where the view's greedy next token equals the model's
     (teacher forcing through both, `forward_causal`): how often a view's chain keeps going."""
