@@ -66,6 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--commit", default="", help="the source commit, for the record")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, any device (checks the code paths)")
     p.add_argument("--only", nargs="*", choices=list(CONFIGS), default=list(CONFIGS), help="which decoders")
+    p.add_argument("--kernels", action="store_true", help="also the top CUDA kernels of 16 eager AR steps "
+                   "(torch.profiler): where a step's time goes")
     return p.parse_args(argv)
 
 
@@ -95,7 +97,23 @@ def random_decoder(config: ModelConfig, device, dtype, seed: int = 0):
     return model.to(dtype).eval().requires_grad_(False)
 
 
-def check(name: str, smoke: bool, device) -> dict:
+def top_kernels(model, prompt: list[int], steps: int = 16, top: int = 15) -> list[dict]:
+    """The CUDA kernels of `steps` eager AR steps (prefill included) by total device time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    gen = Generator(model, cuda_graphs=False)
+    gen.generate([prompt], 4)  # warm
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        gen.generate([prompt], steps)
+        torch.cuda.synchronize()
+    rows = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    rows.sort(key=lambda e: -e.self_device_time_total)
+    return [{"name": e.key[:90], "calls": e.count, "total_us": e.self_device_time_total,
+             "us_per_call": e.self_device_time_total / max(1, e.count)} for e in rows[:top]]
+
+
+def check(name: str, smoke: bool, device, kernels: bool = False) -> dict:
     fields = {**CONFIGS[name], **(SMOKE if smoke else {})}
     if smoke and name == "moe":
         fields.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
@@ -123,6 +141,8 @@ def check(name: str, smoke: bool, device) -> dict:
                      "uniform_experts": expected_experts_read(p.num_experts, p.experts_per_token, n)
                      if p.num_experts else None}
                     for n in curve if n in p.verify_curve_ms]
+    if kernels and device.type == "cuda":
+        out["kernels"] = top_kernels(model, prompts[1])
     if hasattr(gen.workspaces, "values"):
         ws = next(reversed(gen.workspaces.values()))
         out["cache_bytes"] = ws.cache.nbytes()
@@ -150,6 +170,11 @@ def render(data: dict) -> str:
             un = "" if c["uniform_experts"] is None else f"{c['uniform_experts']:.1f}"
             lines.append(f"| {c['nodes']} | {c['measured_ms']:.3f} | {c['floor_ms']:.3f} | "
                          f"{c['measured_ms'] / c['floor_ms']:.2f} | {ex} | {un} |")
+        if r.get("kernels"):
+            lines += ["", "Top CUDA kernels of 16 eager AR steps after a 900-token prefill (torch.profiler):", "",
+                      "| kernel | calls | total us | us per call |", "|---|---|---|---|"]
+            lines += [f"| `{k['name']}` | {k['calls']} | {k['total_us']:.0f} | {k['us_per_call']:.1f} |"
+                      for k in r["kernels"]]
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -165,7 +190,7 @@ def main(argv=None) -> int:
     for name in args.only:
         t0 = time.perf_counter()
         try:
-            data["checks"][name] = check(name, args.smoke, device)
+            data["checks"][name] = check(name, args.smoke, device, args.kernels)
         except Exception:  # one decoder's failure costs only its part
             data["checks"][name] = {"error": traceback.format_exc()}
         data["checks"][name]["seconds"] = time.perf_counter() - t0

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# One GPU call (<= ~9.5 min: 120 + 170 + 130 + 80 + 90 s at most) for the Gemma/MoE, FP8 and TLV paths, each part under its own timeout
-# so one failure or overrun costs only that part; everything lands under $OUT:
+# GPU checks of the Gemma/MoE, FP8, TLV and hybrid paths, each part under its own timeout so one failure
+# or overrun costs only that part (all parts together exceed one 10-minute call: name those that fit);
+# everything lands under $OUT:
 #   gpu_tests.log   CUDA tests: the new families (Gemma ring cache, MoE grouped GEMMs), TLV and sampled
 #                   rounds in graphs, the FP8 kernel against its reference on the device
 #   fp8/            scripts/fp8_kernels.py (FP8 kernels vs byte floor, _scaled_mm, BF16; FP8 vs BF16 AR)
 #   tlv_b1/         specpilot bench on fixture-x16: AR, stock, stock + TLV chains of 2 and 4
 #   sampling/       scripts/sampling_speed.py on fixture-x16-eagle3 (T 0.7, top-p 0.95, greedy beside it)
-#   families/       scripts/families_checks.py (AR vs byte floor and verify curves, random weights)
+#   families/       scripts/families_checks.py (AR vs byte floor and verify curves, random weights; top kernels)
+#   hybrid_final/   specpilot bench on fixture-hybrid-x16: stock vs the loop's final system (scripts/systems/hybrid-final.toml)
 #   times.txt       seconds per part
-#     bash scripts/families_fp8_tlv.sh COMMIT [PART ...]   (PARTS: gpu_tests fp8 tlv_b1 sampling families; default all)
+#     bash scripts/families_fp8_tlv.sh COMMIT [PART ...]
+#   PARTS: gpu_tests fp8 tlv_b1 sampling families hybrid_final; default: gpu_tests fp8 tlv_b1 sampling families
 set -u
 C=${1:-unknown}
 shift || true
@@ -24,9 +27,11 @@ export PYTHONUNBUFFERED=1
 run gpu_tests 120 python -m pytest -q tests/gpu/test_families_cuda.py tests/gpu/test_new_paths_cuda.py \
   tests/kernels/test_fp8_gemm.py tests/kernels/test_fp8_dispatch.py -p no:cacheprovider
 run fp8 170 python scripts/fp8_kernels.py --out "$OUT/fp8" --commit "$C" --rounds 1
-run tlv_b1 130 python -m specpilot bench --deployment fixture-x16 --system stock --system scripts/systems/tlv-2.toml \
-  --system scripts/systems/tlv-4.toml --n-prompts 5 --max-new-tokens 192 --out "$OUT/tlv_b1" --no-progress
+run hybrid_final 200 python -m specpilot bench --deployment fixture-hybrid-x16 --system stock \
+  --system scripts/systems/hybrid-final.toml --n-prompts 5 --max-new-tokens 512 --out "$OUT/hybrid_final" --no-progress
+run tlv_b1 110 python -m specpilot bench --deployment fixture-x16 --system stock --system scripts/systems/tlv-2.toml \
+  --system scripts/systems/tlv-4.toml --n-prompts 5 --max-new-tokens 128 --out "$OUT/tlv_b1" --no-progress
 run sampling 80 python scripts/sampling_speed.py --deployment fixture-x16-eagle3 --n-prompts 1 --max-new-tokens 256 \
   --out "$OUT/sampling"
-run families 60 python scripts/families_checks.py --out "$OUT/families" --commit "$C"
+run families 60 python scripts/families_checks.py --out "$OUT/families" --commit "$C" --kernels
 rm -f "$OUT"/*/*.png

@@ -49,7 +49,7 @@ SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes 
 
 @dataclass(frozen=True)
 class Variant:
-    kernel: str  # "gemv" | "gemm" | "unpack" | "attention" | "attention_merge"
+    kernel: str  # "gemv" | "gemm" | "unpack" | "attention" | "attention_merge" | "fp8"
     label: str
     constexprs: dict
     num_warps: int
@@ -67,6 +67,10 @@ def _kernel(name: str):
         from specpilot.kernels.gemm import _gemm_kernel
 
         return _gemm_kernel
+    if name == "fp8":
+        from specpilot.kernels.fp8_gemm import _fp8_gemm_kernel
+
+        return _fp8_gemm_kernel
     if name in ("attention", "attention_merge"):
         from specpilot.kernels.attention_kernel import merge_splits_kernel, split_attention_kernel
 
@@ -156,6 +160,7 @@ def variants(quick: bool = False) -> list[Variant]:
                                    c, cfg.num_warps, cfg.num_stages, cfg.max_registers))
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))
     out += attention_variants(quick)
+    out += fp8_variants(quick)
     out += pdl_variants(out)
     return list({v.label: v for v in out}.values())
 
@@ -193,6 +198,32 @@ def attention_variants(quick: bool = False) -> list[Variant]:
     return out
 
 
+def fp8_variants(quick: bool = False) -> list[Variant]:
+    """The FP8 kernel (`fp8_gemm.py`) as its launcher runs it on CUDA: the tiles `choose_config`
+    picks for each row count, weight-only with BF16, FP16 and float32 activations and W8A8,
+    per-channel and block-wise scales, tiles even and masked; `quick`: BF16 and W8A8, even tiles."""
+    import torch
+    import triton.language as tl
+
+    from specpilot.kernels.fp8_gemm import choose_config
+
+    out = []
+    for M in (1, 17, 33, 65):  # the K split is a runtime argument: the CPU's SM count picks the same tiles
+        c = choose_config(M, 4096, 4096, 4096, torch.device("cpu"))
+        for act in (("*bf16", "*u8") if quick else ("*bf16", "*fp16", "*fp32", "*u8")):
+            for scale_steps in (0, 1):  # per channel; block-wise 128 x 128 (one K tile per scale block)
+                for even in ((True,) if quick else (True, False)):
+                    w8a8 = act == "*u8"
+                    k = {"SCALE_STEPS": scale_steps, "X_CODES": w8a8, "NATIVE": True, "FACTOR": 1.0,
+                         "DOT": {"*fp16": tl.float16, "*fp32": tl.float32}.get(act, tl.bfloat16),
+                         "BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "EVEN_K": even}
+                    label = (f"fp8 bm{c.block_m} n{c.block_n} k{c.block_k} w{c.num_warps} s{c.num_stages} "
+                             f"{'w8a8' if w8a8 else act[1:]} {'block' if scale_steps else 'channel'} "
+                             f"{'even' if even else 'masked'}")
+                    out.append(Variant("fp8", label, k, c.num_warps, c.num_stages, activations=act))
+    return out
+
+
 def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
     """Seconds to compile `v` to a cubin for sm_`arch`; raises the compiler's error. `keep`, if
     given, receives the compiled kernel under "kernel" (for SASS inspection)."""
@@ -203,7 +234,8 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
     fn = _kernel(v.kernel)
     if "PDL" in fn.arg_names and "PDL" not in v.constexprs:  # a launch passes it (False: no PDL), never an int
         v = dataclasses.replace(v, constexprs={**v.constexprs, "PDL": False})
-    signature, attrs = (_attention_signature if v.kernel.startswith("attention") else _projection_signature)(fn, v)
+    signature, attrs = (_attention_signature if v.kernel.startswith("attention") else
+                        _fp8_signature if v.kernel == "fp8" else _projection_signature)(fn, v)
     constants = {(fn.arg_names.index(k),): val for k, val in v.constexprs.items() if k in fn.arg_names}
     t = time.monotonic()
     kernel = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
@@ -227,6 +259,18 @@ def _projection_signature(fn, v: Variant) -> tuple[dict, dict]:
     # divisible by 16 (every model shape here) -- without it the compiler emits byte-wide loads.
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
              if signature[name] != "constexpr" and name not in NOT_DIVISIBLE and not signature[name].startswith("tensordesc")}
+    return signature, attrs
+
+
+def _fp8_signature(fn, v: Variant) -> tuple[dict, dict]:
+    """(signature, attributes) of an FP8 launch: codes as bytes, x in its dtype (bytes for W8A8),
+    y in x's dtype (BF16 for W8A8), float32 scales and split-K partials."""
+    out = "*bf16" if v.activations == "*u8" else v.activations
+    types = {"x_ptr": v.activations, "w_ptr": "*u8", "w_scale_ptr": "*fp32", "x_scale_ptr": "*fp32", "y_ptr": out,
+             "ws_ptr": "*fp32", "count_ptr": "*i32"}
+    signature = {name: "constexpr" if name in v.constexprs else types.get(name, "i32") for name in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if signature[name] != "constexpr" and name not in NOT_DIVISIBLE}
     return signature, attrs
 
 

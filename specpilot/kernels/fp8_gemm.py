@@ -11,8 +11,9 @@ once after the K loop (per-channel), never folded into the weights, so the only 
 fp32 accumulation's: the result is within `kernels.reference.error_bound` of the float32
 dequantize-then-matmul reference (`reference`), the summation order fixed (deterministic).
 
-Decoding: on CUDA the codes load as float8e4nv and convert in hardware; under the CPU
-interpreter (which cannot convert float8) they load as bytes and decode by bit moves: e4m3's
+Decoding: e4m3 codes always load as their bytes (uint8: a masked load fills 0, which Triton
+cannot cast to float8); on CUDA they are bitcast to float8e4nv and convert in hardware; under the
+CPU interpreter (which cannot convert float8) they decode by bit moves: e4m3's
 s.eeee.mmm placed at fp16's bits s.0eeee.mmm0000000 is the same value times 2^-8, subnormals
 included, so the decoded tile is exact and the 2^8 is restored once at the end (a power of two:
 the fp32 sums are the same up to that exact factor). Both give the same bits.
@@ -103,12 +104,15 @@ def _round_to_bf16(v):
 
 @triton.jit
 def _operand(tile, IS_CODES: tl.constexpr, NATIVE: tl.constexpr, DOT: tl.constexpr):
-    """A loaded tile as a tensor-core operand in the dot dtype."""
-    if not IS_CODES:
-        return tile.to(DOT)
-    if NATIVE:
-        return tile.to(DOT)
-    return _decode(tile, DOT)
+    """A loaded tile as a tensor-core operand in the dot dtype: e4m3 codes arrive as their bytes
+    (uint8, so masked loads can fill 0), converted in hardware (NATIVE) or decoded exactly."""
+    if not IS_CODES:  # one return: Triton visits the statements after a static branch's return
+        out = tile.to(DOT)
+    elif NATIVE:
+        out = tile.to(tl.float8e4nv, bitcast=True).to(DOT)
+    else:
+        out = _decode(tile, DOT)
+    return out
 
 
 @triton.jit(do_not_specialize=["M", "split_k", "steps_per_split"])
@@ -122,7 +126,7 @@ def _fp8_gemm_kernel(
     # meta-parameters
     SCALE_STEPS: tl.constexpr,  # K tiles per scale block; 0: one scale per row (per-channel)
     X_CODES: tl.constexpr,      # x is e4m3 codes with a row-wise scale grid (W8A8)
-    NATIVE: tl.constexpr,       # float8 loads converted in hardware (CUDA); else bytes decoded
+    NATIVE: tl.constexpr,       # bytes bitcast to float8 and converted in hardware (CUDA); else decoded
     DOT: tl.constexpr,          # the tensor-core operands' dtype
     FACTOR: tl.constexpr,       # 2^8 per decoded operand (1.0 when NATIVE)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
@@ -147,7 +151,7 @@ def _fp8_gemm_kernel(
             x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0)
             w = tl.load(w_ptr + n[:, None] * stride_wn + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
         if X_CODES and NATIVE:  # e4m3 x e4m3 on the tensor cores, float32 accumulation
-            part = tl.dot(x, tl.trans(w))  # [BM, BN]
+            part = tl.dot(x.to(tl.float8e4nv, bitcast=True), tl.trans(w.to(tl.float8e4nv, bitcast=True)))  # [BM, BN]
         elif DOT == tl.float32:
             xo = _operand(x, X_CODES, NATIVE, DOT)  # [BM, BK]
             wo = _operand(w, True, NATIVE, DOT)  # [BN, BK]
@@ -241,8 +245,8 @@ def fp8_gemm(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, block_k: 
     if split > 1 and not ws.fits(split, M, N, grid[0] * grid[1]):
         per_split, split = steps, 1
         grid = (grid[0], grid[1], 1)
-    def codes(t):  # the interpreter cannot convert float8: it reads the bytes
-        return t if native else t.view(torch.uint8)
+    def codes(t):  # e4m3 passed as its bytes: a masked load fills uint8 0 (an int cannot cast to float8)
+        return t.view(torch.uint8)
 
     xs = x_scale if w8a8 else scale  # an unused pointer still needs a tensor
     _fp8_gemm_kernel[grid](

@@ -55,13 +55,15 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(E, C, I))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, act=None,
-                grouped: bool | None = None) -> torch.Tensor:
+                grouped: bool | None = None, masked: bool | None = None) -> torch.Tensor:
         """sum_j weights[t,j] * expert_{ids[t,j]}(x[t]) for each token t, running only the routed
         experts, each once over the tokens routed to it, a token's experts summed in increasing
         expert order. x [T,C]; weights [T,k] in x's dtype; ids [T,k] int64 -> [T,C].
         `grouped` (default: on CUDA in BF16, where torch has it) runs both projections as one grouped
         GEMM each over the expert-sorted pairs with device-side offsets: no host read, so CUDA
-        graphs can capture it; else one matmul per routed expert, its loop bounds read on the host."""
+        graphs can capture it; else one matmul per routed expert, its loop bounds read on the host,
+        or (`masked`, default: while a CUDA graph is being captured) every expert over every pair,
+        each pair keeping its own expert's rows (no host read)."""
         act = act or ops.silu_mul
         T, k = ids.shape
         E = self.gate_up_proj.shape[0]
@@ -78,6 +80,14 @@ class Experts(nn.Module):
             offs = torch.searchsorted(grouped_ids, experts, right=True).to(torch.int32)  # [E] group ends (no sync)
             h = act(torch._grouped_mm(x[token], self.gate_up_proj.transpose(-2, -1), offs=offs))  # [T*k,I]
             y = torch._grouped_mm(h, self.down_proj.transpose(-2, -1), offs=offs) * scale
+        elif masked if masked is not None else x.is_cuda and torch.cuda.is_current_stream_capturing():
+            # a graph cannot read the loop bounds: every expert runs over every pair and keeps its
+            # own pairs' rows (E times the arithmetic; only where the grouped GEMM is not available)
+            y = torch.zeros(T * k, x.shape[-1], dtype=x.dtype, device=x.device)
+            xs = x[token]  # [T*k,C]
+            for e in range(E):
+                ye = F.linear(act(F.linear(xs, self.gate_up_proj[e])), self.down_proj[e]) * scale  # [T*k,C]
+                y = torch.where((grouped_ids == e)[:, None], ye, y)
         else:
             # the one host read of a sparse layer: how many tokens each expert got (the loop bounds)
             counts = torch.bincount(flat, minlength=E).tolist()

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from specpilot.models.config import FULL_ATTENTION, LINEAR_ATTENTION, ModelConfig
-from specpilot.models.loading import load_model, save_model
+from specpilot.models.loading import build_model, load_model, save_model
 from specpilot.models.transformer import Transformer
 
 TEST_TOKENIZER = "bpe4k"
@@ -88,13 +88,41 @@ def write_random_checkpoint(out: str | Path, config: ModelConfig | None = None, 
     return out
 
 
+def truncated_layers(config: ModelConfig, num_layers: int) -> list[int]:
+    """The target layers a `num_layers`-layer truncated drafter keeps: the first ones, except that a
+    Gemma-4 drafter's last layer must be global (its loader makes the last layer global), so it is
+    the target's first global layer from there on."""
+    keep = list(range(num_layers))
+    if config.family == "gemma4" and config.layer_types and config.layer_types[keep[-1]] != FULL_ATTENTION:
+        keep[-1] = next(i for i in range(num_layers - 1, config.num_layers) if config.layer_types[i] == FULL_ATTENTION)
+    if config.num_kv_shared_layers and keep[-1] >= config.num_layers - config.num_kv_shared_layers:
+        raise ValueError(f"a truncated drafter of {num_layers} layers would keep KV-shared layers")
+    return keep
+
+
 def write_truncated_drafter(target_dir: str | Path, out: str | Path, num_layers: int = 1) -> Path:
-    """A drafter made of the target's first `num_layers` blocks (+ its embeddings, norm, head)."""
+    """A drafter made of the target's first `num_layers` blocks (`truncated_layers`) with its
+    embeddings, norm and head, in the target's family (per-layer fields and Gemma-4's per-layer
+    input embeddings cut to the kept layers)."""
     target = load_model(target_dir)
-    config = target.config.with_changes(num_layers=num_layers)
-    drafter = Transformer(config)
-    state = {k: v for k, v in target.state_dict().items() if not k.startswith("layers.") or int(k.split(".")[1]) < num_layers}
-    drafter.load_state_dict(state, strict=False)
+    c = target.config
+    keep = truncated_layers(c, num_layers)
+    config = c.with_changes(num_layers=num_layers, num_kv_shared_layers=0,
+                            layer_types=tuple(c.layer_types[i] for i in keep) if c.layer_types else (),
+                            mlp_only_layers=tuple(j for j, i in enumerate(keep) if i in c.mlp_only_layers))
+    P = c.per_layer_input_size
+    state = {}
+    for name, value in target.state_dict().items():
+        if name.startswith("layers."):
+            _, i, rest = name.split(".", 2)
+            if int(i) in keep:
+                state[f"layers.{keep.index(int(i))}.{rest}"] = value
+        elif P and name in ("embed_tokens_per_layer.weight", "per_layer_model_projection.weight"):
+            dim = 1 if name.startswith("embed") else 0  # [V, L*P] table; [L*P, C] projection
+            state[name] = torch.cat([value.narrow(dim, i * P, P) for i in keep], dim=dim)
+        else:
+            state[name] = value
+    drafter = build_model(config, state, device="cpu", dtype=target.dtype)
     out = Path(out)
     save_model(drafter, out, dtype=target.dtype)
     for f in ("tokenizer.json", "tokenizer_config.json"):

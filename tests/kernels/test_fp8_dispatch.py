@@ -65,9 +65,10 @@ def test_kernels_that_cannot_run_say_why(monkeypatch):
         FP8Linear(weight(), "fast")
 
 
-def test_a_converted_checkpoint_decodes_the_same_tokens_with_the_kernel(tmp_path):
+def test_a_converted_checkpoint_decodes_the_same_tokens_with_the_kernel(tmp_path, device):
     """`fp8 convert`'s block-wise twin of a tiny model (partial 128-blocks): greedy next tokens at
-    every position and the logits, Triton kernel vs reference path, float32 on CPU."""
+    every position and the logits, Triton kernel vs reference path, float32 (the interpreter on
+    CPU, compiled on a GPU)."""
     from specpilot.models.fp8_checkpoint import convert_fp8
     from specpilot.models.loading import load_model
     from specpilot.models.random_checkpoint import tiny_config, write_random_checkpoint
@@ -75,8 +76,8 @@ def test_a_converted_checkpoint_decodes_the_same_tokens_with_the_kernel(tmp_path
     src = write_random_checkpoint(tmp_path / "src", tiny_config(num_layers=2, hidden_size=144, intermediate_size=200,
                                                                 num_heads=4, num_kv_heads=2, head_dim=40))
     convert_fp8(src, tmp_path / "fp8")
-    model = load_model(tmp_path / "fp8")
-    tokens = torch.tensor([[5, 17, 300, 9, 4000, 2, 77, 1024]])
+    model = load_model(tmp_path / "fp8", device=device, dtype=torch.float32)
+    tokens = torch.tensor([[5, 17, 300, 9, 4000, 2, 77, 1024]], device=device)
     with torch.no_grad():
         ref = model.forward_causal(tokens)
         assert set_fp8_kernel(model, "triton") == 2 * 4  # qkv, o, gate_up, down per layer

@@ -177,6 +177,25 @@ def test_the_grouped_gemm_path_gives_the_per_expert_loop(dtype):
         torch.testing.assert_close(grouped, loop, rtol=0 if dtype == torch.float32 else 1e-2, atol=1e-6)
 
 
+def test_the_masked_path_gives_the_per_expert_loop():
+    """The path a CUDA graph captures where there is no grouped GEMM (float32): every expert over
+    every pair, each pair keeping its own expert's rows -- the loop's values, in its sum order."""
+    cfg = ModelConfig(family="qwen3_moe", vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1,
+                      num_heads=2, num_kv_heads=1, head_dim=8, num_experts=8, num_experts_per_tok=3,
+                      moe_intermediate_size=16)
+    torch.manual_seed(0)
+    moe = SparseMoE(cfg)
+    for p in moe.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    for T in (1, 5, 16):
+        x = torch.randn(T, 16)
+        weights, ids = moe.route(x)
+        loop = moe.experts(x, weights, ids, grouped=False, masked=False)
+        masked = moe.experts(x, weights, ids, grouped=False, masked=True)
+        torch.testing.assert_close(masked, loop, rtol=1e-6, atol=1e-6)
+        assert not torch.equal(masked, torch.zeros_like(masked))
+
+
 def test_experts_read_is_the_union_of_routed_experts():
     assert experts_read(torch.tensor([[0, 1]])) == 2
     assert experts_read(torch.tensor([[0, 1], [1, 0], [1, 2]])) == 3
