@@ -5,8 +5,12 @@ The rule the run keeps (`run.py`): the budget's clock does not count the wait fo
 timing lock (`waited_line`). The noise floor, when it must be measured, and the incumbent's first
 cost table are measured whatever is left — nothing can be estimated before them — and right after
 them the run says what fits (`plan_line`). From then on nothing starts that its estimate says
-cannot finish inside the budget: a round (a smaller one when only that fits), the cost table of a
-newly promoted incumbent, the final measurement (skipped, with a line saying so).
+cannot finish inside the budget: a round (a smaller one when only that fits), a candidate's
+comparisons (once a round's candidates are known, it times only those that fit with the final
+measurement after them, each by its own estimate, compile warm-up included, and says which it
+left out: `budget.fitting_selection`), the cost table of a newly promoted incumbent, the final
+measurement (skipped, with a line saying so). The final measurement kept is the one the round may
+leave: a candidate that would compile as the final system reserves that warm-up too.
 
 Owns: the plan's arithmetic and its lines. Does not own the estimates (`budget.py`) or stopping.
 """

@@ -123,6 +123,11 @@ class Reporter:
                           f"would not fit in the {left:.0f} s left", index,
                           reason=stop.value, round_estimate_s=estimate, final_estimate_s=reserve, left_s=left)
 
+    def no_candidate_fits(self, stop, index: int, reserve: float, final: bool, left: float) -> None:
+        beside = f" beside the final measurement (~{reserve:.0f} s)" if final else ""
+        self.journal.emit(EventKind.STOP, f"stopping: no candidate of round {index} fits{beside} in the {left:.0f} s "
+                          "left", index, reason=stop.value, final_estimate_s=reserve, left_s=left)
+
     def converged(self, stop, idle: int, index: int) -> None:
         self.journal.emit(EventKind.STOP, f"stopping: {idle} round(s) in a row with nothing new to time", index,
                           reason=stop.value)
@@ -225,9 +230,23 @@ class RoundReporter:
                               verdict=record.verdict.value, gain=record.gain, gain_lower=record.gain_lower,
                               gain_upper=record.gain_upper)
 
-    def nothing_new(self, seconds: float) -> None:
-        self.journal.emit(EventKind.ROUND_END, f"round {self.index}: nothing new to time", self.index, promoted=None,
+    def nothing_new(self, seconds: float, why: str = "nothing new to time") -> None:
+        self.journal.emit(EventKind.ROUND_END, f"round {self.index}: {why}", self.index, promoted=None,
                           nothing_new=True, seconds=seconds)
+
+    def left_out(self, out, kept: int, seconds: float, reserve: float, final: bool, left: float) -> None:
+        """`out`: (proposal, `budget.CandidateCost`) of each candidate left out; the `kept` others are
+        timed in ~`seconds`."""
+        def cost(c) -> str:
+            warmup = f", a compile warm-up of ~{c.warmup:.0f} s included" if c.warmup else ""
+            after = f"; the final measurement ~{c.final:.0f} s after it" if final and c.final > reserve else ""
+            return f"~{c.screen:.0f} s{warmup}{after}"
+
+        beside = f" beside the final measurement (~{reserve:.0f} s)" if final else ""
+        then = f"timing the {kept} that fit (~{seconds:.0f} s)" if kept else "none fits"
+        self.journal.say(f"round {self.index}: leaving out {len(out)} of {len(out) + kept} candidate(s), whose "
+                         f"comparisons would not fit{beside} in the {left:.0f} s left: "
+                         + ", ".join(f"{p.candidate.name} ({cost(c)})" for p, c in out) + f"; {then}")
 
     def selected(self, selected, inc) -> None:
         lines = [f"  {i + 1}. {p.candidate.name} [{p.agent}{' -> ' + p.gap.value if p.gap else ''}] "

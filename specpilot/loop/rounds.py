@@ -13,7 +13,10 @@
                  When nothing new is left, the agents without a slot are asked before the round
                  counts as idle
     4. guard and timing
-                 the noise floor is chosen (again, when the load changed: `choose_noise`), then
+                 the noise floor is chosen (again, when the load changed: `choose_noise`); with a
+                 budget, only the candidates whose comparisons fit beside the final measurement
+                 are kept, in order (`budget.fitting_selection`: a compile warm-up makes a
+                 candidate dear), the others left out with a line saying so; then
                  `Controller.evaluate_round`: each candidate is gated by token forcing (a failure
                  rejects it untimed), timed against the incumbent in paired blocks, p-values are
                  corrected across the round (Holm), and the significant winner is re-measured on
@@ -33,6 +36,7 @@ proposing, timing, judging, storing (it calls each) or the journal's text (`repo
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,12 +44,24 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specpilot.control.arm import ArmSpec
+from specpilot.control.config import Placement
 from specpilot.control.controller import Evaluation
 from specpilot.control.defaults import source_commit
 from specpilot.control.load import Load
 from specpilot.control.rule import Outcome
+from specpilot.control.shared import shareable
 from specpilot.loop.agents.base import LoopSetup, Proposal, Proposer, ProposerContext
 from specpilot.loop.agents.kernel import promote_table
+from specpilot.loop.budget import (
+    CandidateCost,
+    compile_seconds,
+    compiled_opens,
+    compiles,
+    fitting_selection,
+    open_warmup,
+    selection_seconds,
+)
 from specpilot.loop.config import SlotPolicy
 from specpilot.loop.cost_model import CostTable
 from specpilot.loop.noise import NoiseChoice
@@ -82,6 +98,7 @@ class RoundOutcome:
     seconds: float = 0.0
     agent_errors: dict = field(default_factory=dict)
     plan: SlotPlan | None = None  # how the round's slots were split over the agents
+    left_out: tuple[Proposal, ...] = ()  # selected, but not timed: their comparisons did not fit in the budget
 
     @property
     def nothing_new(self) -> bool:
@@ -108,6 +125,18 @@ class RoundState:
     def first(self) -> bool:
         """This is the run's first round (the seeds are offered in it)."""
         return not self.outcomes
+
+    @property
+    def opened(self) -> frozenset[str]:
+        """Hashes of the systems this run's rounds timed (candidates and their incumbents): a shared
+        worker compiled them as it opened them."""
+        return frozenset({x.proposal.candidate.hash for o in self.outcomes for x in o.evaluated}
+                         | {o.incumbent_before.candidate.hash for o in self.outcomes if o.evaluated})
+
+    @property
+    def compile_opens(self) -> list[float]:
+        """Open seconds of this run's comparisons that compiled their candidate (`budget.compiled_opens`)."""
+        return compiled_opens(x.evaluation for o in self.outcomes for x in o.evaluated)
 
     def after(self, outcome: RoundOutcome, load: Load) -> RoundState:
         """The state after `outcome`, a round that ran under `load`."""
@@ -167,10 +196,18 @@ def run_round(ctx: RunContext, state: RoundState, candidates: int,
         t = time.monotonic()
         noise = choose_noise()
         chosen = time.monotonic() - t
-    say.selected(selected, inc)
+    inc_spec = inc.candidate.runner_spec(ctx.deployment_file, ctx.options.runner)
     specs = [p.candidate.runner_spec(ctx.deployment_file, ctx.options.runner) for p in selected]
-    result = ctx.controller.evaluate_round(inc.candidate.runner_spec(ctx.deployment_file, ctx.options.runner),
-                                           specs, noise.floor)
+    kept = fitting(ctx, state, selected, specs, inc_spec, noise.per_evaluation, say)
+    left_out = tuple(p for i, p in enumerate(selected) if i not in kept)
+    selected, specs = [selected[i] for i in kept], [specs[i] for i in kept]
+    if not selected:  # not even one comparison fits beside the final measurement
+        release(left_out, keep=(inc.candidate,), setup=ctx.setup)
+        seconds = time.monotonic() - start - chosen
+        say.nothing_new(seconds, "nothing timed: no candidate fits in the budget's time left")
+        return replace(outcome, left_out=left_out, seconds=seconds)
+    say.selected(selected, inc)
+    result = ctx.controller.evaluate_round(inc_spec, specs, noise.floor)
     evaluated = record(ctx, label, inc, selected, result.evaluations, noise.id, say)
     # promotion
     promoted = next((x for x in evaluated if x.evaluation.verdict is Outcome.PROMOTE
@@ -181,11 +218,52 @@ def run_round(ctx: RunContext, state: RoundState, candidates: int,
         new_inc = inc.promote(promoted.proposal.candidate, promoted.entry_id, gain, label)
         promote_table(inc.candidate.system, new_inc.candidate.system, ctx.setup.device_name)  # into the user cache
         say.promotion(new_inc, inc, promoted.entry_id, gain)
-    release(selected, keep=(new_inc.candidate, inc.candidate), setup=ctx.setup)
+    release((*selected, *left_out), keep=(new_inc.candidate, inc.candidate), setup=ctx.setup)
     seconds = time.monotonic() - start - chosen
     say.done(seconds, new_inc.name if promoted else None)
     return replace(outcome, incumbent_after=new_inc, selected=tuple(selected), evaluated=tuple(evaluated),
-                   promoted=promoted, seconds=seconds)
+                   promoted=promoted, seconds=seconds, left_out=left_out)
+
+
+def fitting(ctx: RunContext, state: RoundState, selected: list[Proposal], specs: list[ArmSpec], inc_spec: ArmSpec,
+            per_evaluation: float, say: RoundReporter) -> list[int]:
+    """The indices of `selected` whose comparisons fit in the budget's time left with the final
+    measurement after them (`budget.fitting_selection`; all without a budget); the others are left
+    out, with a line saying which and their estimates."""
+    left = ctx.budget.left()
+    if math.isinf(left):
+        return list(range(len(selected)))
+    once, costs = candidate_costs(ctx, state, selected, specs, inc_spec, per_evaluation)
+    kept = fitting_selection(once, costs, ctx.backend.parallelism, left)
+    if len(kept) < len(selected):
+        out = [(p, c) for i, (p, c) in enumerate(zip(selected, costs)) if i not in kept]
+        timed = [costs[i] for i in kept]
+        seconds = selection_seconds(once, timed, ctx.backend.parallelism) - max(c.final for c in timed) if kept else 0.0
+        say.left_out(out, len(kept), seconds, state.reserve, ctx.config.final, left)
+    return kept
+
+
+def candidate_costs(ctx: RunContext, state: RoundState, selected: list[Proposal], specs: list[ArmSpec],
+                    inc_spec: ArmSpec, per_evaluation: float) -> tuple[float, list[CandidateCost]]:
+    """(the warm-up the round pays once, each candidate's `budget.CandidateCost`): an evaluation
+    each plus the compile warm-ups of its arms (`budget.open_warmup`; a shared worker compiles a
+    cold incumbent once, for the round's first comparison); its final measurement is the
+    incumbent's (`state.reserve`) plus a compile warm-up where it compiles and the incumbent does not."""
+    compile_s, opened = compile_seconds(state.compile_opens, ctx.device), state.opened
+    inc = state.incumbent.candidate
+    once, costs = 0.0, []
+    for p, spec in zip(selected, specs):
+        shared = (ctx.controller_config.shared_workers and ctx.backend.placement is Placement.ALTERNATE
+                  and shareable(inc_spec, spec))  # as the backend opens it (`LocalBackend.open`)
+        screen, again = open_warmup(compiles(spec.system), p.candidate.hash in opened, shared, compile_s)
+        inc_screen, inc_again = open_warmup(compiles(inc_spec.system), inc.hash in opened, shared, compile_s)
+        if shared:
+            once, inc_screen = max(once, inc_screen), 0.0
+        final = state.reserve + (compile_s if ctx.config.final and compiles(spec.system)
+                                 and not compiles(inc_spec.system) else 0.0)
+        costs.append(CandidateCost(per_evaluation + screen + inc_screen, per_evaluation + again + inc_again, final,
+                                   screen + inc_screen))
+    return once, costs
 
 
 def fresh_seeds(seeds, incumbent: Incumbent, recall: Recall, candidates: int, agents: bool) -> list[Proposal]:

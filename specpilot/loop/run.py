@@ -20,7 +20,8 @@
                one offered or skipped is a journal line with its similarity; the offered ones
                are timed first in the run's first round
     rounds     `rounds.run_round` until the run has `rounds` completed rounds, the budget would be
-               overrun by the next one (the final measurement's time is reserved, `budget.py`), or
+               overrun by the next one (the final measurement's time is reserved, `budget.py`) or
+               could time none of the last one's candidates (each is timed only when it fits), or
                `patience` rounds in a row had nothing new to time; each round's evaluations are
                tagged in the memory with the load the round ran under. Before the first round a
                budgeted run says what fits (`budget_plan.py`, which states the budget's rule). What
@@ -49,7 +50,13 @@ from typing import TextIO
 
 from specpilot.control.load import LoadProbe
 from specpilot.errors import SpecPilotError
-from specpilot.loop.budget import final_seconds, fitting_candidates, round_seconds
+from specpilot.loop.budget import (
+    compile_seconds,
+    compiles,
+    final_seconds,
+    fitting_candidates,
+    round_seconds,
+)
 from specpilot.loop.config import LoopConfig, StopReason
 from specpilot.loop.context import RunContext, RunOptions, open_run
 from specpilot.loop.noise import NoiseChoice, choose_noise, noise_for_round
@@ -111,7 +118,7 @@ def run_rounds(ctx: RunContext, state: RoundState) -> tuple[RoundState, StopReas
                                           ctx.budget.left())
                 break
             state = measured(ctx, state)
-            state = replace(state, reserve=final_reserve(ctx, state.cost, state.incumbent))
+            state = replace(state, reserve=final_reserve(ctx, state.cost, state))
             estimate, candidates = round_size(ctx, state)
             if not candidates:
                 stop = StopReason.BUDGET
@@ -123,6 +130,10 @@ def run_rounds(ctx: RunContext, state: RoundState) -> tuple[RoundState, StopReas
             if window.load.contended and outcome.evaluated:
                 report.contended(state.index, window.load)
             state = state.after(outcome, window.load)
+            if outcome.left_out and outcome.nothing_new:
+                stop = StopReason.BUDGET  # not one of its candidates fitted: the next round's would not either
+                report.no_candidate_fits(stop, state.index - 1, state.reserve, c.final, ctx.budget.left())
+                break
             if state.idle >= c.patience:
                 stop = StopReason.CONVERGED
                 report.converged(stop, state.idle, state.index - 1)
@@ -148,11 +159,17 @@ def measured(ctx: RunContext, state: RoundState) -> RoundState:
     return replace(state, cost=cost, measure_s=max(state.measure_s, time.monotonic() - t0))
 
 
-def final_reserve(ctx: RunContext, cost, incumbent: Incumbent) -> float:
-    """The final measurement's estimate from the incumbent's cost table (0 without a final)."""
+def final_reserve(ctx: RunContext, cost, state: RoundState) -> float:
+    """The final measurement's estimate from the incumbent's cost table `cost` (0 without a final),
+    with a compile warm-up (as this run's rounds saw them) for each of stock and the incumbent that
+    compiles."""
     if not ctx.config.final:
         return 0.0
-    return final_seconds(cost, ctx.bench, ctx.deployment.regime.batch, ctx.device, ctx.final_may_patch(incumbent))
+    incumbent = state.incumbent
+    systems = {c.hash: c for c in (ctx.stock, incumbent.candidate)}.values()
+    compile_s = sum(compiles(c.knobs) for c in systems) * compile_seconds(state.compile_opens, ctx.device)
+    return final_seconds(cost, ctx.bench, ctx.deployment.regime.batch, ctx.device, ctx.final_may_patch(incumbent),
+                         compile_s)
 
 
 def round_size(ctx: RunContext, state: RoundState) -> tuple[float, int]:
@@ -161,12 +178,15 @@ def round_size(ctx: RunContext, state: RoundState) -> tuple[float, int]:
     c, report, budget, reserve = ctx.config, ctx.report, ctx.budget, state.reserve
     past = [o.seconds for o in state.outcomes if not o.nothing_new]
     per_evaluation, parallelism = state.noise.per_evaluation, ctx.backend.parallelism
-    estimate = round_seconds(past, per_evaluation, c.max_candidates, parallelism)
+    # proposing: the kernel agent tunes kernels for up to its budget (a first round's estimate)
+    propose_s = c.kernel_budget_s if any(a.name == "kernel" for a in ctx.agents) else 0.0
+    estimate = round_seconds(past, per_evaluation, c.max_candidates, parallelism, propose_s)
     if state.first and budget.seconds is None:
         report.no_budget(c.rounds - state.done, estimate, reserve, c.final)
     candidates = c.max_candidates
     if not budget.fits(estimate + reserve):
-        candidates = fitting_candidates(past, per_evaluation, c.max_candidates, parallelism, budget.left() - reserve)
+        candidates = fitting_candidates(past, per_evaluation, c.max_candidates, parallelism, budget.left() - reserve,
+                                        propose_s)
     if state.first and budget.seconds is not None:  # what fits, said before the first round
         report.plan(budget.left(), c.rounds - state.done, estimate, reserve if c.final else None, candidates,
                     c.max_candidates)
@@ -191,7 +211,7 @@ def finish(ctx: RunContext, state: RoundState, stop: StopReason):
         elif after is None:
             report.no_time_for_cost_table(state.measure_s, ctx.config.final)
         if ctx.config.final:
-            reserve = state.reserve if after is None else final_reserve(ctx, after, state.incumbent)
+            reserve = state.reserve if after is None else final_reserve(ctx, after, state)
             if ctx.budget.fits(reserve):
                 final = run_final(ctx, state.incumbent)
             else:

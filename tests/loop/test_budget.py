@@ -2,14 +2,21 @@
 
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from loop_fixtures import CONFIG, DEPLOYMENT, STOCK, cost_table, evaluation, fingerprint, run_context
 
 from specpilot.config import Regime
+from specpilot.control.config import Stage
 from specpilot.control.controller import Costs
-from specpilot.loop.budget import Budget, evaluation_seconds, final_seconds, fitting_candidates, round_seconds
+from specpilot.loop.budget import (Budget, CandidateCost, compile_seconds, compiled_opens, compiles, evaluation_seconds,
+                                   final_seconds, fitting_candidates, fitting_selection, open_warmup, round_seconds)
+from specpilot.loop.config import LoopConfig
 from specpilot.loop.final import bench_config
+from specpilot.loop.rounds import RoundState
+from specpilot.loop.run import final_reserve
+from specpilot.loop.systems import Candidate, Incumbent
 from specpilot.memory.store import Memory
 
 
@@ -104,3 +111,70 @@ def test_the_final_may_carry_a_patch_when_any_source_of_one_is_there():
     assert quiet.final_may_patch(patched)
     assert run(agents=("knob", "coding")).final_may_patch(plain)
     assert run(patches=(None, "diff")).final_may_patch(plain)
+
+
+def test_the_first_round_counts_the_kernel_agents_tuning_as_proposing():
+    """Before any round: proposing (the kernel agent tunes for up to its 60 s) + 5 s + 4 evaluations;
+    a smaller round keeps the proposing."""
+    assert round_seconds([], 20.0, 3, 1, propose_s=60.0) == 60.0 + 5.0 + 4 * 20.0
+    assert round_seconds([50.0], 20.0, 3, 1, propose_s=60.0) == 50.0  # a past round counted its own
+    assert fitting_candidates([], 20.0, 3, 1, 125.0, propose_s=60.0) == 2  # 65 + 3 x 20
+    assert fitting_candidates([], 20.0, 3, 1, 104.0, propose_s=60.0) == 0  # 65 + 2 x 20 = 105
+
+
+def test_a_compiled_system_costs_a_compile_warmup_to_open():
+    """draft_compile or verify_compile: ~90 s on a GPU before this run saw one, else the longest open
+    of a compiled candidate seen less a plain open; a shared worker pays it at a system's first open
+    only, an isolated pair at every open."""
+    assert compiles({"draft_compile": True}) and compiles({"verify_compile": True, "draft_compile": False})
+    assert not compiles({"depth": 3}) and not compiles({"draft_compile": False, "verify_compile": False})
+    assert compile_seconds([], "cuda") == 90.0
+    assert compile_seconds([97.4, 75.2, 3.0], "cuda") == pytest.approx(97.4 - 6.0)
+    assert compile_seconds([4.0], "cuda") == 0.0
+    assert open_warmup(True, False, True, 90.0) == (90.0, 0.0)  # shared, first open: screening only
+    assert open_warmup(True, True, True, 90.0) == (0.0, 0.0)  # shared, compiled there before
+    assert open_warmup(True, True, False, 90.0) == (90.0, 90.0)  # isolated: every open
+    assert open_warmup(False, False, False, 90.0) == (0.0, 0.0)
+    # the opens seen: a compiled candidate's first (a re-measured winner's screening), never a plain one's
+    compiled = STOCK.with_changes(name="c", draft_compile=True, verify_compile=True)
+    plain = STOCK.with_changes(name="p", depth=3)
+
+    def timed(system, open_s, stage=Stage.SCREEN):
+        e = evaluation(system)
+        return replace(e, stage=stage, costs=replace(e.costs, open=open_s))
+
+    winner = replace(timed(compiled, 1.5, Stage.REMEASURE), screening=timed(compiled, 97.4))
+    assert compiled_opens([winner, timed(plain, 6.5), timed(compiled, 75.2)]) == [97.4, 75.2]
+
+
+def test_candidates_are_kept_in_order_while_their_round_and_final_fit():
+    """150 s left on one device, the final ~40 s: a plain candidate (20 s to screen, 20 s to re-measure)
+    fits; a compiled one (110 s to screen, and a final ~130 s should it win) does not, and the plain one
+    after it is still kept; with 80 s only the first plain one fits."""
+    plain, dear = CandidateCost(20.0, 20.0, 40.0), CandidateCost(110.0, 20.0, 130.0, 90.0)
+    assert fitting_selection(0.0, [plain, dear, plain], 1, 150.0) == [0, 2]  # 20 + 20 + 20 + 40 = 100
+    assert fitting_selection(0.0, [dear, plain], 1, 150.0) == [1]
+    assert fitting_selection(0.0, [plain, plain], 1, 80.0) == [0]  # 20 + 20 + 40; two would take 100
+    assert fitting_selection(30.0, [plain], 1, 100.0) == []  # a cold compiled incumbent's 30 s first
+    assert fitting_selection(0.0, [plain, plain, plain], 2, 99.0) == [0, 1]  # one wave of two: 20 + 20 + 40
+    assert fitting_selection(0.0, [plain, plain, plain], 2, 100.0) == [0, 1, 2]  # two waves: 100
+    # a compile candidate whose comparisons fit (110 + 20 + 40 = 170) but whose final would not (130)
+    assert fitting_selection(0.0, [dear], 1, 200.0) == [] and fitting_selection(0.0, [dear], 1, 260.0) == [0]
+
+
+def test_the_final_measurement_counts_a_compile_warmup_for_each_compiled_system():
+    """A knob-only final in the loaded process: the systems' warm-up, plus ~90 s (no compile seen yet)
+    when the final system compiles; once a compiled open of 66 s was seen, 60 s."""
+    compiled = Incumbent(Candidate(STOCK.with_changes(name="c", verify_compile=True)))
+    ctx = run_context(config=LoopConfig(), deployment=DEPLOYMENT, device="cuda", stock=Candidate(STOCK), agents=(),
+                      patches_stored=False)
+    cost = cost_table(STOCK)
+    plain_s = final_seconds(cost, ctx.bench, 1, "cuda", own_process=False)
+    assert final_seconds(cost, ctx.bench, 1, "cuda", own_process=False, compile_s=90.0) == plain_s + 90.0
+    state = RoundState(index=1, done=0, incumbent=Incumbent(Candidate(STOCK)), noise=None)
+    assert final_reserve(ctx, cost, state) == pytest.approx(plain_s)
+    assert final_reserve(ctx, cost, replace(state, incumbent=compiled)) == pytest.approx(plain_s + 90.0)
+    e = evaluation(compiled.candidate.system)
+    seen = SimpleNamespace(evaluated=(SimpleNamespace(evaluation=replace(e, costs=replace(e.costs, open=66.0))),))
+    state = replace(state, incumbent=compiled, outcomes=(seen,))
+    assert final_reserve(ctx, cost, state) == pytest.approx(plain_s + 60.0)

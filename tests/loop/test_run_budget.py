@@ -16,22 +16,28 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-from loop_fixtures import DEPLOYMENT, STOCK, cost_table, run_context
+from loop_fixtures import CONFIG, DEPLOYMENT, STOCK, cost_table, evaluation, fingerprint, run_context
 
+from specpilot.config import System
+from specpilot.control.config import Placement
+from specpilot.control.controller import RoundResult
 from specpilot.control.load import FixedProbe, Load
+from specpilot.control.rule import Outcome
 from specpilot.control.timing_lock import TimingLock
 from specpilot.loop import budget as loop_budget
 from specpilot.loop import run as loop_run
+from specpilot.loop.agents.base import LoopSetup, Proposal, Proposer
 from specpilot.loop.budget import Budget
 from specpilot.loop.budget_plan import plan_line
-from specpilot.loop.config import LoopConfig, StopReason
+from specpilot.loop.config import LoopConfig, SlotPolicy, StopReason
 from specpilot.loop.context import RunContext, RunOptions, uncount_wait
 from specpilot.loop.journal import EventKind
 from specpilot.loop.noise import NoiseChoice
 from specpilot.loop.reporter import Reporter
-from specpilot.loop.rounds import RoundState
+from specpilot.loop.rounds import RoundState, run_round
 from specpilot.loop.run import finish, run_loop, run_rounds
 from specpilot.loop.systems import Candidate, Incumbent
+from specpilot.memory.store import Memory
 
 FINAL_S = 20.0  # every final-measurement estimate in these tests
 
@@ -85,9 +91,10 @@ class Run:
 
 
 def bare_run(monkeypatch, budget_minutes: float | None, clock: Clock, rounds_s: list[float], measure_s: float = 2.0,
-             promote: bool = False, rounds: int = 3) -> Run:
+             promote: bool = False, rounds: int = 3, agents=(), left_out=()) -> Run:
     """A run of `rounds` rounds of 3 candidates (10 s an evaluation: a first round of ~45 s) whose
-    rounds take `rounds_s` seconds and whose cost tables take `measure_s`."""
+    rounds take `rounds_s` seconds and whose cost tables take `measure_s`; `agents` (names) are on;
+    a round with `left_out` times nothing and leaves them out."""
     config = LoopConfig(rounds=rounds, budget_minutes=budget_minutes, max_candidates=3, patience=5)
     incumbent = Incumbent(Candidate(STOCK))
 
@@ -103,7 +110,9 @@ def bare_run(monkeypatch, budget_minutes: float | None, clock: Clock, rounds_s: 
     ctx = run_context(config=config, options=RunOptions(), budget=Budget(config.budget_s), journal=Log(),
                       deployment=DEPLOYMENT, device="cpu", backend=SimpleNamespace(parallelism=1),
                       paths=SimpleNamespace(run_id="run"), memory=SimpleNamespace(tag_load=lambda ids, load: None),
-                      lock=SimpleNamespace(window=Window), agents=(), seeds=(), patches_stored=False)
+                      lock=SimpleNamespace(window=Window), agents=tuple(SimpleNamespace(name=a) for a in agents),
+                      seeds=(), patches_stored=False,
+                      stock=Candidate(STOCK))
     noise = NoiseChoice(floor=None, id=None, load=None, per_evaluation=10.0)
     r = Run(ctx, RoundState(index=1, done=0, incumbent=incumbent, noise=noise))
 
@@ -119,8 +128,9 @@ def bare_run(monkeypatch, budget_minutes: float | None, clock: Clock, rounds_s: 
         seconds = next(took)
         ctx.journal.lines.append(f"ROUND {state.index} of {candidates} candidate(s)")
         clock.now += seconds
-        return SimpleNamespace(seconds=seconds, nothing_new=False, evaluated=(), incumbent_before=incumbent,
-                               incumbent_after=incumbent, cost=cost_table(STOCK), promoted=promote or None)
+        return SimpleNamespace(seconds=seconds, nothing_new=bool(left_out), evaluated=(), incumbent_before=incumbent,
+                               incumbent_after=incumbent, cost=cost_table(STOCK), promoted=promote or None,
+                               left_out=tuple(left_out))
 
     monkeypatch.setattr(loop_run, "run_round", run_round)
     return r
@@ -137,6 +147,24 @@ def test_what_fits_is_said_before_the_first_round_and_the_final_keeps_its_time(c
     assert lines.index(plan) < lines.index("ROUND 1 of 3 candidate(s)") < lines.index("ROUND 2 of 1 candidate(s)")
     assert stop is StopReason.BUDGET and len(outcomes) == 2 and "stopping: round 3" in lines[-1]
     assert clock.now - start + FINAL_S <= 100  # what ran leaves the final measurement its time
+
+
+def test_the_first_rounds_estimate_counts_the_kernel_agents_tuning(clock, monkeypatch):
+    """With the kernel agent on, a first round proposes for up to its 60 s tuning budget: ~105 s, not ~45 s."""
+    run = bare_run(monkeypatch, 200 / 60, clock, [105.0], agents=("knob", "kernel"))
+    run.rounds()
+    assert run.journal.lines[0] == ("budget: 198 s left: 1 of the 3 round(s) (~105 s each) and the final measurement "
+                                    "(~20 s) fit")
+
+
+def test_a_round_that_could_time_none_of_its_candidates_stops_the_run(clock, monkeypatch):
+    """Not one of round 1's candidates fitted beside the final measurement: the run stops for the
+    budget rather than proposing again (nor counting the round as idle)."""
+    run = bare_run(monkeypatch, 100 / 60, clock, [5.0, 5.0], left_out=("compiled",))
+    _, outcomes, stop, _ = run.rounds()
+    assert stop is StopReason.BUDGET and len(outcomes) == 1
+    assert run.journal.lines[-1] == ("stopping: no candidate of round 1 fits beside the final measurement (~20 s) "
+                                     "in the 93 s left")
 
 
 def test_a_budget_that_holds_a_smaller_round_or_none_says_so_first(clock, monkeypatch):
@@ -238,3 +266,73 @@ def test_a_budget_too_short_for_the_final_measurement_skips_it(home, tmp_path, m
         "skipping the final measurement (~1000 s)")
     (error,) = result.report["run"]["errors"]
     assert error.startswith("skipping the final measurement (~1000 s): it would not fit in the ")
+
+
+class Listed(Proposer):
+    """Proposes the systems it is given, in order."""
+
+    name = "knob"
+
+    def __init__(self, systems):
+        super().__init__()
+        self.systems = systems
+
+    def propose(self, ctx):
+        return [Proposal(self.name, Candidate(s), "listed") for s in self.systems]
+
+
+class Rejecting:
+    """Times nothing: rejects every candidate it is given, and keeps their names."""
+
+    def __init__(self):
+        self.timed = []
+
+    def evaluate_round(self, incumbent, specs, noise):
+        self.timed.append([s.system["name"] for s in specs])
+        systems = [System.from_dict({k: v for k, v in s.system.items() if k != "name"}, name=s.system["name"])
+                   for s in specs]
+        return RoundResult(tuple(evaluation(x, gain=-0.05, verdict=Outcome.REJECT) for x in systems), None)
+
+
+def budget_round(tmp_path, systems, left: float, reserve: float = 40.0, per_evaluation: float = 20.0,
+                 incumbent=STOCK):
+    """Round 1 on cuda (one device, a shared worker) of the `systems` proposed, with `left` s of the
+    budget and a final measurement of ~`reserve` s: (outcome, what was timed, the journal's lines)."""
+    journal, controller = Log(), Rejecting()
+    with Memory(tmp_path / "m.sqlite") as memory:
+        ctx = run_context(config=LoopConfig(slots=SlotPolicy.ROUND_ROBIN, max_candidates=3), options=RunOptions(),
+                          budget=Budget(left), deployment_file="fx", deployment=DEPLOYMENT, device="cuda",
+                          controller_config=CONFIG, memory=memory, paths=SimpleNamespace(run_id="t"),
+                          journal=journal, fingerprint=fingerprint(), controller=controller,
+                          backend=SimpleNamespace(parallelism=1, placement=Placement.ALTERNATE),
+                          setup=LoopSetup(DEPLOYMENT, "cuda", "NVIDIA H100", None, tmp_path), stock=Candidate(STOCK),
+                          agents=(Listed(systems),), seeds=())
+        noise = NoiseChoice(floor=None, id=None, load=None, per_evaluation=per_evaluation)
+        state = RoundState(index=1, done=0, incumbent=Incumbent(Candidate(incumbent)), noise=noise,
+                           cost=cost_table(incumbent), reserve=reserve)
+        outcome = run_round(ctx, state, 3)
+    return outcome, controller.timed, journal.lines
+
+
+def test_a_round_times_only_the_candidates_that_fit_beside_the_final(tmp_path):
+    """150 s left on cuda, the final ~40 s, 20 s an evaluation: a candidate that turns on
+    torch.compile costs its ~90 s warm-up to open (110 s to screen), so it and its final (~130 s,
+    should it be the final system) do not fit; the plain candidate after it does (20 + 20 + 40 s) and
+    is the only one timed, with a line saying which was left out and why."""
+    dear = STOCK.with_changes(name="knob:draft_compile=true", draft_compile=True)
+    plain = STOCK.with_changes(name="knob:depth=3", depth=3)
+    outcome, timed, lines = budget_round(tmp_path / "a", [dear, plain], 150.0)
+    assert timed == [["knob:depth=3"]]
+    assert [p.candidate.name for p in outcome.selected] == ["knob:depth=3"]
+    assert [p.candidate.name for p in outcome.left_out] == ["knob:draft_compile=true"]
+    assert ("round 1: leaving out 1 of 2 candidate(s), whose comparisons would not fit beside the final measurement "
+            "(~40 s) in the 150 s left: knob:draft_compile=true (~110 s, a compile warm-up of ~90 s included; the "
+            "final measurement ~130 s after it); timing the 1 that fit (~40 s)") in lines
+    # room for both: nothing is left out, and nothing said
+    outcome, timed, lines = budget_round(tmp_path / "b", [dear, plain], 300.0)
+    assert timed == [["knob:draft_compile=true", "knob:depth=3"]] and outcome.left_out == ()
+    assert not any("leaving out" in line for line in lines)
+    # a compiled incumbent the run has not timed yet: its shared worker compiles it once, first
+    outcome, timed, lines = budget_round(tmp_path / "c", [plain], 150.0, incumbent=dear)
+    assert timed == [] and outcome.nothing_new and [p.candidate.name for p in outcome.left_out] == ["knob:depth=3"]
+    assert "round 1: nothing timed: no candidate fits in the budget's time left" in lines

@@ -11,6 +11,7 @@ from specpilot.control.controller import RoundResult
 from specpilot.control.rule import Outcome
 from specpilot.control.stats import GainEstimate, NoiseFloor
 from specpilot.loop.agents.base import LoopSetup, Proposal, Proposer
+from specpilot.loop.budget import Budget
 from specpilot.loop.config import LoopConfig, SlotPolicy
 from specpilot.loop.context import RunOptions
 from specpilot.loop.cost_model import Gap, GapKind
@@ -135,7 +136,7 @@ def run(tmp_path, agents, cost, seeds=(), policy=SlotPolicy.GAPS, index=1, choos
     setup = LoopSetup(DEPLOYMENT, "cuda", "NVIDIA H200", None, tmp_path)
     with Memory(tmp_path / "m.sqlite") as memory:
         ctx = run_context(config=LoopConfig(slots=policy, seed=0), options=RunOptions(runner="x:y"),
-                          deployment_file="fx", controller_config=CONFIG, memory=memory,
+                          budget=Budget(None), deployment_file="fx", controller_config=CONFIG, memory=memory,
                           paths=SimpleNamespace(run_id="t"), journal=journal, fingerprint=fingerprint(),
                           controller=controller or Controller(), setup=setup, stock=Candidate(STOCK),
                           agents=tuple(agents), seeds=tuple(seeds))
