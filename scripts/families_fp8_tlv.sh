@@ -10,6 +10,8 @@
 #   families/       scripts/families_checks.py (AR vs byte floor and verify curves, random weights; top kernels)
 #   hybrid_final/   specpilot bench on fixture-hybrid-x16: stock vs the loop's final system (scripts/systems/hybrid-final.toml)
 #   times.txt       seconds per part
+#   all.log         every part's log, one after another (`tail -n +1`); parts.tgz: the part folders (a device
+#                   call returns at most 8 files)
 #     bash scripts/families_fp8_tlv.sh COMMIT [PART ...]
 #   PARTS: gpu_tests fp8 tlv_b1 sampling families hybrid_final; default: gpu_tests fp8 tlv_b1 sampling families
 set -u
@@ -35,3 +37,4 @@ run sampling 80 python scripts/sampling_speed.py --deployment fixture-x16-eagle3
   --out "$OUT/sampling"
 run families 60 python scripts/families_checks.py --out "$OUT/families" --commit "$C" --kernels
 rm -f "$OUT"/*/*.png
+(cd "$OUT" && tail -n +1 times.txt ./*.log > all.log 2>/dev/null; tar czf parts.tgz --exclude='*.log' --exclude=parts.tgz ./*/ 2>/dev/null)

@@ -38,11 +38,15 @@ SOURCES = (
      "loop_fixture.py --agents integration knob --budget-minutes 8.8, then --resume --rounds 8 --budget-minutes 7.5"),
     ("loop/acceptance_check.*", "acceptance model: predicted vs measured tokens per round by tree shape (CPU)",
      "acceptance_check.py --n-prompts 2 --tokens 96"),
-    ("loop/switch_estimates.json", "cost-table entries after a short vs a full-length warm-up",
-     "switch_estimates.py"),
-    ("loop/fixture-hybrid-x16/*", "the optimization loop on the hybrid GDN fixture, batch 1, H100, one call",
-     "loop_fixture.py --deployment fixture-hybrid-x16 --budget-minutes 3.9 --rounds 2 --final-prompts 2 "
-     "--final-tokens 256"),
+    ("loop/fixture-hybrid-x16/*", "the optimization loop on the hybrid GDN fixture, batch 1, H100, one call "
+     "(its final measurement did not fit the budget)",
+     "loop_fixture.py --deployment fixture-hybrid-x16 --budget-minutes 8.5 (under timeout 575)"),
+    ("families/h100/*", "Gemma/MoE decoders (random weights): AR vs byte floor, verify curve, experts read, top kernels (H100)",
+     "families_checks.py --kernels"),
+    ("families_fp8_tlv/*", "FP8 kernels vs byte floor, _scaled_mm, BF16 and FP8 vs BF16 AR; TLV on fixture-x16; "
+     "sampled vs greedy EAGLE-3 speed (H100)",
+     "families_fp8_tlv.sh COMMIT sampling (first call); families_fp8_tlv.sh COMMIT gpu_tests fp8 hybrid_final "
+     "tlv_b1 families (second call): the parts' logs"),
     ("hybrid/checks_h100/*", "hybrid GDN target: AR vs byte floor by step configuration, BF16 tree vs path (H100)",
      "hybrid_checks.py (its kernels section failed there: hybrid/kernels_h100 is that run)"),
     ("hybrid/kernels_h100/*", "GDN conv + recurrence kernels vs the PyTorch reference and the byte floor (H100)",
@@ -88,9 +92,8 @@ ERRATA = (
      "on that of 909cec4 (the device copy's base was the session's first commit)"),
     ("loop/fixture-x16-batch-c32/", "b358578+dirty", "ran on the working tree of 043281f (the device copy's base "
      "was the session's first commit)"),
-    ("loop/switch_estimates.json", "094504f", "ran at f9f5601 (the device copy's base was the session's first commit)"),
-    ("loop/fixture-hybrid-x16/", "b72f1c6+dirty", "ran on the working tree of 9aa5554 (the device copy's base was "
-     "the session's first commit)"),
+    ("families_fp8_tlv/*", "-", "sampling part at dc6a599; fp8 and tlv_b1 parts on the working tree of 4f05ddb "
+     "(bench records dc6a599 (dirty): the device copy's base was the session's first commit)"),
     ("hybrid/kernels_h100/gdn_kernels.{json,md}", "b72f1c6+dirty", "ran on the working tree of 4fa8cf1 (the "
      "device copy's base was the session's first commit)"),
 )
@@ -308,6 +311,10 @@ def hybrid_rows(data: dict) -> list[tuple[str, str]]:
 
 def loop_rows(data: dict) -> list[tuple[str, str]]:
     f = data["final"]
+    if not f:  # the run skipped its final measurement: only the promotions' own gains, compounded
+        return [(f"loop on `{data['deployment']['name']}`: final system over stock",
+                 f"no final measurement; promotions' gains compounded +{100 * data['compounded_gain']:.1f}% "
+                 f"({len(data['promotions'])} promoted, each with its own interval in the report)")]
     return [(f"loop on `{data['deployment']['name']}`: final system over stock",
              f"{ci(f['final_gain'])} (over AR: final {f['final_speedup']['estimate']:.2f}x,"
              f" stock {f['stock_speedup']['estimate']:.2f}x)")]
