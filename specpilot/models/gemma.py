@@ -44,20 +44,9 @@ import torch.nn.functional as F
 from specpilot.models.config import ModelConfig
 from specpilot.models.fusion import concat_rows
 from specpilot.models.kv_cache import KVCache
-from specpilot.models.ops import rotate_half
+from specpilot.models import ops
 from specpilot.models.ring_cache import RingCache, gather_columns, ring_slots
 from specpilot.models.transformer import Packing
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, zero_centered: bool) -> torch.Tensor:
-    """Gemma's RMSNorm over the last dim, in float32 with one rounding: scale (1 + w) (Gemma-3) or w
-    (Gemma-4; none without a weight, its v norm), each written as transformers computes it."""
-    h = x.float()
-    if zero_centered:
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-        return (h * (1.0 + weight.float())).to(x.dtype)
-    h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)
-    return (h if weight is None else h * weight.float()).to(x.dtype)
 
 
 def in_dtypes(value: float) -> dict[torch.dtype, float]:
@@ -104,7 +93,15 @@ class GemmaNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if self.zero_centered else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, self.zero_centered)
+        return ops.fused("gemma_rms_norm", x.device)(x, self.weight, self.eps, self.zero_centered)
+
+    def add_to(self, h: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """h + this norm of delta (a post-norm into the residual), one fused op on the GPU."""
+        return ops.fused("gemma_add_norm", h.device)(h, delta, self.weight, self.eps, self.zero_centered)
+
+    def with_rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """This norm of x [B,T,H,D], then RoPE (a q or k norm), one fused op on the GPU."""
+        return ops.fused("gemma_norm_rope", x.device)(x, self.weight, cos, sin, self.eps, self.zero_centered)
 
 
 class GemmaAttention(nn.Module):
@@ -140,18 +137,16 @@ class GemmaAttention(nn.Module):
         if packing is not None:
             y = packing.unpack(y)
         B, T, _ = y.shape
-        q = self.q_norm(y[..., : H * D].view(B, T, H, D))
-        q = q * cos + rotate_half(q) * sin
+        q = self.q_norm.with_rope(y[..., : H * D].view(B, T, H, D), cos, sin)
         k_cache, v_cache = cache.k[self.cache_index], cache.v[self.cache_index]  # [B,Hkv,S or R,D]
         ring = getattr(cache, "ring", None) if self.sliding else None
         deferred = ring is not None and fresh is not None
         if not self.shared:
             k = y[..., H * D : (H + Hkv) * D].view(B, T, Hkv, D)
             v = k if self.k_eq_v else y[..., (H + Hkv) * D :].view(B, T, Hkv, D)
-            k = self.k_norm(k)
-            k = k * cos + rotate_half(k) * sin
+            k = self.k_norm.with_rope(k, cos, sin)
             if self.v_norm:
-                v = rms_norm(v, None, self.config.rms_norm_eps, zero_centered=False)
+                v = ops.fused("gemma_rms_norm", v.device)(v, None, self.config.rms_norm_eps, False)
             if deferred:
                 fresh[self.cache_index] = (k, v)
             else:
@@ -175,8 +170,7 @@ class GemmaMLP(nn.Module):
         self.down_proj = nn.Linear(I, C, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        return self.down_proj(ops.fused("gelu_tanh_mul", x.device)(self.gate_up_proj(x)))
 
 
 class GemmaBlock(nn.Module):
@@ -200,11 +194,11 @@ class GemmaBlock(nn.Module):
     def forward(self, h, cos, sin, cache, rows, slots, bias, packing, per_layer_input, fresh=None):
         """The residual stream [B,T,C] (packed: [1,M,C]) after this layer; per_layer_input [..,P] or None."""
         a = self.self_attn(self.input_layernorm(h), cos, sin, cache, rows, slots, bias, packing, fresh)
-        h = h + self.post_attention_layernorm(a)
-        h = h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        h = self.post_attention_layernorm.add_to(h, a)
+        h = self.post_feedforward_layernorm.add_to(h, self.mlp(self.pre_feedforward_layernorm(h)))
         if per_layer_input is not None:
             g = F.gelu(self.per_layer_input_gate(h), approximate="tanh") * per_layer_input
-            h = h + self.post_per_layer_input_norm(self.per_layer_projection(g))
+            h = self.post_per_layer_input_norm.add_to(h, self.per_layer_projection(g))
         return h * self.layer_scalar if hasattr(self, "layer_scalar") else h
 
 

@@ -90,13 +90,44 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     return (h * F.silu(gate.float())).to(x.dtype)
 
 
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, zero_centered: bool) -> torch.Tensor:
+    """Gemma's RMSNorm over the last dim, in float32 with one rounding: scale (1 + w) (Gemma-3) or w
+    (Gemma-4; none without a weight, its v norm), each written as transformers computes it."""
+    h = x.float()
+    if zero_centered:
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return (h * (1.0 + weight.float())).to(x.dtype)
+    h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    return (h if weight is None else h * weight.float()).to(x.dtype)
+
+
+def gemma_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
+                    zero_centered: bool) -> torch.Tensor:
+    """Gemma's q (or k) norm, then RoPE: x [B,T,H,D], cos/sin broadcastable to it."""
+    x = gemma_rms_norm(x, weight, eps, zero_centered)
+    return x * cos + rotate_half(x) * sin
+
+
+def gemma_add_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float,
+                   zero_centered: bool) -> torch.Tensor:
+    """h + gemma_rms_norm(delta): a sublayer's output normed (Gemma's post-norm) into the residual."""
+    return h + gemma_rms_norm(delta, weight, eps, zero_centered)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up of a fused [.., 2I] gate|up projection (Gemma's MLP)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 def fusion_enabled(device: torch.device) -> bool:
     return device.type == "cuda" and env.compile_enabled()
 
 
 # the ops `fused` hands out, by name (a plain dict: Dynamo traces a lookup in it, not `globals()`)
 FUSABLE = {fn.__name__: fn for fn in (rms_norm, add_rms_norm, qkv_norm_rope, silu_mul, rms_norm_1p, add_rms_norm_1p,
-                                      gated_qkv_norm_rope, gated_rms_norm)}
+                                      gated_qkv_norm_rope, gated_rms_norm, gemma_rms_norm, gemma_norm_rope,
+                                      gemma_add_norm, gelu_tanh_mul)}
 
 
 # Compilations one op may keep. dynamic=True makes batch sizes and token counts symbolic, but

@@ -80,3 +80,22 @@ def test_inductor_launches_its_kernels_with_pdl_where_ours_do(monkeypatch):
     assert ops.inductor_options(cuda) is None
     monkeypatch.setattr(launch, "pdl", lambda device: True)
     assert ops.inductor_options(cuda) == {"triton.enable_pdl": True}  # this torch has the option
+
+
+@pytest.mark.parametrize("zero_centered", [True, False])
+def test_gemma_ops_trace_whole_and_equal_the_plain_math(zero_centered):
+    """Gemma's norms (Gemma-3's (1 + w), Gemma-4's w, its weightless v norm), norm + RoPE, the
+    post-norm residual add and GELU-tanh x up trace as one graph each (fullgraph, dynamic shapes:
+    what `fused` compiles on CUDA) and give the plain functions' values."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 3, 4, 8, generator=g), torch.randn(8, generator=g)
+    cos, sin = torch.randn(2, 3, 1, 8, generator=g), torch.randn(2, 3, 1, 8, generator=g)
+    h, gate_up = torch.randn(2, 3, 16, generator=g), torch.randn(2, 3, 32, generator=g)
+    cases = [("gemma_rms_norm", (x, w, 1e-6, zero_centered)), ("gemma_rms_norm", (x, None, 1e-6, False)),
+             ("gemma_norm_rope", (x, w, cos, sin, 1e-6, zero_centered)),
+             ("gemma_add_norm", (h, h.flip(-1), torch.randn(16, generator=g), 1e-6, zero_centered)),
+             ("gelu_tanh_mul", (gate_up,))]
+    for name, args in cases:
+        assert torch.equal(ops._compiled(name, "eager")(*args), ops.FUSABLE[name](*args)), name
+    torch._dynamo.reset()
