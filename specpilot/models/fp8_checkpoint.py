@@ -1,5 +1,5 @@
 """FP8 checkpoints: reading the layouts users have into `FP8Weight`s, and `convert_fp8` (BF16 or
-float32 directory -> block-wise FP8 directory).
+float32 directory -> block-wise or per-channel FP8 directory).
 
 Layouts read, from `quantization_config` in config.json:
   - `quant_method: "fp8"` (DeepSeek/Qwen FP8 releases, transformers' finegrained FP8): `fmt`
@@ -205,15 +205,20 @@ class FP8ConvertReport:
     kept: int                   # tensors left in the source dtype
     bytes_before: int
     bytes_after: int
+    per_channel: bool = False   # one scale per output row; else 128x128 blocks
 
     def line(self) -> str:
-        return (f"quantized {len(self.quantized)} tensors to block-wise {BLOCK}x{BLOCK} FP8 e4m3 ({self.kept} kept), "
+        grid = "per-channel" if self.per_channel else f"block-wise {BLOCK}x{BLOCK}"
+        return (f"quantized {len(self.quantized)} tensors to {grid} FP8 e4m3 ({self.kept} kept), "
                 f"{self.bytes_before / 2**20:.2f} MiB -> {self.bytes_after / 2**20:.2f} MiB; wrote {self.dst}")
 
 
-def convert_fp8(src: str | Path, dst: str | Path, lm_head: bool = False, force: bool = False) -> FP8ConvertReport:
-    """Write a block-wise 128x128 e4m3 copy of the BF16/float32 HF directory `src` to `dst` in the
-    `quant_method: "fp8"` layout; norms, embeddings (and lm_head unless `lm_head`) stay as they are."""
+def convert_fp8(src: str | Path, dst: str | Path, lm_head: bool = False, force: bool = False,
+                per_channel: bool = False) -> FP8ConvertReport:
+    """Write an e4m3 copy of the BF16/float32 HF directory `src` to `dst` in the `quant_method: "fp8"`
+    layout: block-wise 128x128 (`weight_block_size`), or with `per_channel` one scale per output row
+    (`X.weight_scale_inv` [N, 1], no block size); norms, embeddings (and lm_head unless `lm_head`)
+    stay as they are."""
     from specpilot.models.config import ModelConfig
     from specpilot.models.loading import read_hf_tensors
 
@@ -237,14 +242,16 @@ def convert_fp8(src: str | Path, dst: str | Path, lm_head: bool = False, force: 
             continue
         if t.dtype not in (torch.bfloat16, torch.float16, torch.float32) or t.dim() != 2:
             raise CheckpointError(f"SRC tensor {name} is {t.dtype} {list(t.shape)}; fp8 convert needs 2-D float weights")
-        out[name], out[name.removesuffix(".weight") + ".weight_scale_inv"] = quantize_blockwise(t)
+        quantize = quantize_per_channel if per_channel else quantize_blockwise
+        out[name], out[name.removesuffix(".weight") + ".weight_scale_inv"] = quantize(t)
         quantized.append(name)
     if not quantized:
         raise CheckpointError(f"SRC {src}: no projection weights to quantize")
     dst.mkdir(parents=True, exist_ok=True)
     save_tensors(out, dst / "model.safetensors", metadata={"format": "pt"})  # the umask's mode, not 0600
     config_json["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                          "weight_block_size": [BLOCK, BLOCK], "modules_to_not_convert": skip}
+                                          **({} if per_channel else {"weight_block_size": [BLOCK, BLOCK]}),
+                                          "modules_to_not_convert": skip}
     (dst / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
     for f in src.iterdir():  # tokenizer and generation files travel with the weights
         if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json",
@@ -252,4 +259,4 @@ def convert_fp8(src: str | Path, dst: str | Path, lm_head: bool = False, force: 
             shutil.copyfile(f, dst / f.name)
     size = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
     return FP8ConvertReport(str(dst), tuple(quantized), len(out) - 2 * len(quantized),
-                            size(tensors.values()), size(out.values()))
+                            size(tensors.values()), size(out.values()), per_channel)

@@ -42,7 +42,8 @@ def test_register_adds_convert():
     parser = argparse.ArgumentParser()
     fp8_cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["fp8", "convert", "a", "b", "--lm-head", "--force"])
-    assert args.func is fp8_cli.run_convert and args.lm_head and args.force
+    assert args.func is fp8_cli.run_convert and args.lm_head and args.force and not args.per_channel
+    assert parser.parse_args(["fp8", "convert", "a", "b", "--per-channel"]).per_channel
 
 
 @pytest.mark.parametrize("made_by", ["fp8 convert", "hand-written"])

@@ -134,6 +134,21 @@ def test_converted_checkpoint_equals_its_dense_twin(src, tmp_path):
     assert torch.equal(logits(model), logits(load_model(twin)))
 
 
+def test_per_channel_conversion_equals_its_dense_twin(src, tmp_path):
+    """`fp8 convert --per-channel`: one float32 scale per output row ([N, 1] weight_scale_inv, no
+    block size in the config), codes by `quantize_per_channel`; loads to its dense twin's logits."""
+    fp8 = tmp_path / "fp8"
+    report = convert_fp8(src, fp8, per_channel=True)
+    assert "per-channel" in report.line() and len(report.quantized) == 2 * 7
+    assert "weight_block_size" not in json.loads((fp8 / "config.json").read_text())["quantization_config"]
+    tensors = load_file(str(fp8 / "model.safetensors"))
+    name = report.quantized[0].removesuffix(".weight")
+    assert tensors[name + ".weight_scale_inv"].shape == (tensors[name + ".weight"].shape[0], 1)
+    twin = write_dense_twin(fp8, tmp_path / "dense",
+                            lambda n, ts: (ts[n].float() * ts[n.removesuffix("weight") + "weight_scale_inv"]))
+    assert torch.equal(logits(load_model(fp8)), logits(load_model(twin)))
+
+
 def test_converted_lm_head_is_fp8_too(src, tmp_path):
     convert_fp8(src, tmp_path / "fp8", lm_head=True)
     model = load_model(tmp_path / "fp8")
