@@ -4,7 +4,7 @@ and `steps.verify_step`, as graph-capturable tensor code.
 Each round processes the target's logits row by row (`row_sampling.process_rows`: the request's
 temperature, top-k, top-p, min-p), draws its uniforms from the counter-based generator keyed by
 (row seed, tokens the row emitted before the round, draw id) (`counter_rng`), and commits exactly
-as the greedy steps do (`verify.commit`, `state.commit_tokens`) from the same `Acceptance`:
+as the greedy steps do (`steps.commit_path`) from the same `Acceptance`:
 
 - AR: the next token is the inverse-CDF draw from p with draw 0.
 - Speculative: `acceptance_sampling.point_mass_accept` over the drafter's tree, one draw per node
@@ -36,9 +36,9 @@ from specpilot.engine.faults import Fault, FaultKind, apply_logit_bias
 from specpilot.engine.row_sampling import Filters, RowSampling, process_rows
 from specpilot.engine.sampling import sample_from
 from specpilot.engine.state import DecodeState, commit_tokens
-from specpilot.engine.steps import ar_logits, packed_logits, tree_forward
+from specpilot.engine.steps import ar_logits, commit_path, packed_logits, tree_forward
 from specpilot.engine.tree import DraftTree
-from specpilot.engine.verify import Acceptance, commit
+from specpilot.engine.verify import Acceptance
 from specpilot.models.transformer import Transformer
 
 
@@ -113,9 +113,4 @@ def sampled_verify_step(
         acc = point_mass_accept(tree, probs, u[:, :N])
     else:
         acc = sampled_accept(tree, probs, u[:, :N], u[:, N], draft_probs, kind, rule_fault)
-    if features is not None:
-        idx = acc.path.clamp(min=0)[..., None].expand(-1, -1, features.shape[-1])
-        acc.features = features.gather(1, idx)
-    commit(cache, prefix, acc, ~state.done)
-    commit_tokens(state, acc.new_tokens, acc.accept_len + 1)
-    return acc
+    return commit_path(cache, state, prefix, acc, features)

@@ -192,6 +192,14 @@ def verify_step(
     acc = greedy_accept(tree, argmax, accept_unverified=unverified, forced=forced)
     if forced is not None:
         finish_segments(acc, state, forced)
+    return commit_path(cache, state, prefix, acc, features)
+
+
+def commit_path(cache, state: DecodeState, prefix: torch.Tensor, acc: Acceptance,
+                features: torch.Tensor | None) -> Acceptance:
+    """Commit a verified tree's accepted path into the cache and its tokens (the bonus or final
+    token included) into the state, active rows only; with `features` [B,N,nC], `acc.features`
+    [B,K+1,nC] are those of the path's nodes, root first (past accept_len: junk). Returns acc."""
     if features is not None:
         idx = acc.path.clamp(min=0)[..., None].expand(-1, -1, features.shape[-1])
         acc.features = features.gather(1, idx)

@@ -12,10 +12,9 @@ from specpilot.loop.config import LoopConfig, SlotPolicy, StopReason, Timing
 from specpilot.loop.journal import JOURNAL_FILE, EventKind, Journal
 from specpilot.loop.run import RunOptions, run_loop
 
-pytestmark = [pytest.mark.slow, pytest.mark.whole_loop]  # a full loop run with real workers
+from tests.loop.test_loop import CONTROLLER  # the same timing for every loop test run
 
-CONTROLLER = {"blocks": 5, "noise_blocks": 5, "extra_blocks": 0, "max_new_tokens": 16, "gate_prompts": 4,
-              "resamples": 999}
+pytestmark = [pytest.mark.slow, pytest.mark.whole_loop]  # a full loop run with real workers
 
 
 @pytest.fixture(scope="module")

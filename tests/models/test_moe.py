@@ -125,15 +125,22 @@ def test_saved_checkpoints_load_in_transformers(tmp_path, variant):
         assert torch.equal(again.state_dict()[name], p), name
 
 
-def test_only_routed_experts_run(monkeypatch):
-    """Each expert a token routes to runs once, over exactly its tokens; the others never run."""
+def small_moe(experts: int, per_token: int, intermediate: int, dtype=torch.float32) -> SparseMoE:
+    """A sparse layer of hidden size 16 with N(0, 0.3) weights, drawn after torch.manual_seed(0)
+    (so the caller's later torch.randn inputs are fixed too)."""
     cfg = ModelConfig(family="qwen3_moe", vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1,
-                      num_heads=2, num_kv_heads=1, head_dim=8, num_experts=6, num_experts_per_tok=2,
-                      moe_intermediate_size=8)
+                      num_heads=2, num_kv_heads=1, head_dim=8, num_experts=experts, num_experts_per_tok=per_token,
+                      moe_intermediate_size=intermediate)
     torch.manual_seed(0)
     moe = SparseMoE(cfg)
     for p in moe.parameters():
         torch.nn.init.normal_(p, std=0.3)
+    return moe.to(dtype)
+
+
+def test_only_routed_experts_run(monkeypatch):
+    """Each expert a token routes to runs once, over exactly its tokens; the others never run."""
+    moe = small_moe(experts=6, per_token=2, intermediate=8)
     x = torch.randn(5, 16)
     weights, ids = moe.route(x)
     seen = []
@@ -161,13 +168,7 @@ def test_the_grouped_gemm_path_gives_the_per_expert_loop(dtype):
     """The capturable path (two grouped GEMMs, device-side offsets, what CUDA graphs get in BF16)
     computes what the host-bounded loop does, the same sums in the same order; experts no token
     routes to leave empty groups."""
-    cfg = ModelConfig(family="qwen3_moe", vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1,
-                      num_heads=2, num_kv_heads=1, head_dim=8, num_experts=8, num_experts_per_tok=3,
-                      moe_intermediate_size=16)
-    torch.manual_seed(0)
-    moe = SparseMoE(cfg).to(dtype)
-    for p in moe.parameters():
-        torch.nn.init.normal_(p, std=0.3)
+    moe = small_moe(experts=8, per_token=3, intermediate=16, dtype=dtype)
     for T in (1, 5, 16):
         x = torch.randn(T, 16, dtype=dtype)
         weights, ids = moe.route(x)
@@ -180,13 +181,7 @@ def test_the_grouped_gemm_path_gives_the_per_expert_loop(dtype):
 def test_the_masked_path_gives_the_per_expert_loop():
     """The path a CUDA graph captures where there is no grouped GEMM (float32): every expert over
     every pair, each pair keeping its own expert's rows -- the loop's values, in its sum order."""
-    cfg = ModelConfig(family="qwen3_moe", vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1,
-                      num_heads=2, num_kv_heads=1, head_dim=8, num_experts=8, num_experts_per_tok=3,
-                      moe_intermediate_size=16)
-    torch.manual_seed(0)
-    moe = SparseMoE(cfg)
-    for p in moe.parameters():
-        torch.nn.init.normal_(p, std=0.3)
+    moe = small_moe(experts=8, per_token=3, intermediate=16)
     for T in (1, 5, 16):
         x = torch.randn(T, 16)
         weights, ids = moe.route(x)
