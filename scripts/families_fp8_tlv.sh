@@ -34,7 +34,7 @@ run hybrid_final 200 python -m specpilot bench --deployment fixture-hybrid-x16 -
 run tlv_b1 110 python -m specpilot bench --deployment fixture-x16 --system stock --system scripts/systems/tlv-2.toml \
   --system scripts/systems/tlv-4.toml --n-prompts 5 --max-new-tokens 128 --out "$OUT/tlv_b1" --no-progress
 run sampling 80 python scripts/sampling_speed.py --deployment fixture-x16-eagle3 --n-prompts 1 --max-new-tokens 256 \
-  --out "$OUT/sampling"
+  --out "$OUT/sampling" --commit "$C"
 run families 60 python scripts/families_checks.py --out "$OUT/families" --commit "$C" --kernels
 rm -f "$OUT"/*/*.png
 (cd "$OUT" && tail -n +1 times.txt ./*.log > all.log 2>/dev/null; tar czf parts.tgz --exclude='*.log' --exclude=parts.tgz ./*/ 2>/dev/null)

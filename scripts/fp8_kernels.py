@@ -338,6 +338,9 @@ def main(argv=None) -> int:
 
     try:
         doc["environment"] = capture(device, torch.bfloat16)
+        env = doc["environment"]  # the printed lines carry their provenance too (a log may be all that comes back)
+        print(f"# fp8_kernels.py on {env.get('gpu') or env.get('cpu') or 'CPU'}, {doc['date']}, commit "
+              f"{args.commit or env.get('git_commit')}{' (dirty)' if env.get('git_dirty') else ''}", flush=True)
         bandwidth = bandwidth_gbps(device, 4 if args.smoke else 1024) * 1e3  # bytes per µs (read + write)
         doc["copy_bandwidth_GBps"] = bandwidth / 1e3
     except Exception:

@@ -36,6 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7)")
     p.add_argument("--top-p", type=float, default=0.95, help="sampling top-p (default 0.95)")
     p.add_argument("--device", help="cpu, cuda ... (default: cuda if available)")
+    p.add_argument("--commit", help="the commit measured (recorded; default: git's HEAD)")
     return p.parse_args(argv)
 
 
@@ -64,7 +65,9 @@ def measure(session, system, prompts, max_new: int, sampling) -> dict:
 def markdown(report: dict) -> str:
     setting = (f"{report['prompts']} prompts x {report['max_new_tokens']} new tokens, batch 1; "
                f"sampled at temperature {report['temperature']:g}, top-p {report['top_p']:g}, seeds 0..n-1.")
-    lines = [f"# Speculation under sampling: {report['deployment']} ({report['system']}) on {report['device']}", "",
+    where = report["gpu"] or report["device"]
+    lines = [f"# Speculation under sampling: {report['deployment']} ({report['system']}) on {where}", "",
+             f"{report['date']}, commit {report.get('commit') or '-'}; written by `scripts/sampling_speed.py`", "",
              setting, "",
              "| mode | AR tok/s | system tok/s | speedup | mean accepted length |", "|---|---|---|---|---|"]
     for mode in ("greedy", "sampled"):
@@ -88,8 +91,12 @@ def main(argv=None) -> int:
     session = Session.load(dep, device=args.device)
     prompts = [list(p.ids) for p in prompt_ids(dep, session.tokenizer, dep.sets, args.n_prompts, 0)]
     system = dep.stock
+    from specpilot.bench.provenance import capture
+
+    env = capture(session.device)
+    commit = args.commit or f"{env.get('git_commit') or '-'}{' (dirty)' if env.get('git_dirty') else ''}"
     report = {
-        "deployment": dep.name, "system": system.name, "knobs": system.knobs(), "device": str(session.device),
+        "commit": commit, "deployment": dep.name, "system": system.name, "knobs": system.knobs(), "device": str(session.device),
         "gpu": torch.cuda.get_device_name(session.device) if session.device.type == "cuda" else platform.processor(),
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
         "top_p": args.top_p, "torch": torch.__version__, "date": datetime.now(timezone.utc).isoformat(),
