@@ -6,14 +6,16 @@
 #                   rounds in graphs, the FP8 kernel against its reference on the device
 #   fp8/            scripts/fp8_kernels.py (FP8 kernels vs byte floor, _scaled_mm, BF16; FP8 vs BF16 AR)
 #   tlv_b1/         specpilot bench on fixture-x16: AR, stock, stock + TLV chains of 2 and 4
-#   sampling/       scripts/sampling_speed.py on fixture-x16-eagle3 (T 0.7, top-p 0.95, greedy beside it)
+#   sampling/       scripts/sampling_speed.py on fixture-x16-eagle3 (T 0.7, top-p 0.95, greedy beside it): stock,
+#                   and the stock tree and a 16-node tree on the fast paths
+#   hybrid_ar/      scripts/hybrid_checks.py: fixture-hybrid-x16 AR vs its byte floor by step configuration, profiled
 #   families/       scripts/families_checks.py (AR vs byte floor and verify curves, random weights; top kernels)
 #   hybrid_final/   specpilot bench on fixture-hybrid-x16: stock vs the loop's final system (scripts/systems/hybrid-final.toml)
 #   times.txt       seconds per part
 #   all.log         every part's log, one after another (`tail -n +1`); parts.tgz: the part folders (a device
 #                   call returns at most 8 files)
 #     bash scripts/families_fp8_tlv.sh COMMIT [PART ...]
-#   PARTS: gpu_tests fp8 tlv_b1 sampling families hybrid_final; default: gpu_tests fp8 tlv_b1 sampling families
+#   PARTS: gpu_tests fp8 tlv_b1 sampling families hybrid_final hybrid_ar; default: gpu_tests fp8 tlv_b1 sampling families
 set -u
 C=${1:-unknown}
 shift || true
@@ -33,8 +35,10 @@ run hybrid_final 200 python -m specpilot bench --deployment fixture-hybrid-x16 -
   --system scripts/systems/hybrid-final.toml --n-prompts 5 --max-new-tokens 512 --out "$OUT/hybrid_final" --no-progress
 run tlv_b1 110 python -m specpilot bench --deployment fixture-x16 --system stock --system scripts/systems/tlv-2.toml \
   --system scripts/systems/tlv-4.toml --n-prompts 5 --max-new-tokens 128 --out "$OUT/tlv_b1" --no-progress
-run sampling 80 python scripts/sampling_speed.py --deployment fixture-x16-eagle3 --n-prompts 1 --max-new-tokens 256 \
-  --out "$OUT/sampling" --commit "$C"
-run families 60 python scripts/families_checks.py --out "$OUT/families" --commit "$C" --kernels
+run sampling 220 python scripts/sampling_speed.py --deployment fixture-x16-eagle3 --n-prompts 1 --max-new-tokens 256 \
+  --out "$OUT/sampling" --commit "$C" --system stock --system scripts/systems/eagle3-d5k4n7-fast.toml \
+  --system scripts/systems/eagle3-d6k4n16-fast.toml
+run hybrid_ar 180 python scripts/hybrid_checks.py --out "$OUT/hybrid_ar" --commit "$C" --skip ulp kernels --profile
+run families 90 python scripts/families_checks.py --out "$OUT/families" --commit "$C" --kernels
 rm -f "$OUT"/*/*.png
 (cd "$OUT" && tail -n +1 times.txt ./*.log > all.log 2>/dev/null; tar czf parts.tgz --exclude='*.log' --exclude=parts.tgz ./*/ 2>/dev/null)

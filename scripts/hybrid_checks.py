@@ -54,6 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--deployment", default="fixture-hybrid-x16", help="deployment (default fixture-hybrid-x16)")
     p.add_argument("--skip", nargs="*", default=[], choices=SECTIONS, help="sections to leave out")
     p.add_argument("--tokens", type=int, default=256, help="new tokens per AR prompt (default 256)")
+    p.add_argument("--profile", action="store_true", help="profile each AR step kernel by kernel")
+    p.add_argument("--steps", nargs="+", choices=list(STEPS), default=list(STEPS), help="AR step configurations")
     p.add_argument("--nodes", type=int, nargs="+", default=[16, 32, 64], help="tree sizes of the ulp check")
     return p.parse_args(argv)
 
@@ -92,12 +94,28 @@ def step_bytes(target, context: float) -> dict:
             "states": per_row + per_node}
 
 
-def ar_section(session, prompts: list[list[int]], tokens: int, bandwidth: float) -> dict:
+def step_profile(gen) -> dict:
+    """The generator's own AR step (forward, argmax, commit) replayed as a CUDA graph on the state the
+    run left, kernel by kernel (`bench.kernel_profile.piece`); an error is recorded, not raised."""
+    from specpilot.bench.kernel_profile import piece
+
+    try:
+        ws = next(reversed(gen.workspaces.values()))  # its rows are done: a step rewrites the same slot
+        with torch.inference_mode():
+            return piece(lambda: gen.rounds.step(ws, 0), 20)
+    except Exception:
+        return {"error": traceback.format_exc(limit=4)}
+
+
+def ar_section(session, prompts: list[list[int]], tokens: int, bandwidth: float, profile: bool = False,
+               steps=tuple(STEPS)) -> dict:
     from specpilot.config import System
 
     out, outputs = {}, {}
     base = System().plain_ar()
     for name, knobs in STEPS.items():
+        if name not in steps:
+            continue
         system = base.with_knobs(knobs, name)
         try:
             gen = session.generator(system)
@@ -110,6 +128,8 @@ def ar_section(session, prompts: list[list[int]], tokens: int, bandwidth: float)
             out[name] = {"ms_per_step": ms, "floor_ms": floor_ms, "fraction_of_floor": floor_ms / ms,
                          "bytes": parts, "batch": len(prompts)}
             outputs[name] = result.outputs
+            if profile:
+                out[name]["step"] = step_profile(gen)
         except Exception:
             out[name] = {"error": traceback.format_exc(limit=4)}
         session.forget(system.fingerprint())
@@ -221,6 +241,28 @@ def ulp_section(session, prompt: list[int], nodes: list[int]) -> dict:
     return out
 
 
+def profile_lines(ar: dict) -> list[str]:
+    """The profiled steps: wall, kernels, idle and families, then each step's top kernels."""
+    from specpilot.bench.kernel_profile import seen
+
+    rows = {n: r["step"] for n, r in ar.items() if isinstance(r.get("step"), dict) and "error" not in r["step"]}
+    if not rows:
+        return []
+    lines = ["Each step (forward, argmax, commit) replayed as a CUDA graph, profiled; µs per step:", "",
+             "| step | graph µs | kernels | kernel µs | idle µs | families µs (n) |", "|---|---|---|---|---|---|"]
+    for name, p in rows.items():
+        k = seen(p)
+        fams = ", ".join(f"{f} {v['us']:.0f} ({v['kernels']:.0f})" for f, v in k["families"].items())
+        lines.append(f"| {name} | {p['graph_wall_us']:.0f} | {k['kernels_per_call']:.0f} | {k['kernel_us_per_call']:.0f} | "
+                     f"{p['idle_us']:.0f} | {fams} |")
+    lines.append("")
+    for name, p in rows.items():
+        lines += [f"Top kernels of `{name}`:", "", "| kernel | family | n | µs |", "|---|---|---|---|"]
+        lines += [f"| `{t['name'][:90]}` | {t['family']} | {t['kernels']:.0f} | {t['us']:.1f} |" for t in seen(p)["top"]]
+        lines.append("")
+    return lines
+
+
 def render(data: dict) -> str:
     lines = [f"# Hybrid GDN checks on {data['device']}", "",
              f"{data['deployment']}; commit {data['commit'] or 'n/a'}; torch {data['torch']}; "
@@ -236,6 +278,7 @@ def render(data: dict) -> str:
             lines.append(f"| {name} | {r['ms_per_step']:.3f} | {r['floor_ms']:.3f} | "
                          f"{100 * r['fraction_of_floor']:.1f}% | {r.get('same_tokens_as_first')} |")
         lines.append("")
+        lines += profile_lines(ar)
     ulp = data.get("ulp", {})
     if ulp and "error" not in ulp:
         lines += ["## BF16 tree verification vs the exact path computation (GDN recurrence)", "",
@@ -275,7 +318,8 @@ def main(argv=None) -> int:
         "Question: A baker makes 24 rolls and sells 9 of them. How many rolls are left?\nAnswer:",
         "def fibonacci(n: int) -> int:\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n")]
     for name, fn in (("ulp", lambda: ulp_section(session, prompts[0], args.nodes)),
-                     ("ar", lambda: ar_section(session, prompts[:1], args.tokens, data["bandwidth_tb_s"]))):
+                     ("ar", lambda: ar_section(session, prompts[:1], args.tokens, data["bandwidth_tb_s"],
+                                              profile=args.profile, steps=args.steps))):
         if name in args.skip:
             continue
         t = time.perf_counter()

@@ -9,7 +9,7 @@ time over the same prompts, and the system's mean accepted length (tokens per ta
 Sampled outputs equal AR's in law, not token for token (`engine.sampled_steps`).
 
 Usage: python scripts/sampling_speed.py --out DIR [--deployment fixture-x16-eagle3] [--n-prompts 4]
-       [--max-new-tokens 512] [--temperature 0.7] [--top-p 0.95] [--device cuda]
+       [--max-new-tokens 512] [--temperature 0.7] [--top-p 0.95] [--device cuda] [--system stock|FILE ...]
 Writes DIR/sampling_speed.json and DIR/sampling_speed.md (numbers from this run only). On CPU,
 `--deployment fixture --n-prompts 1 --max-new-tokens 16` checks the script end to end.
 """
@@ -37,6 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=0.95, help="sampling top-p (default 0.95)")
     p.add_argument("--device", help="cpu, cuda ... (default: cuda if available)")
     p.add_argument("--commit", help="the commit measured (recorded; default: git's HEAD)")
+    p.add_argument("--system", action="append", default=[],
+                   help="a system to measure ('stock' or a TOML file; repeat for several; default: stock)")
     return p.parse_args(argv)
 
 
@@ -66,14 +68,20 @@ def markdown(report: dict) -> str:
     setting = (f"{report['prompts']} prompts x {report['max_new_tokens']} new tokens, batch 1; "
                f"sampled at temperature {report['temperature']:g}, top-p {report['top_p']:g}, seeds 0..n-1.")
     where = report["gpu"] or report["device"]
-    lines = [f"# Speculation under sampling: {report['deployment']} ({report['system']}) on {where}", "",
+    lines = [f"# Speculation under sampling: {report['deployment']} on {where}", "",
              f"{report['date']}, commit {report.get('commit') or '-'}; written by `scripts/sampling_speed.py`", "",
              setting, "",
-             "| mode | AR tok/s | system tok/s | speedup | mean accepted length |", "|---|---|---|---|---|"]
-    for mode in ("greedy", "sampled"):
-        m = report[mode]
-        lines.append(f"| {mode} | {m['ar_tokens'] / m['ar_seconds']:.1f} | {m['tokens'] / m['seconds']:.1f} | "
-                     f"{m['speedup']:.2f}x | {m['mean_accepted_length']:.2f} |")
+             "| system | mode | AR tok/s | system tok/s | speedup | mean accepted length |", "|---|---|---|---|---|---|"]
+    for run in report["systems"]:
+        for mode in ("greedy", "sampled"):
+            m = run[mode]
+            lines.append(f"| {run['system']} | {mode} | {m['ar_tokens'] / m['ar_seconds']:.1f} | "
+                         f"{m['tokens'] / m['seconds']:.1f} | {m['speedup']:.2f}x | {m['mean_accepted_length']:.2f} |")
+    base = report["systems"][0]["knobs"]
+    lines += ["", f"Knobs of {report['systems'][0]['system']}: {base}"]
+    for r in report["systems"][1:]:
+        diff = {k: v for k, v in r["knobs"].items() if base.get(k) != v}
+        lines.append(f"{r['system']}: {diff}")
     return "\n".join(lines) + "\n"
 
 
@@ -82,26 +90,28 @@ def main(argv=None) -> int:
     import torch
 
     from specpilot.bench.prompts import prompt_ids
-    from specpilot.config import load_deployment
+    from specpilot.config import load_deployment, load_system
     from specpilot.engine.sampling import SamplingParams
     from specpilot.engine.session import Session
 
     dep = load_deployment(args.deployment)
     sampling = SamplingParams(args.temperature, top_p=args.top_p)  # bad values: one error, before loading
+    systems = [load_system(spec, dep) for spec in (args.system or ["stock"])]
     session = Session.load(dep, device=args.device)
     prompts = [list(p.ids) for p in prompt_ids(dep, session.tokenizer, dep.sets, args.n_prompts, 0)]
-    system = dep.stock
     from specpilot.bench.provenance import capture
 
     env = capture(session.device)
     commit = args.commit or f"{env.get('git_commit') or '-'}{' (dirty)' if env.get('git_dirty') else ''}"
     report = {
-        "commit": commit, "deployment": dep.name, "system": system.name, "knobs": system.knobs(), "device": str(session.device),
+        "commit": commit, "deployment": dep.name, "device": str(session.device),
         "gpu": torch.cuda.get_device_name(session.device) if session.device.type == "cuda" else platform.processor(),
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
         "top_p": args.top_p, "torch": torch.__version__, "date": datetime.now(timezone.utc).isoformat(),
-        "greedy": measure(session, system, prompts, args.max_new_tokens, None),
-        "sampled": measure(session, system, prompts, args.max_new_tokens, sampling),
+        "systems": [{"system": system.name, "knobs": system.knobs(),
+                     "greedy": measure(session, system, prompts, args.max_new_tokens, None),
+                     "sampled": measure(session, system, prompts, args.max_new_tokens, sampling)}
+                    for system in systems],
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -112,4 +122,10 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from specpilot.errors import SpecPilotError
+
+    try:
+        raise SystemExit(main())
+    except SpecPilotError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
