@@ -7,8 +7,9 @@ Triton's interpreter (how the CPU tests run the kernels) executes the Python of 
 compiles it, so errors only the compiler sees -- branches returning different types, inline-asm
 operand constraints, layouts Triton cannot lower -- would first show up on the GPU. This module
 compiles each candidate launch config of the GEMV and GEMM paths (both weight formats, tiles even
-and uneven, the smallest and largest row block of each config), the unpack kernel and the split-KV
-attention kernels (each query tile and head size, BF16 and float32) to PTX and a cubin for the
+and uneven, the smallest and largest row block of each config), the unpack kernel, the split-KV
+attention kernels (each query tile and head size, BF16 and float32), the FP8 kernel and the Gated
+DeltaNet kernels to PTX and a cubin for the
 target with Triton's bundled ptxas (no driver involved), checks the shared memory each needs
 against the architecture's limit, and reports every failure.
 
@@ -49,7 +50,7 @@ SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes 
 
 @dataclass(frozen=True)
 class Variant:
-    kernel: str  # "gemv" | "gemm" | "unpack" | "attention" | "attention_merge" | "fp8"
+    kernel: str  # "gemv" | "gemm" | "unpack" | "attention" | "attention_merge" | "fp8" | "gdn_conv" | "gdn_recurrence"
     label: str
     constexprs: dict
     num_warps: int
@@ -75,6 +76,10 @@ def _kernel(name: str):
         from specpilot.kernels.attention_kernel import merge_splits_kernel, split_attention_kernel
 
         return split_attention_kernel if name == "attention" else merge_splits_kernel
+    if name in ("gdn_conv", "gdn_recurrence"):
+        from specpilot.kernels import gdn_kernel
+
+        return getattr(gdn_kernel, name + "_kernel")
     from specpilot.kernels.w12_unpack import _unpack_kernel
 
     return _unpack_kernel
@@ -161,6 +166,7 @@ def variants(quick: bool = False) -> list[Variant]:
     out.append(Variant("unpack", "unpack", {"BLOCK_N": 16, "BLOCK_K": 256, "PTX_DECODE": True}, 4, 1))
     out += attention_variants(quick)
     out += fp8_variants(quick)
+    out += gdn_variants(quick)
     out += pdl_variants(out)
     return list({v.label: v for v in out}.values())
 
@@ -196,6 +202,44 @@ def attention_variants(quick: bool = False) -> list[Variant]:
                 out.append(Variant("attention_merge", name.replace("attention", "merge"), {"D": D, "BLOCK_M": bm}, 4, 1,
                                    activations=act))
     return out
+
+
+def gdn_variants(quick: bool = False) -> list[Variant]:
+    """The Gated DeltaNet kernels (`gdn_kernel.py`) as `kernels.gdn` launches them: the conv over a
+    chunk, a tree, and a decode step that moves the window on (COMMIT); the recurrence at Dk 64 and
+    128; BF16 and (unless `quick`) float32 activations."""
+    from specpilot.kernels.gdn import BLOCK_V, CONV_BLOCK_C, recurrence_warps
+
+    out = []
+    for act in (("*bf16",) if quick else ("*bf16", "*fp32")):
+        rnd = 1 if act == "*bf16" else 0
+        for tree, commit in ((False, False), (True, False), (False, True)):
+            c = {"K": 4, "BLOCK_C": CONV_BLOCK_C, "TREE": tree, "ROUND": rnd, "COMMIT": commit, "KP2": 4}
+            label = f"gdn_conv {'tree' if tree else 'step commit' if commit else 'chunk'} {act[1:]}"
+            out.append(Variant("gdn_conv", label, c, 4, 1, activations=act))
+        for dk in (64, 128):
+            c = {"BK": dk, "BV": BLOCK_V, "ROUND": rnd, "BETA_ROUND": rnd}
+            out.append(Variant("gdn_recurrence", f"gdn_recurrence dk{dk} {act[1:]}", c, recurrence_warps(dk), 1,
+                               activations=act))
+    return out
+
+
+def _gdn_signature(fn, v: Variant) -> tuple[dict, dict]:
+    """(signature, attributes) of a GDN launch: activations, conv weights and outputs in the model's
+    dtype, states float32, A_log / dt_bias float32, positions, parents, commits int64, fresh bool."""
+    ints = {"pos_ptr", "par_ptr", "dep_ptr", "cm_ptr", "commit_ptr"}
+    f32 = {"state_ptr", "node_ptr", "alog_ptr", "dtb_ptr"}
+    signature = {}
+    for name in fn.arg_names:
+        if name in v.constexprs:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = ("*i64" if name in ints else "*fp32" if name in f32 else "*i1" if name == "fresh_ptr"
+                               else v.activations)
+        else:
+            signature[name] = "fp32" if name == "scale" else "i32"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name.endswith("_ptr")}
+    return signature, attrs
 
 
 def fp8_variants(quick: bool = False) -> list[Variant]:
@@ -235,6 +279,7 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
     if "PDL" in fn.arg_names and "PDL" not in v.constexprs:  # a launch passes it (False: no PDL), never an int
         v = dataclasses.replace(v, constexprs={**v.constexprs, "PDL": False})
     signature, attrs = (_attention_signature if v.kernel.startswith("attention") else
+                        _gdn_signature if v.kernel.startswith("gdn") else
                         _fp8_signature if v.kernel == "fp8" else _projection_signature)(fn, v)
     constants = {(fn.arg_names.index(k),): val for k, val in v.constexprs.items() if k in fn.arg_names}
     t = time.monotonic()

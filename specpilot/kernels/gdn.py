@@ -74,37 +74,56 @@ def _last_dim_unit(t: torch.Tensor) -> torch.Tensor:
 
 # ---- the causal conv -------------------------------------------------------------------------
 
-def _check_conv(x, window, positions, weight, parents, depths) -> int:
+def _check_conv(x, window, positions, weight, parents, depths, commit=None) -> int:
     B, T, Cc = x.shape
     K = weight.shape[-1]
     if (window.shape != (B, K - 1, Cc) or weight.shape != (Cc, K) or positions.shape != (B, T)
             or (parents is None) != (depths is None)
-            or (parents is not None and (parents.shape != (B, T) or depths.shape != (B, T)))):
+            or (parents is not None and (parents.shape != (B, T) or depths.shape != (B, T)))
+            or (commit is not None and (T != 1 or parents is not None or commit.shape != (B,)))):
         raise ValueError(f"gdn_conv: x {tuple(x.shape)}, window {tuple(window.shape)}, weight {tuple(weight.shape)}, "
                          f"positions {tuple(positions.shape)}, parents/depths "
-                         f"{None if parents is None else (tuple(parents.shape), tuple(depths.shape))}")
+                         f"{None if parents is None else (tuple(parents.shape), tuple(depths.shape))}, commit "
+                         f"{None if commit is None else tuple(commit.shape)} (a one-token chunk only)")
     return K
 
 
 def gdn_conv_eager(x: torch.Tensor, window: torch.Tensor, positions: torch.Tensor, weight: torch.Tensor,
-                   parents: torch.Tensor | None = None, depths: torch.Tensor | None = None) -> torch.Tensor:
+                   parents: torch.Tensor | None = None, depths: torch.Tensor | None = None,
+                   commit: torch.Tensor | None = None) -> torch.Tensor:
     """`gdn_conv` by the kernel, called directly."""
     from specpilot.kernels.gdn_kernel import gdn_conv_kernel
 
-    K = _check_conv(x, window, positions, weight, parents, depths)
+    K = _check_conv(x, window, positions, weight, parents, depths, commit)
     B, T, Cc = x.shape
-    x, window = _last_dim_unit(x), _last_dim_unit(window)
+    x = _last_dim_unit(x)
+    if window.stride(-1) != 1:
+        if commit is not None:
+            raise ValueError("gdn_conv: a window committed in place needs a unit last stride")
+        window = window.contiguous()
     y = torch.empty(B, T, Cc, dtype=x.dtype, device=x.device)
     tree = parents is not None
     par, dep = (_last_dim_unit(parents), _last_dim_unit(depths)) if tree else (positions, positions)  # unread: chunk
     block = min(1024, max(CONV_BLOCK_C, _next_pow2(Cc))) if env.triton_interpret() else CONV_BLOCK_C
+    cm = commit.contiguous() if commit is not None else positions  # unread without a commit
     gdn_conv_kernel[(B * T, _cdiv(Cc, block))](  # tokens on the grid's first axis: up to 2^31 - 1
-        x, window, positions, weight, par, dep, y,
+        x, window, positions, weight, par, dep, cm, y,
         x.stride(0), x.stride(1), window.stride(0), window.stride(1), positions.stride(0), positions.stride(1),
         weight.stride(0), weight.stride(1), par.stride(0), dep.stride(0), y.stride(0), y.stride(1),
-        T, Cc, K=K, BLOCK_C=block, TREE=tree, ROUND=_round_code(x.dtype), num_warps=4,
+        T, Cc, K=K, BLOCK_C=block, TREE=tree, ROUND=_round_code(x.dtype), COMMIT=commit is not None,
+        KP2=_next_pow2(max(1, K - 1)), num_warps=4,
     )
     return y
+
+
+def commit_window(window: torch.Tensor, x: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """The conv inputs of the K-1 tokens ending at chunk token last[b] (window [B,K-1,Cc], x [B,T,Cc]);
+    the old window where last[b] < 0."""
+    B, Km1, Cc = window.shape
+    full = torch.cat([window, x], dim=1)
+    idx = last.clamp(min=-1)[:, None] + 1 + torch.arange(Km1, device=x.device)  # [B,K-1]
+    new = full.gather(1, idx[..., None].expand(B, Km1, Cc))
+    return torch.where((last >= 0)[:, None, None], new, window)
 
 
 def conv_reference(x: torch.Tensor, window: torch.Tensor, positions: torch.Tensor, weight: torch.Tensor,
@@ -137,17 +156,37 @@ def _(x, window, positions, weight, parents, depths):
     return x.new_empty(x.shape)
 
 
+@torch.library.custom_op("specpilot::gdn_conv_commit", mutates_args=("window",))
+def _gdn_conv_commit_op(x: torch.Tensor, window: torch.Tensor, positions: torch.Tensor, weight: torch.Tensor,
+                        commit: torch.Tensor) -> torch.Tensor:
+    return gdn_conv_eager(x, window, positions, weight, commit=commit)
+
+
+@_gdn_conv_commit_op.register_fake
+def _(x, window, positions, weight, commit):
+    return x.new_empty(x.shape)
+
+
 def gdn_conv(x: torch.Tensor, window: torch.Tensor, positions: torch.Tensor, weight: torch.Tensor,
-             parents: torch.Tensor | None = None, depths: torch.Tensor | None = None) -> torch.Tensor:
+             parents: torch.Tensor | None = None, depths: torch.Tensor | None = None,
+             commit: torch.Tensor | None = None) -> torch.Tensor:
     """silu(causal depthwise conv) [B,T,Cc] in x's dtype of conv inputs x [B,T,Cc] (any strides, last 1)
     along each token's history: committed window [B,K-1,Cc], positions [B,T], weight [Cc,K]; a tree
-    with parents, depths [B,T]. The kernel on CUDA / the interpreter (one custom op under
-    torch.compile), else `conv_reference`."""
+    with parents, depths [B,T]. With `commit` [B] (a one-token chunk, T == 1: a decode step), the
+    window then moves on by the token's input in place where commit[b] >= 0 (`commit_window`), in
+    the same kernel. The kernel on CUDA / the interpreter (one custom op under torch.compile), else
+    `conv_reference`."""
     if not kernels_available(x):
-        return conv_reference(x, window, positions, weight, parents, depths)
+        y = conv_reference(x, window, positions, weight, parents, depths)
+        if commit is not None:
+            _check_conv(x, window, positions, weight, parents, depths, commit)
+            window.copy_(commit_window(window, x, commit))
+        return y
     if torch.compiler.is_compiling():
+        if commit is not None:
+            return torch.ops.specpilot.gdn_conv_commit(x, window, positions, weight, commit)
         return torch.ops.specpilot.gdn_conv(x, window, positions, weight, parents, depths)
-    return gdn_conv_eager(x, window, positions, weight, parents, depths)
+    return gdn_conv_eager(x, window, positions, weight, parents, depths, commit)
 
 
 # ---- the recurrence ----------------------------------------------------------------------------

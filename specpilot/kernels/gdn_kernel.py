@@ -31,15 +31,19 @@ def _masked(mask, cond):
 
 @triton.jit
 def gdn_conv_kernel(
-    x_ptr, win_ptr, pos_ptr, w_ptr, par_ptr, dep_ptr, y_ptr,
+    x_ptr, win_ptr, pos_ptr, w_ptr, par_ptr, dep_ptr, cm_ptr, y_ptr,
     sx_b, sx_t, sw_b, sw_t, sp_b, sp_t, swc, swk, spar_b, sdep_b, sy_b, sy_t,
     T, Cc,
-    K: tl.constexpr, BLOCK_C: tl.constexpr, TREE: tl.constexpr, ROUND: tl.constexpr,
+    K: tl.constexpr, BLOCK_C: tl.constexpr, TREE: tl.constexpr, ROUND: tl.constexpr, COMMIT: tl.constexpr,
+    KP2: tl.constexpr,
 ):
     """One (token, channel block): y = silu(round(sum_j w[:, K-1-j] * input j steps back)), the
     input j steps back being the token's j-th ancestor in the chunk (TREE: by `parents`; else token
     t - j) while j <= its depth, else entry K-1-(j-depth) of the committed window, and zero where
-    its position (position of the token - j) is below 0. Summed oldest first in float32."""
+    its position (position of the token - j) is below 0. Summed oldest first in float32.
+    COMMIT (a one-token chunk, T == 1: no other program reads this block of the window): then the
+    window takes the token's input, entries 1..K-2 moving down one, where commit[b] >= 0; the
+    shifted block is loaded whole before it is stored."""
     bt = tl.program_id(0)
     cb = tl.program_id(1)
     b = bt // T
@@ -70,6 +74,14 @@ def gdn_conv_kernel(
     z = _round(acc, ROUND)  # the reference rounds the conv to the model dtype before the SiLU
     y = _round(z / (1.0 + tl.exp(-z)), ROUND)
     tl.store(y_ptr + b * sy_b + t * sy_t + c, y.to(y_ptr.dtype.element_ty), mask=c_ok)
+    if COMMIT:
+        keep = tl.load(cm_ptr + b) >= 0
+        r = tl.arange(0, KP2)[:, None]  # new entry r <- old entry r + 1, the last <- the token's input
+        cc = c[None, :]
+        ok = _masked((r < K - 1) & c_ok[None, :], keep)
+        old = tl.load(win_ptr + b * sw_b + (r + 1) * sw_t + cc, mask=ok & (r < K - 2), other=0.0)
+        xin = tl.load(x_ptr + b * sx_b + cc + r * 0, mask=ok & (r == K - 2), other=0.0)
+        tl.store(win_ptr + b * sw_b + r * sw_t + cc, tl.where(r == K - 2, xin, old), mask=ok)
 
 
 @triton.jit

@@ -18,7 +18,7 @@ path for chunks and trees, so a tree node's state is bit for bit what a sequenti
 root path computes).
 
 Owns: the layer module (`GatedDeltaNet`: its decode forward through the cache, its cache-free
-training forward through `gdn_chunked`) and committing a causal chunk's conv window. Does not own
+training forward through `gdn_chunked`). Does not own
 the state buffers (the model's cache, `hybrid_cache.py`) or the kernels.
 """
 
@@ -39,16 +39,6 @@ def heads(y: torch.Tensor, config: ModelConfig):
     c = config
     return kernels.heads(y, c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
                          c.linear_value_head_dim)
-
-
-def commit_window(window: torch.Tensor, x: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-    """The conv inputs of the K-1 tokens ending at chunk token last[b] (window [B,K-1,Cc], x [B,T,Cc]);
-    the old window where last[b] < 0."""
-    B, Km1, Cc = window.shape
-    full = torch.cat([window, x], dim=1)
-    idx = last.clamp(min=-1)[:, None] + 1 + torch.arange(Km1, device=x.device)  # [B,K-1]
-    new = full.gather(1, idx[..., None].expand(B, Km1, Cc))
-    return torch.where((last >= 0)[:, None, None], new, window)
 
 
 class GatedDeltaNet(nn.Module):
@@ -82,7 +72,9 @@ class GatedDeltaNet(nn.Module):
         xin, z, b, a = proj.split([c.conv_dim, c.linear_value_dim, Hv, Hv], dim=-1)
         j = self.index
         window = cache.window[j]
-        y = kernels.gdn_conv(xin, window, positions, self.conv_weight, rec.parents, rec.depths)  # [B,T,Cc]
+        step = not rec.is_tree and T == 1 and rec.commit is not None  # a decode step: the conv kernel moves the window on itself
+        y = kernels.gdn_conv(xin, window, positions, self.conv_weight, rec.parents, rec.depths,
+                             commit=rec.commit if step else None)  # [B,T,Cc]
         fresh = positions[:, 0] == 0  # the root / first token starts a sequence: the zero state
         Hk = c.linear_num_key_heads
         if rec.is_tree:
@@ -92,7 +84,8 @@ class GatedDeltaNet(nn.Module):
         else:
             o = kernels.gdn_recurrence(y, a, b, self.A_log, self.dt_bias, cache.state[j], fresh, Hk,
                                        commit=rec.commit)
-            cache.window[j].copy_(commit_window(window, xin, rec.commit))
+            if not step:
+                cache.window[j].copy_(kernels.commit_window(window, xin, rec.commit))
         o = (fuse or ops.gated_rms_norm)(o, z.reshape(B, T, Hv, Dv), self.norm.weight, c.rms_norm_eps)
         o = o.reshape(B, T, Hv * Dv)
         return self.out_proj(packing.pack(o) if packing is not None else o)

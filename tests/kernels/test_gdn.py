@@ -128,6 +128,25 @@ def test_conv_of_a_chunk_matches_the_reference(T, dtype, device):
     check_conv(y, d["x"], d["window"], positions, d["weight"], Recurrence.chunk(None))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_decode_step_moves_the_window_on_in_the_conv_kernel(dtype, device):
+    """One-token chunk with `commit`: the same outputs as without, and the window becomes
+    `commit_window`'s bit for bit (rows committing 0 move on, rows at -1 keep theirs); more than one
+    token with a commit is refused."""
+    d = layer(3, 1, 2, 4, 16, 16, dtype, device, seed=5)
+    positions = torch.tensor([[0], [2], [10]], device=device)
+    commit = torch.tensor([0, -1, 0], device=device)
+    want_y = K.gdn_conv(d["x"], d["window"], positions, d["weight"])
+    want_window = K.commit_window(d["window"], d["x"], commit)
+    window = d["window"].clone()
+    y = K.gdn_conv(d["x"], window, positions, d["weight"], commit=commit)
+    assert torch.equal(y, want_y)
+    assert torch.equal(window, want_window) and torch.equal(window[1], d["window"][1])
+    two = layer(3, 2, 2, 4, 16, 16, dtype, device, seed=6)
+    with pytest.raises(ValueError, match="one-token chunk"):
+        K.gdn_conv(two["x"], two["window"].clone(), positions.expand(3, 2).contiguous(), two["weight"], commit=commit)
+
+
 @pytest.mark.parametrize("shape, N", [("chain", 8), ("star", 8), ("random", 33), ("random", 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_conv_of_a_tree_walks_the_ancestors_then_the_committed_window(shape, N, dtype, device):
@@ -324,6 +343,10 @@ def test_the_ops_pass_opcheck(device):
                           (d["x"], d["window"], positions, d["weight"], parents, depths))
     nodes = torch.zeros(B, T, Hv, Dk, Dv, device=device)
     fresh = torch.tensor([False], device=device)
+    step = layer(2, 1, 1, 2, 16, 16, torch.float32, device, seed=7)
+    torch.library.opcheck(torch.ops.specpilot.gdn_conv_commit.default,
+                          (step["x"], step["window"].clone(), torch.tensor([[0], [3]], device=device), step["weight"],
+                           torch.tensor([0, -1], device=device)))
     torch.library.opcheck(torch.ops.specpilot.gdn_recurrence.default,
                           (d["x"], d["a"], d["b"], d["A_log"], d["dt_bias"], d["state"].clone(), fresh, Hk,
                            parents, None, nodes))

@@ -8,7 +8,7 @@ import torch
 
 from specpilot.engine.tree import DraftTree
 from specpilot.kernels import gdn as kernels
-from specpilot.models.gdn import commit_window
+from specpilot.kernels.gdn import commit_window
 from specpilot.models.gdn_chunked import chunked_scan
 
 Hk, Hv, Dk, Dv, K = 2, 4, 8, 4, 4
