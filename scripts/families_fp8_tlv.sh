@@ -11,12 +11,15 @@
 #   hybrid_ar/      scripts/hybrid_checks.py: fixture-hybrid-x16 AR vs its byte floor by step configuration, profiled
 #   families/       scripts/families_checks.py (AR vs byte floor and verify curves, random weights; top kernels)
 #   hybrid_final/   specpilot bench on fixture-hybrid-x16: stock vs the loop's final system (scripts/systems/hybrid-final.toml)
+#   loop_sampled/   scripts/loop_fixture.py on fixture-x16-eagle3-sampled, loop_hybrid/ on fixture-hybrid-x16: the
+#                   loop in the time left before DEADLINE (seconds since the epoch; default: 585 s after the start)
 #   times.txt       seconds per part
 #   all.log         every part's log, one after another (`tail -n +1`); parts.tgz: the part folders (a device
-#                   call returns at most 8 files)
+#                   call returns at most 8 files: nothing else is left under $OUT)
 #     bash scripts/families_fp8_tlv.sh COMMIT [PART ...]
-#   PARTS: gpu_tests fp8 tlv_b1 sampling families hybrid_final hybrid_ar; default: gpu_tests fp8 tlv_b1 sampling families
+#   PARTS: gpu_tests fp8 tlv_b1 sampling families hybrid_final hybrid_ar loop_sampled loop_hybrid; default: gpu_tests fp8 tlv_b1 sampling families
 set -u
+DEADLINE=${DEADLINE:-$(( $(date +%s) + 585 ))}  # one device call: the loop parts take the time left before it
 C=${1:-unknown}
 shift || true
 PARTS=" ${*:-gpu_tests fp8 tlv_b1 sampling families} "
@@ -40,5 +43,17 @@ run sampling 220 python scripts/sampling_speed.py --deployment fixture-x16-eagle
   --system scripts/systems/eagle3-d6k4n16-fast.toml
 run hybrid_ar 180 python scripts/hybrid_checks.py --out "$OUT/hybrid_ar" --commit "$C" --skip ulp kernels --profile
 run families 90 python scripts/families_checks.py --out "$OUT/families" --commit "$C" --kernels
+loop() {  # name deployment: `loop_fixture.py` on the deployment in the time left before DEADLINE (<= 8.5 min)
+  [[ "$PARTS" == *" $1 "* ]] || return 0
+  local t0=$(date +%s) left=$(( DEADLINE - $(date +%s) - 25 ))
+  local minutes=$(python -c "print(round(min(8.5, $left / 60), 2))")
+  SPECPILOT_HOME=$(mktemp -d) timeout --signal=INT --kill-after=20 "$left" python scripts/loop_fixture.py \
+    --deployment "$2" --out "$OUT/$1" --budget-minutes "$minutes" > "$OUT/$1.log" 2>&1
+  echo "$1 rc=$? $(( $(date +%s) - t0 ))s budget ${minutes} min" | tee -a "$OUT/times.txt"
+}
+loop loop_sampled fixture-x16-eagle3-sampled
+loop loop_hybrid fixture-hybrid-x16
 rm -f "$OUT"/*/*.png
-(cd "$OUT" && tail -n +1 times.txt ./*.log > all.log 2>/dev/null; tar czf parts.tgz --exclude='*.log' --exclude=parts.tgz ./*/ 2>/dev/null)
+# a device call returns at most 8 files: the logs in one, the part folders in one archive
+(cd "$OUT" && tail -n +1 times.txt ./*.log > all.log 2>/dev/null; tar czf parts.tgz --exclude='*.log' --exclude=parts.tgz ./*/ 2>/dev/null \
+  && find . -mindepth 1 -maxdepth 1 ! -name parts.tgz ! -name all.log -exec rm -rf {} +)
