@@ -41,6 +41,9 @@ SHAPES = (
     ("Qwen3-8B AR step, context 1800", 1, 1, 32, 8, 128, 2048, 1800),
     ("Qwen3-8B verify, 65-node tree", 1, 65, 32, 8, 128, 1024, 512),
     ("fixture-x16 batch 8, 8-node trees", 8, 8, 64, 32, 64, 2560, 1200),
+    ("Gemma-3 4B AR step (D 256)", 1, 1, 8, 4, 256, 1024, 600),
+    ("Gemma-3 4B verify, 16-node tree (D 256)", 1, 16, 8, 4, 256, 1024, 600),
+    ("heads of 512, AR step", 1, 1, 16, 4, 512, 1024, 600),
 )
 L2_COVER_BYTES = 200e6
 
@@ -107,10 +110,11 @@ def measure(shape, rounds: int) -> dict:
         errors[arm] = err
         arms[arm] = [(lambda fn=fn, kv=kv: fn(q, kv[0], kv[1], bias)) for kv in caches]
     best, runs = rotated_rounds(arms, rounds=rounds)
-    plan = plan_splits(B * Hkv, G * T, S, torch.cuda.get_device_properties(dev).multi_processor_count)
+    plan = plan_splits(B * Hkv, G * T, S, torch.cuda.get_device_properties(dev).multi_processor_count, D)
     return {"name": name, "B": B, "T": T, "H": H, "Hkv": Hkv, "D": D, "S": S, "context": context,
             "cache_sets": sets, "us": best, "rounds_us": runs, "max_abs_error": errors, "failed": failed,
-            "split_plan": {"block_m": plan.block_m, "chunk": plan.chunk, "n_split": plan.n_split},
+            "split_plan": {"block_m": plan.block_m, "block_n": plan.block_n, "num_warps": plan.num_warps,
+                           "chunk": plan.chunk, "n_split": plan.n_split},
             "kv_bytes": cache_bytes}
 
 

@@ -183,24 +183,25 @@ def pdl_variants(base: list[Variant]) -> list[Variant]:
 
 
 def attention_variants(quick: bool = False) -> list[Variant]:
-    """The split-KV kernel at each query tile `plan_splits` picks, head sizes 64 and 128, BF16 dots
-    (BF16 models) and IEEE float32 ones (float32 models), writing partials that the last split
-    merges or (one split) the output directly; the merge kernel (where the counters do not fit)
-    likewise."""
-    from specpilot.kernels.attention import BLOCK_N
+    """The split-KV kernel at each query tile `plan_splits` picks, head sizes 64 and 128 and Gemma's
+    256 and 512 (on the key tiles and warps of `key_tiles`), BF16 dots (BF16 models) and IEEE
+    float32 ones (float32 models), writing partials that the last split merges or (one split) the
+    output directly; the merge kernel (where the counters do not fit) likewise."""
+    from specpilot.kernels.attention import key_tiles, query_tile
 
     out = []
     for bf16 in ((True,) if quick else (True, False)):
-        for D in (64, 128):
-            for bm in (16, 32, 64):
+        for D in (64, 128, 256, 512):
+            for bm in dict.fromkeys(query_tile(queries, D) for queries in (16, 32, 64)):
+                block_n, warps = key_tiles(D, bm)
                 name = f"attention d{D} bm{bm} {'bf16' if bf16 else 'fp32'}"
                 act = "*bf16" if bf16 else "*fp32"
                 for direct in (False, True):  # several splits, merged; one, written directly
-                    c = {"D": D, "BLOCK_M": bm, "BLOCK_N": BLOCK_N, "DOT_BF16": bf16, "DIRECT": direct,
+                    c = {"D": D, "BLOCK_M": bm, "BLOCK_N": block_n, "DOT_BF16": bf16, "DIRECT": direct,
                          "MERGE": not direct}
-                    out.append(Variant("attention", name + (" direct" if direct else ""), c, 4, 3, activations=act))
-                out.append(Variant("attention_merge", name.replace("attention", "merge"), {"D": D, "BLOCK_M": bm}, 4, 1,
-                                   activations=act))
+                    out.append(Variant("attention", name + (" direct" if direct else ""), c, warps, 3, activations=act))
+                out.append(Variant("attention_merge", name.replace("attention", "merge"), {"D": D, "BLOCK_M": bm}, warps,
+                                   1, activations=act))
     return out
 
 

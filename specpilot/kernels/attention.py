@@ -14,10 +14,10 @@ an arrival counter per tile in the projections' workspace, `kernels.workspace`, 
 launches; a second kernel merges where the counters would not fit).
 
 The rules:
-- Same semantics as `F.scaled_dot_product_attention(q, k, v, attn_mask=bias)` with the GQA
-  folding of `models.transformer.Attention.attend_cached`: query row m = g * T + t of KV head j
-  is query t of head j * G + g. q is read in its [B,T,H,D] layout and the output written in it, so
-  neither the fold nor its inverse costs a copy.
+- Same semantics as `F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)` (scale
+  D ** -0.5 unless given) with the GQA folding of `models.transformer.CachedAttention`: query row
+  m = g * T + t of KV head j is query t of head j * G + g. q is read in its [B,T,H,D] layout and
+  the output written in it, so neither the fold nor its inverse costs a copy.
 - Exact in the math, not in the rounding: scores and the softmax in float32, BF16 probabilities
   for the second product on BF16 inputs (as the flash kernels do); float32 inputs (and everything
   under the interpreter) multiply in IEEE float32, not TF32.
@@ -25,6 +25,9 @@ The rules:
 - A key tile that the bias masks for every query of a program's tile is skipped, its K/V never
   read: the unfilled end of a static cache costs its mask, not its bytes.
 - The plan depends only on shapes and the SM count, so a CUDA graph or a compiled graph replays it.
+- Head sizes are powers of two from 16 to 512. Up to 128 they share one tiling; 256 and 512 (Gemma)
+  take more warps and, where the query tile is large, smaller key tiles (`key_tiles`), so that q,
+  the accumulator and a K/V tile stay in the registers and shared memory of sm_90.
 """
 
 from __future__ import annotations
@@ -38,35 +41,61 @@ from specpilot import env
 from specpilot.kernels.launch import launch_options, pdl
 from specpilot.kernels.workspace import shared_workspace
 
-BLOCK_N = 64  # keys per inner step
+BLOCK_N = 64  # keys per inner step (but for the large heads of `LARGE_HEAD_TILES`)
 # Queries per row up to which a call counts as "few" (decode, drafting, a verify tree of up to 256
 # nodes with a segment's rows): longer chunks (prefill) fill the GPU by their query tiles, where
-# torch's flash kernels are the faster choice (`models.transformer.Attention.attend_cached`).
+# torch's flash kernels are the faster choice (`models.transformer.CachedAttention`).
 MAX_QUERIES = 512
+MAX_HEAD_DIM = 512  # Gemma-4's global layers
 SMS_OFF_GPU = 8  # the SM count the plan assumes off a GPU (the interpreter: few programs, still several splits)
+# (D, BLOCK_M) -> (keys per inner step, warps of the split and the merge kernel) where not
+# (BLOCK_N, 4): for heads of 256 and 512 the accumulator [BLOCK_M, D] and q spread over 8 warps,
+# with key tiles of 32 where 64 would spill registers on sm_90 (`python -m specpilot.kernels.aot`
+# compiles each); D = 512 keeps query tiles of 16 rows (`query_tile`): 32 spill even on 8 warps.
+LARGE_HEAD_TILES = {(256, 32): (64, 8), (256, 64): (32, 8), (512, 16): (32, 8)}
 
 
 @dataclass(frozen=True)
 class SplitPlan:
     block_m: int  # query rows per program
-    chunk: int  # keys per split, a multiple of BLOCK_N
+    block_n: int  # keys per inner step
+    num_warps: int  # of the split kernel and the merge kernel
+    chunk: int  # keys per split, a multiple of block_n
     n_split: int  # splits of the cache
 
 
-def plan_splits(rows: int, queries: int, keys: int, sms: int) -> SplitPlan:
-    """The split of `keys` for `rows` (batch x KV heads) of `queries` folded query rows each: at
-    least enough programs for two waves of `sms` (fewer only where every split is one key tile),
-    each split a whole number of key tiles."""
-    block_m = 16 if queries <= 16 else 32 if queries <= 32 else 64
+def query_tile(queries: int, head_dim: int) -> int:
+    """Query rows per program: the fewest of 16, 32, 64 covering `queries`; 16 for D = 512."""
+    if head_dim > 256:
+        return 16
+    return 16 if queries <= 16 else 32 if queries <= 32 else 64
+
+
+def key_tiles(head_dim: int, block_m: int) -> tuple[int, int]:
+    """(keys per inner step, warps) of a program of `block_m` query rows of head size `head_dim`."""
+    return LARGE_HEAD_TILES.get((head_dim, block_m), (BLOCK_N, 4))
+
+
+def plan_splits(rows: int, queries: int, keys: int, sms: int, head_dim: int = 128) -> SplitPlan:
+    """The split of `keys` for `rows` (batch x KV heads) of `queries` folded query rows each, heads
+    of `head_dim`: at least enough programs for two waves of `sms` (fewer only where every split is
+    one key tile), each split a whole number of key tiles."""
+    block_m = query_tile(queries, head_dim)
+    block_n, warps = key_tiles(head_dim, block_m)
     base = rows * _cdiv(queries, block_m)  # programs per split
-    tiles = _cdiv(keys, BLOCK_N)
+    tiles = _cdiv(keys, block_n)
     want = max(1, min(tiles, _cdiv(2 * sms, base)))
     per = tiles // want  # key tiles per split: n_split = cdiv(tiles, per) >= want
-    return SplitPlan(block_m, per * BLOCK_N, _cdiv(tiles, per))
+    return SplitPlan(block_m, block_n, warps, per * block_n, _cdiv(tiles, per))
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def softmax_scale(head_dim: int, scale: float | None) -> float:
+    """The scores' scale: `scale`, or head_dim ** -0.5 (SDPA's default) when None."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else scale
 
 
 def _sms(device: torch.device) -> int:
@@ -76,19 +105,19 @@ def _sms(device: torch.device) -> int:
 
 
 def split_attention_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          bias: torch.Tensor) -> torch.Tensor:
-    """q [B,T,H,D]; k_cache, v_cache [B,Hkv,S,D]; bias [B,1,G*T,S] additive (0 or -inf), G = H / Hkv
-    -> o [B,T,H,D] in q's dtype (the kernels, called directly)."""
+                          bias: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """q [B,T,H,D]; k_cache, v_cache [B,Hkv,S,D]; bias [B,1,G*T,S] additive (0 or -inf), G = H / Hkv;
+    scale of the scores (None: D ** -0.5) -> o [B,T,H,D] in q's dtype (the kernels, called directly)."""
     from specpilot.kernels.attention_kernel import merge_splits_kernel, split_attention_kernel
 
     B, T, H, D = q.shape
     Hkv, S = k_cache.shape[1], k_cache.shape[2]
     G = H // Hkv
     M = G * T
-    if H % Hkv or bias.shape[-2] != M or bias.shape[-1] != S or D & (D - 1) or D < 16:
+    if H % Hkv or bias.shape[-2] != M or bias.shape[-1] != S or D & (D - 1) or not 16 <= D <= MAX_HEAD_DIM:
         raise ValueError(f"split_attention: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}, bias {tuple(bias.shape)}")
     q, k_cache, v_cache = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
-    plan = plan_splits(B * Hkv, M, S, _sms(q.device))
+    plan = plan_splits(B * Hkv, M, S, _sms(q.device), D)
     interpret = env.triton_interpret()  # the interpreter mishandles BF16 dots and stores
     out = torch.empty(q.shape, dtype=torch.float32 if interpret else q.dtype, device=q.device)
     direct = plan.n_split == 1  # one split: no partials, no merge
@@ -104,43 +133,46 @@ def split_attention_eager(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), bias.stride(0), bias.stride(2), bias.stride(3),
         out.stride(0), out.stride(1), out.stride(2),
-        T, G, Hkv, M, S, plan.chunk, plan.n_split, 1.0 / math.sqrt(D),
-        D=D, BLOCK_M=plan.block_m, BLOCK_N=BLOCK_N, DOT_BF16=q.dtype == torch.bfloat16 and not interpret,
-        DIRECT=direct, MERGE=merge_here, PDL=pdl_launch, **launch_options(pdl_launch),
+        T, G, Hkv, M, S, plan.chunk, plan.n_split, softmax_scale(D, scale),
+        D=D, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, DOT_BF16=q.dtype == torch.bfloat16 and not interpret,
+        DIRECT=direct, MERGE=merge_here, PDL=pdl_launch, num_warps=plan.num_warps, **launch_options(pdl_launch),
     )
     if not direct and not merge_here:
         merge_splits_kernel[(tiles, B * Hkv)](
             o_part, lse_part, out, out.stride(0), out.stride(1), out.stride(2),
-            T, G, Hkv, M, plan.n_split, D=D, BLOCK_M=plan.block_m, PDL=pdl_launch, **launch_options(pdl_launch),
+            T, G, Hkv, M, plan.n_split, D=D, BLOCK_M=plan.block_m, PDL=pdl_launch, num_warps=plan.num_warps,
+            **launch_options(pdl_launch),
         )
     return out.to(q.dtype)
 
 
 @torch.library.custom_op("specpilot::split_attention", mutates_args=())
 def _split_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        bias: torch.Tensor) -> torch.Tensor:
-    return split_attention_eager(q, k_cache, v_cache, bias)
+                        bias: torch.Tensor, scale: float) -> torch.Tensor:
+    return split_attention_eager(q, k_cache, v_cache, bias, scale)
 
 
 @_split_attention_op.register_fake
-def _(q, k_cache, v_cache, bias):
+def _(q, k_cache, v_cache, bias, scale):
     return torch.empty_like(q)
 
 
-def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bias: torch.Tensor,
+                    scale: float | None = None) -> torch.Tensor:
     """`split_attention_eager`; under torch.compile the op `specpilot::split_attention` (the kernels
     stay out of the traced graph, as the projections' do: `op.py`)."""
     if torch.compiler.is_compiling():
-        return torch.ops.specpilot.split_attention(q, k_cache, v_cache, bias)
-    return split_attention_eager(q, k_cache, v_cache, bias)
+        return torch.ops.specpilot.split_attention(q, k_cache, v_cache, bias, softmax_scale(q.shape[-1], scale))
+    return split_attention_eager(q, k_cache, v_cache, bias, scale)
 
 
-def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, bias: torch.Tensor,
+              scale: float | None = None) -> torch.Tensor:
     """The same attention in float64 by plain torch: [B,T,H,D] (zeros for a query no key admits)."""
     B, T, H, D = q.shape
     Hkv = k_cache.shape[1]
     qf = q.double().permute(0, 2, 1, 3).reshape(B, Hkv, (H // Hkv) * T, D)
-    s = qf @ k_cache.double().transpose(-1, -2) / math.sqrt(D) + bias.double()  # [B,Hkv,M,S]
+    s = qf @ k_cache.double().transpose(-1, -2) * softmax_scale(D, scale) + bias.double()  # [B,Hkv,M,S]
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)
     o = p @ v_cache.double()  # [B,Hkv,M,D]
     return o.reshape(B, H, T, D).transpose(1, 2)

@@ -46,7 +46,7 @@ from specpilot.models.fusion import concat_rows
 from specpilot.models.kv_cache import KVCache
 from specpilot.models import ops
 from specpilot.models.ring_cache import RingCache, gather_columns, ring_slots
-from specpilot.models.transformer import Packing
+from specpilot.models.transformer import CachedAttention, Packing
 
 
 def in_dtypes(value: float) -> dict[torch.dtype, float]:
@@ -104,9 +104,10 @@ class GemmaNorm(nn.Module):
         return ops.fused("gemma_norm_rope", x.device)(x, self.weight, cos, sin, self.eps, self.zero_centered)
 
 
-class GemmaAttention(nn.Module):
+class GemmaAttention(CachedAttention):
     """Attention of one layer over the cache: q/k (and Gemma-4's v) norms, RoPE of its layer type,
-    GQA without repeating K/V, the config's scale. A KV-shared layer projects q only."""
+    GQA without repeating K/V, the config's scale, SDPA or the split-KV kernel (`use_attention`).
+    A KV-shared layer projects q only."""
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
@@ -157,9 +158,7 @@ class GemmaAttention(nn.Module):
             k_new, v_new = fresh[self.cache_index]
             k_cache = torch.cat([k_cache, k_new.transpose(1, 2)], 2)  # [B,Hkv,R+T,D]
             v_cache = torch.cat([v_cache, v_new.transpose(1, 2)], 2)
-        q = q.permute(0, 2, 1, 3).reshape(B, Hkv, (H // Hkv) * T, D)  # head h = j*G + g
-        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=bias, scale=self.scale)  # [B,Hkv,G*T,D]
-        o = o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+        o = self.attend_over_cache(q, k_cache, v_cache, bias, self.scale)  # [B,T,H*D]
         return self.o_proj(packing.pack(o) if packing is not None else o)
 
 

@@ -25,7 +25,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from specpilot.config import AttentionKernel
 from specpilot.models import ops
 from specpilot.models.config import ModelConfig
 from specpilot.models.gdn import GatedDeltaNet
@@ -48,7 +47,6 @@ class GatedAttention(Attention):
         self.q_norm.weight = nn.Parameter(torch.zeros(D))
         self.k_norm = nn.Module()
         self.k_norm.weight = nn.Parameter(torch.zeros(D))
-        self.kernel = AttentionKernel.SDPA
 
     def forward(self, x, cos, sin, cache, rows, slots, bias, packing=None, fuse=None):
         c = self.config

@@ -65,7 +65,32 @@ def rope_tables(config: ModelConfig, max_positions: int) -> tuple[torch.Tensor, 
     return emb.cos(), emb.sin()
 
 
-class Attention(nn.Module):
+class CachedAttention(nn.Module):
+    """A layer's attention over the static cache, whatever its projections: `kernel` picks what
+    `attend_over_cache` attends with, and `use_attention` sets it on every such module (dense,
+    hybrid and Gemma layers alike)."""
+
+    kernel = AttentionKernel.SDPA
+
+    def attend_over_cache(self, q, k_cache, v_cache, bias, scale: float | None = None) -> torch.Tensor:
+        """softmax(q k^T * scale + bias) v: q [B,T,H,D]; k_cache, v_cache [B,Hkv,S,D]; bias
+        [B,1,G*T,S] additive (0 or -inf) over the G = H / Hkv heads of a group folded into the
+        query axis; scale None: D ** -0.5 -> [B,T,H*D]. The split-KV kernel (`kernels.attention`,
+        same fold, no copies) when `kernel` is SPLIT_KV and T <= MAX_QUERIES; torch's SDPA
+        otherwise (prefill chunks)."""
+        B, T, H, D = q.shape
+        Hkv = k_cache.shape[1]
+        if self.kernel is AttentionKernel.SPLIT_KV and T <= MAX_QUERIES:
+            extra = () if scale is None else (scale,)
+            return split_attention(q, k_cache, v_cache, bias, *extra).reshape(B, T, H * D)  # [B,T,H,D] -> [B,T,H*D]
+        # GQA without repeating K/V: fold the G query heads of a group into the query axis.
+        q = q.permute(0, 2, 1, 3).reshape(B, Hkv, (H // Hkv) * T, D)  # head h = j*G + g
+        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=bias, scale=scale)  # [B,Hkv,G*T,D]
+        # reshape, not view: the fused attention kernels may return a non-contiguous layout
+        return o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+
+
+class Attention(CachedAttention):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
@@ -77,7 +102,6 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(D, config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.kernel = AttentionKernel.SDPA  # what `attend_cached` attends with (`use_attention`)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fuse=None, packing=None):
         """q [B,T,H,D], k and v [B,T,Hkv,D] with norms and RoPE applied (x packed [1,M,C] with
@@ -102,20 +126,10 @@ class Attention(nn.Module):
         return self.o_proj(packing.pack(o) if packing is not None else o)
 
     def attend(self, q, k, v, k_cache, v_cache, rows, slots, bias) -> torch.Tensor:
-        """`attend_cached` before the output projection: [B,T,H*D]. `self.kernel` picks the
-        attention: torch's SDPA, or the split-KV kernel (`kernels.attention`, same fold, no copies)
-        for calls of up to MAX_QUERIES queries (longer ones, prefill chunks, stay on SDPA)."""
-        B, T, H, D = q.shape
-        Hkv = k.shape[2]
+        """`attend_cached` before the output projection: [B,T,H*D] (`attend_over_cache`)."""
         k_cache[rows, :, slots] = k  # advanced indices first: [B,T,Hkv,D]
         v_cache[rows, :, slots] = v
-        if self.kernel is AttentionKernel.SPLIT_KV and T <= MAX_QUERIES:
-            return split_attention(q, k_cache, v_cache, bias).reshape(B, T, H * D)  # [B,T,H,D] -> [B,T,H*D]
-        # GQA without repeating K/V: fold the G query heads of a group into the query axis.
-        q = q.permute(0, 2, 1, 3).reshape(B, Hkv, (H // Hkv) * T, D)  # head h = j*G + g
-        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=bias)  # [B,Hkv,G*T,D]
-        # reshape, not view: the fused attention kernels may return a non-contiguous layout
-        return o.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+        return self.attend_over_cache(q, k_cache, v_cache, bias)
 
     def forward_causal(self, x, cos, sin):
         """Plain causal attention over the chunk itself (no cache). x [B,T,C]."""
@@ -280,9 +294,9 @@ class Transformer(nn.Module):
 
 
 def use_attention(model: nn.Module, kernel: AttentionKernel) -> None:
-    """Every cached attention of `model` (its `Attention` modules) attends with `kernel`."""
+    """Every cached attention of `model` (its `CachedAttention` modules) attends with `kernel`."""
     for module in model.modules():
-        if isinstance(module, Attention):
+        if isinstance(module, CachedAttention):
             module.kernel = kernel
 
 

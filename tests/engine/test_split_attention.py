@@ -1,6 +1,6 @@
 """`attention = "split_kv"`: every cached attention of the target and the drafter runs the split-KV
-kernel, and decoding stays lossless (float32: the greedy tokens of AR over torch's SDPA). On CPU the
-kernel runs under Triton's interpreter."""
+kernel, and decoding stays lossless (float32: the greedy tokens of AR over torch's SDPA), for dense
+and Gemma targets alike. On CPU the kernel runs under Triton's interpreter."""
 
 import dataclasses
 
@@ -15,7 +15,7 @@ from specpilot.models.dflash_checkpoint import write_dflash
 from specpilot.models.eagle3 import random_eagle3
 from specpilot.models.eagle3_checkpoint import write_eagle3
 from specpilot.models.loading import load_model
-from specpilot.models.transformer import Attention
+from specpilot.models.transformer import CachedAttention
 
 SPLIT = AttentionKernel.SPLIT_KV
 AR = System(name="ar", drafter=DrafterKind.NONE)
@@ -52,7 +52,7 @@ def counted_split_attention(monkeypatch) -> list:
 
 
 def kernels_of(model) -> set:
-    return {m.kernel for m in model.modules() if isinstance(m, Attention)}
+    return {m.kernel for m in model.modules() if isinstance(m, CachedAttention)}
 
 
 @pytest.mark.parametrize("kind", ["model", "eagle3", "dflash"])
@@ -130,3 +130,80 @@ def test_served_by_continuous_batching_over_attention_spans_each_request_gets_it
     result = ServingEngine(gen, 2, prefill_chunk=16).run(requests)
     assert [r.output for r in result.requests] == ar
     assert calls
+
+
+GEMMA = ("gemma3", "gemma4", "gemma4_shared")
+
+
+@pytest.fixture(scope="module")
+def gemma_dirs(tmp_path_factory):
+    """Per Gemma variant of `tests.models.test_gemma` (Gemma-3's query_pre_attn_scalar; Gemma-4's
+    scale of 1 and wider global heads; KV-shared layers and values from keys): a target, and a draft
+    model of another seed, both with sliding layers of window 8."""
+    pytest.importorskip("transformers")
+    from tests.models import test_gemma
+
+    root = tmp_path_factory.mktemp("gemma")
+    for variant in GEMMA:
+        test_gemma.hf_checkpoint(root / variant, variant)
+        test_gemma.hf_checkpoint(root / f"{variant}-draft", variant, seed=1)
+    return root
+
+
+@pytest.mark.parametrize("variant", GEMMA)
+def test_gemma_rounds_over_split_attention_give_the_sdpa_tokens(interpreted_kernels, gemma_dirs, monkeypatch,
+                                                                variant):
+    """A Gemma target and draft model under `attention = "split_kv"`: every attention module of both
+    runs the kernel with the layer's own scale, sliding layers over a ring (a bias over its
+    entries), the long prompt's prefill (more tokens than the ring's slack: the ring as it was plus
+    the chunk's own keys) included; AR and tree rounds give AR's tokens over SDPA."""
+    stock = System(drafter=DrafterKind.MODEL, depth=3, topk=2, tree_budget=5)
+    dep = Deployment(name="g", target=str(gemma_dirs / variant), drafter=str(gemma_dirs / f"{variant}-draft"),
+                     stock=stock)
+    session = Session.load(dep, device="cpu", dtype=torch.float32)
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(1, 4096, (n,), generator=g).tolist() for n in (90, 12)]
+    want = session.generator(AR).generate(prompts, 8, stop_at_eos=False).outputs
+    calls = counted_split_attention(monkeypatch)
+    for system in (dataclasses.replace(AR, name="split-ar", attention=SPLIT),
+                   dataclasses.replace(stock, name="split", attention=SPLIT)):
+        gen = session.generator(system)
+        assert gen.generate(prompts, 8, stop_at_eos=False).outputs == want
+        (ws,) = gen.workspaces.values()
+        assert ws.cache.ring is not None
+        assert kernels_of(gen.target) == {SPLIT}
+    drafter = next(iter(gen.drafters.values()))
+    assert kernels_of(drafter.model) == {SPLIT}
+    slack = ws.cache.ring.slack
+    assert max(shape[1] for shape in calls) > slack and min(shape[1] for shape in calls) == 1
+    assert kernels_of(session.target) == {AttentionKernel.SDPA}
+
+
+@pytest.mark.parametrize("variant", GEMMA)
+def test_gemma_logits_over_split_attention_are_sdpas(interpreted_kernels, gemma_dirs, monkeypatch, variant):
+    """Through a ring: a prefill chunk longer than the slack, a 12-node tree past the window, one
+    decode token; the logits of every step equal SDPA's to float32 rounding (the kernel sums in
+    another order), where a wrong scale or mask would move them by far more."""
+    from specpilot.engine.steps import chunk_forward, tree_forward
+    from specpilot.engine.tree import DraftTree
+    from specpilot.models.transformer import use_attention
+
+    sdpa, split = load_model(gemma_dirs / variant), load_model(gemma_dirs / variant)
+    use_attention(split, SPLIT)
+    calls = counted_split_attention(monkeypatch)
+    g = torch.Generator().manual_seed(9)
+    prompt = torch.randint(0, 4096, (1, 90), generator=g)
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 3, 5, 6, 8, 9, 10]])
+    tree = DraftTree(torch.randint(0, 4096, parents.shape, generator=g), parents, max_depth=7)
+    logits = []
+    for model in (sdpa, split):
+        cache = model.new_cache(1, 256, nodes=12)
+        assert cache.ring is not None and cache.ring.slack < prompt.shape[1]
+        with torch.no_grad():
+            first = chunk_forward(model, cache, prompt, torch.zeros(1, dtype=torch.long))[0]
+            nodes = tree_forward(model, cache, tree, torch.tensor([90]))[0]
+            step = chunk_forward(model, cache, tree.tokens[:, :1], torch.tensor([90]))[0]
+        logits.append(torch.cat([first, nodes, step]))
+    want, got = logits
+    assert {shape[3] for shape in calls} == set(split.config.layer_head_dims)  # sliding and global layers
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()

@@ -110,6 +110,21 @@ def test_split_attention_streams_the_cache_in_16_byte_loads_into_tensor_cores(ao
             assert any(op.startswith(mma) for op in mix), line
 
 
+def test_gemmas_large_heads_stream_into_tensor_cores_without_spilling(aot):
+    """Heads of 256 and 512 (Gemma) on their own tiles (`attention.LARGE_HEAD_TILES`): the split-KV
+    kernel's key loop loads K and V in 16-byte loads into tensor cores at every query tile, and
+    neither it nor the merge kernel's loop spills registers to local memory (LDL/STL)."""
+    run = aot("--quick", "--sass", "attention d256", "attention d512", "merge d256", "merge d512", needs="cuobjdump")
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = plain_launches(run.stdout)
+    assert len(lines) == 12, run.stdout  # D = 256 at 16, 32, 64 query rows, D = 512 at 16: merged, direct, merge
+    for line in lines:
+        mix = ast.literal_eval(line.split("; ")[1])
+        assert mix.get("LDG.E.128") and not any(op.startswith(("LDL", "STL")) for op in mix), line
+        if line.startswith("attention"):
+            assert any(op.startswith(("HMMA", "HGMMA")) for op in mix), line
+
+
 def test_kernels_launched_with_pdl_wait_for_the_previous_grid_once_and_release_the_next_once(aot):
     """The variants with PDL on (`kernels.launch.pdl`): one griddepcontrol.wait and one
     launch_dependents (after the main loop) in the PTX of a GEMV, a GEMM, the split-KV kernel and

@@ -1,6 +1,7 @@
-"""Split-KV attention (`kernels/attention.py`): softmax(q k^T / sqrt(D) + bias) v over a static cache,
-with the engine's GQA fold, against a float64 reference; the plan that cuts the keys; the op
-torch.compile sees."""
+"""Split-KV attention (`kernels/attention.py`): softmax(q k^T * scale + bias) v over a static cache
+(scale 1/sqrt(D) or a model's own), with the engine's GQA fold, against a float64 reference, at head
+sizes 16 to 512 (Gemma's 256 and 512 on their own tiles), under tree and sliding-window ring masks;
+the plan that cuts the keys; the op torch.compile sees."""
 
 import math
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specpilot.kernels.attention import BLOCK_N, SMS_OFF_GPU, plan_splits, reference, split_attention
+from specpilot.kernels.attention import (BLOCK_N, LARGE_HEAD_TILES, SMS_OFF_GPU, plan_splits, reference,
+                                         split_attention)
 
 OPS = (torch.ops.specpilot.split_attention, torch.ops.specpilot.split_attention.default)
 
@@ -29,6 +31,20 @@ def tree_bias(B: int, T: int, G: int, S: int, context: int, dtype, seed: int = 0
                 j = parents[j]
     bias = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
     return bias.expand(B, G, T, S).reshape(B, 1, G * T, S)
+
+
+def ring_bias(B: int, T: int, G: int, R: int, window: int, first: int, dtype) -> torch.Tensor:
+    """[B,1,G*T,R] additive mask of a sliding layer over a ring of R entries (`models.ring_cache`):
+    a chain of T queries at positions first + 3b.., each admitting the entries (position % R) of
+    its last `window` positions, so the admitted entries wrap around the ring's end."""
+    mask = torch.zeros(B, 1, T, R, dtype=torch.bool)
+    for b in range(B):
+        for t in range(T):
+            p = first + 3 * b + t
+            for k in range(max(0, p - window + 1), p + 1):
+                mask[b, 0, t, k % R] = True
+    bias = torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, float("-inf"))
+    return bias.expand(B, G, T, R).reshape(B, 1, G * T, R)
 
 
 def operands(B, T, H, Hkv, D, S, dtype, device, seed=0):
@@ -62,6 +78,60 @@ def test_split_attention_matches_the_float64_reference(shape, dtype, device):
     assert out.shape == q.shape and out.dtype == dtype
     err = (out.cpu().double() - reference(q.cpu(), k.cpu(), v.cpu(), bias.cpu())).abs().max().item()
     assert err <= bound(dtype)
+
+
+# (B, T, H, Hkv, D, S, context, scale): Gemma's head sizes and scales (query_pre_attn_scalar ** -0.5,
+# Gemma-3 27B's 168 among them; Gemma-4: 1 on normed q and k, here q scaled by D ** -0.5): one decode
+# query, trees of 20 and 40 folded rows (query tiles of 32 and 64 rows, on their own key tiles), a
+# 512-wide head over two batch rows (MHA) and over two query tiles of 16 rows
+LARGE_HEADS = [(1, 1, 4, 2, 256, 200, 150, None), (1, 10, 4, 2, 256, 140, 90, 168**-0.5),
+               (1, 20, 4, 2, 256, 100, 60, 1.0), (2, 3, 2, 2, 512, 160, 120, 1.0), (1, 9, 4, 2, 512, 70, 40, 0.1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", LARGE_HEADS)
+def test_large_heads_with_a_models_scale_match_the_float64_reference(shape, dtype, device):
+    B, T, H, Hkv, D, S, context, scale = shape
+    q, k, v = operands(B, T, H, Hkv, D, S, dtype, device, seed=D)
+    if scale == 1.0:
+        q = (q.float() * D**-0.5).to(dtype)
+    bias = tree_bias(B, T, H // Hkv, S, context, dtype).to(device)
+    out = split_attention(q, k, v, bias, scale)
+    assert out.shape == q.shape and out.dtype == dtype
+    err = (out.cpu().double() - reference(q.cpu(), k.cpu(), v.cpu(), bias.cpu(), scale)).abs().max().item()
+    assert err <= bound(dtype)
+
+
+def test_the_large_heads_run_each_of_their_tiles(device):
+    sms = SMS_OFF_GPU if device == "cpu" else 132
+    plans = {(D, plan_splits(B * Hkv, (H // Hkv) * T, S, sms, D).block_m) for B, T, H, Hkv, D, S, *_ in LARGE_HEADS}
+    assert set(LARGE_HEAD_TILES) <= plans
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 256, 512])
+def test_a_sliding_window_over_a_ring_is_just_a_bias(D, dtype, device):
+    """A sliding layer's ring (R = window + slack entries, positions past R wrapping to its start):
+    each query admits two runs of entries, one at each end of the ring."""
+    B, T, H, Hkv, R, window = 2, 5, 4, 2, 72, 8
+    q, k, v = operands(B, T, H, Hkv, D, R, dtype, device, seed=7)
+    bias = ring_bias(B, T, H // Hkv, R, window, 146, dtype).to(device)  # query 0 sees positions 139..146: entries 67..2
+    assert bias[0, 0, 0, 0] == 0 and bias[0, 0, 0, R - 1] == 0 and bias[0, 0, 0, R // 2] == float("-inf")
+    out = split_attention(q, k, v, bias, 0.0625)
+    err = (out.cpu().double() - reference(q.cpu(), k.cpu(), v.cpu(), bias.cpu(), 0.0625)).abs().max().item()
+    assert err <= bound(dtype)
+
+
+def test_a_scale_is_sdpas_scale_at_gemmas_head_sizes_in_float32(device):
+    """Gemma's call: the engine's fold, the config's scale, SDPA's output (float32, heads of 256 and 512)."""
+    for D, scale in ((256, 168**-0.5), (512, 1.0 / 32)):
+        B, T, H, Hkv, S = 1, 6, 4, 2, 130
+        q, k, v = operands(B, T, H, Hkv, D, S, torch.float32, device, seed=D + 1)
+        bias = tree_bias(B, T, H // Hkv, S, 100, torch.float32, seed=3).to(device)
+        qf = q.permute(0, 2, 1, 3).reshape(B, Hkv, (H // Hkv) * T, D)
+        sdpa = F.scaled_dot_product_attention(qf, k, v, attn_mask=bias, scale=scale)
+        sdpa = sdpa.reshape(B, H, T, D).transpose(1, 2)
+        torch.testing.assert_close(split_attention(q, k, v, bias, scale), sdpa, rtol=0, atol=1e-5)
 
 
 def test_the_shapes_take_both_paths_several_splits_merged_and_one_split_direct(device):
@@ -120,6 +190,14 @@ def test_the_plan_covers_the_keys_once_and_fills_two_waves_where_the_keys_allow(
     assert need <= p.n_split < 2 * need
 
 
+@pytest.mark.parametrize("D, queries", [(256, 4), (256, 30), (256, 130), (512, 2), (512, 100)])
+def test_large_heads_plan_their_own_tiles_and_still_cover_the_keys_once(D, queries):
+    p = plan_splits(16, queries, 4096, 132, D)
+    assert (p.block_n, p.num_warps) == LARGE_HEAD_TILES.get((D, p.block_m), (BLOCK_N, 4))
+    assert p.block_m == 16 if D == 512 else p.block_m >= min(queries, 64)
+    assert p.chunk % p.block_n == 0 and (p.n_split - 1) * p.chunk < 4096 <= p.n_split * p.chunk
+
+
 def test_an_ar_step_of_an_8b_model_is_cut_into_sixteen_splits():
     """Qwen3-8B decoding one token: 8 KV heads, 4 folded query rows, a cache of 1024 slots. Torch's
     fused kernels run 8 programs over the whole cache; the plan runs 128 of one key tile each."""
@@ -162,11 +240,14 @@ def test_the_op_passes_opcheck(device):
     B, T, H, Hkv, D, S = 1, 2, 4, 2, 16, 64
     q, k, v = operands(B, T, H, Hkv, D, S, torch.float32, device)
     bias = tree_bias(B, T, H // Hkv, S, 30, torch.float32).to(device)
-    torch.library.opcheck(torch.ops.specpilot.split_attention.default, (q, k, v, bias))
+    torch.library.opcheck(torch.ops.specpilot.split_attention.default, (q, k, v, bias, 0.3))
 
 
 def test_shapes_it_cannot_fold_are_refused_with_the_shapes(device):
     q, k, v = operands(1, 2, 3, 2, 16, 64, torch.float32, device)  # 3 heads over 2 KV heads
+    with pytest.raises(ValueError, match="split_attention"):
+        split_attention(q, k, v, torch.zeros(1, 1, 2, 64, device=device))
+    q, k, v = operands(1, 1, 2, 1, 1024, 64, torch.float32, device)  # a head wider than 512
     with pytest.raises(ValueError, match="split_attention"):
         split_attention(q, k, v, torch.zeros(1, 1, 2, 64, device=device))
 
