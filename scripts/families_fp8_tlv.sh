@@ -43,10 +43,10 @@ run hybrid_ar 150 python scripts/hybrid_checks.py --out "$OUT/hybrid_ar" --commi
 run sampling 150 python scripts/sampling_speed.py --deployment fixture-x16-eagle3 --n-prompts 1 --max-new-tokens 256 \
   --out "$OUT/sampling" --commit "$C" --system stock --system scripts/systems/eagle3-d5k4n7-fast.toml
 run families 90 python scripts/families_checks.py --out "$OUT/families" --commit "$C" --kernels
-loop() {  # name deployment: `loop_fixture.py` on the deployment in the time left before DEADLINE (<= 8.5 min)
+loop() {  # name deployment: `loop_fixture.py` on the deployment in the time left before DEADLINE (<= 9 min)
   [[ "$PARTS" == *" $1 "* ]] || return 0
   local t0=$(date +%s) left=$(( DEADLINE - $(date +%s) - 25 ))
-  local minutes=$(python -c "print(round(min(8.5, $left / 60), 2))")
+  local minutes=$(python -c "print(round(min(9.0, $left / 60), 2))")
   SPECPILOT_HOME=$(mktemp -d) timeout --signal=INT --kill-after=20 "$left" python scripts/loop_fixture.py \
     --deployment "$2" --out "$OUT/$1" --budget-minutes "$minutes" > "$OUT/$1.log" 2>&1
   echo "$1 rc=$? $(( $(date +%s) - t0 ))s budget ${minutes} min" | tee -a "$OUT/times.txt"
