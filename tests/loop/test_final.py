@@ -197,3 +197,18 @@ def test_the_final_measurement_adds_the_held_out_gain(deployments, session):
     same = measure_final(session, static, static.source, stock, stock, bench_config(static, 2, 6), tmp,
                          heldout_prompts=8)
     assert same.heldout is None and same.heldout_gain is None and heldout_line(same.to_dict()) is None
+
+
+def test_a_continuous_deployment_serves_the_held_out_prompts(deployments, session):
+    """Under continuous batching the held-out run is the serving benchmark at the same concurrency:
+    5 units of 4 held-out requests, the gain final / stock paired by unit, with an interval."""
+    continuous, _, tmp = deployments
+    stock, final = candidates(continuous)
+    result = measure_final(session, continuous, continuous.source, stock, final, bench_config(continuous, 2, 6), tmp,
+                           heldout_prompts=4)
+    held = result.heldout
+    assert held["schema"] == "specpilot.serving/1" and held["config"]["sets"] == ["heldout"]
+    (level,) = held["levels"]
+    assert (level["concurrency"], level["units"], level["unit_requests"]) == (2, 5, 4)
+    assert result.heldout_gain == level["engines"][-1]["gain"] and result.heldout_gain["low"] is not None
+    assert result.to_dict()["heldout"]["prompts"] == 20
