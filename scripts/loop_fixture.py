@@ -64,6 +64,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--devices", help="comma-separated worker devices (default: see the module docstring)")
     p.add_argument("--final-prompts", type=int, default=5, help="prompts per set in the final measurement (>= 5: an interval needs them)")
     p.add_argument("--final-tokens", type=int, default=512, help="new tokens per prompt in the final measurement")
+    p.add_argument("--final-heldout-prompts", type=int, default=8,
+                   help="held-out prompts (never shown to the loop) the final measurement adds (0 = none)")
     p.add_argument("--no-final", action="store_true",
                    help="no final measurement: its time goes to rounds (a call that a later --resume continues)")
     p.add_argument("--controller", action="append", metavar="FIELD=VALUE", default=[],
@@ -100,6 +102,7 @@ def plan(args):
     config = for_device(device, rounds=args.rounds, budget_minutes=args.budget_minutes, agents=tuple(args.agents),
                         max_candidates=args.max_candidates, timing=Timing(args.timing),
                         final=not args.no_final, final_prompts=args.final_prompts, final_tokens=args.final_tokens,
+                        final_heldout_prompts=args.final_heldout_prompts,
                         controller=controller)
     deployment = load_deployment(args.deployment)
     ccfg = controller_config(config, deployment)  # validates the settings
@@ -128,7 +131,8 @@ def main(argv=None) -> int:
           f"agents {', '.join(config.agents)}; timing {config.timing.value}: {ccfg.blocks} blocks x "
           f"{ccfg.requests_per_block} requests x {ccfg.max_new_tokens} tokens (+{ccfg.extra_blocks} extra), "
           f"{ccfg.noise_blocks} noise blocks; "
-          + (f"final: {config.final_prompts} prompts/set x {config.final_tokens} tokens" if config.final else
+          + (f"final: {config.final_prompts} prompts/set x {config.final_tokens} tokens, "
+             f"{config.final_heldout_prompts} held-out prompts" if config.final else
              "no final measurement (a later --resume measures it)") + f"; out {options.out}")
     if args.dry_run:
         out = Path(options.out)

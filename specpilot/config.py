@@ -379,6 +379,8 @@ class Regime:
 
 
 BENCHMARK_SETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench")
+# The project's own prompts, never shown to the loop: only its final measurement benchmarks them.
+HELDOUT_SET = "heldout"
 
 
 @dataclass(frozen=True)
@@ -403,6 +405,10 @@ class Deployment:
         for factor in (self.target_expand, self.drafter_expand):
             if factor < 1 or factor & (factor - 1):
                 raise ConfigError(f"deployment {self.name!r}: expansion factors must be powers of two (got {factor})")
+        if HELDOUT_SET in self.sets:
+            raise ConfigError(f"deployment {self.name!r}: the held-out set {HELDOUT_SET!r} cannot be one of its sets: "
+                              "it is never shown to the loop, and the final measurement benchmarks it "
+                              "(loop option final_heldout_prompts)")
         bad = [s for s in self.sets if s not in BENCHMARK_SETS]
         if bad:
             raise ConfigError(f"deployment {self.name!r}: unknown benchmark set(s) {bad} (known: {list(BENCHMARK_SETS)})")

@@ -1,9 +1,16 @@
-"""The five benchmark prompt sets shipped in the package, and deterministic subsets of them.
+"""The benchmark prompt sets shipped in the package, and deterministic subsets of them.
 
 Owns: reading the copies under `specpilot/data/datasets/` (sources and licenses are listed in the
 README.md there), reducing each record to the one text a prompt is built from, and choosing a
-seeded subset of `n` prompts. Each set is registered by name (`SETS`), in the order of
-`specpilot.config.BENCHMARK_SETS`.
+seeded subset of `n` prompts. Each set is registered by name (`SETS`): the five public sets in the
+order of `specpilot.config.BENCHMARK_SETS`, then the held-out set (`HELDOUT_SET`).
+
+The held-out set is the project's own 40 prompts, written for it, in the mix the five cover (math
+word problems and harder math, code-completion prompts, programming tasks in words, open
+questions). A deployment never lists it, so the loop never draws from it; the final measurement
+benchmarks it to show whether the final system's gain holds outside the sets it was tuned on.
+Each of its examples says which public set's plain format it takes (`Example.plain_format`, by
+its kind: `HELDOUT_FORMATS`).
 
 Does not own how a text becomes a prompt (`prompts.py`) or any model or tokenizer.
 
@@ -24,7 +31,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from specpilot.config import BENCHMARK_SETS
+from specpilot.config import BENCHMARK_SETS, HELDOUT_SET
 from specpilot.errors import ConfigError
 
 MBPP_TEST_TASK_IDS = range(11, 511)  # task_id 11..510 is MBPP's test split (Austin et al., 2021)
@@ -38,6 +45,11 @@ class Example:
     index: int  # position among the set's examples (file order, after the split filter)
     source_id: str  # the dataset's own id, e.g. "HumanEval/0", "mbpp/11", "gsm8k/0"
     text: str  # the question / problem / code prompt / task / first user turn, verbatim
+    plain_format: str = ""  # the set whose plain format it takes (`prompts.PLAIN_FORMATS`); "" = its own
+
+    @property
+    def format_name(self) -> str:
+        return self.plain_format or self.set_name
 
 
 @dataclass(frozen=True)
@@ -49,7 +61,7 @@ class SetSpec:
     field: str  # the record field that becomes `Example.text`
     source: str  # where the copy came from
     license: str
-    parse: Callable[[list[dict]], list[tuple[str, str]]]  # records -> [(source_id, text)]
+    parse: Callable[[list[dict]], list[tuple]]  # records -> [(source_id, text)] or [(source_id, text, plain_format)]
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -78,6 +90,17 @@ def _mt_bench(rows: list[dict]) -> list[tuple[str, str]]:
     return [(f"mt_bench/{r['question_id']}", r["turns"][0]) for r in rows]
 
 
+# a held-out prompt's kind -> the public set whose plain format it takes
+HELDOUT_FORMATS = {"math": "gsm8k", "code_completion": "humaneval", "code_task": "mbpp", "chat": "mt_bench"}
+
+
+def _heldout(rows: list[dict]) -> list[tuple[str, str, str]]:
+    bad = sorted({r["kind"] for r in rows} - set(HELDOUT_FORMATS))
+    if bad:
+        raise ConfigError(f"held-out set: unknown kind(s) {', '.join(bad)} (known: {', '.join(HELDOUT_FORMATS)})")
+    return [(r["id"], r["prompt"], HELDOUT_FORMATS[r["kind"]]) for r in rows]
+
+
 SETS: dict[str, SetSpec] = {
     s.name: s
     for s in (
@@ -91,9 +114,11 @@ SETS: dict[str, SetSpec] = {
                 "(full file; test split = task_id 11..510)", "CC-BY-4.0", _mbpp),
         SetSpec("mt_bench", "mt_bench/question.jsonl", "turns[0]",
                 "github.com/lm-sys/FastChat (llm_judge/data/mt_bench; first turn)", "Apache-2.0", _mt_bench),
+        SetSpec(HELDOUT_SET, "heldout/prompts.jsonl", "prompt", "this project (written for it; see README.md)",
+                "Apache-2.0", _heldout),
     )
 }
-assert tuple(SETS) == BENCHMARK_SETS
+assert tuple(SETS) == (*BENCHMARK_SETS, HELDOUT_SET)
 
 
 def datasets_dir() -> Path:
@@ -121,8 +146,8 @@ def load_set(name: str) -> tuple[Example, ...]:
     path = datasets_dir() / spec.file
     if not path.is_file():
         raise ConfigError(f"benchmark set {name!r}: {path} is missing from the package")
-    pairs = spec.parse(_read_jsonl(path))
-    return tuple(Example(name, i, source_id, text) for i, (source_id, text) in enumerate(pairs))
+    rows = spec.parse(_read_jsonl(path))
+    return tuple(Example(name, i, *row) for i, row in enumerate(rows))
 
 
 def draw_key(seed: int, example: Example) -> str:

@@ -20,7 +20,9 @@ fixture has seen each one. tests/bench/test_prompts.py checks both stay identica
     mbpp       '"""{text}"""\n'
     mt_bench   "User: {turns[0]}\nAssistant:"
 
-Natural-language fields are `.strip()`ped; HumanEval's prompt is kept byte for byte because its
+The held-out set's prompts take the format of the public set of their kind (`datasets.HELDOUT_FORMATS`:
+math as gsm8k, code completion as humaneval, programming tasks as mbpp, open questions as
+mt_bench). Natural-language fields are `.strip()`ped; HumanEval's prompt is kept byte for byte because its
 trailing newline and indentation are part of the code. Token ids are `tokenizer.encode(text)`
 without added special tokens (a chat template writes its own).
 '''
@@ -88,7 +90,7 @@ def format_example(example: Example, tokenizer) -> tuple[str, bool]:
     rendered = tokenizer.render_chat(example.text) if tokenizer is not None else None
     if rendered is not None:
         return rendered, True
-    return PLAIN_FORMATS[example.set_name](example.text), False
+    return PLAIN_FORMATS[example.format_name](example.text), False
 
 
 def encode_example(example: Example, tokenizer) -> BenchPrompt:

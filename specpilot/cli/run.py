@@ -75,6 +75,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile-tokens", type=int, help="new tokens per prompt when profiling the incumbent")
     p.add_argument("--final-prompts", type=int, help="prompts per set in the final measurement against AR")
     p.add_argument("--final-tokens", type=int, help="new tokens per prompt in the final measurement")
+    p.add_argument("--final-heldout-prompts", type=int,
+                   help="prompts of the held-out set (the project's own, never shown to the loop) the final "
+                        "measurement also times AR, stock and the final system on, to show whether the gain holds "
+                        "outside the deployment's sets (default 8; 0 = none)")
     p.add_argument("--no-final", action="store_true", help="skip the final measurement against AR")
     p.add_argument("--patience", type=int, help="stop after this many rounds in a row with nothing new (2)")
     p.add_argument("--seed", type=int, help="seed of prompt draws, arm order and bootstraps (0)")
@@ -159,7 +163,8 @@ def config_from_args(args, device: str):
         coding_command=args.coding_command, coding_timeout_s=args.coding_timeout_s, coding_agents=args.coding_agents,
         kernel_budget_s=args.kernel_budget_s,
         profile_tokens=args.profile_tokens, final_prompts=args.final_prompts, final_tokens=args.final_tokens,
-        final=False if args.no_final else None, patience=args.patience, seed=args.seed,
+        final_heldout_prompts=args.final_heldout_prompts, final=False if args.no_final else None,
+        patience=args.patience, seed=args.seed,
         controller=controller_fields(args.controller or []) or None,
     )
 
@@ -241,7 +246,12 @@ def run_command(args) -> int:
 def summary(report: dict) -> str:
     """The result for stdout: speedups over AR, the promoted changes, where the report is."""
     from specpilot.loop.patches import PatchSummary
-    from specpilot.loop.report import format_gain, format_speedup, patch_rows
+    from specpilot.loop.report import (
+        format_gain,
+        format_speedup,
+        heldout_line,
+        patch_rows,
+    )
     from specpilot.loop.systems import describe
 
     final, fs = report.get("final"), report["final_system"]
@@ -255,6 +265,9 @@ def summary(report: dict) -> str:
         how = f"one serving run at concurrency {level['concurrency']}" if level else "one run"
         lines.append(f"  speedup over AR ({how}, 95% CI): stock {format_speedup(final['stock_speedup'])}, "
                      f"final {format_speedup(final['final_speedup'])}{over}")
+        held = heldout_line(final)
+        if held:
+            lines.append(f"  {held}")
     lines.append(f"  final system {fs['name']!r}: {describe(fs['changes_from_stock'], fs.get('patch_summary'))}")
     for p in report["promotions"]:
         what = describe(p["changes"], p.get("patch_summary"))

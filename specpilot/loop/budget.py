@@ -20,7 +20,9 @@ what is left, so it stops cleanly and still measures and reports. The estimates:
   and incumbent) ms per token, plus warm-up: a process's start, load and CUDA graphs where the
   final system carries a patch (it is benched in its worktree's own process), else only each
   system's graphs and warmed shapes in the loop's loaded process; plus a compile warm-up for each
-  of stock and the final system that compiles. Served by
+  of stock and the final system that compiles. The held-out run (`final.heldout_config`) counts
+  the same way: its tokens, and a second warm-up (a second process, or each system's shapes
+  again). Served by
   continuous batching in C slots, a unit of R x C requests of at most T tokens ends within
   (R + 1 - 1/C) x T token times (its last request starts once the others' work, at most
   (R x C - 1) x T, is spread over the slots), which is the estimate: slots draining at its end
@@ -161,18 +163,26 @@ def fitting_selection(once: float, costs: list[CandidateCost], parallelism: int,
     return kept
 
 
-def final_seconds(cost, bench, batch: int, device: str, own_process: bool = True, compile_s: float = 0.0) -> float:
+def bench_tokens(bench, batch: int) -> float:
+    """The token times (sequential steps of one sequence) of a `BenchConfig` or `ServingConfig`
+    benchmark run, `batch` sequences decoded together (see the module docstring)."""
+    if isinstance(bench, ServingConfig):  # token times of each unit, summed
+        pool = len(bench.sets) * bench.n_prompts
+        return sum(min(bench.units or pool, pool // bench.unit_size(c)) * (bench.requests_per_slot + 1 - 1 / c)
+                   for c in bench.concurrency) * bench.max_new_tokens
+    return len(bench.sets) * bench.n_prompts * bench.max_new_tokens / batch
+
+
+def final_seconds(cost, bench, batch: int, device: str, own_process: bool = True, compile_s: float = 0.0,
+                  heldout=None) -> float:
     """The final measurement's time for its `BenchConfig` or `ServingConfig` `bench`, from the
     incumbent's cost table (ms per token of one sequence, `batch` decoded together); `own_process`
     False: it runs in the loop's loaded process (no patched final system is possible); `compile_s`:
-    the compile warm-ups of its systems that compile (`compile_seconds` each)."""
+    the compile warm-ups of its systems that compile (`compile_seconds` each); `heldout`: the
+    held-out run's config (`final.heldout_config`), None when there is none."""
     ar = cost.predict_ms_per_token(None)
     per_token = (ar if math.isfinite(ar) else cost.ms_per_token) + 2 * cost.ms_per_token  # AR, stock, final
-    if isinstance(bench, ServingConfig):  # token times of each unit (see the module docstring), summed
-        pool = len(bench.sets) * bench.n_prompts
-        tokens = sum(min(bench.units or pool, pool // bench.unit_size(c)) * (bench.requests_per_slot + 1 - 1 / c)
-                     for c in bench.concurrency) * bench.max_new_tokens
-    else:
-        tokens = len(bench.sets) * bench.n_prompts * bench.max_new_tokens / batch
-    warmup = WARMUP_S[device] if own_process else 3 * SYSTEM_WARMUP_S[device]
+    runs = [bench] if heldout is None else [bench, heldout]
+    tokens = sum(bench_tokens(b, batch) for b in runs)
+    warmup = (WARMUP_S[device] if own_process else 3 * SYSTEM_WARMUP_S[device]) * len(runs)
     return 1.2 * per_token * tokens / 1e3 + warmup + compile_s

@@ -2,8 +2,8 @@
 
 The loop's own settings (rounds, wall-clock budget, agents, candidates per round and how they
 are shared among the agents (`SlotPolicy`), how the incumbent is profiled, how the final
-measurement is sized) and the controller's (`ControllerConfig`, chosen by a `Timing` preset and
-the deployment). The CLI's flags map onto these fields; `to_dict` goes into the report and the
+measurement is sized, held-out prompts included) and the controller's (`ControllerConfig`, chosen
+by a `Timing` preset and the deployment). The CLI's flags map onto these fields; `to_dict` goes into the report and the
 journal.
 
 Timing presets (how candidates are timed; the noise floor is measured once per deployment and
@@ -72,6 +72,7 @@ class LoopConfig:
     final: bool = True  # measure stock and the final system against AR at the end
     final_prompts: int = MIN_UNITS  # per benchmark set (fewer: the final speedups have no interval)
     final_tokens: int = 64
+    final_heldout_prompts: int = 8  # held-out prompts the final measurement adds (0 = none; `final.heldout_config`)
     patience: int = 2  # stop after this many rounds in a row with nothing new to time
     seed: int = 0
     coding_command: str | None = None
@@ -92,6 +93,9 @@ class LoopConfig:
         for name in ("profile_batches", "profile_tokens", "final_prompts", "final_tokens", "patience"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.final_heldout_prompts < 0:
+            raise ConfigError(f"final_heldout_prompts must be >= 0 (0 = no held-out run), "
+                              f"got {self.final_heldout_prompts}")
         if self.final_prompts < MIN_UNITS:
             raise ConfigError(f"final_prompts must be >= {MIN_UNITS}: the final speedups' intervals need "
                               f"{MIN_UNITS} prompts per set (got {self.final_prompts})")

@@ -121,6 +121,13 @@ class RunContext:
         c = self.config
         return bench_config(self.deployment, c.final_prompts, c.final_tokens, c.seed)
 
+    @property
+    def heldout_bench(self):
+        """The final measurement's held-out run's settings (`final.heldout_config`; None: none)."""
+        from specpilot.loop.final import heldout_config
+
+        return heldout_config(self.bench, self.config.final_heldout_prompts)
+
     def final_may_patch(self, incumbent: Incumbent) -> bool:
         """Whether the final system may carry a patch (then it is benched in a process of its own):
         the incumbent has one, the coding agent is on, or the memory holds a patched candidate that

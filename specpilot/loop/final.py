@@ -19,8 +19,21 @@ carrying a patch is measured by `specpilot bench` (with `--regime serving` for a
 deployment) in a subprocess that imports its worktree, so its code is what runs; AR and stock then
 run on the patched code too (noted in the result).
 
-Owns: `FinalMeasurement`, `bench_config`, `measure_final`, and the serving run's summary lines
-(`serving_line`, `format_rate`). Does not own the benchmarks.
+The held-out run. The loop tuned the final system on the deployment's sets; whether its gain holds
+elsewhere is measured on the project's own held-out prompts (`datasets.HELDOUT_SET`), which no
+deployment lists and the loop never sees. When the final system is not stock, the same procedure
+runs a second time, the same way (here or in the worktree), on the held-out set alone
+(`heldout_config`): the batch benchmark for static batches, and for continuous batching the
+serving benchmark at the same concurrency (not skipped: the gain the loop optimised is the
+served one). Its batches or units are as many as the loop option `final_heldout_prompts` asks
+for, at least MIN_UNITS (an interval needs them), as far as the set's 40 prompts go: above batch 8,
+or concurrency 4 at two requests per slot, fewer fit and the held-out gain has no interval. No
+held-out run when the option is 0, when not one batch or unit fits in the set, or when the final
+system is stock; a held-out run that fails leaves the main measurement standing and says why
+(`heldout_note`).
+
+Owns: `FinalMeasurement`, `bench_config`, `heldout_config`, `measure_final`, and the serving run's
+summary lines (`serving_line`, `format_rate`). Does not own the benchmarks.
 """
 
 from __future__ import annotations
@@ -30,13 +43,13 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specpilot.bench.runner import BenchConfig
 from specpilot.bench.serving import ServingConfig
 from specpilot.bench.stats import MIN_UNITS
-from specpilot.config import Deployment
+from specpilot.config import HELDOUT_SET, Deployment
 from specpilot.control.defaults import SERVING_REQUESTS_PER_SLOT
 from specpilot.errors import ConfigError, SpecPilotError
 from specpilot.loop.systems import Candidate
@@ -52,6 +65,26 @@ def is_serving(bench: dict) -> bool:
     return bench.get("config", {}).get("regime") == "serving"
 
 
+def bench_system(bench: dict, name: str) -> dict:
+    """A system's summary in a benchmark document: the batch benchmark's, or its engine at the
+    serving run's one level."""
+    if is_serving(bench):
+        (level,) = bench["levels"]
+        return next(e for e in level["engines"] if e["name"] == name)
+    return next(s for s in bench["systems"] if s["name"] == name)
+
+
+def bench_speedup(bench: dict, name: str) -> dict:
+    """A system over AR: the geometric mean over sets (batch), or throughput over AR's (serving)."""
+    return bench_system(bench, name)["speedup" if is_serving(bench) else "geomean_speedup"]
+
+
+def bench_gain(bench: dict, name: str) -> dict:
+    """A system over stock: the geometric mean over sets of the ratio of times per token (batch),
+    or its throughput over stock's paired by unit (serving)."""
+    return bench_system(bench, name)["gain" if is_serving(bench) else "geomean_gain"]
+
+
 @dataclass(frozen=True)
 class FinalMeasurement:
     bench: dict  # `BenchResult.to_dict()` or `ServingBenchResult.to_dict()`: every number of the run
@@ -59,6 +92,8 @@ class FinalMeasurement:
     final: str | None  # None when the final system is stock itself (only stock was timed)
     note: str = ""  # e.g. AR and stock ran on patched code
     seconds: float = 0.0
+    heldout: dict | None = None  # the held-out run's benchmark document, as `bench` (None: no held-out run)
+    heldout_note: str = ""  # why there is no held-out run, when one was asked for
 
     @property
     def serving(self) -> bool:
@@ -66,13 +101,10 @@ class FinalMeasurement:
 
     def system(self, name: str) -> dict:
         """A system's summary: the batch benchmark's, or its engine at the serving run's one level."""
-        if self.serving:
-            (level,) = self.bench["levels"]
-            return next(e for e in level["engines"] if e["name"] == name)
-        return next(s for s in self.bench["systems"] if s["name"] == name)
+        return bench_system(self.bench, name)
 
     def _speedup(self, name: str) -> dict:
-        return self.system(name)["speedup" if self.serving else "geomean_speedup"]
+        return bench_speedup(self.bench, name)
 
     @property
     def stock_speedup(self) -> dict:
@@ -88,7 +120,7 @@ class FinalMeasurement:
         token (batch), or final's throughput over stock's paired by unit (serving)."""
         if not self.final:
             return None
-        return self.system(self.final)["gain" if self.serving else "geomean_gain"]
+        return bench_gain(self.bench, self.final)
 
     @property
     def saturated_gain(self) -> dict | None:
@@ -98,11 +130,26 @@ class FinalMeasurement:
             return None
         return self.system(self.final).get("saturated_gain")
 
+    @property
+    def heldout_gain(self) -> dict | None:
+        """Final over stock on the held-out prompts, with its interval (None: no held-out run)."""
+        return bench_gain(self.heldout, self.final) if self.heldout and self.final else None
+
+    def heldout_summary(self) -> dict | None:
+        """The held-out run's numbers: its prompts, each system over AR, and final over stock."""
+        if not self.heldout or not self.final:
+            return None
+        return {"prompts": self.heldout["config"]["n_prompts"],
+                "stock_speedup": bench_speedup(self.heldout, self.stock),
+                "final_speedup": bench_speedup(self.heldout, self.final), "final_gain": self.heldout_gain,
+                "bench": self.heldout}
+
     def to_dict(self) -> dict:
         return {"stock": self.stock, "final": self.final, "note": self.note, "seconds": self.seconds,
                 "regime": "serving" if self.serving else "batch",
                 "stock_speedup": self.stock_speedup, "final_speedup": self.final_speedup,
-                "final_gain": self.final_gain, "saturated_gain": self.saturated_gain, "bench": self.bench}
+                "final_gain": self.final_gain, "saturated_gain": self.saturated_gain, "bench": self.bench,
+                "heldout": self.heldout_summary(), "heldout_note": self.heldout_note}
 
 
 def bench_config(deployment: Deployment, prompts_per_set: int, max_new_tokens: int,
@@ -121,6 +168,23 @@ def bench_config(deployment: Deployment, prompts_per_set: int, max_new_tokens: i
                                             requests_per_slot=FINAL_REQUESTS_PER_SLOT, units=units, seed=seed)
     n = b * max(2, -(-prompts_per_set // b))
     return BenchConfig.for_deployment(deployment, n_prompts=n, max_new_tokens=tokens, seed=seed)
+
+
+def heldout_config(config: BenchConfig | ServingConfig, prompts: int) -> BenchConfig | ServingConfig | None:
+    """The held-out run's settings: the final benchmark `config` on the held-out set alone, `prompts`
+    prompts in whole batches or serving units of `config`'s size, at least MIN_UNITS of them (an
+    interval needs them) as far as the set's prompts go; None when `prompts` is 0 or not one batch or
+    unit fits in the set."""
+    if prompts <= 0:
+        return None
+    available = len(_heldout_examples())
+    if isinstance(config, ServingConfig):
+        size = config.unit_size(config.concurrency[0])
+        units = min(max(MIN_UNITS, -(-prompts // size)), available // size)
+        return replace(config, sets=(HELDOUT_SET,), n_prompts=units * size, units=units) if units else None
+    b = config.batch
+    batches = min(max(MIN_UNITS, -(-prompts // b)), available // b)
+    return replace(config, sets=(HELDOUT_SET,), n_prompts=batches * b) if batches else None
 
 
 def describe_config(config: BenchConfig | ServingConfig) -> str:
@@ -176,8 +240,11 @@ def serving_line(final: dict) -> str:
 
 
 def measure_final(session, deployment: Deployment, deployment_file: str, stock: Candidate, final: Candidate,
-                  config: BenchConfig | ServingConfig, scratch: Path, progress=None) -> FinalMeasurement:
-    """AR, stock and the final system in one run of the benchmark `config` names (`bench_config`)."""
+                  config: BenchConfig | ServingConfig, scratch: Path, progress=None,
+                  heldout_prompts: int = 0) -> FinalMeasurement:
+    """AR, stock and the final system in one run of the benchmark `config` names (`bench_config`);
+    then, when the final system is not stock, the same on `heldout_prompts` held-out prompts
+    (`heldout_config`; 0 = no held-out run)."""
     serving = isinstance(config, ServingConfig)
     if serving != deployment.regime.continuous:  # the regime the loop optimised for is the one reported
         want = "the serving" if deployment.regime.continuous else "the batch"
@@ -185,18 +252,38 @@ def measure_final(session, deployment: Deployment, deployment_file: str, stock: 
                           "settings (loop.final.bench_config)")
     start = time.monotonic()
     same = final.hash == stock.hash
+    patched = bool(final.patch) and not same
     final_system = final.system.with_changes(name=FINAL_NAME)
     systems = (stock.system,) if same else (stock.system, final_system)
-    if final.patch and not same:
-        bench = _bench_in_worktree(final.workdir, deployment_file, final_system, config, scratch)
-        note = "AR and stock ran on the final system's patched code (one process per benchmark run)"
-    elif serving:
-        bench = _serve_here(session, deployment, systems, config, progress)
-        note = ""
-    else:
-        bench = _bench_here(session, deployment, systems, config, progress)
-        note = ""
-    return FinalMeasurement(bench, stock.system.name, None if same else FINAL_NAME, note, time.monotonic() - start)
+
+    def run(cfg: BenchConfig | ServingConfig) -> dict:
+        if patched:
+            return _bench_in_worktree(final.workdir, deployment_file, final_system, cfg, scratch)
+        if serving:
+            return _serve_here(session, deployment, systems, cfg, progress)
+        return _bench_here(session, deployment, systems, cfg, progress)
+
+    bench = run(config)
+    note = "AR and stock ran on the final system's patched code (one process per benchmark run)" if patched else ""
+    heldout, heldout_note = None, ""
+    if heldout_prompts > 0 and not same:
+        held = heldout_config(config, heldout_prompts)
+        if held is None:
+            heldout_note = (f"no held-out run: not one {'unit' if serving else 'batch'} of the final benchmark "
+                            f"fits in the held-out set's {len(_heldout_examples())} prompts")
+        else:
+            try:
+                heldout = run(held)
+            except SpecPilotError as err:  # the main measurement stands without it
+                heldout_note = f"the held-out run failed: {err}"
+    return FinalMeasurement(bench, stock.system.name, None if same else FINAL_NAME, note, time.monotonic() - start,
+                            heldout, heldout_note)
+
+
+def _heldout_examples():
+    from specpilot.bench.datasets import load_set
+
+    return load_set(HELDOUT_SET)
 
 
 def _bench_here(session, deployment: Deployment, systems, config: BenchConfig, progress) -> dict:
@@ -266,7 +353,7 @@ def bench_argv(deployment_file: str, system_file: Path, config: BenchConfig | Se
 
 def _bench_in_worktree(workdir: str, deployment_file: str, final_system, config: BenchConfig | ServingConfig,
                        scratch: Path) -> dict:
-    out = scratch / f"final-bench-{int(time.time())}"
+    out = scratch / f"final-bench-{'-'.join(config.sets)}-{int(time.time())}"
     system_file = scratch / f"{FINAL_NAME}.toml"
     system_file.write_text(final_system.to_toml())
     argv = bench_argv(deployment_file, system_file, config, out)

@@ -4,7 +4,8 @@ Built from data only: the journal's records (this run's, including the part befo
 the memory's chain of promotions from stock to the final system (each change with its
 re-measured, stored gain and interval; their compounded gain), the final benchmark (stock and
 final system against AR in one run, with intervals: the batch benchmark, or the serving benchmark
-for a deployment served by continuous batching) and the cost tables before and after.
+for a deployment served by continuous batching; and the same on held-out prompts the loop never
+saw, `heldout_line`) and the cost tables before and after.
 
     report.json       schema "specpilot.loop/1": settings, noise floor, seeds from similar
                       deployments, rounds (cost table, the slot split by gap, every decision with
@@ -222,6 +223,17 @@ def format_speedup(interval: dict | None) -> str:
     return format_gain(interval["estimate"], interval.get("low"), interval.get("high"), "{:.2f}x")
 
 
+def heldout_line(final: dict) -> str | None:
+    """The final system's gain on the held-out prompts in one line, from `FinalMeasurement.to_dict()`:
+    None when the final system is stock or no held-out run was asked for; why not, when it did not run."""
+    held = final.get("heldout")
+    if not held:
+        note = final.get("heldout_note")
+        return f"held-out prompts (never seen by the loop): {note}" if note and final.get("final") else None
+    return (f"held-out prompts (never seen by the loop, {held['prompts']} prompts): final / stock "
+            f"{format_speedup(held['final_gain'])}; final over AR {format_speedup(held['final_speedup'])}")
+
+
 def render_final(r: dict) -> list[str]:
     """The final benchmark's table and how it was measured (by the batch or the serving benchmark)."""
     final, bench = r["final"], r["final"]["bench"]
@@ -287,6 +299,10 @@ def render_markdown(r: dict) -> str:
              + (" (resumed run)" if run["resumed"] else "") + ".", "", "## Result", ""]
     if final:
         lines += render_final(r) + [""]
+        held = heldout_line(final)
+        if held:
+            lines += [held[0].upper() + held[1:] + " (the final system's gain outside the deployment's sets; "
+                      "the same procedure on the project's own held-out set).", ""]
     else:
         why = run.get("errors") or ["interrupted, or disabled"]
         lines += ["No final benchmark in this run: " + "; ".join(why) + ".", ""]

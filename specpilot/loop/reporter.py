@@ -173,16 +173,21 @@ class Reporter:
     def final(self, final) -> None:
         """Stock and the final system against AR (`final.FinalResult`)."""
         from specpilot.loop.final import serving_line
-        from specpilot.loop.report import format_speedup
+        from specpilot.loop.report import format_speedup, heldout_line
 
         s, f, g = final.stock_speedup, final.final_speedup, final.final_gain
         over = f"; final / stock {format_speedup(g)}" if g else " (the final system is stock)"
-        rates = f"\n  {serving_line(final.to_dict())}" if final.serving else ""
+        doc = final.to_dict()
+        rates = f"\n  {serving_line(doc)}" if final.serving else ""
+        held = heldout_line(doc)
+        held = f"\n  {held}" if held else ""
         note = f"\n  note: {final.note}" if final.note else ""
         self.journal.emit(EventKind.FINAL, f"speedup over AR (same run, 95% intervals): stock {format_speedup(s)}; "
-                          f"final {format_speedup(f)}{over}{rates}{note}", 0, stock_speedup=s, final_speedup=f,
+                          f"final {format_speedup(f)}{over}{rates}{held}{note}", 0, stock_speedup=s, final_speedup=f,
                           final_gain=g, regime="serving" if final.serving else "batch", note=final.note,
-                          seconds=final.seconds)
+                          seconds=final.seconds, heldout_gain=final.heldout_gain,
+                          heldout_final_speedup=(doc["heldout"] or {}).get("final_speedup"),
+                          heldout_note=final.heldout_note)
 
     def wrote(self, files) -> None:
         self.journal.emit(EventKind.REPORT, "wrote " + ", ".join(str(f) for f in files), 0,

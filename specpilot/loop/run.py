@@ -169,7 +169,7 @@ def final_reserve(ctx: RunContext, cost, state: RoundState) -> float:
     systems = {c.hash: c for c in (ctx.stock, incumbent.candidate)}.values()
     compile_s = sum(compiles(c.knobs) for c in systems) * compile_seconds(state.compile_opens, ctx.device)
     return final_seconds(cost, ctx.bench, ctx.deployment.regime.batch, ctx.device, ctx.final_may_patch(incumbent),
-                         compile_s)
+                         compile_s, heldout=ctx.heldout_bench)
 
 
 def round_size(ctx: RunContext, state: RoundState) -> tuple[float, int]:
@@ -225,13 +225,14 @@ def finish(ctx: RunContext, state: RoundState, stop: StopReason):
 
 
 def run_final(ctx: RunContext, incumbent: Incumbent):
-    """Stock and the final system against AR in one benchmark run (`final.measure_final`)."""
+    """Stock and the final system against AR in one benchmark run, then on the held-out prompts
+    (`final.measure_final`)."""
     from specpilot.loop.final import describe_config, measure_final
 
-    cfg = ctx.bench
-    ctx.report.final_start("" if incumbent.candidate.hash == ctx.stock.hash else f" and {incumbent.name!r}",
-                           describe_config(cfg))
+    cfg, held, same = ctx.bench, ctx.heldout_bench, incumbent.candidate.hash == ctx.stock.hash
+    also = "" if same or held is None else f"; then on {held.n_prompts} held-out prompts (never seen by the loop)"
+    ctx.report.final_start("" if same else f" and {incumbent.name!r}", describe_config(cfg) + also)
     final = measure_final(ctx.session, ctx.deployment, ctx.deployment_file, ctx.stock, incumbent.candidate, cfg,
-                          ctx.paths.scratch)
+                          ctx.paths.scratch, heldout_prompts=ctx.config.final_heldout_prompts)
     ctx.report.final(final)
     return final

@@ -13,7 +13,7 @@ from specpilot.control.controller import Costs
 from specpilot.loop.budget import (Budget, CandidateCost, compile_seconds, compiled_opens, compiles, evaluation_seconds,
                                    final_seconds, fitting_candidates, fitting_selection, open_warmup, round_seconds)
 from specpilot.loop.config import LoopConfig
-from specpilot.loop.final import bench_config
+from specpilot.loop.final import bench_config, heldout_config
 from specpilot.loop.rounds import RoundState
 from specpilot.loop.run import final_reserve
 from specpilot.loop.systems import Candidate, Incumbent
@@ -84,6 +84,33 @@ def test_the_final_measurement_in_the_loaded_process_warms_each_system_only():
     tokens_s = 1.2 * (cost.predict_ms_per_token(None) + 2 * cost.ms_per_token) * 5 * 4 * 512 / 1e3
     assert final_seconds(cost, bench, 1, "cuda", own_process=False) == pytest.approx(tokens_s + 3 * 10.0)
     assert final_seconds(cost, bench, 1, "cuda", own_process=True) == pytest.approx(tokens_s + 60.0)
+
+
+def test_the_held_out_run_adds_its_tokens_and_a_warmup():
+    """The final measurement's held-out run (8 held-out prompts by default) is counted like the main
+    run: its prompts x tokens at the same ms per token, and a second warm-up; 0 prompts: none."""
+    cost = cost_table(STOCK)
+    per_token = cost.predict_ms_per_token(None) + 2 * cost.ms_per_token
+    bench = bench_config(DEPLOYMENT, 4, 512)
+    held = heldout_config(bench, 8)
+    assert (held.sets, held.n_prompts, held.max_new_tokens, held.batch) == (("heldout",), 8, 512, 1)
+    base = final_seconds(cost, bench, 1, "cuda")
+    assert final_seconds(cost, bench, 1, "cuda", heldout=held) == pytest.approx(
+        base + 1.2 * per_token * 8 * 512 / 1e3 + 60.0)
+    assert final_seconds(cost, bench, 1, "cuda", own_process=False, heldout=held) == pytest.approx(
+        final_seconds(cost, bench, 1, "cuda", own_process=False) + 1.2 * per_token * 8 * 512 / 1e3 + 3 * 10.0)
+    more = final_seconds(cost, bench, 1, "cuda", heldout=heldout_config(bench, 16))
+    assert more > final_seconds(cost, bench, 1, "cuda", heldout=held) > base
+    state = RoundState(index=1, done=0, incumbent=Incumbent(Candidate(STOCK)), noise=None)
+
+    def reserve(prompts: int) -> float:
+        ctx = run_context(config=LoopConfig(final_heldout_prompts=prompts), deployment=DEPLOYMENT, device="cuda",
+                          stock=Candidate(STOCK), agents=(), patches_stored=False)
+        return final_reserve(ctx, cost, state)
+
+    assert reserve(0) == pytest.approx(final_seconds(cost, bench_config(DEPLOYMENT, 5, 64), 1, "cuda",
+                                                     own_process=False))
+    assert reserve(0) < reserve(8) < reserve(16)
 
 
 def test_the_final_may_carry_a_patch_when_any_source_of_one_is_there():
@@ -169,8 +196,9 @@ def test_the_final_measurement_counts_a_compile_warmup_for_each_compiled_system(
     ctx = run_context(config=LoopConfig(), deployment=DEPLOYMENT, device="cuda", stock=Candidate(STOCK), agents=(),
                       patches_stored=False)
     cost = cost_table(STOCK)
-    plain_s = final_seconds(cost, ctx.bench, 1, "cuda", own_process=False)
-    assert final_seconds(cost, ctx.bench, 1, "cuda", own_process=False, compile_s=90.0) == plain_s + 90.0
+    plain_s = final_seconds(cost, ctx.bench, 1, "cuda", own_process=False, heldout=ctx.heldout_bench)
+    assert final_seconds(cost, ctx.bench, 1, "cuda", own_process=False, compile_s=90.0,
+                         heldout=ctx.heldout_bench) == plain_s + 90.0
     state = RoundState(index=1, done=0, incumbent=Incumbent(Candidate(STOCK)), noise=None)
     assert final_reserve(ctx, cost, state) == pytest.approx(plain_s)
     assert final_reserve(ctx, cost, replace(state, incumbent=compiled)) == pytest.approx(plain_s + 90.0)

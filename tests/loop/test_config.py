@@ -26,6 +26,9 @@ def test_device_defaults_and_presets():
         controller_config(for_device("cpu", controller={"blockz": 9}), DEPLOYMENT)
     with pytest.raises(ConfigError, match="final_prompts must be >= 5"):
         LoopConfig(final_prompts=4)
+    with pytest.raises(ConfigError, match="final_heldout_prompts must be >= 0"):
+        LoopConfig(final_heldout_prompts=-1)
+    assert LoopConfig().final_heldout_prompts == 8 and LoopConfig(final_heldout_prompts=0).final_heldout_prompts == 0
     with pytest.raises(ConfigError, match="--coding-agents must be >= 1"):
         LoopConfig(coding_agents=0)
 
@@ -36,12 +39,14 @@ def test_flags_map_onto_the_config():
     cli.register(sub)
     args = parser.parse_args(["run", "--rounds", "4", "--agents", "knob,integration", "--budget-minutes", "9",
                               "--controller", "blocks=8", "--controller", "order=random", "--no-final",
-                              "--coding-agents", "3"])
+                              "--coding-agents", "3", "--final-heldout-prompts", "0"])
     config = cli.config_from_args(args, "cuda")
     assert (config.rounds, config.agents, config.budget_minutes, config.final) == (4, ("knob", "integration"), 9.0,
                                                                                   False)
     assert config.controller == {"blocks": 8, "order": "random"} and config.timing is Timing.SCALED
     assert config.coding_agents == 3 and cli.config_from_args(parser.parse_args(["run"]), "cpu").coding_agents == 2
+    assert config.final_heldout_prompts == 0
+    assert cli.config_from_args(parser.parse_args(["run"]), "cpu").final_heldout_prompts == 8
     assert args.func is cli.run_command
     with pytest.raises(ConfigError, match="FIELD=VALUE"):
         cli.controller_fields(["blocks"])

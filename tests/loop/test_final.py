@@ -10,9 +10,15 @@ from specpilot.bench.runner import BenchConfig
 from specpilot.bench.serving import ServingConfig
 from specpilot.config import Deployment
 from specpilot.errors import ConfigError
-from specpilot.loop.final import bench_argv, bench_config, measure_final, serving_line
+from specpilot.loop.final import (
+    bench_argv,
+    bench_config,
+    heldout_config,
+    measure_final,
+    serving_line,
+)
 from specpilot.loop.journal import plain_json
-from specpilot.loop.report import render_final
+from specpilot.loop.report import format_speedup, heldout_line, render_final
 from specpilot.loop.systems import Candidate
 
 SETS = '["gsm8k", "mbpp"]'
@@ -140,3 +146,69 @@ def test_a_static_deployment_keeps_the_batch_benchmark(deployments, session):
     assert "interleaved batch by batch on 2 sets x 4 prompts x 6 new tokens (batch 2)" in md
     with pytest.raises(ConfigError, match="serving benchmark"):  # never the regime the loop did not optimise for
         measure_final(session, continuous, continuous.source, stock, final, bench_config(static, 2, 6), tmp)
+
+
+def test_the_held_out_run_is_sized_like_the_final_benchmark(deployments):
+    """At least MIN_UNITS batches or serving units of the final benchmark's size (an interval needs
+    them), as far as the held-out set's 40 prompts go; none for 0 prompts or when not one fits."""
+    continuous, static, _ = deployments
+    batch = heldout_config(bench_config(static, 3, 64), 8)
+    assert (batch.sets, batch.n_prompts, batch.batch, batch.max_new_tokens) == (("heldout",), 10, 2, 6)
+    assert heldout_config(bench_config(static, 3, 64), 13).n_prompts == 14
+    assert heldout_config(bench_config(static, 3, 64), 99).n_prompts == 40  # the whole set
+    assert heldout_config(bench_config(static, 3, 64), 0) is None
+    serve = heldout_config(bench_config(continuous, 3, 64), 8)
+    assert (serve.sets, serve.units, serve.n_prompts, serve.concurrency) == (("heldout",), 5, 20, (2,))
+    wide = heldout_config(bench_config(replace(continuous, regime=replace(continuous.regime, batch=8)), 3, 64), 8)
+    assert (wide.units, wide.n_prompts) == (2, 32)  # units of 16: two fit, no interval
+    huge = bench_config(replace(static, regime=replace(static.regime, batch=41)), 3, 64)
+    assert heldout_config(huge, 8) is None
+
+
+def test_the_final_measurement_adds_the_held_out_gain(deployments, session):
+    """After the final benchmark, AR, stock and the final system on held-out prompts the loop never
+    saw: final over stock with an interval (5 batches of 2), in the result, report.json and the report."""
+    from specpilot.cli.run import summary
+
+    _, static, tmp = deployments
+    stock, final = candidates(static)
+    result = measure_final(session, static, static.source, stock, final, bench_config(static, 2, 6), tmp,
+                           heldout_prompts=8)
+    held = result.heldout
+    assert held["config"]["sets"] == ["heldout"] and held["config"]["n_prompts"] == 10
+    assert [s["name"] for s in held["systems"]] == ["stock", "final"]
+    assert [s["set"] for s in held["systems"][1]["sets"]] == ["heldout"]
+    gain = result.heldout_gain
+    assert gain == held["systems"][1]["geomean_gain"] and gain["low"] is not None
+    assert gain["low"] <= gain["estimate"] <= gain["high"]
+    assert result.bench["config"]["sets"] == ["gsm8k", "mbpp"]  # the main run is unchanged
+    doc = plain_json(result.to_dict())
+    json.dumps(doc, allow_nan=False)
+    assert doc["heldout"]["prompts"] == 10 and doc["heldout"]["final_gain"] == gain
+    line = heldout_line(doc)
+    assert line == (f"held-out prompts (never seen by the loop, 10 prompts): final / stock {format_speedup(gain)}; "
+                    f"final over AR {format_speedup(doc['heldout']['final_speedup'])}")
+    assert "[n/a" not in line
+    report = {"deployment": {"name": "tiny-final", "device": "cpu"}, "run": {"stop": "rounds", "out": "x"},
+              "final": doc, "rounds": [], "start": {"cumulative_gain": 0.0}, "promotions": [],
+              "final_system": {"name": "chain", "changes_from_stock": {}}}
+    assert line in summary(report)
+    # stock as the final system: nothing to compare, no held-out run
+    same = measure_final(session, static, static.source, stock, stock, bench_config(static, 2, 6), tmp,
+                         heldout_prompts=8)
+    assert same.heldout is None and same.heldout_gain is None and heldout_line(same.to_dict()) is None
+
+
+def test_a_continuous_deployment_serves_the_held_out_prompts(deployments, session):
+    """Under continuous batching the held-out run is the serving benchmark at the same concurrency:
+    5 units of 4 held-out requests, the gain final / stock paired by unit, with an interval."""
+    continuous, _, tmp = deployments
+    stock, final = candidates(continuous)
+    result = measure_final(session, continuous, continuous.source, stock, final, bench_config(continuous, 2, 6), tmp,
+                           heldout_prompts=4)
+    held = result.heldout
+    assert held["schema"] == "specpilot.serving/1" and held["config"]["sets"] == ["heldout"]
+    (level,) = held["levels"]
+    assert (level["concurrency"], level["units"], level["unit_requests"]) == (2, 5, 4)
+    assert result.heldout_gain == level["engines"][-1]["gain"] and result.heldout_gain["low"] is not None
+    assert result.to_dict()["heldout"]["prompts"] == 20

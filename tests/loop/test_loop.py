@@ -92,6 +92,9 @@ def test_the_loop_promotes_a_really_faster_system(first):
     # the final benchmark, same run: the final system against stock, with an interval above 1
     final = result.report["final"]
     assert final["final_gain"]["low"] > 1.0 and final["final_speedup"]["estimate"] > final["stock_speedup"]["estimate"]
+    # then on the held-out prompts the loop never saw (8 by default): the gain there, with its interval
+    held = final["heldout"]
+    assert held["prompts"] == 8 and held["bench"]["config"]["sets"] == ["heldout"] and held["final_gain"]["low"] > 0
     assert result.report["promotions"][0]["entry_id"] == rd.promoted.entry_id
     assert result.report["promotions"][0]["stage"] == "remeasure"
     md = (result.paths.out / "report.md").read_text()

@@ -58,9 +58,13 @@ def test_the_final_benchmark_of_a_patched_system_runs_its_code(patched):
     final = Candidate(dep.stock.with_changes(name="mine", topk=1), wt.diff(), str(wt.path))
     config = bench_config(dep, prompts_per_set=2, max_new_tokens=6)
     assert (config.n_prompts, config.max_new_tokens) == (2, 6)
-    result = measure_final(None, dep, dep_file, stock, final, config, tmp)
+    result = measure_final(None, dep, dep_file, stock, final, config, tmp, heldout_prompts=5)
     assert result.bench["schema"] == "specpilot.bench/1+patched" and "patched code" in result.note
     assert [s["name"] for s in result.bench["systems"]] == ["stock", "final"] and result.final_gain is not None
+    # the held-out run: `specpilot bench --sets heldout` in the same worktree
+    assert result.heldout["schema"] == "specpilot.bench/1+patched" and result.heldout_note == ""
+    assert result.heldout["config"]["sets"] == ["heldout"] and result.heldout["config"]["n_prompts"] == 5
+    assert result.heldout_gain is not None and result.heldout_gain["low"] is not None
 
 
 def test_the_final_serving_run_of_a_patched_system_runs_its_code(patched):

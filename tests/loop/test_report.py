@@ -144,3 +144,30 @@ def test_the_final_system_says_what_ran_on_the_cpu(target_dir):
     assert not generator.use_graphs and generator.rounds.steps.verify is verify_step  # eager, uncompiled
     projections = [m for name, m in session._target_for(ngram).named_modules() if name.endswith(("proj", "lm_head"))]
     assert projections and all(type(m) is torch.nn.Linear for m in projections)  # F.linear: torch's matmul
+
+
+def test_the_report_shows_the_held_out_gain_beside_the_final_gain():
+    """report.md and the summary carry the held-out line when the final measurement ran held-out
+    prompts; a report from before held-out runs (no such keys) renders as it did."""
+    import json
+    from pathlib import Path
+
+    from specpilot.cli.run import summary
+    from specpilot.loop.report import heldout_line, render_markdown
+
+    path = Path(__file__).resolve().parents[2] / "results" / "loop" / "fixture-x16-batch" / "report.json"
+    report = json.loads(path.read_text())
+    assert "heldout" not in report["final"] and heldout_line(report["final"]) is None
+    assert "eld-out" not in render_markdown(report) and "held-out" not in summary(report)
+    iv = {"estimate": 1.08, "low": 1.01, "high": 1.15, "level": 0.95, "method": "bca", "no_interval": None}
+    report["final"]["heldout"] = {"prompts": 8, "final_gain": iv, "bench": {},
+                                  "final_speedup": {**iv, "estimate": 2.5, "low": 2.3, "high": 2.7},
+                                  "stock_speedup": {**iv, "estimate": 2.3, "low": 2.1, "high": 2.5}}
+    line = ("held-out prompts (never seen by the loop, 8 prompts): final / stock 1.08x [1.01x, 1.15x]; "
+            "final over AR 2.50x [2.30x, 2.70x]")
+    assert heldout_line(report["final"]) == line
+    assert "Held-out prompts (never seen by the loop, 8 prompts): final / stock 1.08x [1.01x, 1.15x]" in (
+        render_markdown(report))
+    assert f"  {line}" in summary(report)
+    report["final"]["heldout"], report["final"]["heldout_note"] = None, "the held-out run failed: boom"
+    assert "held-out prompts (never seen by the loop): the held-out run failed: boom" in summary(report)
