@@ -8,8 +8,8 @@ compiles it, so errors only the compiler sees -- branches returning different ty
 operand constraints, layouts Triton cannot lower -- would first show up on the GPU. This module
 compiles each candidate launch config of the GEMV and GEMM paths (both weight formats, tiles even
 and uneven, the smallest and largest row block of each config), the unpack kernel, the split-KV
-attention kernels (each query tile and head size, BF16 and float32), the FP8 kernel and the Gated
-DeltaNet kernels to PTX and a cubin for the
+attention kernels (each query tile and head size, BF16 and float32), the FP8 kernel, the Gated
+DeltaNet kernels and the pair-wise MoE expert kernels to PTX and a cubin for the
 target with Triton's bundled ptxas (no driver involved), checks the shared memory each needs
 against the architecture's limit, and reports every failure.
 
@@ -51,6 +51,7 @@ SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes 
 @dataclass(frozen=True)
 class Variant:
     kernel: str  # "gemv" | "gemm" | "unpack" | "attention" | "attention_merge" | "fp8" | "gdn_conv" | "gdn_recurrence"
+    # | "moe_gate_up" | "moe_down" | "moe_sum"
     label: str
     constexprs: dict
     num_warps: int
@@ -80,6 +81,10 @@ def _kernel(name: str):
         from specpilot.kernels import gdn_kernel
 
         return getattr(gdn_kernel, name + "_kernel")
+    if name.startswith("moe_"):
+        from specpilot.kernels import moe_gemv_kernel
+
+        return getattr(moe_gemv_kernel, name + "_kernel")
     from specpilot.kernels.w12_unpack import _unpack_kernel
 
     return _unpack_kernel
@@ -167,13 +172,15 @@ def variants(quick: bool = False) -> list[Variant]:
     out += attention_variants(quick)
     out += fp8_variants(quick)
     out += gdn_variants(quick)
+    out += moe_variants(quick)
     out += pdl_variants(out)
     return list({v.label: v for v in out}.values())
 
 
 # variants compiled again as launched with programmatic dependent launch (`launch.pdl`): a GEMV, a
 # GEMM, the split-KV kernel and its merge, in both weight formats / directly or merged
-PDL_OF = ("gemv n8 k1024 w2 s1 bm1", "gemm n64 k256 w4 s3 bm16", "attention d128 bm16 bf16", "merge d128 bm16 bf16")
+PDL_OF = ("gemv n8 k1024 w2 s1 bm1", "gemm n64 k256 w4 s3 bm16", "attention d128 bm16 bf16", "merge d128 bm16 bf16",
+          "moe_gate_up n16 k256 bf16 even", "moe_down n32 k256 bf16 even", "moe_sum c512 bf16")
 
 
 def pdl_variants(base: list[Variant]) -> list[Variant]:
@@ -223,6 +230,39 @@ def gdn_variants(quick: bool = False) -> list[Variant]:
             out.append(Variant("gdn_recurrence", f"gdn_recurrence dk{dk} {act[1:]}", c, recurrence_warps(dk), 1,
                                activations=act))
     return out
+
+
+def moe_variants(quick: bool = False) -> list[Variant]:
+    """The pair-wise MoE expert kernels (`moe_gemv_kernel.py`) as `kernels.moe_gemv` launches them:
+    the default blocking and (unless `quick`) one of half the rows, tiles even and masked, BF16 and
+    float32 activations and weights; the ordered sum of k = 8 pairs."""
+    from specpilot.kernels.moe_gemv import Blocking
+
+    blocks = [Blocking()] + ([] if quick else [Blocking(gate_up_n=8, down_n=16)])
+    out = []
+    for act in ("*bf16", "*fp32"):
+        rnd = 1 if act == "*bf16" else 0
+        for b in blocks:
+            for even in (True, False):
+                tail = f"{act[1:]} {'even' if even else 'masked'}"
+                for kernel, n, k in (("moe_gate_up", b.gate_up_n, b.gate_up_k), ("moe_down", b.down_n, b.down_k)):
+                    c = {"BLOCK_N": n, "BLOCK_K": k, "EVEN_N": even, "EVEN_K": even, "ROUND": rnd}
+                    out.append(Variant(kernel, f"{kernel} n{n} k{k} {tail}", c, b.num_warps, 1, activations=act))
+        b = blocks[0]
+        out.append(Variant("moe_sum", f"moe_sum c{b.sum_c} {act[1:]}", {"BLOCK_C": b.sum_c, "KP2": 8, "ROUND": rnd},
+                           b.num_warps, 1, activations=act))
+    return out
+
+
+def _moe_signature(fn, v: Variant) -> tuple[dict, dict]:
+    """(signature, attributes) of a MoE expert launch: ids int64, everything else in the model's
+    dtype; sizes and strides of model shapes (multiples of 16) but k and the ids' and routing
+    weights' row strides (k)."""
+    signature = {name: "constexpr" if name in v.constexprs else "*i64" if name == "ids_ptr"
+                 else v.activations if name.endswith("_ptr") else "i32" for name in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if signature[name] != "constexpr" and name not in ("topk", "si_t", "swt_t")}
+    return signature, attrs
 
 
 def _gdn_signature(fn, v: Variant) -> tuple[dict, dict]:
@@ -281,6 +321,7 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
         v = dataclasses.replace(v, constexprs={**v.constexprs, "PDL": False})
     signature, attrs = (_attention_signature if v.kernel.startswith("attention") else
                         _gdn_signature if v.kernel.startswith("gdn") else
+                        _moe_signature if v.kernel.startswith("moe") else
                         _fp8_signature if v.kernel == "fp8" else _projection_signature)(fn, v)
     constants = {(fn.arg_names.index(k),): val for k, val in v.constexprs.items() if k in fn.arg_names}
     t = time.monotonic()

@@ -14,6 +14,9 @@ a shared expert). The rules, as transformers computes them:
 Decoding computes only the experts the tokens route to: the T*k (token, expert) pairs are grouped
 by expert and each routed expert runs one matmul over its tokens (`Experts.forward`). A verify of N
 tree nodes therefore reads the *union* of its tokens' experts (`experts_read`), not k or E of them.
+A decode step or a small verify (up to `kernels.moe_gemv.MAX_PAIRS` pairs, on CUDA or the Triton
+interpreter) runs instead one GEMV per pair that reads its expert's weights through the ids
+(`kernels.moe_gemv`): no sort, no gathers, and batch invariant.
 
 Owns: the sparse MLP module, the two decoders that carry it (`MoETransformer`: the dense
 `Transformer` with sparse MLPs in `moe_layers`; `MoEHybridTransformer`: Qwen3-Next's hybrid decoder
@@ -23,7 +26,7 @@ likewise), and the experts' HF layouts <-> our parameters (`hf_tensor_shapes`, `
 checkpoints) and transformers' fused `mlp.experts.gate_up_proj` [E,2I,C] / `mlp.experts.down_proj`
 [E,C,I]; writes the per-expert one. Our parameters keep the fused 3-D layout.
 Does not own: attention, caches or the engine (the decoders keep `Transformer.forward`'s signature
-and `new_cache`), the cost model's use of `experts_read`, or a GPU grouped-GEMM kernel.
+and `new_cache`), the cost model's use of `experts_read`, or the GPU kernels (`kernels.moe_gemv`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from specpilot.kernels import moe_gemv
 from specpilot.models import hybrid, ops, transformer
 from specpilot.models.config import HYBRID_FAMILIES, ModelConfig
 from specpilot.models.fusion import concat_rows
@@ -55,17 +59,26 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(E, C, I))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, act=None,
-                grouped: bool | None = None, masked: bool | None = None) -> torch.Tensor:
+                grouped: bool | None = None, masked: bool | None = None, kernel: bool | None = None
+                ) -> torch.Tensor:
         """sum_j weights[t,j] * expert_{ids[t,j]}(x[t]) for each token t, running only the routed
         experts, each once over the tokens routed to it, a token's experts summed in increasing
         expert order. x [T,C]; weights [T,k] in x's dtype; ids [T,k] int64 -> [T,C].
+        `kernel` (default: where `kernels.moe_gemv.applies`, T*k <= MAX_PAIRS pairs, and `act` is
+        the SwiGLU) runs the pair-wise GEMV kernels on ids and weights as they come (no host read,
+        batch invariant); else
         `grouped` (default: on CUDA in BF16, where torch has it) runs both projections as one grouped
         GEMM each over the expert-sorted pairs with device-side offsets: no host read, so CUDA
         graphs can capture it; else one matmul per routed expert, its loop bounds read on the host,
         or (`masked`, default: while a CUDA graph is being captured) every expert over every pair,
         each pair keeping its own expert's rows (no host read)."""
-        act = act or ops.silu_mul
         T, k = ids.shape
+        if kernel is None:
+            swiglu = act is None or getattr(act, "__wrapped__", act) is ops.silu_mul  # plain or compiled
+            kernel = swiglu and moe_gemv.applies(x, self.gate_up_proj, T * k)
+        if kernel:
+            return moe_gemv.moe_experts(x, weights, ids, self.gate_up_proj, self.down_proj)
+        act = act or ops.silu_mul
         E = self.gate_up_proj.shape[0]
         ids, perm = ids.sort(dim=-1)  # each token's experts in increasing order
         weights = weights.gather(-1, perm)

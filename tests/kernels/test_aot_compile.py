@@ -148,3 +148,22 @@ def test_kernels_launched_with_pdl_wait_for_the_previous_grid_once_and_release_t
         else:
             assert g["loads_before_wait"] == 0, (label, g)
     assert all((g["wait"], g["launch_dependents"]) == (0, 0) for label, g in runs.items() if label not in with_pdl)
+
+
+def test_moe_expert_kernels_stream_bf16_weights_in_16_byte_loads_with_no_barrier_in_the_loop(aot):
+    """The pair-wise MoE projections (`kernels.moe_gemv`) on sm_90: each K step's weights in 16-byte
+    loads (gate_up: two [16, 256] tiles, down: one [32, 256], 8 loads per thread of 128) plus one
+    of x or h, FMAs, and no layout conversion through shared memory (no barrier) in the loop; with
+    PDL, one wait and one release."""
+    labels = ("moe_gate_up n16 k256 bf16 even", "moe_down n32 k256 bf16 even")
+    run = aot("--quick", "--sass", *labels, needs="cuobjdump")
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()
+    assert len(lines) == 4, run.stdout  # each without and with PDL
+    for line in lines:
+        mix = ast.literal_eval(line.split("; ")[1])
+        assert mix.get("LDG.E.128") == 9 and mix.get("FFMA") == 64, line
+        assert not any(op.startswith(("BAR", "LDS", "STS")) for op in mix), line
+        grid = ast.literal_eval(line.rsplit("grid dependency ", 1)[1])
+        pdl = line.split(":")[0].endswith(" pdl")
+        assert (grid["wait"], grid["launch_dependents"]) == ((1, 1) if pdl else (0, 0)), line
