@@ -2,8 +2,9 @@
 
 A *system file* holds the engine's knobs (`System`); it is what the benchmark runs, the controller
 times and the loop proposes. A *deployment file* names the target, the drafter, their width
-expansion, the serving regime, the benchmark sets and the *stock* system. `stock` is the system
-taken from the deployment. Flags of the CLI map 1:1 onto these fields.
+expansion, the format the target is loaded in, the serving regime, the benchmark sets and the
+*stock* system. `stock` is the system taken from the deployment. Flags of the CLI map 1:1 onto
+these fields.
 
 Does not own loading models or running anything.
 """
@@ -47,6 +48,16 @@ class TreeConstruction(enum.Enum):
 class Kernel(enum.Enum):
     CUBLAS = "cublas"  # torch F.linear
     TRITON = "triton"  # our Triton GEMV/GEMM (BF16, or W12 when w12 = true)
+
+
+class TargetFormat(enum.Enum):
+    """How the deployment's target holds its projections once loaded (`Deployment.target_format`)."""
+
+    STORED = ""  # as the checkpoint stores them
+    # FP8 e4m3 made at load time, after width expansion, by `specpilot fp8 convert`'s quantizer
+    # (`models.fp8_checkpoint.quantize_model`): one scale per output row, or 128x128 blocks
+    FP8_CHANNEL = "fp8-channel"
+    FP8_BLOCK = "fp8-block"
 
 
 class AttentionKernel(enum.Enum):
@@ -394,6 +405,10 @@ class Deployment:
     # draft with either; it is widened to the target's width (trained for the unwidened target).
     dflash: str = ""
     eagle3: str = ""  # likewise an EAGLE-3 head directory (or "fixture-eagle3")
+    # The target's projections as loaded (`TargetFormat`; a string in files): an FP8 format makes the
+    # widened target an FP8 model at load time, and that FP8 model is the reference every system,
+    # AR and the guard decode and score with. Drafters keep their precision.
+    target_format: TargetFormat = TargetFormat.STORED
     regime: Regime = field(default_factory=Regime)
     sets: tuple[str, ...] = BENCHMARK_SETS
     max_new_tokens: int = 2048
@@ -402,6 +417,13 @@ class Deployment:
     source: str = ""  # file it was read from
 
     def __post_init__(self):
+        if not isinstance(self.target_format, TargetFormat):  # a file's (or a caller's) string
+            try:
+                object.__setattr__(self, "target_format", TargetFormat(self.target_format))
+            except ValueError:
+                choices = ", ".join(repr(f.value) for f in TargetFormat)
+                raise ConfigError(f"deployment {self.name!r}: target_format {self.target_format!r} is not one of "
+                                  f"{choices} ('': as stored)") from None
         for factor in (self.target_expand, self.drafter_expand):
             if factor < 1 or factor & (factor - 1):
                 raise ConfigError(f"deployment {self.name!r}: expansion factors must be powers of two (got {factor})")
@@ -418,7 +440,9 @@ class Deployment:
     def fingerprint_fields(self) -> dict:
         d = asdict(self)
         d.pop("source")
-        for later in ("dflash", "eagle3"):  # added later: unset, they leave earlier fingerprints as they were
+        d["target_format"] = self.target_format.value
+        # added later: unset, they leave earlier fingerprints as they were
+        for later in ("dflash", "eagle3", "target_format"):
             if not d[later]:
                 del d[later]
         for knob, default in SAMPLING_DEFAULTS.items():  # likewise: a greedy regime keeps its fingerprint
@@ -460,11 +484,13 @@ class Deployment:
 
     def to_toml(self) -> str:
         """This deployment as a deployment file (`from_toml` reads it back equal, `source` aside):
-        model paths as given (absolute once read from a file), the [regime] table with its set
-        sampling knobs only, and the stock's every knob."""
+        model paths as given (absolute once read from a file), target_format when set, the [regime]
+        table with its set sampling knobs only, and the stock's every knob."""
         lines = [f"name = {json.dumps(self.name)}", f"target = {json.dumps(self.target)}",
                  f"drafter = {json.dumps(self.drafter)}"]
         lines += [f"{k} = {json.dumps(getattr(self, k))}" for k in ("dflash", "eagle3") if getattr(self, k)]
+        if self.target_format is not TargetFormat.STORED:
+            lines.append(f"target_format = {json.dumps(self.target_format.value)}")
         lines += [f"target_expand = {self.target_expand}", f"drafter_expand = {self.drafter_expand}",
                   f"sets = {json.dumps(list(self.sets))}", f"max_new_tokens = {self.max_new_tokens}",
                   f"n_prompts = {self.n_prompts}", "", "[regime]"]

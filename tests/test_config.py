@@ -1,8 +1,19 @@
 """System and Deployment: validation, TOML round trip, system files as overrides of stock."""
 
+from dataclasses import replace
+
 import pytest
 
-from specpilot.config import Deployment, DrafterKind, Kernel, System, load_system
+from specpilot.config import (
+    Deployment,
+    DrafterKind,
+    Kernel,
+    System,
+    TargetFormat,
+    load_deployment,
+    load_system,
+    shipped_deployments_dir,
+)
 from specpilot.errors import ConfigError
 
 
@@ -78,3 +89,34 @@ def test_deployment_validation(tmp_path):
     f.write_text("name = [")
     with pytest.raises(ConfigError, match="not valid TOML"):
         Deployment.from_toml(f)
+
+
+def test_target_format_is_validated_and_reads_back(tmp_path):
+    with pytest.raises(ConfigError, match=r"target_format 'fp8' is not one of '', 'fp8-channel', 'fp8-block'"):
+        Deployment(name="d", target="t", target_format="fp8")
+    f = tmp_path / "d.toml"
+    f.write_text('name = "d"\ntarget = "fixture"\ntarget_format = "fp8-blocks"\n')
+    with pytest.raises(ConfigError, match="target_format 'fp8-blocks'"):
+        Deployment.from_toml(f)
+    for fmt in TargetFormat:
+        dep = Deployment(name="d", target="fixture", target_format=fmt.value)
+        assert dep.target_format is fmt
+        f.write_text(dep.to_toml())
+        assert replace(Deployment.from_toml(f), source="") == dep
+        assert ("target_format" in dep.to_toml()) == (fmt is not TargetFormat.STORED)
+
+
+def test_target_format_enters_the_fingerprint_only_when_set():
+    stored = Deployment(name="d", target="fixture")
+    fp8 = replace(stored, target_format=TargetFormat.FP8_CHANNEL)
+    assert "target_format" not in stored.fingerprint_fields()  # fingerprints from before the field stay
+    assert fp8.fingerprint_fields() == {**stored.fingerprint_fields(), "target_format": "fp8-channel"}
+
+
+@pytest.mark.parametrize("path", sorted(shipped_deployments_dir().glob("*.toml")), ids=lambda p: p.stem)
+def test_every_shipped_deployment_loads_reads_back_and_says_what_it_is(path, tmp_path):
+    dep = load_deployment(path.stem)
+    assert dep.name == path.stem and path.read_text().startswith("#")  # a header comment: what it stands in for
+    again = tmp_path / path.name
+    again.write_text(dep.to_toml())
+    assert replace(Deployment.from_toml(again), source="") == replace(dep, source="")

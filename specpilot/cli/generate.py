@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help=HELP,
                        description="Greedy or sampled generation with a target model and an optional drafter.")
     p.add_argument("--deployment", help="deployment file or shipped name (default: fixture)")
-    p.add_argument("--target", help="target model directory, or 'fixture' (overrides the deployment's)")
+    p.add_argument("--target", help="target model directory, or 'fixture', loaded as stored (overrides the "
+                   "deployment's target, its target_expand and target_format)")
     p.add_argument("--drafter", help="draft model directory, DFlash drafter or EAGLE-3 head directory (public "
                    "z-lab/SpecForge/EAGLE layouts), 'fixture', 'ngram' or 'none' (AR)")
     p.add_argument("--system", help="system file, 'stock' (default) or 'ar'")
@@ -86,7 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def deployment_from_args(args) -> Deployment:
-    from specpilot.config import Deployment, load_deployment
+    from specpilot.config import Deployment, TargetFormat, load_deployment
 
     if args.target and not args.deployment:
         # an ad-hoc deployment; an arbitrary target has no known draft model, so prompt lookup
@@ -94,7 +95,7 @@ def deployment_from_args(args) -> Deployment:
     dep = load_deployment(args.deployment)
     changes = {}
     if args.target:
-        changes["target"], changes["target_expand"] = args.target, 1
+        changes.update(target=args.target, target_expand=1, target_format=TargetFormat.STORED)
     if args.drafter:
         changes["drafter"] = args.drafter
         changes["drafter_expand"] = 1

@@ -5,8 +5,10 @@ expansion factors at load time, so what one load needs is known from the checkpo
 before a byte is read (`weight_bytes`): the target and the draft model widened
 (`models.expand.ModelSize`, exact up to the rope tables), and a DFlash or EAGLE-3 head counted as
 a decoder of its layer config widened likewise (an embedding and lm_head of its own included: an
-estimate on the high side, as most heads share the target's). Each process that holds the models
-needs that plus `PROCESS_BYTES` (torch itself, activations, a short run's KV cache).
+estimate on the high side, as most heads share the target's); a target with an FP8
+`target_format` is loaded in float32 and its codes made beside it (one byte a weight more). Each
+process that holds the models needs that plus `PROCESS_BYTES` (torch itself, activations, a short
+run's KV cache).
 
 The rule (`check_memory`), with E = copies x (weights + PROCESS_BYTES) and A = MemAvailable from
 /proc/meminfo (what the kernel can hand out without swapping):
@@ -35,7 +37,7 @@ from pathlib import Path
 import torch
 
 from specpilot import env
-from specpilot.config import Deployment
+from specpilot.config import Deployment, TargetFormat
 from specpilot.errors import CheckpointError, ConfigError, Notice
 
 PROCESS_BYTES = 500_000_000  # per process beyond the weights (a loaded fixture process: ~0.5 GB more than them)
@@ -80,7 +82,11 @@ def weight_bytes(deployment: Deployment, dtype: torch.dtype) -> int:
         if getattr(deployment, kind):
             parts.append((layers(resolve_model_dir(getattr(deployment, kind), f"{kind} drafter")),
                           deployment.target_expand))
-    return sum(ModelSize.of(expanded_config(config, factor)).bytes(dtype) for config, factor in parts)
+    total = sum(ModelSize.of(expanded_config(config, factor)).bytes(dtype) for config, factor in parts)
+    if deployment.target_format is not TargetFormat.STORED:  # loaded in float32, its FP8 codes made beside it
+        size = ModelSize.of(expanded_config(target, deployment.target_expand))
+        total += size.bytes(torch.float32) - size.bytes(dtype) + size.params
+    return total
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """A loaded deployment: target, drafter and tokenizer on a device, and generators per system.
 
-Owns: resolving model names ("fixture", directories), width expansion at load, the drafter /
-target vocabulary check, and turning a `System` (the engine's knobs) into a `Generator` — with
-the projection kernels and the attention kernel the system asks for applied to *clones* of the
-target and the drafters that share their tensors, so AR and any number of systems can run side by
-side in one process.
+Owns: resolving model names ("fixture", directories), width expansion and the target's format
+(`Deployment.target_format`) at load, the drafter / target vocabulary check, and turning a
+`System` (the engine's knobs) into a `Generator` — with the projection kernels and the attention
+kernel the system asks for applied to *clones* of the target and the drafters that share their
+tensors, so AR and any number of systems can run side by side in one process.
 
 Does not own the decode loop (`generator.py`) or the kernels (`specpilot.kernels`, `specpilot.w12`).
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specpilot import env
-from specpilot.config import DRAFTER_MODELS, AttentionKernel, Deployment, DrafterKind, Kernel, System
+from specpilot.config import DRAFTER_MODELS, AttentionKernel, Deployment, DrafterKind, Kernel, System, TargetFormat
 from specpilot.engine.drafters.dflash import DFlashDrafter
 from specpilot.engine.drafters.draft_model import DraftModelDrafter
 from specpilot.engine.drafters.eagle3 import Eagle3Drafter
@@ -51,6 +51,20 @@ def load_role(name: str, role: str, factor: int, device, dtype) -> Transformer:
     from specpilot.models.expand import load_expanded
 
     return load_expanded(path, factor, device=device, dtype=dtype)
+
+
+def load_target(deployment: Deployment, device, dtype) -> Transformer:
+    """The deployment's target, widened by `target_expand` and held in `target_format`. An FP8
+    format quantizes the widened target as `specpilot fp8 convert` quantizes a checkpoint
+    (`models.fp8_checkpoint.quantize_model`), from float32 on the host (the precision any stored
+    one fits in), then moves it to `device`; that FP8 model is the session's only target."""
+    if deployment.target_format is TargetFormat.STORED:
+        return load_role(deployment.target, "target", deployment.target_expand, device, dtype)
+    from specpilot.models.fp8_checkpoint import quantize_model
+
+    wide = load_role(deployment.target, "target", deployment.target_expand, "cpu", torch.float32)
+    return quantize_model(wide, deployment.target_format is TargetFormat.FP8_CHANNEL, device, dtype,
+                          f"deployment {deployment.name!r} (target_format = {deployment.target_format.value!r})")
 
 
 def _shared_clone(model):
@@ -189,7 +203,7 @@ class Session:
              dtype: torch.dtype | None = None) -> "Session":
         device = env.resolve_device(device)  # a device this torch cannot use is one `error:` line
         dtype = dtype or env.default_dtype(device)
-        target = load_role(deployment.target, "target", deployment.target_expand, device, dtype)
+        target = load_target(deployment, device, dtype)
         tokenizer = Tokenizer.from_dir(resolve_model_dir(deployment.target, "target"), target.config.eos_token_ids)
         drafter = dflash = eagle3 = None
         path = resolve_model_dir(deployment.drafter, "drafter") if deployment.drafter not in ("ngram", "none") else None

@@ -2,22 +2,24 @@
 
 A fingerprint is content, not names: the sha256 of every file of the target and draft models
 (so a renamed or moved model is the same deployment and a re-trained one is not), the width
-expansion, the GPU's name, the serving regime (its batch, and its sampling knobs where set: a
-greedy deployment keeps the digest it had before sampling existed), the benchmark sets and token budget, and the
-software versions that change kernels (specpilot, torch, CUDA, Python). Its `digest` hashes all of
-that except the deployment's name; the git commit is deliberately not part of it (each commit
-would otherwise be a new deployment) — it is stored with every evaluation instead.
+expansion, the target's format at load where set (an FP8 target is another target; unset, a
+deployment keeps the digest it had before formats existed), the GPU's name, the serving regime
+(its batch, and its sampling knobs where set: a greedy deployment keeps the digest it had before
+sampling existed), the benchmark sets and token budget, and the software versions that change
+kernels (specpilot, torch, CUDA, Python). Its `digest` hashes all of that except the deployment's
+name; the git commit is deliberately not part of it (each commit would otherwise be a new
+deployment) — it is stored with every evaluation instead.
 
 Model files can be tens of GB; their hashes are cached (in the memory's `file_hashes` table)
 under (absolute path, size, mtime_ns), so a file is read once until it changes.
 
 `similarity` scores how much validated knowledge should transfer between deployments, in [0, 1]:
-same target weights 4 (same architecture only, i.e. config.json, 1.5), same drafter 2, same GPU 2,
-same regime 0.5, same token budget (`max_new_tokens`) 0.25, same benchmark sets 0.25, same torch
-and specpilot versions 1 (one of them 0.5) — out of 10. A version difference lowers the score and
-never blocks a transfer: the memory's consumers time whatever they transfer. `differences` says in
-words what the score saw ("same target and drafter, max_new_tokens 512 vs 256, specpilot 0.1.0 vs
-0.1.1").
+same target weights in the same format 4 (same architecture only, i.e. config.json, 1.5), same
+drafter 2, same GPU 2, same regime 0.5, same token budget (`max_new_tokens`) 0.25, same benchmark
+sets 0.25, same torch and specpilot versions 1 (one of them 0.5) — out of 10. A version
+difference lowers the score and never blocks a transfer: the memory's consumers time whatever they
+transfer. `differences` says in words what the score saw ("same target and drafter,
+max_new_tokens 512 vs 256, specpilot 0.1.0 vs 0.1.1").
 
 Owns: `DeploymentFingerprint`, `fingerprint_deployment`, `hash_model_dir`. Does not own storage.
 """
@@ -84,6 +86,7 @@ class DeploymentFingerprint:
     max_new_tokens: int = 0
     sets: tuple[str, ...] = ()
     versions: dict = field(default_factory=dict)
+    target_format: str = ""  # `config.TargetFormat` value; "" as stored
 
     @property
     def digest(self) -> str:
@@ -93,7 +96,7 @@ class DeploymentFingerprint:
 
     def similarity(self, other: "DeploymentFingerprint") -> float:
         score = 0.0
-        if self.target == other.target and self.expand[0] == other.expand[0]:
+        if self._same_target(other):
             score += 4
         elif (config := _file(self.target, "config.json")) and config == _file(other.target, "config.json"):
             score += 1.5
@@ -109,7 +112,7 @@ class DeploymentFingerprint:
 
     def differences(self, other: "DeploymentFingerprint") -> str:
         """What is alike and what differs, in words: `self`'s value first ('a vs b')."""
-        same_target = self.target == other.target and self.expand[0] == other.expand[0]
+        same_target = self._same_target(other)
         same_drafter = (self.drafter_kind, self.drafter, self.expand[1]) == \
             (other.drafter_kind, other.drafter, other.expand[1])
         config = _file(self.target, "config.json")
@@ -119,6 +122,8 @@ class DeploymentFingerprint:
             parts = ["same target and drafter"]
         else:
             parts = [target, "same drafter" if same_drafter else "another drafter"]
+        if self.target_format != other.target_format:
+            parts.append(f"target_format {self.target_format or '-'} vs {other.target_format or '-'}")
         if self.gpu != other.gpu:
             parts.append(f"{self.gpu} vs {other.gpu}")
         for key in sorted(set(self.regime) | set(other.regime)):
@@ -133,8 +138,14 @@ class DeploymentFingerprint:
                 parts.append(f"{key} {self.versions.get(key) or '-'} vs {other.versions.get(key) or '-'}")
         return ", ".join(parts)
 
+    def _same_target(self, other: DeploymentFingerprint) -> bool:
+        return (self.target, self.expand[0], self.target_format) == (other.target, other.expand[0],
+                                                                     other.target_format)
+
     def to_dict(self) -> dict:
         d = asdict(self)
+        if not self.target_format:  # unset: the digest of a deployment from before formats existed
+            del d["target_format"]
         d["target"] = [list(x) for x in self.target]
         d["drafter"] = [list(x) for x in self.drafter]
         d["expand"] = list(self.expand)
@@ -145,7 +156,8 @@ class DeploymentFingerprint:
     def from_dict(cls, d: dict) -> "DeploymentFingerprint":
         return cls(d["name"], tuple(tuple(x) for x in d["target"]), tuple(tuple(x) for x in d["drafter"]),
                    d["drafter_kind"], tuple(d["expand"]), d["gpu"], dict(d.get("regime", {})),
-                   d.get("max_new_tokens", 0), tuple(d.get("sets", ())), dict(d.get("versions", {})))
+                   d.get("max_new_tokens", 0), tuple(d.get("sets", ())), dict(d.get("versions", {})),
+                   d.get("target_format", ""))
 
 
 def _file(files: Files, name: str) -> str | None:
@@ -189,4 +201,5 @@ def fingerprint_deployment(deployment, gpu: str, cache: HashCache | None = None,
         regime={"batch": deployment.regime.batch, **deployment.regime.sampling.set_knobs()},  # greedy: as before
         max_new_tokens=deployment.max_new_tokens,
         sets=tuple(deployment.sets), versions=versions if versions is not None else software_versions(),
+        target_format=deployment.target_format.value,
     )

@@ -1,5 +1,7 @@
-"""FP8 checkpoints: reading the layouts users have into `FP8Weight`s, and `convert_fp8` (BF16 or
-float32 directory -> block-wise or per-channel FP8 directory).
+"""FP8 checkpoints: reading the layouts users have into `FP8Weight`s, `convert_fp8` (BF16 or
+float32 directory -> block-wise or per-channel FP8 directory) and `quantize_model` (a loaded
+decoder -> the FP8 decoder that converting and loading it gives), both through one quantizer,
+`quantize_tensors`.
 
 Layouts read, from `quantization_config` in config.json:
   - `quant_method: "fp8"` (DeepSeek/Qwen FP8 releases, transformers' finegrained FP8): `fmt`
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from specpilot.errors import CheckpointError
 from specpilot.models.fp8_linear import E4M3, E4M3_MAX, Activation, FP8Weight
@@ -213,6 +216,35 @@ class FP8ConvertReport:
                 f"{self.bytes_before / 2**20:.2f} MiB -> {self.bytes_after / 2**20:.2f} MiB; wrote {self.dst}")
 
 
+def quantize_tensors(tensors: dict[str, torch.Tensor], tie_word_embeddings: bool, lm_head: bool = False,
+                     per_channel: bool = False, where: str = "") -> tuple[dict[str, torch.Tensor], tuple[str, ...]]:
+    """HF tensors -> the `quant_method: "fp8"` layout's, and the names quantized: each projection
+    (`PROJECTION`; lm_head.weight too with `lm_head`, unless tied) as e4m3 codes `X.weight` beside
+    `X.weight_scale_inv` (`quantize_per_channel` with `per_channel`, else `quantize_blockwise`), every
+    other tensor as it is. The one quantizer of `convert_fp8` and `quantize_model`."""
+    quantize = quantize_per_channel if per_channel else quantize_blockwise
+    out, quantized = {}, []
+    for name, t in tensors.items():
+        if not (PROJECTION.search(name) or (lm_head and name == "lm_head.weight" and not tie_word_embeddings)):
+            out[name] = t.contiguous()
+            continue
+        if t.dtype not in (torch.bfloat16, torch.float16, torch.float32) or t.dim() != 2:
+            raise CheckpointError(f"{where}: tensor {name} is {t.dtype} {list(t.shape)}; FP8 quantization needs 2-D "
+                                  "float weights")
+        out[name], out[name.removesuffix(".weight") + ".weight_scale_inv"] = quantize(t)
+        quantized.append(name)
+    if not quantized:
+        raise CheckpointError(f"{where}: no projection weights to quantize")
+    return out, tuple(quantized)
+
+
+def quantization_config(per_channel: bool, lm_head: bool) -> dict:
+    """The config.json `quantization_config` of `quantize_tensors`' output."""
+    return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+            **({} if per_channel else {"weight_block_size": [BLOCK, BLOCK]}),
+            "modules_to_not_convert": [] if lm_head else ["lm_head"]}
+
+
 def convert_fp8(src: str | Path, dst: str | Path, lm_head: bool = False, force: bool = False,
                 per_channel: bool = False) -> FP8ConvertReport:
     """Write an e4m3 copy of the BF16/float32 HF directory `src` to `dst` in the `quant_method: "fp8"`
@@ -234,29 +266,44 @@ def convert_fp8(src: str | Path, dst: str | Path, lm_head: bool = False, force: 
         if not force:
             raise CheckpointError(f"DST {dst} exists and is not empty (use --force to replace it)")
         shutil.rmtree(dst)
-    out, quantized, skip = {}, [], ["lm_head"] if not lm_head else []
-    for name, t in tensors.items():
-        chosen = PROJECTION.search(name) or (lm_head and name == "lm_head.weight" and not config.tie_word_embeddings)
-        if not chosen:
-            out[name] = t.contiguous()
-            continue
-        if t.dtype not in (torch.bfloat16, torch.float16, torch.float32) or t.dim() != 2:
-            raise CheckpointError(f"SRC tensor {name} is {t.dtype} {list(t.shape)}; fp8 convert needs 2-D float weights")
-        quantize = quantize_per_channel if per_channel else quantize_blockwise
-        out[name], out[name.removesuffix(".weight") + ".weight_scale_inv"] = quantize(t)
-        quantized.append(name)
-    if not quantized:
-        raise CheckpointError(f"SRC {src}: no projection weights to quantize")
+    out, quantized = quantize_tensors(tensors, config.tie_word_embeddings, lm_head, per_channel, f"SRC {src}")
     dst.mkdir(parents=True, exist_ok=True)
     save_tensors(out, dst / "model.safetensors", metadata={"format": "pt"})  # the umask's mode, not 0600
-    config_json["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                          **({} if per_channel else {"weight_block_size": [BLOCK, BLOCK]}),
-                                          "modules_to_not_convert": skip}
+    config_json["quantization_config"] = quantization_config(per_channel, lm_head)
     (dst / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
     for f in src.iterdir():  # tokenizer and generation files travel with the weights
         if f.is_file() and f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json",
                                                                       MANIFEST):  # a W12-stored source's index
             shutil.copyfile(f, dst / f.name)
     size = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
-    return FP8ConvertReport(str(dst), tuple(quantized), len(out) - 2 * len(quantized),
+    return FP8ConvertReport(str(dst), quantized, len(out) - 2 * len(quantized),
                             size(tensors.values()), size(out.values()), per_channel)
+
+
+def quantize_model(model: nn.Module, per_channel: bool, device: torch.device | str, dtype: torch.dtype,
+                   where: str) -> nn.Module:
+    """The FP8 twin of a loaded BF16/float32 decoder, on `device` in `dtype`: its HF tensors
+    (`loading.to_hf_state`) quantized by `quantize_tensors` (lm_head kept) and read back as
+    `load_model` reads an FP8 directory, so weight for weight the model that saving `model`,
+    `convert_fp8` and `load_model` give. Quantize from `model` in the precision its checkpoint
+    stores (float32 holds any), as `convert_fp8` reads a directory. `where` names it in errors."""
+    from specpilot.models.fp8_linear import FP8Linear
+    from specpilot.models.loading import (
+        build_model,
+        check_tensors,
+        to_fused_state,
+        to_hf_state,
+    )
+    from specpilot.models.w12_linear import W12Linear
+
+    config = model.config
+    if any(isinstance(m, (FP8Linear, W12Linear)) for m in model.modules()):
+        raise CheckpointError(f"{where}: the target is stored quantized already (FP8 or W12): FP8 quantization at "
+                              "load needs BF16 or float32 weights")
+    if config.moe_layers:
+        raise CheckpointError(f"{where}: FP8 MoE experts are not supported (dense and hybrid FP8 only)")
+    tensors, _ = quantize_tensors(to_hf_state(model), config.tie_word_embeddings, per_channel=per_channel, where=where)
+    scheme = fp8_scheme({"quantization_config": quantization_config(per_channel, lm_head=False)}, where)
+    tensors = pair_fp8_tensors(tensors, scheme, where)
+    check_tensors(config, tensors, where)
+    return build_model(config, to_fused_state(config, tensors), device, dtype)

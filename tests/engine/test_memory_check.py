@@ -1,7 +1,8 @@
 """The memory a CPU load needs, against MemAvailable, checked before loading (`engine.memory_check`):
-the estimate is the loaded parameters' bytes exactly for a target and a draft model, widened or not;
-refuse above what is available, note above WARN_SHARE of it; `run` and `evaluate` refuse fixture-x16
-on a machine that cannot hold their copies before anything is loaded or made."""
+the estimate is the loaded parameters' bytes exactly for a target and a draft model, widened or not
+(a target made FP8 at load: its float32 load and its codes); refuse above what is available, note
+above WARN_SHARE of it; `run` and `evaluate` refuse fixture-x16 on a machine that cannot hold their
+copies before anything is loaded or made."""
 
 from __future__ import annotations
 
@@ -37,6 +38,22 @@ def test_the_estimate_is_the_loaded_parameters(target_dir, drafter_dir, factor):
                  for p in m.parameters())
     assert weight_bytes(dep, torch.float32) == loaded
     assert weight_bytes(dep, torch.bfloat16) * 2 == loaded
+
+
+def test_an_fp8_target_counts_its_float32_load_and_its_codes():
+    """A target made FP8 at load: loaded in float32 whatever the dtype, one byte a weight beside it."""
+    from dataclasses import replace
+
+    from specpilot.config import TargetFormat
+    from specpilot.models.config import ModelConfig
+    from specpilot.models.expand import expanded_config
+    from specpilot.models.fixture import fixture_path
+
+    fp8 = load_deployment("fixture-x16-fp8")
+    stored = replace(fp8, target_format=TargetFormat.STORED)
+    params = expanded_config(ModelConfig.from_dir(fixture_path("target")), 16).num_params
+    assert weight_bytes(fp8, torch.float32) == weight_bytes(stored, torch.float32) + params
+    assert weight_bytes(fp8, torch.bfloat16) == weight_bytes(stored, torch.bfloat16) + 2 * params + params
 
 
 def test_fixture_x16_on_a_cpu_is_17_gb_of_weights():
