@@ -409,6 +409,10 @@ class Deployment:
     # widened target an FP8 model at load time, and that FP8 model is the reference every system,
     # AR and the guard decode and score with. Drafters keep their precision.
     target_format: TargetFormat = TargetFormat.STORED
+    # "ExK" (e.g. "16x2"): the dense target upcycled at load into a mixture of E identical copies of
+    # each layer's MLP, k routed per token by a seeded random router (`models.upcycle`): the dense
+    # model's function up to rounding, with an MoE's routing, union of experts and bytes. "": as stored.
+    target_experts: str = ""
     regime: Regime = field(default_factory=Regime)
     sets: tuple[str, ...] = BENCHMARK_SETS
     max_new_tokens: int = 2048
@@ -424,6 +428,11 @@ class Deployment:
                 choices = ", ".join(repr(f.value) for f in TargetFormat)
                 raise ConfigError(f"deployment {self.name!r}: target_format {self.target_format!r} is not one of "
                                   f"{choices} ('': as stored)") from None
+        if self.target_experts:
+            parse_experts(self.target_experts, f"deployment {self.name!r}")
+            if self.target_format is not TargetFormat.STORED:
+                raise ConfigError(f"deployment {self.name!r}: target_experts and target_format together are not "
+                                  "supported (upcycle a dense target, or quantize one)")
         for factor in (self.target_expand, self.drafter_expand):
             if factor < 1 or factor & (factor - 1):
                 raise ConfigError(f"deployment {self.name!r}: expansion factors must be powers of two (got {factor})")
@@ -442,7 +451,7 @@ class Deployment:
         d.pop("source")
         d["target_format"] = self.target_format.value
         # added later: unset, they leave earlier fingerprints as they were
-        for later in ("dflash", "eagle3", "target_format"):
+        for later in ("dflash", "eagle3", "target_format", "target_experts"):
             if not d[later]:
                 del d[later]
         for knob, default in SAMPLING_DEFAULTS.items():  # likewise: a greedy regime keeps its fingerprint
@@ -484,19 +493,34 @@ class Deployment:
 
     def to_toml(self) -> str:
         """This deployment as a deployment file (`from_toml` reads it back equal, `source` aside):
-        model paths as given (absolute once read from a file), target_format when set, the [regime]
+        model paths as given (absolute once read from a file), target_format and target_experts when set, the [regime]
         table with its set sampling knobs only, and the stock's every knob."""
         lines = [f"name = {json.dumps(self.name)}", f"target = {json.dumps(self.target)}",
                  f"drafter = {json.dumps(self.drafter)}"]
         lines += [f"{k} = {json.dumps(getattr(self, k))}" for k in ("dflash", "eagle3") if getattr(self, k)]
         if self.target_format is not TargetFormat.STORED:
             lines.append(f"target_format = {json.dumps(self.target_format.value)}")
+        if self.target_experts:
+            lines.append(f"target_experts = {json.dumps(self.target_experts)}")
         lines += [f"target_expand = {self.target_expand}", f"drafter_expand = {self.drafter_expand}",
                   f"sets = {json.dumps(list(self.sets))}", f"max_new_tokens = {self.max_new_tokens}",
                   f"n_prompts = {self.n_prompts}", "", "[regime]"]
         lines += [f"{k} = {json.dumps(v)}" for k, v in self.regime.to_dict().items()]
         lines += ["", "[stock]"] + [f"{k} = {json.dumps(v)}" for k, v in self.stock.knobs().items()]
         return "\n".join(lines) + "\n"
+
+
+def parse_experts(spec: str, where: str) -> tuple[int, int]:
+    """(E, k) of a `target_experts` value "ExK": 2 <= E <= 256 experts, 1 <= k <= E routed per token."""
+    parts = spec.lower().split("x")
+    try:
+        E, k = (int(v) for v in parts)
+    except ValueError:
+        E = k = 0
+    if len(parts) != 2 or not (2 <= E <= 256 and 1 <= k <= E):
+        raise ConfigError(f"{where}: target_experts {spec!r} must be 'ExK' with 2 <= E <= 256 experts and 1 <= k <= E "
+                          "routed per token (e.g. '16x2')")
+    return E, k
 
 
 def _shipped_name(spec: str) -> bool:

@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Greedy or sampled generation with a target model and an optional drafter.")
     p.add_argument("--deployment", help="deployment file or shipped name (default: fixture)")
     p.add_argument("--target", help="target model directory, or 'fixture', loaded as stored (overrides the "
-                   "deployment's target, its target_expand and target_format)")
+                   "deployment's target, its target_expand, target_format and target_experts)")
     p.add_argument("--drafter", help="draft model directory, DFlash drafter or EAGLE-3 head directory (public "
                    "z-lab/SpecForge/EAGLE layouts), 'fixture', 'ngram' or 'none' (AR)")
     p.add_argument("--system", help="system file, 'stock' (default) or 'ar'")
@@ -95,7 +95,7 @@ def deployment_from_args(args) -> Deployment:
     dep = load_deployment(args.deployment)
     changes = {}
     if args.target:
-        changes.update(target=args.target, target_expand=1, target_format=TargetFormat.STORED)
+        changes.update(target=args.target, target_expand=1, target_format=TargetFormat.STORED, target_experts="")
     if args.drafter:
         changes["drafter"] = args.drafter
         changes["drafter_expand"] = 1

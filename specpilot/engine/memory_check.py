@@ -83,6 +83,13 @@ def weight_bytes(deployment: Deployment, dtype: torch.dtype) -> int:
             parts.append((layers(resolve_model_dir(getattr(deployment, kind), f"{kind} drafter")),
                           deployment.target_expand))
     total = sum(ModelSize.of(expanded_config(config, factor)).bytes(dtype) for config, factor in parts)
+    if deployment.target_experts:  # the upcycled copy is built beside the dense target
+        from specpilot.config import parse_experts
+        from specpilot.models.upcycle import upcycled_config
+
+        wide = expanded_config(target, deployment.target_expand)
+        experts = parse_experts(deployment.target_experts, deployment.name)
+        total += ModelSize.of(upcycled_config(wide, *experts)).bytes(dtype)
     if deployment.target_format is not TargetFormat.STORED:  # loaded in float32, its FP8 codes made beside it
         size = ModelSize.of(expanded_config(target, deployment.target_expand))
         total += size.bytes(torch.float32) - size.bytes(dtype) + size.params

@@ -54,10 +54,17 @@ def load_role(name: str, role: str, factor: int, device, dtype) -> Transformer:
 
 
 def load_target(deployment: Deployment, device, dtype) -> Transformer:
-    """The deployment's target, widened by `target_expand` and held in `target_format`. An FP8
+    """The deployment's target, widened by `target_expand`, upcycled into `target_experts` identical
+    experts (`models.upcycle`) and held in `target_format`. An FP8
     format quantizes the widened target as `specpilot fp8 convert` quantizes a checkpoint
     (`models.fp8_checkpoint.quantize_model`), from float32 on the host (the precision any stored
     one fits in), then moves it to `device`; that FP8 model is the session's only target."""
+    if deployment.target_experts:
+        from specpilot.config import parse_experts
+        from specpilot.models.upcycle import upcycle
+
+        dense = load_role(deployment.target, "target", deployment.target_expand, device, dtype)
+        return upcycle(dense, *parse_experts(deployment.target_experts, f"deployment {deployment.name!r}"))
     if deployment.target_format is TargetFormat.STORED:
         return load_role(deployment.target, "target", deployment.target_expand, device, dtype)
     from specpilot.models.fp8_checkpoint import quantize_model

@@ -87,6 +87,7 @@ class DeploymentFingerprint:
     sets: tuple[str, ...] = ()
     versions: dict = field(default_factory=dict)
     target_format: str = ""  # `config.TargetFormat` value; "" as stored
+    target_experts: str = ""  # `Deployment.target_experts` ("ExK": upcycled at load); "" as stored
 
     @property
     def digest(self) -> str:
@@ -124,6 +125,8 @@ class DeploymentFingerprint:
             parts = [target, "same drafter" if same_drafter else "another drafter"]
         if self.target_format != other.target_format:
             parts.append(f"target_format {self.target_format or '-'} vs {other.target_format or '-'}")
+        if self.target_experts != other.target_experts:
+            parts.append(f"target_experts {self.target_experts or '-'} vs {other.target_experts or '-'}")
         if self.gpu != other.gpu:
             parts.append(f"{self.gpu} vs {other.gpu}")
         for key in sorted(set(self.regime) | set(other.regime)):
@@ -139,13 +142,14 @@ class DeploymentFingerprint:
         return ", ".join(parts)
 
     def _same_target(self, other: DeploymentFingerprint) -> bool:
-        return (self.target, self.expand[0], self.target_format) == (other.target, other.expand[0],
-                                                                     other.target_format)
+        return (self.target, self.expand[0], self.target_format, self.target_experts) == \
+            (other.target, other.expand[0], other.target_format, other.target_experts)
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        if not self.target_format:  # unset: the digest of a deployment from before formats existed
-            del d["target_format"]
+        for later in ("target_format", "target_experts"):  # unset: the digest of a deployment from before them
+            if not d[later]:
+                del d[later]
         d["target"] = [list(x) for x in self.target]
         d["drafter"] = [list(x) for x in self.drafter]
         d["expand"] = list(self.expand)
@@ -157,7 +161,7 @@ class DeploymentFingerprint:
         return cls(d["name"], tuple(tuple(x) for x in d["target"]), tuple(tuple(x) for x in d["drafter"]),
                    d["drafter_kind"], tuple(d["expand"]), d["gpu"], dict(d.get("regime", {})),
                    d.get("max_new_tokens", 0), tuple(d.get("sets", ())), dict(d.get("versions", {})),
-                   d.get("target_format", ""))
+                   d.get("target_format", ""), d.get("target_experts", ""))
 
 
 def _file(files: Files, name: str) -> str | None:
@@ -201,5 +205,5 @@ def fingerprint_deployment(deployment, gpu: str, cache: HashCache | None = None,
         regime={"batch": deployment.regime.batch, **deployment.regime.sampling.set_knobs()},  # greedy: as before
         max_new_tokens=deployment.max_new_tokens,
         sets=tuple(deployment.sets), versions=versions if versions is not None else software_versions(),
-        target_format=deployment.target_format.value,
+        target_format=deployment.target_format.value, target_experts=deployment.target_experts,
     )
