@@ -8,7 +8,8 @@
 #   tlv_b1/         specpilot bench on fixture-x16: AR, stock, stock + TLV chains of 2 and 4
 #   sampling/       scripts/sampling_speed.py on fixture-x16-eagle3 (T 0.7, top-p 0.95, greedy beside it): stock,
 #                   and the stock tree on the fast paths
-#   hybrid_ar/      scripts/hybrid_checks.py: fixture-hybrid-x16 AR vs its byte floor by step configuration, profiled
+#   hybrid_ar/      scripts/hybrid_checks.py: fixture-hybrid-x16 AR vs its byte floor by step configuration ($HYBRID_STEPS,
+#                   default the baseline and the fastest), profiled
 #   families/       scripts/families_checks.py (AR vs byte floor and verify curves, random weights; top kernels)
 #   hybrid_final/   specpilot bench on fixture-hybrid-x16: stock vs the loop's final system (scripts/systems/hybrid-final.toml)
 #   loop_sampled/   scripts/loop_fixture.py on fixture-x16-eagle3-sampled, loop_hybrid/ on fixture-hybrid-x16: the
@@ -39,7 +40,7 @@ run hybrid_final 200 python -m specpilot bench --deployment fixture-hybrid-x16 -
 run tlv_b1 110 python -m specpilot bench --deployment fixture-x16 --system stock --system scripts/systems/tlv-2.toml \
   --system scripts/systems/tlv-4.toml --n-prompts 5 --max-new-tokens 128 --out "$OUT/tlv_b1" --no-progress
 run hybrid_ar 150 python scripts/hybrid_checks.py --out "$OUT/hybrid_ar" --commit "$C" --skip ulp kernels --profile \
-  --steps cublas+sdpa triton_bf16+split_kv+compiled+pdl
+  --steps ${HYBRID_STEPS:-cublas+sdpa triton_bf16+split_kv+compiled+pdl}
 run sampling 150 python scripts/sampling_speed.py --deployment fixture-x16-eagle3 --n-prompts 1 --max-new-tokens 256 \
   --out "$OUT/sampling" --commit "$C" --system stock --system scripts/systems/eagle3-d5k4n7-fast.toml
 run families 90 python scripts/families_checks.py --out "$OUT/families" --commit "$C" --kernels
