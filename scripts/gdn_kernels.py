@@ -30,9 +30,7 @@ import json
 import math
 import os
 import random
-import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specpilot.bench.provenance import capture  # noqa: E402
 from specpilot.kernels import gdn as kernels  # noqa: E402
+from specpilot.kernels.timing import copy_bandwidth, time_arms  # noqa: E402
 from specpilot.models.recurrence import Recurrence  # noqa: E402
 
 
@@ -191,54 +190,6 @@ def check(case: Case, arm) -> dict[str, float]:
     mine, ref = copy(case.sets[0]), copy(case.sets[0])
     o, o_ref = arm(mine), case.reference(ref)
     return {"output": relative_error(o, o_ref), "states": relative_error(case.written(mine), case.written(ref))}
-
-
-def copy_bandwidth(device, smoke: bool) -> float:
-    """Bytes per µs of a large copy on `device` (read + write), median of 10."""
-    n = 2**24 if smoke else 2**30
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(12):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        else:
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            times.append((time.perf_counter() - t0) * 1e6)
-    return 2 * n / statistics.median(times[2:])
-
-
-def cpu_time_us(calls, replays: int) -> float:
-    """Median µs per call, each call timed on its own (the smoke run: no graphs off a GPU)."""
-    per = []
-    for _ in range(replays):
-        for fn in calls:
-            t0 = time.perf_counter()
-            fn()
-            per.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(per)
-
-
-def time_arms(arms: dict[str, list], rounds: int, replays: int, smoke: bool):
-    """(fastest round's µs per arm, every round's) of arms timed in rotated order."""
-    if smoke:
-        runs = {k: [cpu_time_us(v, replays)] for k, v in arms.items()}
-        return {k: min(v) for k, v in runs.items()}, runs
-    from specpilot.kernels.timing import graph_time_us, warm_clocks
-
-    keys = list(arms)
-    runs = {k: [] for k in keys}
-    warm_clocks()
-    for r in range(rounds):
-        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-            runs[k].append(graph_time_us(arms[k], replays=replays))
-    return {k: min(v) for k, v in runs.items()}, runs
 
 
 def measure(shape: LayerShape, work: Workload, args, device, bandwidth: float) -> dict:

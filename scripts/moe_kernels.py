@@ -30,7 +30,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specpilot.bench.provenance import capture
 from specpilot.kernels import moe_gemv
+from specpilot.kernels.timing import copy_bandwidth, time_arms
 from specpilot.models.config import ModelConfig
 from specpilot.models.moe import Experts
 
@@ -119,54 +119,6 @@ class Case:
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     want = want.double()
     return float((got.double() - want).abs().max() / want.abs().max().clamp(min=1e-30))
-
-
-def copy_bandwidth(device, smoke: bool) -> float:
-    """Bytes per µs of a large copy on `device` (read + write), median of 10."""
-    n = 2**24 if smoke else 2**30
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(12):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        else:
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            times.append((time.perf_counter() - t0) * 1e6)
-    return 2 * n / statistics.median(times[2:])
-
-
-def cpu_time_us(calls, replays: int) -> float:
-    """Median µs per call, each call timed on its own (the smoke run: no graphs off a GPU)."""
-    per = []
-    for _ in range(replays):
-        for fn in calls:
-            t0 = time.perf_counter()
-            fn()
-            per.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(per)
-
-
-def time_arms(arms: dict[str, list], rounds: int, replays: int, smoke: bool):
-    """(fastest round's µs per arm, every round's) of arms timed in rotated order."""
-    if smoke:
-        runs = {k: [cpu_time_us(v, replays)] for k, v in arms.items()}
-        return {k: min(v) for k, v in runs.items()}, runs
-    from specpilot.kernels.timing import graph_time_us, warm_clocks
-
-    keys = list(arms)
-    runs = {k: [] for k in keys}
-    warm_clocks()
-    for r in range(rounds):
-        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-            runs[k].append(graph_time_us(arms[k], replays=replays))
-    return {k: min(v) for k, v in runs.items()}, runs
 
 
 def measure(shape: LayerShape, T: int, args, device, bandwidth: float) -> dict:

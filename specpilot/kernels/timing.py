@@ -3,7 +3,8 @@
 Owns: the rule every kernel timing of the project follows -- calls captured in a CUDA graph and
 replayed, CUDA events around each replay, the median over replays -- over rotating weight sets
 that together exceed L2 (so the weights come from HBM, as in a decoder forward); random weights
-without zeros; side-by-side rounds in rotated order; the reference check of a config's output
+without zeros; side-by-side rounds in rotated order (`time_arms`: with a wall-clock stand-in for
+smoke runs off a GPU); the copy bandwidth byte floors are taken against; the reference check of a config's output
 (`check_output`); and `GraphTimer`, the `search.Timer` that checks, then times, one config.
 
 Does not own which configs to try or which one wins (`search.py`). Importing it needs no GPU:
@@ -69,17 +70,61 @@ def warm_clocks(ms: float = 30.0, device: str = "cuda") -> None:
         torch.cuda.synchronize()
 
 
-def rotated_rounds(arms: dict[str, list], rounds: int = 3) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """(fastest µs per arm, every round's µs) of `arms` (name -> calls for `graph_time_us`), each
-    timed once per round, in an order rotated by one arm per round, after warming the clocks: a
-    single timing per arm would compare a cold arm with a warm one."""
+def rotated_rounds(arms: dict[str, list], rounds: int = 3, replays: int | None = None
+                   ) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """(fastest µs per arm, every round's µs) of `arms` (name -> calls for `graph_time_us`, at
+    `replays` replays if given), each timed once per round, in an order rotated by one arm per
+    round, after warming the clocks: a single timing per arm would compare a cold arm with a warm one."""
     keys = list(arms)
     runs: dict[str, list[float]] = {k: [] for k in keys}
+    more = {} if replays is None else {"replays": replays}
     warm_clocks()
     for r in range(rounds):
         for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-            runs[k].append(graph_time_us(arms[k]))
+            runs[k].append(graph_time_us(arms[k], **more))
     return {k: min(v) for k, v in runs.items()}, runs
+
+
+def cpu_time_us(calls: Sequence[Callable[[], object]], replays: int) -> float:
+    """Median µs per call, each call timed on its own by the wall clock (a smoke run off a GPU)."""
+    per = []
+    for _ in range(replays):
+        for fn in calls:
+            t0 = time.perf_counter()
+            fn()
+            per.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(per)
+
+
+def time_arms(arms: dict[str, list], rounds: int, replays: int, smoke: bool
+              ) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """`rotated_rounds` at `replays` replays; under `smoke` (no GPU) one `cpu_time_us` per arm."""
+    if smoke:
+        runs = {k: [cpu_time_us(v, replays)] for k, v in arms.items()}
+        return {k: min(v) for k, v in runs.items()}, runs
+    return rotated_rounds(arms, rounds, replays)
+
+
+def copy_bandwidth(device: torch.device, smoke: bool) -> float:
+    """Bytes per µs of a large copy on `device` (read + write), median of 10 after 2 warm-ups
+    (`smoke`: a 16 MiB copy, else 1 GiB; CUDA events on a GPU, the wall clock elsewhere)."""
+    n = 2**24 if smoke else 2**30
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(12):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times.append((time.perf_counter() - t0) * 1e6)
+    return 2 * n / statistics.median(times[2:])
 
 
 def weight_sets(N: int, K: int, set_bytes: float) -> int:
