@@ -433,6 +433,10 @@ class Deployment:
             if self.target_format is not TargetFormat.STORED:
                 raise ConfigError(f"deployment {self.name!r}: target_experts and target_format together are not "
                                   "supported (upcycle a dense target, or quantize one)")
+        if self.target_format is not TargetFormat.STORED and self.stock.w12:
+            raise ConfigError(f"deployment {self.name!r}: its stock system has w12 = true, and target_format "
+                              f"{self.target_format.value!r} makes the target FP8: W12 is a lossless format of "
+                              "BF16 weights")
         for factor in (self.target_expand, self.drafter_expand):
             if factor < 1 or factor & (factor - 1):
                 raise ConfigError(f"deployment {self.name!r}: expansion factors must be powers of two (got {factor})")
@@ -549,7 +553,8 @@ def load_deployment(name_or_path: str | None) -> Deployment:
 
 
 def load_system(spec: str | None, deployment: Deployment) -> System:
-    """A system by file path, or by name: 'stock' (the deployment's) or 'ar' (no drafting)."""
+    """A system by file path, or by name: 'stock' (the deployment's) or 'ar' (no drafting); W12
+    on an FP8 `target_format` is an error."""
     if spec in (None, "stock"):
         return deployment.stock
     if spec == "ar":
@@ -561,4 +566,8 @@ def load_system(spec: str | None, deployment: Deployment) -> System:
         d = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{p}: not valid TOML ({err})") from None
-    return deployment.stock.with_knobs(d, d.get("name", p.stem))
+    system = deployment.stock.with_knobs(d, d.get("name", p.stem))
+    if system.w12 and deployment.target_format is not TargetFormat.STORED:
+        raise ConfigError(f"{p}: w12 = true, and deployment {deployment.name!r} has target_format "
+                          f"{deployment.target_format.value!r}: W12 is a lossless format of BF16 weights")
+    return system

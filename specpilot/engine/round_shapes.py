@@ -117,6 +117,7 @@ def projection_weight(models, n: int, k: int):
                        for name in projection_names(block)]
         heads = [getattr(model, name, None) for name in ("lm_head", "fc")]
         for module in projections + heads:
-            if module is not None and tuple(module.weight.shape) == (n, k):
-                return module.weight
+            weight = getattr(module, "weight", None)  # an `FP8Linear` holds codes and scales instead
+            if weight is not None and tuple(weight.shape) == (n, k):
+                return weight
     raise KeyError(f"no projection weight of shape [{n}, {k}]")

@@ -33,6 +33,7 @@ from specpilot.models.eagle3 import Eagle3Model
 from specpilot.models.eagle3_checkpoint import is_eagle3_dir, load_eagle3
 from specpilot.models.config import ModelConfig
 from specpilot.models.fixture import resolve_checkpoint
+from specpilot.models.fp8_linear import FP8Linear
 from specpilot.models import ops
 from specpilot.models.loading import load_model
 from specpilot.models.tokenizer import Tokenizer, check_same_vocabulary
@@ -72,6 +73,22 @@ def load_target(deployment: Deployment, device, dtype) -> Transformer:
     wide = load_role(deployment.target, "target", deployment.target_expand, "cpu", torch.float32)
     return quantize_model(wide, deployment.target_format is TargetFormat.FP8_CHANNEL, device, dtype,
                           f"deployment {deployment.name!r} (target_format = {deployment.target_format.value!r})")
+
+
+def fp8_target(deployment: Deployment) -> bool:
+    """Whether `load_target` gives `deployment` an FP8 target: an FP8 `target_format`, or a stored
+    FP8 checkpoint (a `quantization_config` in its config.json). Its projections are `FP8Linear`
+    modules, run by the FP8 kernels: `kernel = "triton"` reaches only a BF16 lm_head, and W12 (a
+    lossless format of BF16 weights) has nothing to encode."""
+    if deployment.target_format is not TargetFormat.STORED:
+        return True
+    from specpilot.models.fp8_checkpoint import fp8_scheme, read_config_json
+
+    try:
+        path = resolve_model_dir(deployment.target, "target")
+        return fp8_scheme(read_config_json(path), str(path)) is not None
+    except (CheckpointError, ConfigError, OSError):  # a missing or unreadable target fails loudly at load
+        return False
 
 
 def _shared_clone(model):
@@ -164,7 +181,11 @@ def table_notice(table: str, gpu: str) -> None:
 
 
 def with_kernels(model: Transformer, system: System) -> Transformer:
-    """The model itself for cuBLAS; otherwise a clone sharing every tensor, projections swapped."""
+    """The model itself for cuBLAS; otherwise a clone sharing every tensor, projections swapped.
+    W12 on an FP8 target is an error (it would leave the FP8 projections as they are)."""
+    if system.w12 and any(isinstance(m, FP8Linear) for m in model.modules()):
+        raise ConfigError(f"system {system.name!r}: w12 = true needs a BF16 target, and this one is FP8 "
+                          "(target_format, or an FP8 checkpoint): W12 is a lossless format of BF16 weights")
     if system.kernel is Kernel.CUBLAS:
         return model
     return _swapped(model, system, "kernel = 'triton'", system.w12, system.kernel_lm_head)

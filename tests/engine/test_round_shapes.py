@@ -4,6 +4,7 @@ expansions (draft model, EAGLE-3, DFlash), the prefill buckets, and the weight e
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from specpilot.config import DrafterKind, System
 from specpilot.engine.round_shapes import deployment_shapes, projection_weight
@@ -82,3 +83,17 @@ def test_each_shape_is_timed_on_the_weight_of_its_own_model():
     assert projection_weight([target, head], *target.lm_head.weight.shape) is target.lm_head.weight
     with pytest.raises(KeyError, match=r"\[7, 7\]"):
         projection_weight([target], 7, 7)
+
+
+def test_an_fp8_targets_projections_are_passed_over_for_the_drafters_weights():
+    """An `FP8Linear` holds codes and scales, no `weight`: the drafter's shapes (and the BF16
+    lm_head) still find theirs behind an FP8 target."""
+    from specpilot.models.fp8_checkpoint import quantize_model
+    from specpilot.models.transformer import Transformer
+
+    target = quantize_model(Transformer(tiny_config(hidden_size=64, intermediate_size=128, num_layers=2)),
+                            False, "cpu", torch.float32, "test")
+    drafter = Transformer(tiny_config(hidden_size=64, intermediate_size=128, num_layers=1))
+    up = drafter.layers[0].mlp.gate_up_proj.weight
+    assert projection_weight([target, drafter], *up.shape) is up
+    assert projection_weight([target, drafter], *target.lm_head.weight.shape) is target.lm_head.weight

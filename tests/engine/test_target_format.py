@@ -135,3 +135,26 @@ def test_a_bad_target_format_is_one_error_line(tmp_path, capsys, case):
     code = main(["generate", "--deployment", str(dep), "--prompt", "x", "--max-new-tokens", "2", "--device", "cpu"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and says in err[0], err
+
+
+@pytest.mark.parametrize("case", ["stock", "system file", "flag on a stored FP8 checkpoint"])
+def test_w12_on_an_fp8_target_is_one_error_line(tmp_path, capsys, case):
+    """W12 encodes BF16 weights: on an FP8 target it would leave the FP8 projections as they were
+    (the swap only takes `nn.Linear`s) and run something other than the system says."""
+    target, fmt, extra, stock = "fixture", 'target_format = "fp8-block"\n', [], ""
+    if case == "stock":
+        stock = '[stock]\nkernel = "triton"\nw12 = true\n'
+    elif case == "system file":
+        (tmp_path / "w12.toml").write_text('kernel = "triton"\nw12 = true\n')
+        extra = ["--system", str(tmp_path / "w12.toml")]
+    else:
+        src = write_random_checkpoint(tmp_path / "src", tiny_config(**DIMS))
+        convert(src, tmp_path / "fp8", capsys)
+        target, fmt, extra = str(tmp_path / "fp8"), "", ["--w12"]
+    dep = tmp_path / "dep.toml"
+    dep.write_text(f'name = "bad"\ntarget = "{target}"\ndrafter = "none"\n{fmt}{stock}')
+    code = main(["generate", "--deployment", str(dep), "--prompt", "x", "--max-new-tokens", "2", "--device", "cpu",
+                 *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and "w12 = true" in err[0], err
+    assert "lossless format of BF16 weights" in err[0]

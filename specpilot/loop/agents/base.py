@@ -28,6 +28,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
 
@@ -84,6 +85,14 @@ class ProposerContext:
     @property
     def deployment(self) -> Deployment:
         return self.setup.deployment
+
+    @cached_property
+    def fp8_target(self) -> bool:
+        """The deployment's target is FP8 (`engine.session.fp8_target`): no W12, and the Triton
+        projection kernels reach only its BF16 lm_head."""
+        from specpilot.engine.session import fp8_target
+
+        return fp8_target(self.deployment)
 
     @property
     def on_gpu(self) -> bool:

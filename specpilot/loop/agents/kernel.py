@@ -24,6 +24,10 @@ One tuned table is timed per incumbent: once one was timed against it (whatever 
 agent proposes none until the incumbent changes, since a table tuned again on the same shapes
 differs by noise in the search, and so would its gain (`timed_table`).
 
+On an FP8 target (`ProposerContext.fp8_target`) the target's block projections are left out (the
+FP8 kernels run them, `kernels.fp8_dispatch`): it tunes the drafter's shapes, and the BF16 lm_head
+where the incumbent routes it through the kernels.
+
 On CPU (or without Triton) it is off, and says so once. The timings sit behind a small interface
 (`kernels.shape_tuning.KernelBench`), so the selection and the table are tested on CPU with a
 simulated bench.
@@ -64,6 +68,12 @@ from specpilot.loop.systems import Candidate
 def shape_key(fmt: str, shape: ProjectionShape) -> tuple[str, int, int, int]:
     """The table key a shape's choice is stored under: (format, M bucket, N, K)."""
     return (fmt, m_bucket(shape.m), shape.n, shape.k)
+
+
+def fp8_projection(shape: ProjectionShape) -> bool:
+    """A block projection of the target (not the drafter's, not the lm_head): on an FP8 target an
+    `FP8Linear`, which the FP8 kernels run and the projection kernels never do."""
+    return not is_drafter_shape(shape) and not shape.name.startswith("lm_head")
 
 
 def read_searched(slug: str) -> dict:
@@ -155,6 +165,12 @@ class KernelAgent(Proposer):
         drafts = drafter is not None and bench.weight_format is WeightFormat.DENSE
         shapes = deployment_shapes(ctx.models.target.config, drafter, inc.system, profile.batch,
                                    profile.tree_nodes, profile.draft_forwards, drafts)
+        if ctx.fp8_target:
+            shapes = [s for s in shapes if not fp8_projection(s)]
+            ctx.log("kernel: the target is FP8: its projections run the FP8 kernels, not these; only the "
+                    "drafter's shapes and a BF16 lm_head are tuned")
+            if not shapes:
+                return []
         slug = device_slug(bench.device_name)
         fmt = bench.weight_format.value
         today = {s: choice_dict(bench.current(s)) for s in shapes}

@@ -32,7 +32,10 @@ Each round it proposes, best first:
    admission, ahead of the gap order (`segment_admission`).
 Predicted and exploratory moves are interleaved 2:1 so a round times at least one of each when
 both exist. Knobs that change nothing on the device are never proposed (on CPU: CUDA graphs,
-sync_every, kernel choices and W12). A knob move on a patched incumbent keeps its patch.
+sync_every, kernel choices and W12), nor, on an FP8 target (`ProposerContext.fp8_target`), W12 or
+the Triton kernels without the lm_head: its projections run the FP8 kernels, and the Triton kernels
+are explored with its BF16 lm_head instead (`fp8_applies`). A knob move on a patched incumbent
+keeps its patch.
 
 The loop drops proposals the memory has already judged, so the search moves outward round by
 round as the neighbourhood is used up, and re-centres whenever a move is promoted. An exploratory
@@ -85,6 +88,16 @@ def ar_changes(inc: System) -> dict:
     return {knob: new for knob, (_, new) in inc.plain_ar().diff(inc).items()}
 
 
+def fp8_applies(changes: dict, base: dict) -> bool:
+    """Whether knob `changes` to a system with knobs `base` change anything on an FP8 target: not
+    W12 (a lossless format of BF16 weights: nothing to encode), and not the Triton projection
+    kernels without the lm_head (the FP8 projections keep the FP8 kernels; the BF16 lm_head is all
+    `kernel = "triton"` reaches there)."""
+    if changes.get("w12"):
+        return False
+    return changes.get("kernel") != Kernel.TRITON.value or {**base, **changes}["kernel_lm_head"]
+
+
 def _step(ladder: tuple[int, ...], value: int, steps: int) -> set[int]:
     """Values within `steps` places of `value` on a sorted ladder (value itself included)."""
     points = sorted(set(ladder) | {value})
@@ -96,6 +109,9 @@ def _step(ladder: tuple[int, ...], value: int, steps: int) -> set[int]:
 class KnobAgent(Proposer):
     def propose(self, ctx: ProposerContext) -> list[Proposal]:
         inc = ctx.incumbent.candidate
+        if ctx.on_gpu and ctx.fp8_target:
+            ctx.log("knob: no W12 or Triton projection moves: the target is FP8, its projections run the FP8 "
+                    "kernels (W12 encodes BF16 weights); the Triton kernels only with the BF16 lm_head")
         seeds = self._memory_seeds(ctx)
         predicted = self._predicted(ctx)
         priced = {p.hash for p in predicted}
@@ -125,6 +141,8 @@ class KnobAgent(Proposer):
         if not changes:
             return None
         if not ctx.on_gpu and (set(changes) <= GPU_ONLY or changes.get("kernel") == Kernel.TRITON.value):
+            return None
+        if ctx.fp8_target and not fp8_applies(changes, base):
             return None
         deepest = max((changes.get("depth", base["depth"]), *changes.get("adaptive_depth", base["adaptive_depth"])))
         if base["draft_window"] and base["draft_window"] < deepest + 1:  # a deeper tree: the window follows it
@@ -191,7 +209,7 @@ class KnobAgent(Proposer):
             self._reenter(ctx, moves)
         if shaped and cost.shape is not None:
             self._switched_shapes(ctx, moves)
-        if ctx.on_gpu and not inc.w12:
+        if ctx.on_gpu and not inc.w12 and not ctx.fp8_target:  # no W12 floor to ask for an FP8 target
             self._format_move(ctx, moves)
         served = segment_admission(ctx.deployment.regime, inc)
         for kind, t in sorted(cost.switch_ms_per_token.items()):  # measured: ranked at full trust, like AR
@@ -360,12 +378,16 @@ class KnobAgent(Proposer):
                 if inc.sync_every < n:
                     moves.append((GapKind.OVERHEAD, {"sync_every": n},
                                   f"check for EOS every {n} rounds, not every round"))
-            if inc.kernel is Kernel.CUBLAS:
+            if inc.kernel is Kernel.CUBLAS and ctx.fp8_target:
+                moves.append((GapKind.VERIFY_KERNELS, {"kernel": Kernel.TRITON.value, "kernel_lm_head": True},
+                              ("the target's BF16 lm_head through the Triton kernels (its FP8 projections keep "
+                               "the FP8 kernels)")))
+            elif inc.kernel is Kernel.CUBLAS:
                 moves.append((GapKind.VERIFY_KERNELS, {"kernel": Kernel.TRITON.value},
                               "Triton projection kernels for the target's verify forward"))
                 moves.append((GapKind.VERIFY_KERNELS, {"kernel": Kernel.TRITON.value, "w12": True},
                               "W12 weights (12 bits, lossless) under the Triton kernels: 25% fewer bytes"))
-            elif not inc.w12:
+            elif not inc.w12 and not ctx.fp8_target:
                 moves.append((GapKind.VERIFY_KERNELS, {"w12": True}, "W12 weights: 25% fewer bytes per forward"))
             if inc.kernel is Kernel.TRITON and not inc.kernel_lm_head:
                 moves.append((GapKind.VERIFY_KERNELS, {"kernel_lm_head": True}, "the lm_head through the same kernels"))

@@ -246,3 +246,32 @@ def test_a_gain_on_an_eagle3_heads_shapes_turns_its_kernels_on(tmp_path, monkeyp
     assert p.candidate.system.diff(inc.candidate.system).keys() == {"draft_kernel", "kernel_table"}
     assert p.candidate.system.draft_kernel is Kernel.TRITON and p.gap.value == "draft-kernels"
     assert "drafter.fc@" in p.rationale  # [C, 3 x C_t]: the fusion of three target layers' features
+
+
+def test_on_an_fp8_target_only_the_drafters_shapes_are_tuned(tmp_path, monkeypatch):
+    """An FP8 target's projections run the FP8 kernels: its block shapes are left out (a gain there
+    turns the BF16 target to the kernels, and nothing on the FP8 one), the drafter's still count."""
+    from dataclasses import replace
+
+    from specpilot.config import Kernel
+
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "home"))
+    target = tiny_config(hidden_size=256, intermediate_size=1024)
+    drafter = tiny_config(hidden_size=128, intermediate_size=512, num_layers=1)
+    models = SimpleNamespace(target=SimpleNamespace(config=target), drafter_model=SimpleNamespace(config=drafter))
+    agent = KernelAgent(AgentOptions(kernel_budget_s=60))
+    bf16 = context(checkout=None, scratch=tmp_path / "scratch", models=models)
+    (p,) = agent.propose_with(bf16, SimulatedBench())  # FAST on the target's down [256, 1024]
+    assert p.candidate.system.kernel is Kernel.TRITON
+    lines = []
+    fp8 = context(checkout=None, scratch=tmp_path / "scratch", models=models, log=lines.append,
+                  deployment=replace(bf16.deployment, target_format="fp8-block"))
+    bench = SimulatedBench()
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "fp8-home"))  # nothing recorded as searched
+    assert agent.propose_with(fp8, bench) == []
+    target_sizes = {(s.n, s.k) for s in projection_shapes(target, 1, False)}
+    assert bench.timed and not {nk for nk, _ in bench.timed} & target_sizes
+    assert any("the target is FP8" in line for line in lines)
+    monkeypatch.setenv("SPECPILOT_HOME", str(tmp_path / "fp8-home-2"))
+    (q,) = agent.propose_with(fp8, DrafterOnlyBench(unpack_fast={(128, 512)}))
+    assert q.candidate.system.diff(fp8.incumbent.candidate.system).keys() == {"draft_kernel", "kernel_table"}

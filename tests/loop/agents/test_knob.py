@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from loop_fixtures import CONFIG, SLOW_SWITCH, STOCK, context, cost_table, evaluation, fingerprint
+from loop_fixtures import CONFIG, DEPLOYMENT, SLOW_SWITCH, STOCK, context, cost_table, evaluation, fingerprint
 
 from specpilot.config import AttentionKernel, DrafterKind, Kernel
 from specpilot.control.rule import Outcome
@@ -124,6 +124,36 @@ def test_on_cpu_knobs_without_effect_there_are_never_proposed():
     for p in out:
         changed = set(p.candidate.changes_from(Candidate(STOCK)))
         assert not changed <= GPU_ONLY and p.candidate.system.kernel.value == "cublas"
+
+
+def test_on_an_fp8_target_neither_w12_nor_the_triton_projection_kernels_are_proposed(tmp_path):
+    """An FP8 target's projections run the FP8 kernels: W12 (BF16 weights, losslessly) has nothing
+    to encode and `kernel = "triton"` reaches only the BF16 lm_head, so the Triton kernels come only
+    with it; not priced by the W12 floors, not seeded from a BF16 deployment; the log says why once.
+    The BF16 target gets both moves."""
+    from dataclasses import replace
+
+    def kernel_moves(deployment, recall=None):
+        lines: list[str] = []
+        out = KnobAgent().propose(context(deployment=deployment, recall=recall, log=lines.append, limit=60))
+        return [p.candidate.system for p in out if p.candidate.system.w12 or p.candidate.system.kernel is
+                Kernel.TRITON], lines
+
+    bf16, lines = kernel_moves(DEPLOYMENT)
+    assert any(s.w12 for s in bf16) and any(not s.w12 and not s.kernel_lm_head for s in bf16)
+    assert not any("FP8" in line for line in lines)
+    fp8 = replace(DEPLOYMENT, target_format="fp8-block")
+    seeded = fingerprint("fx-batch", batch=8)  # W12 validated on a similar BF16 deployment: no seed here
+    with Memory(tmp_path / "m.sqlite") as memory:
+        w12 = STOCK.with_changes(name="w12", kernel=Kernel.TRITON, w12=True)
+        memory.record_evaluation(seeded, evaluation(w12, gain=0.2, verdict=Outcome.PROMOTE), CONFIG)
+        recall = Recall.snapshot(memory, fingerprint("fx"))
+    assert any(r.candidate.knobs["w12"] for _, r in recall.similar)
+    systems, lines = kernel_moves(fp8, recall)
+    assert systems and all(not s.w12 and s.kernel_lm_head for s in systems)  # the lm_head move alone
+    said = ("knob: no W12 or Triton projection moves: the target is FP8, its projections run the FP8 kernels (W12 "
+            "encodes BF16 weights); the Triton kernels only with the BF16 lm_head")
+    assert [line for line in lines if "FP8" in line] == [said]
 
 
 def test_memory_seeds_from_similar_deployments_come_first(tmp_path):
