@@ -7,9 +7,9 @@ Kernels: every projection of fixture-x16 (hidden 4096, MLP 16384: `fixture` wide
 weight-only kernel (`kernels.fp8_gemm`) on per-channel and on block-wise 128x128 e4m3 weights;
 W8A8 per-channel (dynamic per-token activation scales, quantization included) by our kernel and by
 `torch._scaled_mm`, and `torch._scaled_mm` alone on pre-quantized activations; BF16 cuBLAS
-(`F.linear`). Timing (`kernels.timing.graph_time_us`): calls captured in a CUDA graph over rotating
-weight sets that together exceed L2, median over replays, arms in rotated order over --rounds, the
-fastest round kept. Floor: the bytes an FP8 call must move (codes, scales, activations, output)
+(`F.linear`). Timing (`kernels.timing.time_arms`): calls captured in a CUDA graph over rotating
+weight sets that together exceed L2, median over REPLAYS replays, arms in rotated order over --rounds,
+the fastest round kept. Floor: the bytes an FP8 call must move (codes, scales, activations, output)
 over this GPU's copy bandwidth (a 1 GiB device-to-device copy, read + write). Each FP8 arm's max
 relative error, max |y - ref| / max |ref|, is against the float32 dequantize-then-matmul of its
 weights (activation quantization counts as error for W8A8).
@@ -36,7 +36,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 import traceback
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -47,13 +46,14 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specpilot.engine.profile import bandwidth_gbps  # noqa: E402
+from specpilot.kernels.timing import copy_bandwidth, time_arms
 
 MS = (1, 4, 16, 32, 64, 128)
 SMOKE_MS = (1, 5, 17)
 L2_COVER_BYTES = 200e6
 MIN_SETS, MAX_SETS = 2, 16
 PROMPT_TOKENS = 64
+REPLAYS = 7  # graph replays per timing (median)
 
 
 @dataclass(frozen=True)
@@ -78,29 +78,6 @@ SMOKE_SHAPES = (Projection("smoke", "a", 72, 256), Projection("smoke", "b", 48, 
 
 
 # -- measuring --------------------------------------------------------------------------------
-def time_arms(arms: dict[str, list], rounds: int, smoke: bool) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """(fastest µs per call of each arm, every round's): CUDA-graph replays in rotated order, or on
-    CPU each call timed alone."""
-    keys = list(arms)
-    runs: dict[str, list[float]] = {k: [] for k in keys}
-    if not smoke:
-        from specpilot.kernels.timing import warm_clocks
-
-        warm_clocks()
-    for r in range(rounds):
-        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-            if smoke:
-                t0 = time.perf_counter()
-                for fn in arms[k]:
-                    fn()
-                runs[k].append((time.perf_counter() - t0) * 1e6 / len(arms[k]))
-            else:
-                from specpilot.kernels.timing import graph_time_us
-
-                runs[k].append(graph_time_us(arms[k]))
-    return {k: min(v) for k, v in runs.items()}, runs
-
-
 def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.double() - ref.double()).abs().max() / ref.double().abs().max().clamp(min=1e-30))
 
@@ -157,7 +134,7 @@ def kernel_rows(p: Projection, args, device, bandwidth: float) -> list[dict]:
             except Exception as err:  # an arm that fails is reported and not timed
                 skipped[name] = f"{type(err).__name__}: {err}"
                 arms.pop(name)
-        best, runs = time_arms(arms, 1 if args.smoke else args.rounds, args.smoke)
+        best, runs = time_arms(arms, 1 if args.smoke else args.rounds, 1 if args.smoke else REPLAYS, args.smoke)
         floors = {"fp8 channel": fp8_bytes(p, M, 1), "fp8 block128": fp8_bytes(p, M, -(-p.K // 128)),
                   "bf16": 2 * p.N * p.K + M * p.K * 2 + M * p.N * 2}
         c = choose_config(M, p.N, p.K, p.K, device)
@@ -341,7 +318,7 @@ def main(argv=None) -> int:
         env = doc["environment"]  # the printed lines carry their provenance too (a log may be all that comes back)
         print(f"# fp8_kernels.py on {env.get('gpu') or env.get('cpu') or 'CPU'}, {doc['date']}, commit "
               f"{args.commit or env.get('git_commit')}{' (dirty)' if env.get('git_dirty') else ''}", flush=True)
-        bandwidth = bandwidth_gbps(device, 4 if args.smoke else 1024) * 1e3  # bytes per µs (read + write)
+        bandwidth = copy_bandwidth(device, args.smoke)  # bytes per µs (read + write)
         doc["copy_bandwidth_GBps"] = bandwidth / 1e3
     except Exception:
         doc["errors"]["setup"] = traceback.format_exc()

@@ -60,29 +60,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def timed(fn, reps: int = 10) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
-
-
 def copy_bandwidth() -> float:
-    """TB/s of a 2 GiB device-to-device copy, counting bytes read + written."""
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    ms = timed(lambda: dst.copy_(src))
-    del src, dst
-    return 2 * n * 2 / (ms * 1e-3) / 1e12
+    """TB/s of a 1 GiB device-to-device copy, counting bytes read + written (`kernels.timing`)."""
+    from specpilot.kernels.timing import copy_bandwidth as bytes_per_us
+
+    return bytes_per_us(torch.device("cuda"), smoke=False) / 1e6
 
 
 def step_bytes(target, context: float) -> dict:
