@@ -54,9 +54,17 @@ def tiny_config(family: str = "qwen3", **overrides) -> ModelConfig:
     return ModelConfig(**base)
 
 
-def random_model(config: ModelConfig, seed: int = 0) -> Transformer:
+def random_model(config: ModelConfig, seed: int = 0, router_scale: float = 1.0) -> Transformer:
+    """The decoder of `config` (with its sparse layers' experts where it has some) with random
+    weights: norms near 1, embeddings N(0, 1), every projection and expert stack N(0, 1/fan-in),
+    the lm_head 3x and a MoE router `router_scale` x that (a sharper router: routes do not tie)."""
     g = torch.Generator().manual_seed(seed)
-    model = Transformer(config)
+    if config.moe_layers:
+        from specpilot.models.registry import family
+
+        model = family(config).model(config)
+    else:
+        model = Transformer(config)
     C = config.hidden_size
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -66,8 +74,10 @@ def random_model(config: ModelConfig, seed: int = 0) -> Transformer:
                 p.copy_(torch.randn(p.shape, generator=g))
             elif name == "lm_head.weight":
                 p.copy_(torch.randn(p.shape, generator=g) * (3.0 / C**0.5))
+            elif name.endswith("mlp.gate.weight"):  # a sparse layer's router
+                p.copy_(torch.randn(p.shape, generator=g) * router_scale / p.shape[-1] ** 0.5)
             else:
-                fan_in = p.shape[1]
+                fan_in = p.shape[-1]  # an expert stack [E, N, K] too
                 p.copy_(torch.randn(p.shape, generator=g) / fan_in**0.5)
     return model
 

@@ -56,15 +56,10 @@ def upcycle(model, experts: int, k: int, seed: int = SEED):
     for i in config.moe_layers:
         p = f"layers.{i}.mlp."
         gate_up, down = state.pop(p + "gate_up_proj.weight"), state.pop(p + "down_proj.weight")  # [2I,C], [C,I]
-        state[p + "experts.gate_up_proj"] = gate_up.unsqueeze(0).expand(experts, *gate_up.shape)  # [E,2I,C]
-        state[p + "experts.down_proj"] = down.unsqueeze(0).expand(experts, *down.shape)  # [E,C,I]
+        # contiguous stacks, each expert its own memory (an expanded view would share one copy)
+        state[p + "experts.gate_up_proj"] = gate_up.repeat(experts, 1, 1)  # [E,2I,C]
+        state[p + "experts.down_proj"] = down.repeat(experts, 1, 1)  # [E,C,I]
         router = torch.randn(experts, C, generator=g) * C ** -0.5  # [E,C]
         state[p + "gate.weight"] = router.to(device=gate_up.device, dtype=gate_up.dtype)
     dev, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
-    upcycled = build_model(config, state, dev, dtype, max_positions=model.rope_cos.shape[0])
-    for i in config.moe_layers:  # an expanded view shares one copy: give each expert its own memory
-        experts_module = upcycled.layers[i].mlp.experts
-        for attr in ("gate_up_proj", "down_proj"):
-            setattr(experts_module, attr, torch.nn.Parameter(getattr(experts_module, attr).contiguous(),
-                                                             requires_grad=False))
-    return upcycled
+    return build_model(config, state, dev, dtype, max_positions=model.rope_cos.shape[0])

@@ -19,7 +19,7 @@ from specpilot.engine.drafters.draft_model import DraftModelDrafter
 from specpilot.engine.generator import Generator
 from specpilot.kernels import moe_gemv as K
 from specpilot.models.moe import MoETransformer, SparseMoE
-from specpilot.models.random_checkpoint import tiny_config
+from specpilot.models.random_checkpoint import random_model, tiny_config
 
 # (T, k, C, I, E): C and I not multiples of any block, besides even ones
 SHAPES = [(1, 1, 33, 17, 3), (3, 2, 33, 17, 5), (1, 8, 40, 24, 11), (3, 8, 24, 20, 9), (3, 2, 64, 32, 4)]
@@ -146,21 +146,10 @@ def test_experts_forward_runs_the_kernels_up_to_max_pairs_and_gives_the_per_expe
 
 def moe_decoder(num_layers: int, seed: int = 0) -> MoETransformer:
     """A tiny float32 Qwen3-MoE decoder (8 experts of 32, top 2, a dense first layer) with random
-    weights of scale 1/sqrt(fan_in), the router's sharper, so that routing and logits do not tie."""
+    weights (`random_model`), the router's sharper, so that routing and logits do not tie."""
     cfg = tiny_config("qwen3_moe", num_layers=num_layers, num_experts=8, num_experts_per_tok=2,
                       moe_intermediate_size=32, mlp_only_layers=(0,))
-    model = MoETransformer(cfg)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
-            elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=g))
-            else:
-                scale = 4.0 if name.endswith("mlp.gate.weight") else 3.0 if name == "lm_head.weight" else 1.0
-                p.copy_(torch.randn(p.shape, generator=g) * scale / p.shape[-1] ** 0.5)
-    return model.eval()
+    return random_model(cfg, seed, router_scale=4.0).eval()
 
 
 def test_a_moe_decoder_decodes_the_same_tokens_through_the_kernels_ar_and_speculative(device, monkeypatch):
