@@ -63,9 +63,15 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+INTERPRETER_BLOCK_N = 128  # under the interpreter a program costs its ops, not its size: few, wide ones
+
+
 def block_n(N: int) -> int:
     """Output rows per program: the largest of 64, 32, 16 that still gives >= 128 programs (a GPU's
-    SMs each streaming its share of the weights), else 16."""
+    SMs each streaming its share of the weights), else 16; `INTERPRETER_BLOCK_N` under the
+    interpreter (the same sums in the same order: a block of rows never splits a row's K loop)."""
+    if env.triton_interpret():
+        return INTERPRETER_BLOCK_N
     for bn in (64, 32):
         if -(-N // bn) >= 128:
             return bn
@@ -250,8 +256,8 @@ def norm_qkv_rope(h: torch.Tensor, norm_w: torch.Tensor, qkv_w: torch.Tensor, q_
                   eps: float) -> torch.Tensor:
     """q [M,H,D] of the residual stream h [M,C] (M = B*T rows, row m = (m // T, m % T)): RMSNorm by
     norm_w, the fused qkv projection [(H+2Hkv)D, C], q/k norms (weights [D], or None), RoPE by the
-    float32 tables cos, sin [P,D] at positions [M]; k and v written into k_cache, v_cache [B,Hkv,S,D]
-    at (m // T, slots[m]). The kernel where it applies (one custom op under torch.compile), else
+    tables cos, sin [P,D] (rounded to h's dtype, as `Transformer._rope` does) at positions [M]; k and
+    v written into k_cache, v_cache [B,Hkv,S,D] at (m // T, slots[m]). The kernel where it applies (one custom op under torch.compile), else
     `reference_norm_qkv_rope`."""
     args = (h, norm_w, qkv_w, q_norm_w, k_norm_w, cos, sin, positions, slots, k_cache, v_cache, T, H, Hkv, eps)
     if not applies(h, h.shape[0]):

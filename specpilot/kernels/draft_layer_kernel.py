@@ -138,10 +138,10 @@ def norm_qkv_rope_kernel(
             hi = _round(w_hi[None, :] * _round(hi * rs[:, None], ROUND), ROUND)
         pos = tl.load(pos_ptr + m, mask=m_ok, other=0)
         at = pos[:, None] * sr_p + d[None, :]
-        cos_lo = _round(tl.load(cos_ptr + at, mask=m_ok[:, None], other=0.0), ROUND)
-        cos_hi = _round(tl.load(cos_ptr + at + HALF, mask=m_ok[:, None], other=0.0), ROUND)
-        sin_lo = _round(tl.load(sin_ptr + at, mask=m_ok[:, None], other=0.0), ROUND)
-        sin_hi = _round(tl.load(sin_ptr + at + HALF, mask=m_ok[:, None], other=0.0), ROUND)
+        cos_lo = _round(tl.load(cos_ptr + at, mask=m_ok[:, None], other=0.0).to(tl.float32), ROUND)
+        cos_hi = _round(tl.load(cos_ptr + at + HALF, mask=m_ok[:, None], other=0.0).to(tl.float32), ROUND)
+        sin_lo = _round(tl.load(sin_ptr + at, mask=m_ok[:, None], other=0.0).to(tl.float32), ROUND)
+        sin_hi = _round(tl.load(sin_ptr + at + HALF, mask=m_ok[:, None], other=0.0).to(tl.float32), ROUND)
         # q * cos + rotate_half(q) * sin, rotate_half(q) = [-hi, lo]
         new_lo = _round(_round(lo * cos_lo, ROUND) - _round(hi * sin_lo, ROUND), ROUND)
         hi = _round(_round(hi * cos_hi, ROUND) + _round(lo * sin_hi, ROUND), ROUND)

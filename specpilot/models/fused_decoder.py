@@ -68,8 +68,9 @@ class FusedDecoder(Transformer):
         h = h.view(B, T, -1)
         if logits_for is not None:  # the norm is per row: gathering before it is gathering after it
             h = torch.gather(h, 1, logits_for[..., None].expand(-1, -1, h.shape[-1]))
-        Bo, To, C = h.shape
-        return draft_layer.norm_gemv(h.reshape(Bo * To, C), self.norm.weight, self.lm_head.weight, eps).view(Bo, To, -1)
+        Bo, To, C = h.shape  # To may be 0 (no logits asked for)
+        logits = draft_layer.norm_gemv(h.reshape(Bo * To, C), self.norm.weight, self.lm_head.weight, eps)
+        return logits.view(Bo, To, self.lm_head.weight.shape[0])
 
 
 def use_fused_layers(model: Transformer) -> Transformer:
