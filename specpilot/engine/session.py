@@ -108,11 +108,11 @@ def ran_on_device(system: System, device: str | torch.device) -> dict[str, tuple
     if system.pdl and not cuda:
         out["pdl"] = (False, "programmatic dependent launch is a CUDA launch attribute")
     if system.draft_kernel is Kernel.FUSED and drafts and system.drafter is not DrafterKind.MODEL:
-        out["draft_kernel"] = ("cublas", "the fused decoder layers are the draft model's: this drafter's "
-                                         "projections ran on F.linear")
+        out["draft_kernel"] = ("cublas", ("the fused decoder layers are the draft model's: this drafter's "
+                                          "projections ran on F.linear"))
     elif system.draft_kernel is Kernel.FUSED and drafts and not cuda and not env.triton_interpret():
-        out["draft_kernel"] = ("torch", "the fused draft layers run on CUDA (or under TRITON_INTERPRET=1): "
-                                        "the draft model's plain forward ran")
+        out["draft_kernel"] = ("torch", ("the fused draft layers run on CUDA (or under TRITON_INTERPRET=1): "
+                                         "the draft model's plain forward ran"))
     if not cuda:
         matmul = "F.linear off CUDA is torch's own matmul, not cuBLAS"
         for knob, on in (("kernel", True), ("draft_kernel", drafts)):

@@ -123,7 +123,7 @@ def rows_linear_eager(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor |
     bn = block_n(N)
     on = pdl(x.device)
     h = residual if residual is not None else y
-    kernels.rows_linear_kernel[(-(-N // bn),)](
+    kernels.draft_gemv_kernel[(-(-N // bn),)](
         x, norm_w if norm_w is not None else x, w, h, y,
         M, N, K, eps,
         x.stride(0), w.stride(0), h.stride(0), y.stride(0),
@@ -187,7 +187,7 @@ def norm_gemv(h: torch.Tensor, norm_w: torch.Tensor, w: torch.Tensor, eps: float
 
 def _check_qkv(h, qkv_w, k_cache, v_cache, H, Hkv) -> tuple[int, int]:
     M, C = h.shape
-    B, Hc, S, D = k_cache.shape
+    _, Hc, _, D = k_cache.shape
     if (qkv_w.shape != ((H + 2 * Hkv) * D, C) or qkv_w.dtype != h.dtype or h.dtype not in DTYPES or M > MAX_ROWS
             or Hc != Hkv or v_cache.shape != k_cache.shape or D not in HEAD_DIMS or k_cache.dtype != h.dtype
             or h.stride(-1) != 1 or qkv_w.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1):
@@ -207,7 +207,7 @@ def norm_qkv_rope_eager(h, norm_w, qkv_w, q_norm_w, k_norm_w, cos, sin, position
     positions, slots = positions.contiguous(), slots.contiguous()
     on = pdl(h.device)
     qk = q_norm_w is not None
-    kernels.norm_qkv_rope_kernel[(H + 2 * Hkv,)](
+    kernels.draft_qkv_gemv_kernel[(H + 2 * Hkv,)](
         h, norm_w, qkv_w, q_norm_w if qk else h, k_norm_w if qk else h, cos, sin, positions, slots, q,
         k_cache, v_cache,
         M, T, h.shape[1], H, Hkv, eps,

@@ -1,4 +1,5 @@
-"""The Triton kernels of `draft_layer.py` (imported on first use: importing Triton needs it installed)."""
+"""The Triton kernels of `draft_layer.py` (imported on first use: importing Triton needs it installed).
+Named `*_gemv_kernel`: a kernel profile (`bench.kernel_profile`) counts them with the projections."""
 
 import triton
 import triton.language as tl
@@ -43,7 +44,7 @@ def _weights(w_ptr, rows, r_ok, cols, c_ok, sw_n):
 
 
 @triton.jit
-def rows_linear_kernel(
+def draft_gemv_kernel(
     # pointers
     x_ptr, nw_ptr, w_ptr, h_ptr, y_ptr,
     # sizes
@@ -91,7 +92,7 @@ def rows_linear_kernel(
 
 
 @triton.jit
-def norm_qkv_rope_kernel(
+def draft_qkv_gemv_kernel(
     # pointers
     x_ptr, nw_ptr, w_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr, q_ptr, kc_ptr, vc_ptr,
     # sizes

@@ -19,7 +19,7 @@ Does not own the kernels (`kernels.draft_layer`) or which drafters use it (`engi
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
+from torch import nn
 
 from specpilot.kernels import draft_layer
 from specpilot.models.transformer import Transformer

@@ -101,12 +101,12 @@ def test_a_feature_drafters_own_weights_run_the_kernels_and_the_rounds_keep_the_
 @pytest.fixture(scope="module")
 def d32_dirs(tmp_path_factory):
     """A two-layer target and a one-layer drafter with heads of 32 (the fused kernels' smallest)."""
-    from specpilot.models.random_checkpoint import tiny_config, write_random_checkpoint, write_truncated_drafter
+    from specpilot.models import random_checkpoint as rc
 
     root = tmp_path_factory.mktemp("d32")
-    target = write_random_checkpoint(root / "target", tiny_config(num_layers=2, head_dim=32), seed=0,
-                                     dtype=torch.bfloat16)
-    return target, write_truncated_drafter(target, root / "drafter", num_layers=1)
+    target = rc.write_random_checkpoint(root / "target", rc.tiny_config(num_layers=2, head_dim=32), seed=0,
+                                        dtype=torch.bfloat16)
+    return target, rc.write_truncated_drafter(target, root / "drafter", num_layers=1)
 
 
 def test_the_fused_draft_layers_run_and_the_rounds_keep_the_ar_tokens(interpreted_kernels, d32_dirs, make_prompts,

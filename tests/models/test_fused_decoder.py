@@ -38,7 +38,7 @@ def interpreted(monkeypatch):
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     kernels = importlib.import_module("specpilot.kernels.draft_layer_kernel")
-    if not (isinstance(standard.zeros, InterpretedFunction) and isinstance(kernels.rows_linear_kernel, InterpretedFunction)):
+    if not (isinstance(standard.zeros, InterpretedFunction) and isinstance(kernels.draft_gemv_kernel, InterpretedFunction)):
         pytest.skip("triton was imported compiled before TRITON_INTERPRET=1 could be set")
 
 

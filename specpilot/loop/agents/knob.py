@@ -335,9 +335,9 @@ class KnobAgent(Proposer):
             moves += launch_bundle(inc, launch) + launch
             if inc.drafter is DrafterKind.MODEL and inc.draft_kernel is not Kernel.FUSED:
                 moves.append((GapKind.DRAFT_KERNELS, {"draft_kernel": Kernel.FUSED.value},
-                              "the draft model's decoder layers in four fused kernels each (norm + qkv + RoPE + "
-                              "cache write, o_proj + residual, norm + gate|up + SiLU, down_proj + residual): a "
-                              "launch-bound drafter's dozen kernels per layer cut to four plus its attention"))
+                              ("the draft model's decoder layers in four fused kernels each (norm + qkv + RoPE + "
+                               "cache write, o_proj + residual, norm + gate|up + SiLU, down_proj + residual): a "
+                               "launch-bound drafter's dozen kernels per layer cut to four plus its attention")))
         if inc.drafter is DrafterKind.MODEL:
             moves.append((GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.NGRAM.value},
                           "prompt lookup instead of the draft model: no draft forwards at all"))
