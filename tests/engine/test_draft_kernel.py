@@ -154,3 +154,27 @@ def test_fused_is_a_draft_kernel_only_and_reads_from_toml():
         System.from_dict({"kernel": "fused"}, name="t")
     with pytest.raises(ConfigError, match="kernel_table needs kernel"):
         System(draft_kernel=Kernel.FUSED, kernel_table="/tmp/t.json")
+
+
+def test_a_compiled_proposal_calls_the_fused_layers_as_ops_in_one_graph(interpreted_kernels, d32_dirs, make_prompts,
+                                                                        monkeypatch):
+    """draft_compile with the fused layers: Dynamo captures the proposal whole (no graph break at the
+    kernels), each layer's four kernels and the lm_head one custom op each (the qkv op mutating the
+    cache), and the rounds keep the eager tokens."""
+    from specpilot.models import ops
+
+    graphs: list = []
+    monkeypatch.setattr(ops, "STATIC_BACKEND", lambda gm, example_inputs: graphs.append(gm) or gm.forward)
+    torch._dynamo.reset()
+    s = session(d32_dirs)
+    prompts = make_prompts(1, seed=7, lo=4, hi=8)
+    fused = dataclasses.replace(STOCK, name="fused", draft_kernel=Kernel.FUSED)
+    eager = s.generator(fused).generate(prompts, 4)
+    compiled = s.generator(dataclasses.replace(fused, name="c", draft_compile=True)).generate(prompts, 4)
+    torch._dynamo.reset()
+    targets = [n.target for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+    qkv_op, rows_op = torch.ops.specpilot.draft_norm_qkv_rope, torch.ops.specpilot.draft_rows_linear
+    qkv = [t for t in targets if t in (qkv_op, qkv_op.default)]
+    rows = [t for t in targets if t in (rows_op, rows_op.default)]
+    assert len(graphs) == 1 and qkv and len(rows) >= 3 * len(qkv)  # one layer: catch-up and each level
+    assert (compiled.outputs, compiled.accept_lengths) == (eager.outputs, eager.accept_lengths)
