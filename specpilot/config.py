@@ -48,6 +48,9 @@ class TreeConstruction(enum.Enum):
 class Kernel(enum.Enum):
     CUBLAS = "cublas"  # torch F.linear
     TRITON = "triton"  # our Triton GEMV/GEMM (BF16, or W12 when w12 = true)
+    # draft_kernel only: the draft model's decoder layers in four fused Triton kernels each
+    # (`models.fused_decoder`); other drafters keep cuBLAS
+    FUSED = "fused"
 
 
 class TargetFormat(enum.Enum):
@@ -104,7 +107,9 @@ class System:
     # The drafter's own projections, lm_head and feature fusion (a draft model, an EAGLE-3 head, a
     # DFlash drafter): cuBLAS, or our Triton kernels on its BF16 weights, choosing from
     # `kernel_table` over the GPU's table (`engine.session.with_draft_kernels`); the target's
-    # projections (and the lm_head DFlash drafts through) are `kernel`'s.
+    # projections (and the lm_head DFlash drafts through) are `kernel`'s. "fused": the draft model's
+    # decoder layers in four fused kernels each (`models.fused_decoder`; few rows, CUDA or the
+    # interpreter, else its plain forward); EAGLE-3 and DFlash keep cuBLAS.
     draft_kernel: Kernel = Kernel.CUBLAS
     fault: str = ""  # deliberate fault for guard testing (see specpilot.engine.faults)
     # DFlash drafts block_size - 1 tokens per round in one forward; depth, topk, draft_window and
@@ -168,6 +173,10 @@ class System:
             )
         if self.sync_every < 1:
             raise ConfigError(f"system {self.name!r}: sync_every must be >= 1")
+        if self.kernel is Kernel.FUSED:
+            raise ConfigError(f"system {self.name!r}: kernel = 'fused' is not a projection kernel of the target: "
+                              "'fused' is a value of draft_kernel only (the draft model's fused decoder layers); "
+                              "kernel takes 'cublas' or 'triton'")
         if self.w12 and self.kernel is not Kernel.TRITON:
             raise ConfigError(f"system {self.name!r}: w12 = true needs kernel = 'triton'")
         if self.kernel_table and Kernel.TRITON not in (self.kernel, self.draft_kernel):

@@ -67,10 +67,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="independent samples of each prompt, batched, seeds seed..seed+N-1 (default 1)")
     p.add_argument("--compare-ar", action="store_true", help="also run AR in the same process and report the speedup")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    p.add_argument("--kernel", choices=[k.value for k in Kernel], help="projection kernel")
+    p.add_argument("--kernel", choices=[k.value for k in Kernel if k is not Kernel.FUSED], help="projection kernel")
     p.add_argument("--w12", action="store_true", help="run projections from W12 weights (implies --kernel triton)")
     p.add_argument("--draft-kernel", choices=[k.value for k in Kernel],
-                   help="the drafter's projection kernel (its projections, lm_head and feature fusion)")
+                   help="the drafter's projection kernel (its projections, lm_head and feature fusion); fused: the "
+                        "draft model's decoder layers in four fused Triton kernels each")
     p.add_argument("--attention", choices=[a.value for a in AttentionKernel],
                    help="cached attention: torch's SDPA (default) or the split-KV Triton kernel")
     p.add_argument("--compile", action="store_true",

@@ -109,7 +109,8 @@ def ran_on_device(system: System, device: str | torch.device) -> dict[str, tuple
     runs eagerly; a compiled verification or proposal is compiled only where
     `models.ops.compiled_static` compiles (CUDA, and SPECPILOT_COMPILE not 0), else eager; PDL is a
     CUDA launch attribute (`kernels.launch.pdl`); kernel = "cublas" (and a drafter model's
-    draft_kernel) is torch's F.linear, which off CUDA is torch's own matmul, not cuBLAS. Empty for a
+    draft_kernel) is torch's F.linear, which off CUDA is torch's own matmul, not cuBLAS; draft_kernel =
+    "fused" runs the draft model's fused layers on CUDA or under the interpreter only. Empty for a
     system that runs as set. For showing what ran: the system (its knobs, its fingerprint) is what
     the memory keeps, and runs as set on a GPU."""
     device = torch.device(device)
@@ -123,6 +124,12 @@ def ran_on_device(system: System, device: str | torch.device) -> dict[str, tuple
                 out[knob] = (False, "torch.compile runs on CUDA only, and not with SPECPILOT_COMPILE=0: eager")
     if system.pdl and not cuda:
         out["pdl"] = (False, "programmatic dependent launch is a CUDA launch attribute")
+    if system.draft_kernel is Kernel.FUSED and drafts and system.drafter is not DrafterKind.MODEL:
+        out["draft_kernel"] = ("cublas", ("the fused decoder layers are the draft model's: this drafter's "
+                                          "projections ran on F.linear"))
+    elif system.draft_kernel is Kernel.FUSED and drafts and not cuda and not env.triton_interpret():
+        out["draft_kernel"] = ("torch", ("the fused draft layers run on CUDA (or under TRITON_INTERPRET=1): "
+                                         "the draft model's plain forward ran"))
     if not cuda:
         matmul = "F.linear off CUDA is torch's own matmul, not cuBLAS"
         for knob, on in (("kernel", True), ("draft_kernel", drafts)):
@@ -193,12 +200,26 @@ def with_kernels(model: Transformer, system: System) -> Transformer:
 
 def with_draft_kernels(model, system: System):
     """The drafter's own model (a draft model, an EAGLE-3 head, a DFlash drafter) itself for cuBLAS
-    (`draft_kernel`); otherwise a clone sharing every tensor whose projections, lm_head and feature
-    fusion (`fc`) run our Triton kernels on its weights, choosing from the system's `kernel_table`.
+    (`draft_kernel`); for "triton" a clone sharing every tensor whose projections, lm_head and feature
+    fusion (`fc`) run our Triton kernels on its weights, choosing from the system's `kernel_table`;
+    for "fused" the draft model's fused decoder layers (`_fused`).
     (DFlash drafts through the target's lm_head, which `kernel` decides.) None stays None."""
     if model is None or system.draft_kernel is Kernel.CUBLAS:
         return model
+    if system.draft_kernel is Kernel.FUSED:
+        return _fused(model)
     return _swapped(model, system, "draft_kernel = 'triton'", w12=False, lm_head=True, heads=("fc",))
+
+
+def _fused(model):
+    """For a dense draft model, a clone sharing every tensor whose decoder layers run the fused
+    kernels (`models.fused_decoder`; its plain forward where they do not apply, off CUDA among
+    them); other drafters (EAGLE-3, DFlash) are returned as they are."""
+    from specpilot.models.fused_decoder import supported, use_fused_layers
+
+    if type(model) is not Transformer or not supported(model):
+        return model
+    return use_fused_layers(_shared_clone(model))
 
 
 def _load_beside(deployment: Deployment, kind: str, is_kind, load, target, device, dtype):

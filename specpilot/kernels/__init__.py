@@ -13,7 +13,9 @@ torch.compile), `aot.py` (compiling every variant without a GPU),
 timing, and the checked timer the search runs on a GPU), `shape_tuning.py` (a deployment's
 projection shapes tuned within a budget, largest excess over the byte floor first; the GPU bench on
 its own weights), `attention.py` (split-KV attention for
-calls with few queries, as one custom op; its kernels in `attention_kernel.py`).
+calls with few queries, as one custom op; its kernels in `attention_kernel.py`), `draft_layer.py` (a
+draft model's decoder layer in four fused kernels for few rows, as custom ops; its kernels in
+`draft_layer_kernel.py`).
 The modules that route a model's projections to these kernels live in `specpilot.models.linear`.
 
 Importing this package imports neither Triton nor anything that needs a GPU; kernel modules are

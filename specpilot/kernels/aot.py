@@ -9,9 +9,9 @@ operand constraints, layouts Triton cannot lower -- would first show up on the G
 compiles each candidate launch config of the GEMV and GEMM paths (both weight formats, tiles even
 and uneven, the smallest and largest row block of each config), the unpack kernel, the split-KV
 attention kernels (each query tile and head size, BF16 and float32), the FP8 kernel, the Gated
-DeltaNet kernels and the pair-wise MoE expert kernels to PTX and a cubin for the
-target with Triton's bundled ptxas (no driver involved), checks the shared memory each needs
-against the architecture's limit, and reports every failure.
+DeltaNet kernels, the pair-wise MoE expert kernels and the fused draft-layer kernels to PTX and a
+cubin for the target with Triton's bundled ptxas (no driver involved), checks the shared memory
+each needs against the architecture's limit, and reports every failure.
 
 Owns: the kernels' argument signatures for ahead-of-time compilation and the variant list. Must
 run in a process where TRITON_INTERPRET is unset when Triton is imported (the test spawns one).
@@ -51,7 +51,7 @@ SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes 
 @dataclass(frozen=True)
 class Variant:
     kernel: str  # "gemv" | "gemm" | "unpack" | "attention" | "attention_merge" | "fp8" | "gdn_conv" | "gdn_recurrence"
-    # | "moe_gate_up" | "moe_down" | "moe_sum"
+    # | "moe_gate_up" | "moe_down" | "moe_sum" | "draft_gemv" | "draft_qkv_gemv"
     label: str
     constexprs: dict
     num_warps: int
@@ -81,6 +81,10 @@ def _kernel(name: str):
         from specpilot.kernels import gdn_kernel
 
         return getattr(gdn_kernel, name + "_kernel")
+    if name in ("draft_gemv", "draft_qkv_gemv"):
+        from specpilot.kernels import draft_layer_kernel
+
+        return getattr(draft_layer_kernel, name + "_kernel")
     if name.startswith("moe_"):
         from specpilot.kernels import moe_gemv_kernel
 
@@ -173,6 +177,7 @@ def variants(quick: bool = False) -> list[Variant]:
     out += fp8_variants(quick)
     out += gdn_variants(quick)
     out += moe_variants(quick)
+    out += draft_layer_variants(quick)
     out += pdl_variants(out)
     return list({v.label: v for v in out}.values())
 
@@ -180,7 +185,8 @@ def variants(quick: bool = False) -> list[Variant]:
 # variants compiled again as launched with programmatic dependent launch (`launch.pdl`): a GEMV, a
 # GEMM, the split-KV kernel and its merge, in both weight formats / directly or merged
 PDL_OF = ("gemv n8 k1024 w2 s1 bm1", "gemm n64 k256 w4 s3 bm16", "attention d128 bm16 bf16", "merge d128 bm16 bf16",
-          "moe_gate_up n16 k256 bf16 even", "moe_down n32 k256 bf16 even", "moe_sum c512 bf16")
+          "moe_gate_up n16 k256 bf16 even", "moe_down n32 k256 bf16 even", "moe_sum c512 bf16",
+          "draft_gemv n16 residual bf16", "draft_qkv_gemv d64 qk_norm bf16")
 
 
 def pdl_variants(base: list[Variant]) -> list[Variant]:
@@ -254,6 +260,43 @@ def moe_variants(quick: bool = False) -> list[Variant]:
     return out
 
 
+def draft_layer_variants(quick: bool = False) -> list[Variant]:
+    """The fused draft-layer kernels (`draft_layer_kernel.py`) as `kernels.draft_layer` launches them:
+    the projection at each row block `block_n` picks, with each prologue / epilogue pair the model
+    uses (residual; norm + SwiGLU; norm + plain); the qkv kernel at each head size, q/k norm on and
+    off; BF16 dots (BF16 models) and (unless `quick`) IEEE float32 ones."""
+    from specpilot.kernels import draft_layer as dl
+
+    out = []
+    for act in (("*bf16",) if quick else ("*bf16", "*fp32")):
+        common = {"BLOCK_M": dl.MAX_ROWS, "BLOCK_K": dl.BLOCKING.block_k, "ROUND": 1 if act == "*bf16" else 0,
+                  "DOT_BF16": act == "*bf16"}
+        for bn in (16, 32, 64):
+            for name, norm, epilogue in (("residual", False, dl.RESIDUAL), ("norm swiglu", True, dl.SWIGLU),
+                                         ("norm plain", True, dl.PLAIN)):
+                c = {**common, "BLOCK_N": bn, "NORM": norm, "EPILOGUE": epilogue}
+                out.append(Variant("draft_gemv", f"draft_gemv n{bn} {name} {act[1:]}", c, dl.BLOCKING.num_warps, 2,
+                                   activations=act))
+        for D in dl.HEAD_DIMS:
+            for qk in (True, False):
+                c = {**common, "HALF": D // 2, "QK_NORM": qk}
+                out.append(Variant("draft_qkv_gemv", f"draft_qkv_gemv d{D} {'qk_norm' if qk else 'plain'} {act[1:]}",
+                                   c, dl.BLOCKING.num_warps, 2, activations=act))
+    return out
+
+
+def _draft_layer_signature(fn, v: Variant) -> tuple[dict, dict]:
+    """(signature, attributes) of a fused draft-layer launch: activations, weights, norms, RoPE tables
+    and caches in the model's dtype, positions and slots int64, eps float32; sizes and strides of
+    model shapes (multiples of 16) but the row count M and the tokens per row T."""
+    signature = {name: "constexpr" if name in v.constexprs else "*i64" if name in ("pos_ptr", "slot_ptr")
+                 else v.activations if name.endswith("_ptr") else "fp32" if name == "eps" else "i32"
+                 for name in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if signature[name] not in ("constexpr", "fp32") and name not in ("M", "T", "H", "Hkv")}
+    return signature, attrs
+
+
 def _moe_signature(fn, v: Variant) -> tuple[dict, dict]:
     """(signature, attributes) of a MoE expert launch: ids int64, everything else in the model's
     dtype; sizes and strides of model shapes (multiples of 16) but k and the ids' and routing
@@ -322,6 +365,7 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
     signature, attrs = (_attention_signature if v.kernel.startswith("attention") else
                         _gdn_signature if v.kernel.startswith("gdn") else
                         _moe_signature if v.kernel.startswith("moe") else
+                        _draft_layer_signature if v.kernel.startswith("draft") else
                         _fp8_signature if v.kernel == "fp8" else _projection_signature)(fn, v)
     constants = {(fn.arg_names.index(k),): val for k, val in v.constexprs.items() if k in fn.arg_names}
     t = time.monotonic()

@@ -94,3 +94,87 @@ def test_a_feature_drafters_own_weights_run_the_kernels_and_the_rounds_keep_the_
     assert sum(isinstance(m, TritonLinear) for m in draft.modules()) == swapped
     assert {m.table for m in draft.modules() if isinstance(m, TritonLinear)} == {"/tmp/t.json"}
     assert not any(isinstance(m, TritonLinear) for m in [*own.modules(), *gen.target.modules()])
+
+
+# ---- draft_kernel = "fused": the draft model's decoder layers in four fused kernels each ---------
+
+@pytest.fixture(scope="module")
+def d32_dirs(tmp_path_factory):
+    """A two-layer target and a one-layer drafter with heads of 32 (the fused kernels' smallest)."""
+    from specpilot.models import random_checkpoint as rc
+
+    root = tmp_path_factory.mktemp("d32")
+    target = rc.write_random_checkpoint(root / "target", rc.tiny_config(num_layers=2, head_dim=32), seed=0,
+                                        dtype=torch.bfloat16)
+    return target, rc.write_truncated_drafter(target, root / "drafter", num_layers=1)
+
+
+def test_the_fused_draft_layers_run_and_the_rounds_keep_the_ar_tokens(interpreted_kernels, d32_dirs, make_prompts,
+                                                                      monkeypatch):
+    """Lossless: two prompts, greedy, the tokens of plain AR; the kernels ran (the proposal's few
+    rows), the prefill took the plain forward, and the clone shares the session's tensors."""
+    from specpilot.kernels import draft_layer
+    from specpilot.models.fused_decoder import FusedDecoder
+
+    s = session(d32_dirs)
+    prompts = make_prompts(2, seed=5, lo=4, hi=8)
+    want = s.generator(STOCK.plain_ar()).generate(prompts, 5).outputs
+    calls = []
+    for name in ("norm_qkv_rope_eager", "rows_linear_eager"):
+        fn = getattr(draft_layer, name)
+        monkeypatch.setattr(draft_layer, name, lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
+    gen = s.generator(dataclasses.replace(STOCK, name="fused", draft_kernel=Kernel.FUSED))
+    assert gen.generate(prompts, 5).outputs == want
+    draft = next(iter(gen.drafters.values())).model
+    assert isinstance(draft, FusedDecoder) and not isinstance(s.drafter_model, FusedDecoder)
+    assert draft.lm_head.weight is s.drafter_model.lm_head.weight  # shared, not copied
+    layers = calls.count("norm_qkv_rope_eager")  # one layer: o, gate|up, down, and the lm_head where logits are asked
+    assert layers and 3 * layers < calls.count("rows_linear_eager") <= 4 * layers
+
+
+def test_the_fused_layers_off_a_gpu_and_the_interpreter_fall_back_to_the_plain_forward(d32_dirs, make_prompts,
+                                                                                     monkeypatch):
+    from specpilot.engine.session import ran_on_device
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    s = session(d32_dirs)
+    prompts = make_prompts(1, seed=6, lo=4, hi=8)
+    system = dataclasses.replace(STOCK, name="fused", draft_kernel=Kernel.FUSED)
+    assert s.generator(system).generate(prompts, 4).outputs == s.generator(STOCK.plain_ar()).generate(prompts, 4).outputs
+    assert ran_on_device(system, "cpu")["draft_kernel"][0] == "torch"
+    eagle = dataclasses.replace(system, drafter=DrafterKind.EAGLE3)
+    assert ran_on_device(eagle, "cuda")["draft_kernel"][0] == "cublas"  # EAGLE-3 / DFlash keep their path
+
+
+def test_fused_is_a_draft_kernel_only_and_reads_from_toml():
+    on = System.from_dict({"draft_kernel": "fused"}, name="f")
+    assert on.draft_kernel is Kernel.FUSED and 'draft_kernel = "fused"' in on.to_toml()
+    assert on.fingerprint() != STOCK.fingerprint()
+    with pytest.raises(ConfigError, match="kernel = 'fused' is not a projection kernel of the target"):
+        System.from_dict({"kernel": "fused"}, name="t")
+    with pytest.raises(ConfigError, match="kernel_table needs kernel"):
+        System(draft_kernel=Kernel.FUSED, kernel_table="/tmp/t.json")
+
+
+def test_a_compiled_proposal_calls_the_fused_layers_as_ops_in_one_graph(interpreted_kernels, d32_dirs, make_prompts,
+                                                                        monkeypatch):
+    """draft_compile with the fused layers: Dynamo captures the proposal whole (no graph break at the
+    kernels), each layer's four kernels and the lm_head one custom op each (the qkv op mutating the
+    cache), and the rounds keep the eager tokens."""
+    from specpilot.models import ops
+
+    graphs: list = []
+    monkeypatch.setattr(ops, "STATIC_BACKEND", lambda gm, example_inputs: graphs.append(gm) or gm.forward)
+    torch._dynamo.reset()
+    s = session(d32_dirs)
+    prompts = make_prompts(1, seed=7, lo=4, hi=8)
+    fused = dataclasses.replace(STOCK, name="fused", draft_kernel=Kernel.FUSED)
+    eager = s.generator(fused).generate(prompts, 4)
+    compiled = s.generator(dataclasses.replace(fused, name="c", draft_compile=True)).generate(prompts, 4)
+    torch._dynamo.reset()
+    targets = [n.target for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+    qkv_op, rows_op = torch.ops.specpilot.draft_norm_qkv_rope, torch.ops.specpilot.draft_rows_linear
+    qkv = [t for t in targets if t in (qkv_op, qkv_op.default)]
+    rows = [t for t in targets if t in (rows_op, rows_op.default)]
+    assert len(graphs) == 1 and qkv and len(rows) >= 3 * len(qkv)  # one layer: catch-up and each level
+    assert (compiled.outputs, compiled.accept_lengths) == (eager.outputs, eager.accept_lengths)

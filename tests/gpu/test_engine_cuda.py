@@ -183,3 +183,40 @@ def test_a_drafter_on_the_triton_kernels_keeps_the_ar_tokens_in_float32(bf16_dir
     for p, e, g in zip(prompts, ar, gen.generate(prompts, NEW_TOKENS).outputs):
         if e != g:
             pytest.fail(first_divergence(session.target, p, e, g))
+
+
+@pytest.fixture(scope="module")
+def d32_dirs(ckpt_root):
+    """A BF16-exact target with heads of 32 (the fused draft layers' smallest) and its two-layer drafter."""
+    from specpilot.models import random_checkpoint as rc
+
+    target = rc.write_random_checkpoint(ckpt_root / "d32-target", rc.tiny_config(head_dim=32), seed=0,
+                                        dtype=torch.bfloat16)
+    return target, rc.write_truncated_drafter(target, ckpt_root / "d32-drafter", num_layers=2)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "split_kv"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "inductor"])
+def test_the_fused_draft_layers_keep_the_ar_tokens_in_float32(d32_dirs, prompts, full_precision, compiled, attention):
+    """draft_kernel = "fused": the draft model's layers in the fused kernels (CUDA graphs; compiled,
+    one custom op each, the cache write a mutation inductor functionalizes), either attention: AR's
+    tokens. The prompts' prefill (more than 16 rows) runs the plain forward."""
+    import dataclasses
+
+    from specpilot import config
+    from specpilot.engine.session import Session
+    from specpilot.models.fused_decoder import FusedDecoder
+
+    System, Kernel = config.System, config.Kernel
+    stock = System(drafter=config.DrafterKind.MODEL, depth=4, topk=3, tree_budget=12)
+    dep = config.Deployment(name="f", target=str(d32_dirs[0]), drafter=str(d32_dirs[1]), stock=stock)
+    session = Session.load(dep, device="cuda", dtype=torch.float32)
+    ar = session.generator(stock.plain_ar()).generate(prompts, NEW_TOKENS).outputs
+    system = dataclasses.replace(stock, name="f", draft_kernel=Kernel.FUSED, draft_compile=compiled,
+                                 attention=config.AttentionKernel(attention))
+    gen = session.generator(system)
+    assert isinstance(next(iter(gen.drafters.values())).model, FusedDecoder)
+    for p, e, g in zip(prompts, ar, gen.generate(prompts, NEW_TOKENS).outputs):
+        if e != g:
+            pytest.fail(first_divergence(session.target, p, e, g))
+    torch._dynamo.reset()

@@ -161,8 +161,10 @@ class KernelAgent(Proposer):
         kind = inc.system.drafter
         drafter = own_drafter(ctx.models, kind)
         # the drafter's projections save time when the kernels can take them: plain weights (a
-        # bench of the target's W12 planes times no BF16 drafter shape)
-        drafts = drafter is not None and bench.weight_format is WeightFormat.DENSE
+        # bench of the target's W12 planes times no BF16 drafter shape), and not in the draft model's
+        # fused layers (draft_kernel = "fused": no table kernel runs them)
+        drafts = (drafter is not None and bench.weight_format is WeightFormat.DENSE
+                  and inc.system.draft_kernel is not Kernel.FUSED)
         shapes = deployment_shapes(ctx.models.target.config, drafter, inc.system, profile.batch,
                                    profile.tree_nodes, profile.draft_forwards, drafts)
         if ctx.fp8_target:

@@ -25,7 +25,8 @@ Each round it proposes, best first:
    (shared node budget, per-request depth, segment admission), and on GPU CUDA graphs, the
    proposal and the verification compiled (`draft_compile`, `verify_compile`), the draft model on
    the Triton kernels (`draft_kernel`), these launch-level moves together (`launch_bundle`: some gain
-   less alone than the promotion threshold), fewer host syncs (`sync_every`), Triton kernels, W12
+   less alone than the promotion threshold), the draft model's fused decoder layers (`draft_kernel =
+   "fused"`, beside the bundle, which keeps the table kernels), fewer host syncs (`sync_every`), Triton kernels, W12
    weights (where the format floors do not price them), the Triton lm_head, two-level verification
    (`tlv_chain`: an FP8 view's chain beside the tree; not on recurrent or FP8 targets). Under continuous
    batching without segment admission, each drafter switch is also proposed with segment
@@ -68,6 +69,7 @@ def triton_launches(system: System) -> bool:
     split-KV attention) or inductor's (a compiled proposal or verification)."""
     return (system.kernel is Kernel.TRITON or system.attention is AttentionKernel.SPLIT_KV
             or (system.draft_kernel is Kernel.TRITON and system.drafter in DRAFTER_MODELS)
+            or (system.draft_kernel is Kernel.FUSED and system.drafter is DrafterKind.MODEL)
             or system.draft_compile or system.verify_compile)
 
 
@@ -349,6 +351,11 @@ class KnobAgent(Proposer):
                                "while the one before it finishes, streaming its first weights, instead of after "
                                "a launch gap"))
             moves += launch_bundle(inc, launch) + launch
+            if inc.drafter is DrafterKind.MODEL and inc.draft_kernel is not Kernel.FUSED:
+                moves.append((GapKind.DRAFT_KERNELS, {"draft_kernel": Kernel.FUSED.value},
+                              ("the draft model's decoder layers in four fused kernels each (norm + qkv + RoPE + "
+                               "cache write, o_proj + residual, norm + gate|up + SiLU, down_proj + residual): a "
+                               "launch-bound drafter's dozen kernels per layer cut to four plus its attention")))
         if inc.drafter is DrafterKind.MODEL:
             moves.append((GapKind.DRAFT_KERNELS, {"drafter": DrafterKind.NGRAM.value},
                           "prompt lookup instead of the draft model: no draft forwards at all"))

@@ -469,10 +469,11 @@ def test_on_gpu_it_proposes_pdl_once_where_triton_kernels_run():
 
 
 def test_on_gpu_it_proposes_the_drafters_kernels_while_a_drafter_with_a_model_drafts():
-    def draft_kernel_moves(system, device="cuda"):
+    def draft_kernel_moves(system, device="cuda"):  # to the table kernels ("fused": the next test)
         inc = Incumbent(Candidate(system), 1, 0.1)
         return [p for p in KnobAgent().propose(context(incumbent=inc, limit=60, device=device))
-                if set(p.candidate.changes_from(inc.candidate)) == {"draft_kernel"}]
+                if set(p.candidate.changes_from(inc.candidate)) == {"draft_kernel"}
+                and p.candidate.system.draft_kernel is Kernel.TRITON]
 
     (move,) = draft_kernel_moves(STOCK)
     assert move.candidate.changes_from(Candidate(STOCK)) == {"draft_kernel": ["cublas", "triton"]}
@@ -483,6 +484,29 @@ def test_on_gpu_it_proposes_the_drafters_kernels_while_a_drafter_with_a_model_dr
         assert move.candidate.system.drafter is kind
     assert not draft_kernel_moves(STOCK.with_changes(name="n", drafter=DrafterKind.NGRAM))
     assert not draft_kernel_moves(STOCK.with_changes(name="on", draft_kernel=Kernel.TRITON))
+
+
+def test_on_gpu_it_proposes_the_fused_draft_layers_while_the_draft_model_drafts():
+    """draft_kernel = "fused" (the draft model's decoder layers in four fused kernels) beside the
+    table kernels' move, from cuBLAS or the table kernels, for the draft model only, never on CPU,
+    and outside the launch-level bundle (which keeps draft_kernel = "triton")."""
+    def fused_moves(system, device="cuda"):
+        inc = Incumbent(Candidate(system), 1, 0.1)
+        return [p for p in KnobAgent().propose(context(incumbent=inc, limit=80, device=device))
+                if p.candidate.system.draft_kernel is Kernel.FUSED]
+
+    (move,) = fused_moves(STOCK)
+    assert move.candidate.changes_from(Candidate(STOCK)) == {"draft_kernel": ["cublas", "fused"]}
+    assert move.gap.value == "draft-kernels" and move.predicted_ms_per_token is None and "fused" in move.rationale
+    (move,) = fused_moves(STOCK.with_changes(name="t", draft_kernel=Kernel.TRITON))
+    assert move.candidate.changes_from(Candidate(STOCK.with_changes(name="t", draft_kernel=Kernel.TRITON))) == {
+        "draft_kernel": ["triton", "fused"]}
+    assert not fused_moves(STOCK, device="cpu")
+    for kind in (DrafterKind.EAGLE3, DrafterKind.DFLASH, DrafterKind.NGRAM):
+        assert not fused_moves(STOCK.with_changes(name="f", drafter=kind))
+    assert not [p for p in fused_moves(STOCK.with_changes(name="on", draft_kernel=Kernel.FUSED))
+                if "draft_kernel" in p.candidate.changes_from(Candidate(STOCK.with_changes(name="on",
+                                                                                           draft_kernel=Kernel.FUSED)))]
 
 
 def test_on_gpu_the_launch_level_moves_are_also_proposed_together_ahead_of_them():
