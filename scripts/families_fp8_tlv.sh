@@ -10,6 +10,9 @@
 #                   and the stock tree on the fast paths
 #   hybrid_ar/      scripts/hybrid_checks.py: fixture-hybrid-x16 AR vs its byte floor by step configuration ($HYBRID_STEPS,
 #                   default the baseline and the fastest), profiled
+#   fused/          draft_kernel = "fused" on the GPU: its lossless CUDA test, then scripts/round_kernels.py on fixture-x16
+#                   (draft proposal and verify per system, kernel by kernel: stock and d6k8n64-compiled, each with and
+#                   without the fused draft layers)
 #   families/       scripts/families_checks.py (AR vs byte floor and verify curves, random weights; top kernels)
 #   hybrid_final/   specpilot bench on fixture-hybrid-x16: stock vs the loop's final system (scripts/systems/hybrid-final.toml)
 #   loop_sampled/   scripts/loop_fixture.py on fixture-x16-eagle3-sampled, loop_hybrid/ on fixture-hybrid-x16: the
@@ -18,15 +21,15 @@
 #   all.log         every part's log, one after another (`tail -n +1`); parts.tgz: the part folders (a device
 #                   call returns at most 8 files: nothing else is left under $OUT)
 #     bash scripts/families_fp8_tlv.sh COMMIT [PART ...]
-#   PARTS: gpu_tests fp8 tlv_b1 sampling families hybrid_final hybrid_ar loop_sampled loop_hybrid; default: gpu_tests fp8 tlv_b1 sampling families
+#   PARTS: gpu_tests fp8 tlv_b1 sampling families fused hybrid_final hybrid_ar loop_sampled loop_hybrid; default: gpu_tests fp8 tlv_b1 sampling families
 set -u
 DEADLINE=${DEADLINE:-$(( $(date +%s) + 585 ))}  # one device call: the loop parts take the time left before it
 C=${1:-unknown}
 shift || true
 PARTS=" ${*:-gpu_tests fp8 tlv_b1 sampling families} "
-run() {  # name timeout command...
+run() {  # name timeout command... (a part X_test runs with part X)
   local name=$1 limit=$2; shift 2
-  [[ "$PARTS" == *" $name "* ]] || return 0
+  [[ "$PARTS" == *" $name "* || "$PARTS" == *" ${name%_test} "* ]] || return 0
   local t0=$(date +%s)
   timeout --signal=INT --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "$name rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUT/times.txt"
@@ -41,8 +44,11 @@ run tlv_b1 110 python -m specpilot bench --deployment fixture-x16 --system stock
   --system scripts/systems/tlv-4.toml --n-prompts 5 --max-new-tokens 128 --out "$OUT/tlv_b1" --no-progress
 run hybrid_ar 150 python scripts/hybrid_checks.py --out "$OUT/hybrid_ar" --commit "$C" --skip ulp kernels --profile \
   --steps ${HYBRID_STEPS:-cublas+sdpa triton_bf16+split_kv+compiled+pdl}
-run sampling 150 python scripts/sampling_speed.py --deployment fixture-x16-eagle3 --n-prompts 1 --max-new-tokens 256 \
+run sampling 240 python scripts/sampling_speed.py --deployment fixture-x16-eagle3 --n-prompts 1 --max-new-tokens 256 \
   --out "$OUT/sampling" --commit "$C" --system stock --system scripts/systems/eagle3-d5k4n7-fast.toml
+run fused_test 150 python -m pytest -q tests/gpu/test_engine_cuda.py -k fused -p no:cacheprovider
+run fused 300 python scripts/round_kernels.py --deployment fixture-x16 --out "$OUT/fused" --tokens 128 --reps 10 \
+  --system stock scripts/systems/stock-fused.toml scripts/systems/d6k8n64-compiled.toml scripts/systems/d6k8n64-compiled-fused.toml
 run families 90 python scripts/families_checks.py --out "$OUT/families" --commit "$C" --kernels
 loop() {  # name deployment: `loop_fixture.py` on the deployment in the time left before DEADLINE (<= 9 min)
   [[ "$PARTS" == *" $1 "* ]] || return 0

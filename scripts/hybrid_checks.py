@@ -6,7 +6,7 @@ Sections (each in try/except: a failure costs only that part), on `fixture-hybri
 - `bandwidth`: device-to-device copy TB/s, counting bytes read + written (the floors' denominator).
 - `ar`: AR decode at batch 1 (2 prompts x 256 new tokens, EOS ignored, CUDA graphs, decode time by
   CUDA events) by step configuration (`STEPS`: cuBLAS + SDPA; + the step compiled whole; Triton BF16
-  projections + split-KV attention + compiled + PDL), each against its byte floor: the weight bytes
+  projections + split-KV attention + compiled + PDL; that with the host checking for EOS every 4 steps), each against its byte floor: the weight bytes
   one step streams, the KV cache it reads at the mean context, and the recurrent state and conv
   window of every GDN layer read and written, over the copy bandwidth.
 - `ulp`: BF16 tree verification against the exact path computation. A random best-first-like tree of
@@ -43,6 +43,9 @@ STEPS = {  # name -> System knobs over plain AR
     "cublas+sdpa+compiled": {"verify_compile": True},
     "triton_bf16+split_kv+compiled+pdl": {"kernel": "triton", "attention": "split_kv", "verify_compile": True,
                                           "pdl": True},
+    # the same, the host checking for EOS every 4 steps: the next steps' graphs are queued before it waits
+    "triton_bf16+split_kv+compiled+pdl+sync4": {"kernel": "triton", "attention": "split_kv", "verify_compile": True,
+                                                "pdl": True, "sync_every": 4},
 }
 SECTIONS = ("bandwidth", "ar", "ulp", "kernels")
 
