@@ -39,8 +39,8 @@ SOURCES = (
     ("loop/acceptance_check.*", "acceptance model: predicted vs measured tokens per round by tree shape (CPU)",
      "acceptance_check.py --n-prompts 2 --tokens 96"),
     ("loop/fixture-hybrid-x16/*", "the optimization loop on the hybrid GDN fixture, batch 1, H100, one call "
-     "(its final measurement did not fit the budget)",
-     "loop_fixture.py --deployment fixture-hybrid-x16 --budget-minutes 8.5 (under timeout 575)"),
+     "(source commit 3fac1ec; the report's own commit line reads the device copy's stale git, 0ad6634+dirty)",
+     "families_fp8_tlv.sh 3fac1ec loop_hybrid: loop_fixture.py --deployment fixture-hybrid-x16 --budget-minutes 9.0"),
     ("families/h100/*", "Gemma/MoE decoders (random weights): AR vs byte floor, verify curve, experts read, top kernels (H100)",
      "families_checks.py --kernels"),
     ("families_fp8_tlv/*", "FP8 kernels vs byte floor, _scaled_mm, BF16 and FP8 vs BF16 AR; TLV on fixture-x16; "
