@@ -10,7 +10,9 @@ projections ~1/sqrt(fan-in), BF16, on the GPU) whose byte counts are a deploymen
   MLP 12288, vocabulary 8192; ~1.9B parameters), at a context past its window, so its sliding
   layers read their ring (`models.ring_cache`).
 For each: AR decode at batch 1 (4 prompts of 900 random tokens, 256 new tokens, CUDA graphs) by
-`engine.profile.profile`, against the cost model's AR floor (`CostTable.verify_floor_ms(1)`: the
+`engine.profile.profile`, and by step configuration (`--steps`, `hybrid_checks.STEPS`: the same
+System knobs over plain AR, e.g. Triton projections + split-KV attention + compiled + PDL with a
+host sync every 4 steps; tokens compared with the first configuration's), against the cost model's AR floor (`CostTable.verify_floor_ms(1)`: the
 weight bytes a token reads -- an MoE layer's k routed experts, not all E -- plus the KV cache,
 over the measured copy bandwidth); and the verify curve (a target forward over N chain nodes,
 N = 1..128) measured beside the cost model's floor at each N. For the MoE decoder the floor uses
@@ -35,11 +37,16 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
+from hybrid_checks import STEPS  # noqa: E402  (the AR step configurations, shared with the hybrid checks)
+
+from specpilot.config import System  # noqa: E402
 from specpilot.engine.experts import expected_experts_read  # noqa: E402
 from specpilot.engine.generator import Generator  # noqa: E402
 from specpilot.engine.profile import profile  # noqa: E402
+from specpilot.engine.session import system_generator, system_target  # noqa: E402
+from specpilot.kernels import launch  # noqa: E402
 from specpilot.loop.cost_model import analyze  # noqa: E402
 from specpilot.models.config import ModelConfig  # noqa: E402
 from specpilot.models.registry import family  # noqa: E402
@@ -66,6 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--commit", default="", help="the source commit, for the record")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, any device (checks the code paths)")
     p.add_argument("--only", nargs="*", choices=list(CONFIGS), default=list(CONFIGS), help="which decoders")
+    p.add_argument("--steps", nargs="*", choices=list(STEPS), default=["cublas+sdpa", "triton_bf16+split_kv+compiled+pdl+sync4"],
+                   help="AR step configurations timed beside the profile (none: skip)")
     p.add_argument("--kernels", action="store_true", help="also the top CUDA kernels of 16 eager AR steps "
                    "(torch.profiler): where a step's time goes")
     return p.parse_args(argv)
@@ -113,7 +122,29 @@ def top_kernels(model, prompt: list[int], steps: int = 16, top: int = 15) -> lis
              "us_per_call": e.self_device_time_total / max(1, e.count)} for e in rows[:top]]
 
 
-def check(name: str, smoke: bool, device, kernels: bool = False) -> dict:
+def ar_steps(model, prompt: list[int], tokens: int, floor_ms: float, steps: list[str]) -> dict:
+    """AR decode of `prompt` by step configuration (EOS ignored; a warm-up run first): ms per step,
+    the fraction of `floor_ms`, and whether its tokens equal the first configuration's. A
+    configuration's failure is recorded, not raised."""
+    out, first = {}, None
+    for name in steps:
+        system = System().plain_ar().with_knobs(STEPS[name], name)
+        try:
+            with launch.knob_scope(system.pdl):
+                gen = system_generator(system_target(model, system), system)
+            gen.generate([prompt], 16, stop_at_eos=False)  # capture and compile before timing
+            result = gen.generate([prompt], tokens, stop_at_eos=False)
+            ms = result.decode_seconds / tokens * 1e3
+            first = result.outputs if first is None else first
+            out[name] = {"ms_per_step": ms, "fraction_of_floor": floor_ms / ms, "same_tokens_as_first": result.outputs == first}
+        except Exception:
+            out[name] = {"error": traceback.format_exc(limit=4)}
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return out
+
+
+def check(name: str, smoke: bool, device, kernels: bool = False, steps: tuple[str, ...] = ()) -> dict:
     fields = {**CONFIGS[name], **(SMOKE if smoke else {})}
     if smoke and name == "moe":
         fields.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
@@ -141,6 +172,8 @@ def check(name: str, smoke: bool, device, kernels: bool = False) -> dict:
                      "uniform_experts": expected_experts_read(p.num_experts, p.experts_per_token, n)
                      if p.num_experts else None}
                     for n in curve if n in p.verify_curve_ms]
+    if steps:
+        out["steps"] = ar_steps(model, prompts[0], new, out["ar_floor_ms"], list(steps))
     if kernels and device.type == "cuda":
         out["kernels"] = top_kernels(model, prompts[1])
     if hasattr(gen.workspaces, "values"):
@@ -165,6 +198,11 @@ def render(data: dict) -> str:
                   f"**{r['ar_fraction_of_floor']:.1%} of the byte floor** (copy bandwidth {r['bandwidth_gb_s']:.0f} GB/s).",
                   "", "| nodes | measured ms | cost-model floor ms | measured / floor | experts read (measured) | "
                   "uniform routing |", "|---|---|---|---|---|---|"]
+        if r.get("steps"):
+            lines[-2:-2] = ["AR at batch 1 by step configuration (System knobs over plain AR, the same new tokens, EOS ignored):", "",
+                            "| step | ms/step | % of floor | same tokens |", "|---|---|---|---|",
+                            *(f"| {k} | error |  |  |" if "error" in v else f"| {k} | {v['ms_per_step']:.3f} | "
+                              f"{v['fraction_of_floor']:.1%} | {v['same_tokens_as_first']} |" for k, v in r["steps"].items()), ""]
         for c in r["curve"]:
             ex = "" if c["experts_read"] is None else f"{c['experts_read']:.1f}"
             un = "" if c["uniform_experts"] is None else f"{c['uniform_experts']:.1f}"
@@ -190,7 +228,7 @@ def main(argv=None) -> int:
     for name in args.only:
         t0 = time.perf_counter()
         try:
-            data["checks"][name] = check(name, args.smoke, device, args.kernels)
+            data["checks"][name] = check(name, args.smoke, device, args.kernels, tuple(args.steps))
         except Exception:  # one decoder's failure costs only its part
             data["checks"][name] = {"error": traceback.format_exc()}
         data["checks"][name]["seconds"] = time.perf_counter() - t0

@@ -13,7 +13,8 @@
 #   fused/          draft_kernel = "fused" on the GPU: its lossless CUDA test, then scripts/round_kernels.py on fixture-x16
 #                   (draft proposal and verify per system, kernel by kernel: stock and d6k8n64-compiled, each with and
 #                   without the fused draft layers)
-#   families/       scripts/families_checks.py (AR vs byte floor and verify curves, random weights; top kernels)
+#   families/       scripts/families_checks.py (AR vs byte floor by step configuration and verify curves, random weights;
+#                   top kernels)
 #   hybrid_final/   specpilot bench on fixture-hybrid-x16: stock vs the loop's final system (scripts/systems/hybrid-final.toml)
 #   loop_sampled/   scripts/loop_fixture.py on fixture-x16-eagle3-sampled, loop_hybrid/ on fixture-hybrid-x16: the
 #                   loop in the time left before DEADLINE (seconds since the epoch; default: 585 s after the start)
@@ -46,10 +47,10 @@ run hybrid_ar 150 python scripts/hybrid_checks.py --out "$OUT/hybrid_ar" --commi
   --steps ${HYBRID_STEPS:-cublas+sdpa triton_bf16+split_kv+compiled+pdl}
 run sampling 240 python scripts/sampling_speed.py --deployment fixture-x16-eagle3 --n-prompts 1 --max-new-tokens 256 \
   --out "$OUT/sampling" --commit "$C" --system stock --system scripts/systems/eagle3-d5k4n7-fast.toml
-run fused_test 150 python -m pytest -q tests/gpu/test_engine_cuda.py -k fused -p no:cacheprovider
-run fused 300 python scripts/round_kernels.py --deployment fixture-x16 --out "$OUT/fused" --tokens 128 --reps 10 \
+run fused_test 120 python -m pytest -q tests/gpu/test_engine_cuda.py -k fused -p no:cacheprovider
+run fused 240 python scripts/round_kernels.py --deployment fixture-x16 --out "$OUT/fused" --tokens 128 --reps 10 \
   --system stock scripts/systems/stock-fused.toml scripts/systems/d6k8n64-compiled.toml scripts/systems/d6k8n64-compiled-fused.toml
-run families 90 python scripts/families_checks.py --out "$OUT/families" --commit "$C" --kernels
+run families 200 python scripts/families_checks.py --out "$OUT/families" --commit "$C" --kernels
 loop() {  # name deployment: `loop_fixture.py` on the deployment in the time left before DEADLINE (<= 9 min)
   [[ "$PARTS" == *" $1 "* ]] || return 0
   local t0=$(date +%s) left=$(( DEADLINE - $(date +%s) - 25 ))

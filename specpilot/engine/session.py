@@ -232,6 +232,21 @@ def _load_beside(deployment: Deployment, kind: str, is_kind, load, target, devic
     return load(path, target, device, dtype, factor=deployment.target_expand)  # a width mismatch is one error line
 
 
+def system_target(model, system: System):
+    """`model` as `system` runs it: its projections on the system's kernels and its cached attention
+    on the system's kernel (clones sharing every tensor where either differs from `model`'s)."""
+    return with_attention(with_kernels(model, system), system)
+
+
+def system_generator(target, system: System, drafters: dict | None = None, eos_ids: tuple[int, ...] = ()) -> Generator:
+    """A generator running `system`'s round settings (graphs, host syncs, compile, PDL, ...) over
+    `target` (`system_target`) and `drafters` (None: plain AR). Built inside the system's PDL scope
+    where compiled pieces are built (`Session._build`)."""
+    return Generator(target, drafters, eos_ids=eos_ids, cuda_graphs=system.cuda_graphs, sync_every=system.sync_every,
+                     fault=system.fault or None, segment_tokens=system.segment_tokens,
+                     attention_span=system.attention_span, verify_compile=system.verify_compile, pdl=system.pdl)
+
+
 @dataclass
 class Session:
     """Models of one deployment loaded once; `generator(system)` is cheap after the first call."""
@@ -303,7 +318,7 @@ class Session:
     def _target_for(self, system: System) -> Transformer:
         key = (system.kernel, system.w12, system.kernel_lm_head, system.kernel_table, system.attention)
         if key not in self._targets:
-            self._targets[key] = with_attention(with_kernels(self.target, system), system)
+            self._targets[key] = system_target(self.target, system)
         return self._targets[key]
 
     def _drafter_for(self, kind: DrafterKind, system: System):
@@ -372,18 +387,7 @@ class Session:
         if system.tlv_chain:  # one tier (`System` checks): its tree plus the view's chain
             (tier, inner), = drafters.items()
             drafters = {tier: TwoLevelDrafter(inner, self.view_for(system), system.tlv_chain)}
-        return Generator(
-            target,
-            drafters,
-            eos_ids=self.eos_ids,
-            cuda_graphs=system.cuda_graphs,
-            sync_every=system.sync_every,
-            fault=system.fault or None,
-            segment_tokens=system.segment_tokens,
-            attention_span=system.attention_span,
-            verify_compile=system.verify_compile,
-            pdl=system.pdl,
-        )
+        return system_generator(target, system, drafters, self.eos_ids)
 
     def encode_prompt(self, text: str) -> list[int]:
         ids = self.tokenizer.encode(text)
