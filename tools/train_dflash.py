@@ -2,11 +2,19 @@
 
     python tools/train_dflash.py --out OUT                 # the fixture target, one GPU, <= 5 minutes
     python tools/train_dflash.py --smoke --out OUT         # a random tiny target on CPU, seconds
+    python tools/train_dflash.py --out OUT --prompt-mix 0.5 --stop-at-eos --anchor-window 128
 
 Recipe (`shared/research/mechanisms.md` 1.4, after SpecForge's `OnlineDFlashModel`):
 1. prompts: token windows of the offline corpus (`corpus.py`) of --min-prompt-len..--prompt-len
    tokens (log-uniform), half of them from a document's start as a user's prompt is; documents
-   containing benchmark text dropped (`leakcheck.py`); every 20th document is held out.
+   containing benchmark text dropped (`leakcheck.py`); every 20th document is held out. With
+   --questions N also N prompts shaped like what users send (`question_prompts.py`: GSM8K/MBPP
+   train questions and docstring'd functions, encoded by the benchmark's own `encode_example`, so
+   they end in "Answer:", "Assistant:" ... as benchmark prompts do); --prompt-mix F draws that
+   fraction of the training rows from them. Why: the target's continuation of a formatted
+   question (an answer, then EOS) is not what it writes after a corpus window, and the shipped
+   drafter is weakest exactly there (`scripts/dflash_positions.py`: offset-1 accuracy 0.32 in the
+   first 32 generated tokens of benchmark prompts, 0.58 at 128-256).
 2. data: greedy continuations from the target with the engine, every sequence cut to
    --prompt-len + --gen-tokens. On the target's own greedy text "next token" is "target argmax",
    so every label is an acceptance label.
@@ -20,7 +28,8 @@ Recipe (`shared/research/mechanisms.md` 1.4, after SpecForge's `OnlineDFlashMode
    --prompt-len + --gen-tokens long, so a short prompt gets a long continuation; the fixture's
    greedy text repeats itself (the next 8 tokens occurred before at most positions past the 64th
    generated token: `scripts/dflash_positions.py`); --anchor-window N keeps the anchors among the
-   first N generated positions.
+   first N generated positions; --stop-at-eos puts no loss past a continuation's first EOS (the
+   engine stops there; the text after it is not what a user is served).
 4. out: the drafter in the public DFlash layout (learned mask embedding: the fixture vocabulary
    has no spare token), `training_log.json` with the loss curve and the held-out simulated
    acceptance length (SpecForge's `simulated_acc_len`), and an engine check: DFlash outputs equal
@@ -70,23 +79,25 @@ def load_target(args, device):
     return load_model(resolve_checkpoint(args.target, "target"), device=device, dtype=dtype)
 
 
-def corpus_prompts(args, n: int) -> tuple[list[list[int]], list[list[int]]]:
-    """(train, held-out) prompts of --min-prompt-len..--prompt-len tokens from leak-checked corpus
-    documents; half start at the document's start."""
+def offline_corpus(args) -> tuple[list[str], list[str]]:
+    """(leak-checked corpus documents, the Python sources among them)."""
     import benchmark_prompts
     import corpus as corpus_mod
     import leakcheck
 
-    from specpilot.models.fixture import resolve_checkpoint
-    from specpilot.models.tokenizer import Tokenizer
-
     corpus = corpus_mod.build_corpus(python_bytes=6_000_000, english_chars=2_000_000, seed=args.seed)
     docs = corpus.documents
+    python = {id(d) for d in corpus.by_source["python_source"]}
     leaks = leakcheck.find_leaks(docs, benchmark_prompts.protected_texts())
     bad = {leak.document for leak in leaks}
     docs = [d for i, d in enumerate(docs) if i not in bad]
     log(f"corpus: {len(docs)} documents ({len(bad)} dropped by the leak check)")
-    tok = Tokenizer.from_dir(resolve_checkpoint(args.target, "target"))
+    return docs, [d for d in docs if id(d) in python]
+
+
+def corpus_prompts(args, n: int, docs: list[str], tok) -> tuple[list[list[int]], list[list[int]]]:
+    """(train, held-out) prompts of --min-prompt-len..--prompt-len tokens from leak-checked corpus
+    documents; half start at the document's start."""
     g = torch.Generator().manual_seed(args.seed)
     train, held = [], []
     for i in torch.randperm(len(docs), generator=g).tolist():
@@ -100,6 +111,25 @@ def corpus_prompts(args, n: int) -> tuple[list[list[int]], list[list[int]]]:
         if len(train) >= n and len(held) >= args.eval_prompts:
             break
     return train[:n], held[: args.eval_prompts]
+
+
+def training_prompts(args) -> tuple[list[list[int]], list[list[int]], list[list[int]], list[list[int]]]:
+    """(corpus train, corpus held-out, question train, question held-out) prompts: --prompts corpus
+    windows and --questions train-split questions formatted as the benchmark formats its prompts
+    (`question_prompts.py`), --eval-prompts held out of each kind that is drawn."""
+    from question_prompts import question_prompts
+
+    from specpilot.models.fixture import resolve_checkpoint
+    from specpilot.models.tokenizer import Tokenizer
+
+    docs, python_docs = offline_corpus(args)
+    tok = Tokenizer.from_dir(resolve_checkpoint(args.target, "target"))
+    train, held = corpus_prompts(args, args.prompts, docs, tok)
+    q_train, q_held = ([], [])
+    if args.questions:
+        q_train, q_held = question_prompts(tok, python_docs, args.questions, args.eval_prompts, args.prompt_len, args.seed)
+        log(f"questions: {len(q_train)} + {len(q_held)} formatted train-split prompts")
+    return train, held, q_train, q_held
 
 
 def generate(target, prompts: list[list[int]], args) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,16 +155,24 @@ def target_features(target, tokens: torch.Tensor, layer_ids, logits: bool = Fals
     return (feats, out) if logits else feats
 
 
-def sample_anchors(S: int, starts: torch.Tensor, anchors: int, g: torch.Generator, window: int = 0) -> torch.Tensor:
+def sample_anchors(S: int, starts: torch.Tensor, anchors: int, g: torch.Generator, window: int = 0,
+                   ends: torch.Tensor | None = None) -> torch.Tensor:
     """[B,A] sorted anchor positions per row whose next token was generated (>= starts[b] - 1),
-    with `window` > 0 only among the first `window` of them (the early part of a continuation)."""
+    with `window` > 0 only among the first `window` of them (the early part of a continuation),
+    and with `ends` only those whose next token lies before ends[b]; a row with fewer such
+    positions than A fills up with later ones, whose labels `block_loss` masks."""
     A = min(anchors, S - int(starts.max()), window or S)
     rows = []
-    for start in starts.tolist():
+    for b, start in enumerate(starts.tolist()):
         lo, hi = start - 1, S - 2
         if window:
             hi = min(hi, lo + window - 1)
-        rows.append(lo + torch.randperm(hi - lo + 1, generator=g)[:A])
+        if ends is not None:
+            hi = max(lo, min(hi, int(ends[b]) - 2))
+        first = lo + torch.randperm(hi - lo + 1, generator=g)
+        if len(first) < A:
+            first = torch.cat([first, hi + 1 + torch.randperm(S - 2 - hi, generator=g)])
+        rows.append(first[:A])
     return torch.stack(rows).sort(1).values
 
 
@@ -174,13 +212,17 @@ def teacher_logits(logits: torch.Tensor, anchors: torch.Tensor, block: int) -> t
     return logits.gather(1, src[..., None].expand(-1, -1, V))
 
 
-def block_loss(draft, target, tokens, starts, feats, args, g, teacher=None):
+def block_loss(draft, target, tokens, starts, feats, args, g, teacher=None, ends=None):
     """(weighted loss, simulated acceptance length) of one batch of sequences whose generated part
-    begins at `starts [B]`. The loss per block token is CE against the target's token, or with
-    --distill w and the target's logits `teacher [B,S,V]`, (1 - w) CE + w KL(target || drafter)."""
-    anchors = sample_anchors(tokens.shape[1], starts, args.anchors, g, args.anchor_window).to(tokens.device)
+    begins at `starts [B]` (with `ends [B]`, labels at positions >= ends[b] carry no loss). The loss
+    per block token is CE against the target's token, or with --distill w and the target's logits
+    `teacher [B,S,V]`, (1 - w) CE + w KL(target || drafter)."""
+    anchors = sample_anchors(tokens.shape[1], starts, args.anchors, g, args.anchor_window, ends).to(tokens.device)
     logits, labels, offset = block_logits(draft, target, tokens, feats, anchors, args.block_size)
     B, Q = labels.shape
+    if ends is not None:
+        pos = anchors.repeat_interleave(args.block_size, 1) + offset
+        labels = torch.where(pos < ends.to(pos.device)[:, None], labels, torch.full_like(labels, -100))
     valid = (labels >= 0) & (offset > 0)
     ce = F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none").view(B, Q)
     if teacher is not None and args.distill > 0:
@@ -191,30 +233,57 @@ def block_loss(draft, target, tokens, starts, feats, args, g, teacher=None):
     loss = (ce * w).sum() / w.sum()
     with torch.no_grad():
         hit = ((logits.argmax(-1) == labels) & valid).view(B, -1, args.block_size)[..., 1:]
-        acc_len = 1 + hit.long().cumprod(-1).sum(-1).float().mean()
+        counted = valid.view(B, -1, args.block_size)[..., 1]  # blocks with a label (not fill-ups)
+        acc_len = 1 + hit.long().cumprod(-1).sum(-1).float()[counted].mean()
     return loss, float(acc_len)
 
 
 def make_data(target, args):
-    """((train tokens, starts), (held tokens, starts), held prompts): read from --data when that
-    file exists, else generated (and written to --data when given), so side-by-side runs share it."""
+    """((train tokens, starts, is_question), (held tokens, starts), held prompts): read from --data
+    when that file exists, else generated (and written to --data when given), so side-by-side runs
+    share it. Training rows of questions follow the corpus rows; held-out prompts alternate kinds."""
     if args.data and Path(args.data).is_file():
         d = torch.load(args.data)
         log(f"data: read {args.data}")
-        return (d["data"], d["starts"]), (d["held"], d["held_starts"]), d["held_prompts"]
+        question = d.get("question", torch.zeros(len(d["data"]), dtype=torch.bool))
+        return (d["data"], d["starts"], question), (d["held"], d["held_starts"]), d["held_prompts"]
     if args.smoke:
         g = torch.Generator().manual_seed(args.seed)
         make = lambda n: torch.randint(1, target.config.vocab_size, (n, args.prompt_len), generator=g).tolist()  # noqa: E731
-        train_prompts, held_prompts = make(args.prompts), make(args.eval_prompts)
+        train, held, q_train = make(args.prompts), make(args.eval_prompts), make(args.questions)
+        q_held = make(args.eval_prompts) if args.questions else []
     else:
-        train_prompts, held_prompts = corpus_prompts(args, args.prompts)
-    (data, starts), (held, held_starts) = generate(target, train_prompts, args), generate(target, held_prompts, args)
+        train, held, q_train, q_held = training_prompts(args)
+    held_prompts = [p for pair in zip(held, q_held) for p in pair] + held[len(q_held):] + q_held[len(held):]
+    (data, starts), (held_t, held_starts) = generate(target, train + q_train, args), generate(target, held_prompts, args)
+    question = torch.arange(len(data)) >= len(train)
     if args.data:
         tmp = Path(args.data).with_suffix(".tmp")
-        torch.save({"data": data, "starts": starts, "held": held, "held_starts": held_starts,
+        torch.save({"data": data, "starts": starts, "question": question, "held": held_t, "held_starts": held_starts,
                     "held_prompts": held_prompts}, tmp)
         tmp.replace(args.data)
-    return (data, starts), (held, held_starts), held_prompts
+    return (data, starts, question), (held_t, held_starts), held_prompts
+
+
+def eos_ends(tokens: torch.Tensor, starts: torch.Tensor, eos_ids) -> torch.Tensor:
+    """[N] one past each row's first generated EOS (the EOS itself is a label: the engine drafts
+    it), or S where the continuation has none."""
+    N, S = tokens.shape
+    gen = torch.arange(S)[None, :] >= starts[:, None]
+    eos = torch.isin(tokens, torch.tensor(list(eos_ids), dtype=tokens.dtype)) & gen
+    first = torch.where(eos, torch.arange(S).expand(N, -1), torch.full_like(tokens, S)).min(1).values
+    return (first + 1).clamp(max=S)
+
+
+def sample_rows(question: torch.Tensor, batch: int, mix: float, g: torch.Generator) -> torch.Tensor:
+    """[batch] training rows: a question row with probability `mix`, else a corpus row."""
+    q, c = question.nonzero().flatten(), (~question).nonzero().flatten()
+    if len(q) == 0 or len(c) == 0:
+        pool = q if len(c) == 0 else c
+        return pool[torch.randint(0, len(pool), (batch,), generator=g)]
+    pick_q = torch.rand(batch, generator=g) < mix
+    return torch.where(pick_q, q[torch.randint(0, len(q), (batch,), generator=g)],
+                       c[torch.randint(0, len(c), (batch,), generator=g)])
 
 
 def bench_prompt_ids(target_spec: str, n: int) -> list[list[int]]:
@@ -281,6 +350,14 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of prompts, anchors and initialisation")
     p.add_argument("--anchor-window", type=int, default=0,
                    help="anchors only among the first N generated positions (0: all of them)")
+    p.add_argument("--questions", type=int, default=None,
+                   help="train-split questions formatted as the benchmark's prompts, generated beside the --prompts "
+                        "corpus windows (default: --prompts // 2 when --prompt-mix > 0, else 0)")
+    p.add_argument("--prompt-mix", type=float, default=0.0,
+                   help="fraction F of training rows drawn from the question prompts, 1 - F from corpus windows "
+                        "(0: corpus rows only, also from a --data file that holds questions)")
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="no loss past a continuation's first EOS, anchors before it (the engine stops there)")
     p.add_argument("--data", help="sequences file: read when it exists, else generated and written there")
     p.add_argument("--data-only", action="store_true", help="make --data and stop")
     p.add_argument("--bench-eval", type=int, default=0,
@@ -289,6 +366,11 @@ def main(argv=None) -> int:
     if args.smoke:
         args.prompts, args.eval_prompts, args.prompt_len, args.min_prompt_len, args.gen_tokens = 12, 4, 16, 16, 24
         args.batch, args.anchors, args.block_size, args.steps = 4, 6, 4, args.steps or 6
+        args.questions = None if args.questions is None else min(args.questions, 6)
+    if args.questions is None:
+        args.questions = args.prompts // 2 if args.prompt_mix > 0 else 0
+    if not 0 <= args.prompt_mix <= 1:
+        p.error("--prompt-mix must be in [0, 1]")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu"))
     torch.manual_seed(args.seed)
     out = Path(args.out)
@@ -298,11 +380,17 @@ def main(argv=None) -> int:
     L = target.config.num_layers
     ids = tuple(int(x) for x in args.feature_layers.split(",")) if args.feature_layers else build_target_layer_ids(L, args.features)
     t0 = time.perf_counter()
-    (data, starts), (held, held_starts), held_prompts = make_data(target, args)
+    (data, starts, question), (held, held_starts), held_prompts = make_data(target, args)
     gen_s = time.perf_counter() - t0
-    log(f"data: {len(data)} + {len(held)} sequences of {data.shape[1]} tokens in {gen_s:.1f}s")
+    log(f"data: {len(data)} ({int(question.sum())} of them questions) + {len(held)} sequences of {data.shape[1]} "
+        f"tokens in {gen_s:.1f}s")
     if args.data_only:
         return 0
+    if args.prompt_mix > 0 and not question.any():
+        raise SystemExit("--prompt-mix > 0 needs question rows in the data (--questions, or a --data file made with it)")
+    eos = target.config.eos_token_ids
+    ends = eos_ends(data, starts, eos) if args.stop_at_eos and eos else None
+    held_ends = eos_ends(held, held_starts, eos) if args.stop_at_eos and eos else None
 
     draft = random_dflash(target.config, args.layers, args.block_size, ids, mask_token_id=None, seed=args.seed)
     if args.init == "target" and target.config.hybrid:
@@ -330,13 +418,14 @@ def main(argv=None) -> int:
         lr = args.lr * min(1.0, (step + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / planned)))
         for group in opt.param_groups:
             group["lr"] = lr
-        rows = torch.randint(0, len(data), (args.batch,), generator=g)
+        rows = sample_rows(question, args.batch, args.prompt_mix, g)
         tokens = data[rows].to(device)
         with torch.no_grad(), amp:
             feats = target_features(target, tokens, ids, logits=args.distill > 0)
             feats, teacher = feats if args.distill > 0 else (feats, None)
         with amp:
-            loss, acc = block_loss(draft, target, tokens, starts[rows], feats, args, g, teacher)
+            loss, acc = block_loss(draft, target, tokens, starts[rows], feats, args, g, teacher,
+                                   None if ends is None else ends[rows])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -353,7 +442,8 @@ def main(argv=None) -> int:
     with torch.no_grad(), amp:
         ge = torch.Generator().manual_seed(args.seed + 2)
         evals = [block_loss(draft, target, held[i : i + args.batch].to(device), held_starts[i : i + args.batch],
-                            target_features(target, held[i : i + args.batch].to(device), ids), args, ge)
+                            target_features(target, held[i : i + args.batch].to(device), ids), args, ge,
+                            ends=None if held_ends is None else held_ends[i : i + args.batch])
                  for i in range(0, len(held), args.batch)]
     held_acc = sum(a for _, a in evals) / len(evals)
     dtype = torch.float32 if args.smoke else torch.bfloat16
@@ -368,7 +458,7 @@ def main(argv=None) -> int:
     bench = bench_check(target, out / "dflash", args, device) if args.bench_eval else None
     record = {
         "status": "ok", "args": vars(args), "device": str(device), "target_layer_ids": list(ids),
-        "data": {"sequences": len(data), "held_out": len(held), "seq_len": int(data.shape[1]), "seconds": gen_s},
+        "data": {"sequences": len(data), "questions": int(question.sum()), "held_out": len(held), "seq_len": int(data.shape[1]), "seconds": gen_s},
         "training": {"steps": step, "seconds": train_s, "curve": curve},
         "heldout_simulated_acc_len": held_acc, "engine_check": check, "bench_check": bench,
         "total_seconds": time.perf_counter() - START,

@@ -129,3 +129,26 @@ def test_distill_loss_is_ce_at_zero_and_changes_with_the_weight(target_dir):
     assert torch.equal(losses[0], plain)
     assert torch.isclose(losses[1], (losses[0] + losses[2]) / 2, rtol=1e-5)  # linear in w
     assert not torch.isclose(losses[2], losses[0])
+
+
+def test_stop_at_eos_keeps_anchors_and_labels_before_the_first_generated_eos():
+    tokens = torch.tensor([[5, 0, 7, 8, 9, 0, 4, 4, 4, 4], [5, 6, 7, 8, 9, 3, 4, 4, 4, 4]])
+    starts = torch.tensor([3, 3])  # row 0's EOS at 1 is in the prompt, at 5 generated
+    ends = train_dflash.eos_ends(tokens, starts, (0,))
+    assert ends.tolist() == [6, 10]  # one past the EOS: the EOS is a label
+    a = train_dflash.sample_anchors(10, starts, 5, torch.Generator().manual_seed(0), ends=ends)
+    assert a.shape == (2, 5)
+    assert sorted(a[0].tolist())[:3] == [2, 3, 4]  # every anchor before the EOS, then fill-ups
+    assert all(2 <= x <= 8 for x in a.flatten().tolist())
+
+
+def test_prompt_mix_draws_question_rows_in_that_fraction():
+    question = torch.arange(100) >= 60
+    g = torch.Generator().manual_seed(0)
+    assert not question[train_dflash.sample_rows(question, 400, 0.0, g)].any()
+    assert question[train_dflash.sample_rows(question, 400, 1.0, g)].all()
+    frac = question[train_dflash.sample_rows(question, 4000, 0.3, g)].float().mean()
+    assert abs(float(frac) - 0.3) < 0.03
+    plain = torch.randint(0, 100, (8,), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(train_dflash.sample_rows(torch.zeros(100, dtype=torch.bool), 8, 0.0,
+                                                torch.Generator().manual_seed(1)), plain)  # same rows as before
