@@ -12,7 +12,7 @@
 #                   default the baseline and the fastest), profiled
 #   fused/          draft_kernel = "fused" on the GPU: its lossless CUDA test, then scripts/round_kernels.py on fixture-x16
 #                   (draft proposal and verify per system, kernel by kernel: stock and d6k8n64-compiled, each with and
-#                   without the fused draft layers)
+#                   without the fused draft layers; $FUSED_SYSTEMS and $FUSED_TESTS (a pytest -k) narrow it)
 #   families/       scripts/families_checks.py (AR vs byte floor by step configuration and verify curves, random weights;
 #                   top kernels)
 #   hybrid_final/   specpilot bench on fixture-hybrid-x16: stock vs the loop's final system (scripts/systems/hybrid-final.toml)
@@ -47,9 +47,9 @@ run hybrid_ar 150 python scripts/hybrid_checks.py --out "$OUT/hybrid_ar" --commi
   --steps ${HYBRID_STEPS:-cublas+sdpa triton_bf16+split_kv+compiled+pdl}
 run sampling 240 python scripts/sampling_speed.py --deployment fixture-x16-eagle3 --n-prompts 1 --max-new-tokens 256 \
   --out "$OUT/sampling" --commit "$C" --system stock --system scripts/systems/eagle3-d5k4n7-fast.toml
-run fused_test 120 python -m pytest -q tests/gpu/test_engine_cuda.py -k fused -p no:cacheprovider
+run fused_test 120 python -m pytest -q tests/gpu/test_engine_cuda.py -k "${FUSED_TESTS:-fused}" -p no:cacheprovider
 run fused 240 python scripts/round_kernels.py --deployment fixture-x16 --out "$OUT/fused" --tokens 128 --reps 10 \
-  --system stock scripts/systems/stock-fused.toml scripts/systems/d6k8n64-compiled.toml scripts/systems/d6k8n64-compiled-fused.toml
+  --system ${FUSED_SYSTEMS:-stock scripts/systems/stock-fused.toml scripts/systems/d6k8n64-compiled.toml scripts/systems/d6k8n64-compiled-fused.toml}
 run families 200 python scripts/families_checks.py --out "$OUT/families" --commit "$C" --kernels
 loop() {  # name deployment: `loop_fixture.py` on the deployment in the time left before DEADLINE (<= 9 min)
   [[ "$PARTS" == *" $1 "* ]] || return 0
