@@ -17,7 +17,7 @@ import enum
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from specpilot.errors import ConfigError
 
@@ -140,6 +140,17 @@ class ControllerConfig:
     def blocks_at_look(self, look: int) -> int:
         """Timed blocks in hand at decision point `look` (1-based)."""
         return min(self.blocks + (look - 1) * self.extra_step, self.max_blocks)
+
+    def powered(self, factor: int) -> ControllerConfig:
+        """This procedure with `factor` times the blocks at every look (`blocks`, `extra_blocks` and
+        `extra_step` scaled, all else equal): the same looks, so the same alpha per look, more power.
+        The loop retimes a candidate left undecided against the same incumbent with it."""
+        if factor < 1:
+            raise ConfigError(f"controller: a power factor must be >= 1 (got {factor})")
+        if factor == 1:
+            return self
+        return replace(self, blocks=self.blocks * factor, extra_blocks=self.extra_blocks * factor,
+                       extra_step=self.extra_step * factor)
 
     def procedure_key(self, placement: Placement) -> str:
         """Hash of the fields that define one block's measurement, with the resolved placement.

@@ -24,6 +24,9 @@ A round (`evaluate_round`) screens several candidates against one incumbent (con
 backend allows; same prompts block for block), corrects their p-values for multiplicity (Holm by
 default), and re-measures the significant candidate with the largest gain on fresh blocks with a
 fresh session; the re-measured evaluation decides and is the one returned (screening attached).
+A candidate may be given a power factor (`ControllerConfig.powered`): its screening and
+re-measurement time that many times the blocks at every look, with the same looks and the same
+alpha per look, an independent test like any other (the loop retimes an undecided candidate so).
 When no candidate survives the correction but some cleared the threshold on their own, the one
 with the largest gain is re-measured all the same: screening then only *selects* it, and the
 re-measure on independent blocks tests that one hypothesis at the rule's level, so the round still
@@ -198,21 +201,29 @@ class Controller:
         noise_config = replace(self.config, blocks=self.config.noise_blocks, extra_blocks=0)
         return self._compare(stock, stock, None, Stage.NOISE, noise_config)
 
-    def evaluate(self, incumbent: ArmSpec, candidate: ArmSpec, noise: NoiseFloor) -> Evaluation:
+    def evaluate(self, incumbent: ArmSpec, candidate: ArmSpec, noise: NoiseFloor, factor: int = 1) -> Evaluation:
+        """One comparison; `factor` times the blocks at every look (`ControllerConfig.powered`)."""
         self._check_noise(noise)
-        return self._compare(incumbent, candidate, noise, Stage.SINGLE, self.config)
+        return self._compare(incumbent, candidate, noise, Stage.SINGLE, self.config.powered(factor))
 
-    def evaluate_round(self, incumbent: ArmSpec, candidates: Sequence[ArmSpec], noise: NoiseFloor) -> RoundResult:
-        """Screen all, correct for multiplicity, re-measure the winner on fresh blocks."""
+    def evaluate_round(self, incumbent: ArmSpec, candidates: Sequence[ArmSpec], noise: NoiseFloor,
+                       factors: Sequence[int] | None = None) -> RoundResult:
+        """Screen all, correct for multiplicity, re-measure the winner on fresh blocks. `factors`
+        (default all 1): each candidate's screening and re-measurement take that many times the
+        blocks at every look (`ControllerConfig.powered`: same looks, same alpha per look)."""
         self._check_noise(noise)
         if not candidates:
             raise ConfigError("a round needs at least one candidate")
+        factors = tuple(factors) if factors is not None else (1,) * len(candidates)
+        if len(factors) != len(candidates):
+            raise ConfigError(f"a round of {len(candidates)} candidates got {len(factors)} power factors")
         if len(candidates) == 1:
-            e = self.evaluate(incumbent, candidates[0], noise)
+            e = self.evaluate(incumbent, candidates[0], noise, factors[0])
             return RoundResult((e,), 0 if e.estimate is not None else None)
+        configs = [self.config.powered(f) for f in factors]
         with ThreadPoolExecutor(max_workers=max(1, self.backend.parallelism)) as pool:
-            screened = list(pool.map(lambda c: self._compare(incumbent, c, noise, Stage.SCREEN, self.config),
-                                     candidates))
+            screened = list(pool.map(lambda c, config: self._compare(incumbent, c, noise, Stage.SCREEN, config),
+                                     candidates, configs))
         timed = [i for i, e in enumerate(screened) if e.estimate is not None]
         adjusted = dict(zip(timed, adjust([screened[i].decision.p_value for i in timed], self.config.multiplicity)))
         final = [replace(e, adjusted_p=adjusted.get(i)) for i, e in enumerate(screened)]
@@ -237,7 +248,7 @@ class Controller:
         # outputs fail the guard, its worker dies), the next is re-measured in its place. One that
         # is merely not confirmed ends the round: trying until one confirms would be a multiple test.
         for winner in ranked:
-            again = self._compare(incumbent, candidates[winner], noise, Stage.REMEASURE, self.config,
+            again = self._compare(incumbent, candidates[winner], noise, Stage.REMEASURE, configs[winner],
                                   gate_result=screened[winner].gate)
             final[winner] = replace(again, decision=again.decision.with_verdict(again.verdict, Reason.REMEASURED),
                                     adjusted_p=adjusted[winner], screening=screening[winner])

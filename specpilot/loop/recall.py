@@ -11,6 +11,10 @@ snapshot of the memory (`Recall`) instead of letting every agent query the datab
   one timed under contention (another timing run, `control.timing_lock`) unless the candidate was
   disqualified (guard, outputs, a failing worker: no timing involved). Such a system is timed
   again, up to `MAX_RETIMES` more times; after that its latest verdict stands;
+- `undecided_against(system, incumbent)`: this system's undecided verdicts against that incumbent
+  (need more data with the budget spent, `Reason.UNDECIDED`). Each makes its next retime against
+  the same incumbent more powerful (`retime_factor`: twice the blocks at every look after one,
+  four times after two), since a retime with the same power would likely end undecided again;
 - `promotable_changes(...)`: changes measured as gains on some incumbent (promoted, significant
   but not selected, or positive but below the bar), the integration agent's material;
 - `slower_changes(...)`: knob changes last measured as clear losses on some incumbent, which the
@@ -25,12 +29,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specpilot.control.rule import DISQUALIFYING, Outcome
+from specpilot.control.rule import DISQUALIFYING, Outcome, Reason
 from specpilot.memory.fingerprint import DeploymentFingerprint
 from specpilot.memory.records import MemoryRecord
 from specpilot.memory.store import Memory
 
 MAX_RETIMES = 2  # a system whose verdicts stay unsettled is timed at most 1 + this many times
+MAX_POWER = 4  # the largest factor a retime multiplies the blocks by (`retime_factor`)
+
+
+def retime_factor(undecided: int) -> int:
+    """The blocks factor of a timing after `undecided` undecided verdicts against the same incumbent
+    (`Recall.undecided_against`): 1, 2, then 4 (`MAX_POWER`)."""
+    return min(2 ** max(undecided, 0), MAX_POWER)
 
 
 def unsettled(record: MemoryRecord) -> str | None:
@@ -79,6 +90,14 @@ class Recall:
         if not mine or (unsettled(mine[0]) and len(mine) <= MAX_RETIMES):
             return None
         return mine[0]
+
+    def undecided_against(self, system_hash: str, incumbent_hash: str) -> tuple[MemoryRecord, ...]:
+        """This deployment's evaluations of the system against that incumbent that ended undecided
+        (need more data, `Reason.UNDECIDED`; not void by contamination, not disqualified), newest first."""
+        return tuple(r for r in self.evaluations
+                     if r.candidate.hash == system_hash and r.incumbent == incumbent_hash
+                     and r.verdict is Outcome.NEED_MORE_DATA and Reason.UNDECIDED in r.reasons
+                     and not DISQUALIFYING & set(r.reasons))
 
     @property
     def known(self) -> frozenset[str]:

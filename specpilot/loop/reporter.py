@@ -253,11 +253,25 @@ class RoundReporter:
                          f"comparisons would not fit{beside} in the {left:.0f} s left: "
                          + ", ".join(f"{p.candidate.name} ({cost(c)})" for p, c in out) + f"; {then}")
 
-    def selected(self, selected, inc) -> None:
-        lines = [f"  {i + 1}. {p.candidate.name} [{p.agent}{' -> ' + p.gap.value if p.gap else ''}] "
-                 f"{p.candidate.describe_changes(inc.candidate)}: {p.rationale}" for i, p in enumerate(selected)]
+    def selected(self, selected, inc, powers=None) -> None:
+        """`powers`: per candidate, None (timed as configured) or (its blocks factor, the powered
+        `ControllerConfig` it is retimed with, its undecided `MemoryRecord`s against `inc`, newest first)."""
+        powers = powers or [None] * len(selected)
+        lines = []
+        for i, (p, power) in enumerate(zip(selected, powers)):
+            lines.append(f"  {i + 1}. {p.candidate.name} [{p.agent}{' -> ' + p.gap.value if p.gap else ''}] "
+                         f"{p.candidate.describe_changes(inc.candidate)}: {p.rationale}")
+            if power is not None:
+                lines.append(f"     {retime_text(*power)}")
+        candidates = [p.to_dict(inc.candidate) for p in selected]
+        for c, power in zip(candidates, powers):
+            if power is not None:
+                factor, config, undecided = power
+                c["retime"] = {"factor": factor, "blocks": config.blocks, "extra_blocks": config.extra_blocks,
+                               "extra_step": config.extra_step, "undecided": [r.id for r in undecided],
+                               "rounds": [r.round for r in undecided]}
         self.journal.emit(EventKind.SELECTED, f"timing {len(selected)} candidate(s) against {inc.name!r}:\n"
-                          + "\n".join(lines), self.index, candidates=[p.to_dict(inc.candidate) for p in selected])
+                          + "\n".join(lines), self.index, candidates=candidates)
 
     def evaluation(self, p, e, entry: int, inc) -> None:
         self.journal.emit(EventKind.EVALUATION, evaluation_line(p, e, entry), self.index,
@@ -273,6 +287,14 @@ class RoundReporter:
         self.journal.emit(EventKind.ROUND_END, f"round {self.index} done in {seconds:.0f} s: "
                           + (f"{promoted!r} promoted" if promoted else "no promotion"), self.index,
                           promoted=promoted, nothing_new=False, seconds=seconds)
+
+
+def retime_text(factor: int, config, undecided) -> str:
+    """Why a candidate is timed with more power: `factor` times the blocks, `config` the powered
+    controller config, `undecided` its undecided records against this incumbent (newest first)."""
+    rounds = ", ".join(r.round or f"entry {r.id}" for r in reversed(undecided))
+    return (f"retimed at {factor}x blocks ({config.blocks}+{config.extra_blocks} in steps of {config.extra_step}, "
+            f"same looks): undecided against this incumbent in {rounds}")
 
 
 def evaluation_record(p, e, entry: int, incumbent) -> dict:

@@ -13,6 +13,10 @@
                  When nothing new is left, the agents without a slot are asked before the round
                  counts as idle
     4. guard and timing
+                 a candidate left undecided against this incumbent before is retimed with more
+                 power (`Recall.undecided_against`, `recall.retime_factor`: 2x the blocks at every
+                 look after one undecided verdict, 4x after two; same looks, same alpha per look,
+                 fresh blocks), its cost in the budget scaled alike and the reason on its line;
                  the noise floor is chosen (again, when the load changed: `choose_noise`); with a
                  budget, only the candidates whose comparisons fit beside the final measurement
                  are kept, in order (`budget.fitting_selection`: a compile warm-up makes a
@@ -65,7 +69,7 @@ from specpilot.loop.budget import (
 from specpilot.loop.config import SlotPolicy
 from specpilot.loop.cost_model import CostTable
 from specpilot.loop.noise import NoiseChoice
-from specpilot.loop.recall import Recall
+from specpilot.loop.recall import Recall, retime_factor
 from specpilot.loop.reporter import RoundReporter
 from specpilot.loop.slots import SlotPlan, allocate, closes
 from specpilot.loop.systems import Candidate, Incumbent
@@ -198,17 +202,21 @@ def run_round(ctx: RunContext, state: RoundState, candidates: int,
         chosen = time.monotonic() - t
     inc_spec = inc.candidate.runner_spec(ctx.deployment_file, ctx.options.runner)
     specs = [p.candidate.runner_spec(ctx.deployment_file, ctx.options.runner) for p in selected]
-    kept = fitting(ctx, state, selected, specs, inc_spec, noise.per_evaluation, say)
+    undecided = [recall.undecided_against(p.hash, inc.candidate.hash) for p in selected]
+    factors = [retime_factor(len(u)) for u in undecided]
+    kept = fitting(ctx, state, selected, specs, inc_spec, noise.per_evaluation, say, factors)
     left_out = tuple(p for i, p in enumerate(selected) if i not in kept)
     selected, specs = [selected[i] for i in kept], [specs[i] for i in kept]
+    undecided, factors = [undecided[i] for i in kept], [factors[i] for i in kept]
     if not selected:  # not even one comparison fits beside the final measurement
         release(left_out, keep=(inc.candidate,), setup=ctx.setup)
         seconds = time.monotonic() - start - chosen
         say.nothing_new(seconds, "nothing timed: no candidate fits in the budget's time left")
         return replace(outcome, left_out=left_out, seconds=seconds)
-    say.selected(selected, inc)
-    result = ctx.controller.evaluate_round(inc_spec, specs, noise.floor)
-    evaluated = record(ctx, label, inc, selected, result.evaluations, noise.id, say)
+    configs = [ctx.controller_config.powered(f) for f in factors]
+    say.selected(selected, inc, [(f, c, u) if f > 1 else None for f, c, u in zip(factors, configs, undecided)])
+    result = ctx.controller.evaluate_round(inc_spec, specs, noise.floor, factors=factors)
+    evaluated = record(ctx, label, inc, selected, result.evaluations, noise.id, say, configs)
     # promotion
     promoted = next((x for x in evaluated if x.evaluation.verdict is Outcome.PROMOTE
                      and result.promoted is x.evaluation), None)
@@ -226,14 +234,14 @@ def run_round(ctx: RunContext, state: RoundState, candidates: int,
 
 
 def fitting(ctx: RunContext, state: RoundState, selected: list[Proposal], specs: list[ArmSpec], inc_spec: ArmSpec,
-            per_evaluation: float, say: RoundReporter) -> list[int]:
+            per_evaluation: float, say: RoundReporter, factors: list[int] | None = None) -> list[int]:
     """The indices of `selected` whose comparisons fit in the budget's time left with the final
     measurement after them (`budget.fitting_selection`; all without a budget); the others are left
-    out, with a line saying which and their estimates."""
+    out, with a line saying which and their estimates. `factors`: each one's power (`candidate_costs`)."""
     left = ctx.budget.left()
     if math.isinf(left):
         return list(range(len(selected)))
-    once, costs = candidate_costs(ctx, state, selected, specs, inc_spec, per_evaluation)
+    once, costs = candidate_costs(ctx, state, selected, specs, inc_spec, per_evaluation, factors)
     kept = fitting_selection(once, costs, ctx.backend.parallelism, left)
     if len(kept) < len(selected):
         out = [(p, c) for i, (p, c) in enumerate(zip(selected, costs)) if i not in kept]
@@ -244,15 +252,19 @@ def fitting(ctx: RunContext, state: RoundState, selected: list[Proposal], specs:
 
 
 def candidate_costs(ctx: RunContext, state: RoundState, selected: list[Proposal], specs: list[ArmSpec],
-                    inc_spec: ArmSpec, per_evaluation: float) -> tuple[float, list[CandidateCost]]:
+                    inc_spec: ArmSpec, per_evaluation: float,
+                    factors: list[int] | None = None) -> tuple[float, list[CandidateCost]]:
     """(the warm-up the round pays once, each candidate's `budget.CandidateCost`): an evaluation
-    each plus the compile warm-ups of its arms (`budget.open_warmup`; a shared worker compiles a
-    cold incumbent once, for the round's first comparison); its final measurement is the
-    incumbent's (`state.reserve`) plus a compile warm-up where it compiles and the incumbent does not."""
+    each, `per_evaluation` times its power factor (default 1: a retime with k times the blocks is
+    priced as k evaluations, an upper bound, since its open and gate are not scaled), plus the
+    compile warm-ups of its arms (`budget.open_warmup`; a shared worker compiles a cold incumbent
+    once, for the round's first comparison); its final measurement is the incumbent's
+    (`state.reserve`) plus a compile warm-up where it compiles and the incumbent does not."""
     compile_s, opened = compile_seconds(state.compile_opens, ctx.device), state.opened
     inc = state.incumbent.candidate
     once, costs = 0.0, []
-    for p, spec in zip(selected, specs):
+    for p, spec, factor in zip(selected, specs, factors or [1] * len(selected), strict=True):
+        evaluation_s = per_evaluation * factor
         shared = (ctx.controller_config.shared_workers and ctx.backend.placement is Placement.ALTERNATE
                   and shareable(inc_spec, spec))  # as the backend opens it (`LocalBackend.open`)
         screen, again = open_warmup(compiles(spec.system), p.candidate.hash in opened, shared, compile_s)
@@ -261,7 +273,7 @@ def candidate_costs(ctx: RunContext, state: RoundState, selected: list[Proposal]
             once, inc_screen = max(once, inc_screen), 0.0
         final = state.reserve + (compile_s if ctx.config.final and compiles(spec.system)
                                  and not compiles(inc_spec.system) else 0.0)
-        costs.append(CandidateCost(per_evaluation + screen + inc_screen, per_evaluation + again + inc_again, final,
+        costs.append(CandidateCost(evaluation_s + screen + inc_screen, evaluation_s + again + inc_again, final,
                                    screen + inc_screen))
     return once, costs
 
@@ -303,12 +315,14 @@ def propose(agents: tuple[Proposer, ...], plan: SlotPlan | None, seeds: list[Pro
 
 
 def record(ctx: RunContext, label: str, incumbent: Incumbent, selected: list[Proposal], evaluations,
-           noise_id: int | None, say: RoundReporter) -> list[Evaluated]:
-    """Every final evaluation into the memory (with its patch and the incumbent's), and the journal."""
+           noise_id: int | None, say: RoundReporter, configs=None) -> list[Evaluated]:
+    """Every final evaluation into the memory (with its patch, the incumbent's and the controller
+    config it was timed under: `configs`, default the run's), and the journal."""
     commit = source_commit()
     evaluated = []
-    for p, e in zip(selected, evaluations, strict=True):
-        entry = ctx.memory.record_evaluation(ctx.fingerprint, e, ctx.controller_config, round=label,
+    configs = configs or [ctx.controller_config] * len(selected)
+    for p, e, config in zip(selected, evaluations, configs, strict=True):
+        entry = ctx.memory.record_evaluation(ctx.fingerprint, e, config, round=label,
                                              patch=p.candidate.patch, incumbent_patch=incumbent.candidate.patch,
                                              noise_id=noise_id, commit=commit)
         evaluated.append(Evaluated(p, e, entry))

@@ -108,6 +108,29 @@ def test_round_corrects_gates_and_remeasures_the_winner(noise):
     assert not screened & fresh
 
 
+def test_a_powered_evaluation_times_more_blocks_at_the_same_looks(noise):
+    """Factor 2 (`ControllerConfig.powered`): an undecided candidate spends twice the blocks over the
+    same pre-declared looks, each spending the same alpha; the estimate and costs count them all."""
+    e = controller(SimBackend(noise=0.05)).evaluate(STOCK, spec("marginal", gain=0.02), noise, factor=2)
+    assert e.verdict is Outcome.NEED_MORE_DATA and e.decision.reasons == (Reason.UNDECIDED,)
+    assert e.estimate.n == e.costs.blocks == 2 * CONFIG.max_blocks
+    assert e.decision.look == e.decision.looks == CONFIG.looks
+    assert e.decision.alpha_look == pytest.approx(CONFIG.alpha / CONFIG.looks)
+
+
+def test_a_round_powers_each_candidate_by_its_own_factor_screening_and_remeasure_alike(noise):
+    backend = SimBackend(seed=5)
+    result = controller(backend).evaluate_round(STOCK, [spec("slow", gain=-0.05), spec("fast", gain=0.10)], noise,
+                                                factors=[1, 2])
+    slow, fast = result.evaluations
+    assert slow.verdict is Outcome.REJECT and slow.estimate.n == CONFIG.blocks and slow.decision.look == 1
+    assert result.winner == 1 and fast.stage is Stage.REMEASURE and fast.verdict is Outcome.PROMOTE
+    assert fast.estimate.n == fast.screening.estimate.n == 2 * CONFIG.blocks
+    assert fast.decision.looks == slow.decision.looks == CONFIG.looks
+    with pytest.raises(ConfigError, match="power factors"):
+        controller().evaluate_round(STOCK, [spec("a"), spec("b")], noise, factors=[2])
+
+
 def _fake_eval(name, p):
     verdict = Outcome.PROMOTE if p <= CONFIG.alpha else Outcome.REJECT
     est = GainEstimate((0.05, 0.06, 0.04, 0.05, 0.055), resamples=200)

@@ -287,7 +287,7 @@ class Rejecting:
     def __init__(self):
         self.timed = []
 
-    def evaluate_round(self, incumbent, specs, noise):
+    def evaluate_round(self, incumbent, specs, noise, factors=None):
         self.timed.append([s.system["name"] for s in specs])
         systems = [System.from_dict({k: v for k, v in s.system.items() if k != "name"}, name=s.system["name"])
                    for s in specs]

@@ -119,7 +119,7 @@ class Controller:
     def __init__(self):
         self.noises = []  # the noise floor of each round it timed
 
-    def evaluate_round(self, incumbent, specs, noise):
+    def evaluate_round(self, incumbent, specs, noise, factors=None):
         self.noises.append(noise)
         systems = [System.from_dict({k: v for k, v in s.system.items() if k != "name"}, name=s.system["name"])
                    for s in specs]
