@@ -24,8 +24,13 @@ SOURCES = (
      "cublas+split_kv+compiled+pdl triton_bf16+split_kv+compiled+pdl w12+split_kv+compiled+pdl (under timeout 200)"),
     ("engine/round_compile/*", "rounds eager vs draft_compile, and with verify_compile",
      "round_compile.py --system scripts/systems/d6k8n64.toml --prompts 3"),
-    ("engine/round_kernels/*", "a round's kernels by family: draft proposal, verify forward",
-     "round_kernels.py --system scripts/systems/d6k8n64-compiled.toml"),
+    ("engine/round_kernels/*", "a round's kernels by family: draft proposal, verify forward; stock with and without "
+     "the fused draft layers (draft_kernel = 'fused')",
+     "families_fp8_tlv.sh 3b3b9d8 fused (FUSED_SYSTEMS='stock scripts/systems/stock-fused.toml'): round_kernels.py "
+     "--tokens 128 --reps 10"),
+    ("hybrid/ar_h100/*", "hybrid GDN target: AR vs byte floor by step configuration, profiled (H100)",
+     "families_fp8_tlv.sh 3b3b9d8 hybrid_ar (HYBRID_STEPS='cublas+sdpa cublas+sdpa+compiled "
+     "triton_bf16+split_kv+compiled+pdl+sync4'): hybrid_checks.py --skip ulp kernels --profile"),
     ("fixture/*", "fixture: loss, acceptance, decode", "tools/fixture_report.py"),
     ("drafters/*", "acceptance: DFlash, EAGLE-3, draft model (x1)", "train_drafters.sh"),
     ("serving/*", "continuous batching: throughput, latency", "specpilot bench --regime serving"),
@@ -47,7 +52,8 @@ SOURCES = (
      "sampled vs greedy EAGLE-3 speed (H100)",
      "families_fp8_tlv.sh COMMIT sampling (first call); families_fp8_tlv.sh COMMIT gpu_tests fp8 hybrid_final "
      "tlv_b1 families (second call): the parts' logs"),
-    ("hybrid/checks_h100/*", "hybrid GDN target: AR vs byte floor by step configuration, BF16 tree vs path (H100)",
+    ("hybrid/checks_h100/*", "hybrid GDN target: AR vs byte floor by step configuration, BF16 tree vs path (H100; "
+     "the current AR figures are hybrid/ar_h100's)",
      "hybrid_checks.py (its kernels section failed there: hybrid/kernels_h100 is that run)"),
     ("hybrid/kernels_h100/*", "GDN conv + recurrence kernels vs the PyTorch reference and the byte floor (H100)",
      "gdn_kernels.py"),
@@ -79,8 +85,8 @@ ERRATA = (
      "the traced graph at every forward"),
     ("engine/round_compile/round_compile.{json,md}", "defea74", "ran on the working tree of aa294ef (the "
      "device copy's base was the session's first commit)"),
-    ("engine/round_kernels/round_kernels.{json,md}", "defea74", "ran on the working tree of aa294ef (the "
-     "device copy's base was the session's first commit)"),
+    ("engine/round_kernels/round_kernels.{json,md}", "0ad6634+dirty", "ran on the working tree of 3b3b9d8 (the "
+     "device copy's base was an earlier session commit)"),
     ("loop/fixture-x16/", "b0f18c4+dirty", "rounds 1-3 ran on the working tree of a877aff before its "
      "verify_compile/Triton exclusion and its timed-outputs words; rounds 4-5 (--resume) before the exclusion, "
      "where the W12 candidate failed to compile"),
@@ -298,15 +304,26 @@ def w12_target_rows(data: dict) -> list[tuple[str, str]]:
     return [("W12 GEMM over cuBLAS, projections meeting the target", "; ".join(parts))]
 
 
-def hybrid_rows(data: dict) -> list[tuple[str, str]]:
+def hybrid_ar_rows(data: dict) -> list[tuple[str, str]]:
     ar = data.get("ar", {})
     steps = "; ".join(f"{k} {v['ms_per_step']:.2f} ms ({100 * v['fraction_of_floor']:.1f}%)"
                       for k, v in ar.items() if "ms_per_step" in v)
+    return [(f"`{data['deployment']}` AR decode, batch 1 (% of its byte floor)", steps)] if steps else []
+
+
+def hybrid_ulp_rows(data: dict) -> list[tuple[str, str]]:
     ulp = data.get("ulp", {})
     trees = ", ".join(f"N={n}: {v['max_ulps']} ulp" + (", states bit-equal" if v["states_bit_equal"] else "")
                       for n, v in ulp.items() if "max_ulps" in v)
-    return [(f"`{data['deployment']}` AR decode, batch 1 (% of its byte floor)", steps),
-            (f"`{data['deployment']}` BF16 tree verification vs the exact path computation (GDN layers)", trees)]
+    return [(f"`{data['deployment']}` BF16 tree verification vs the exact path computation (GDN layers)", trees)] if trees else []
+
+
+def round_kernel_rows(data: dict) -> list[tuple[str, str]]:
+    """A round's pieces per system, graph-replayed: draft proposal and verify forward, kernels launched."""
+    parts = [f"{s['system']} {s['proposal']['graph_wall_us'] / 1e3:.2f} + {s['verify']['graph_wall_us'] / 1e3:.2f} ms "
+             f"({s['proposal']['graph']['kernels_per_call']:.0f} kernels in the proposal)"
+             for s in data["systems"]]
+    return [(f"`{data['deployment']}` round pieces, draft proposal + verify forward (CUDA graphs)", "; ".join(parts))]
 
 
 def loop_rows(data: dict) -> list[tuple[str, str]]:
@@ -331,10 +348,12 @@ HEADLINES = (  # (file under results/, rows from it); a missing file is skipped
     ("loop/fixture-x16-batch/report.json", loop_rows),
     ("loop/fixture-x16-batch-c32/report.json", loop_rows),
     ("loop/fixture-hybrid-x16/report.json", loop_rows),
-    ("hybrid/checks_h100/hybrid_checks.json", hybrid_rows),
+    ("hybrid/ar_h100/hybrid_checks.json", hybrid_ar_rows),
+    ("hybrid/checks_h100/hybrid_checks.json", hybrid_ulp_rows),
     ("engine/steps/engine_ar.json", step_rows),
     ("engine/engine_ar_kernels.json", engine_kernel_rows),
     ("engine/round_compile/round_compile.json", compile_rows),
+    ("engine/round_kernels/round_kernels.json", round_kernel_rows),
     ("w12/w12_kernels_shipped_4.json", w12_target_rows),
     ("w12/tree128/results.json", paired_rows),
     ("controller/timing_probe.json", probe_rows),
