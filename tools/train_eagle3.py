@@ -251,7 +251,8 @@ def main(argv=None) -> int:
     L = target.config.num_layers
     ids = tuple(int(x) for x in args.feature_layers.split(",")) if args.feature_layers else default_layer_ids(L)
     t0 = time.perf_counter()
-    (data, starts), (held, held_starts), held_prompts = train_dflash.make_data(target, args)
+    args.questions = 0  # corpus windows only (train_dflash's --questions is DFlash's)
+    (data, starts, _), (held, held_starts), held_prompts = train_dflash.make_data(target, args)
     gen_s = time.perf_counter() - t0
     log(f"data: {len(data)} + {len(held)} sequences of {data.shape[1]} tokens in {gen_s:.1f}s")
 

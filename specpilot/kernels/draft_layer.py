@@ -40,7 +40,6 @@ import torch.nn.functional as F
 
 from specpilot import env
 from specpilot.kernels.launch import launch_options, pdl
-from specpilot.models import ops
 
 MAX_ROWS = 16  # rows (B*T) of one call: one tl.dot row block; a catch-up window or a frontier of up to 16
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # -> the kernels' ROUND code
@@ -48,6 +47,19 @@ HEAD_DIMS = (32, 64, 128, 256)
 # looked up once, not per call: a compiled proposal traces `applies` (no lru_cache for Dynamo to step over)
 TRITON = importlib.util.find_spec("triton") is not None
 PLAIN, RESIDUAL, SWIGLU = 0, 1, 2  # the epilogues of `rows_linear`
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as the dense model computes it (`models.ops.rms_norm`: float32, one rounding to x's
+    dtype, then the weight); restated here because kernels sit below models (a test keeps them equal)."""
+    h = x.float()
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin (`models.ops.qkv_norm_rope`'s RoPE)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 @dataclass(frozen=True)
@@ -139,10 +151,11 @@ def rows_linear_eager(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor |
 def reference_rows_linear(x, w, residual, norm_w, eps: float, epilogue: int) -> torch.Tensor:
     """`rows_linear` as the model's eager ops compute it."""
     if norm_w is not None:
-        x = ops.rms_norm(x, norm_w, eps)
+        x = _rms_norm(x, norm_w, eps)
     y = F.linear(x, w)
     if epilogue == SWIGLU:
-        return ops.silu_mul(y)
+        gate, up = y.chunk(2, dim=-1)
+        return F.silu(gate) * up
     return residual + y if epilogue == RESIDUAL else y
 
 
@@ -228,10 +241,14 @@ def reference_norm_qkv_rope(h, norm_w, qkv_w, q_norm_w, k_norm_w, cos, sin, posi
     """`norm_qkv_rope` as the model's eager ops compute it (`Transformer.forward`'s first steps of a layer)."""
     M, C = h.shape
     B, D = M // T, k_cache.shape[-1]
-    x = ops.rms_norm(h, norm_w, eps).view(B, T, C)
+    x = _rms_norm(h, norm_w, eps).view(B, T, C)
     c = cos[positions].to(h.dtype).view(B, T, 1, D)
     s = sin[positions].to(h.dtype).view(B, T, 1, D)
-    q, k, v = ops.qkv_norm_rope(F.linear(x, qkv_w), q_norm_w, k_norm_w, c, s, H, Hkv, D, eps)
+    q, k, v = F.linear(x, qkv_w).split([H * D, Hkv * D, Hkv * D], dim=-1)
+    q, k, v = q.view(B, T, H, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
+    if q_norm_w is not None:
+        q, k = _rms_norm(q, q_norm_w, eps), _rms_norm(k, k_norm_w, eps)
+    q, k = _rope(q, c, s), _rope(k, c, s)
     rows = torch.arange(B, device=h.device)[:, None].expand(B, T)
     k_cache[rows, :, slots.view(B, T)] = k
     v_cache[rows, :, slots.view(B, T)] = v

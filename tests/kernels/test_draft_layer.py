@@ -103,3 +103,30 @@ def test_more_rows_than_a_block_take_the_reference(device):
     assert torch.equal(K.rows_linear(x, w).cpu(), K.reference_rows_linear(x.cpu(), w.cpu(), None, None, 0.0, K.PLAIN))
     with pytest.raises(ValueError, match="rows_linear"):
         K.rows_linear_eager(x, w, None, None, 0.0, K.PLAIN)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_references_are_the_models_eager_ops_bit_for_bit(dtype):
+    """kernels sit below models, so the references restate `models.ops`' RMSNorm, SwiGLU and
+    q/k norm + RoPE: they must stay the same functions."""
+    from specpilot.models import ops
+
+    g = torch.Generator().manual_seed(0)
+    M, T, C, H, Hkv, D, S = 8, 4, 96, 4, 2, 32, 16
+    h = torch.randn(M, C, generator=g).to(dtype)
+    nw = (1 + 0.1 * torch.randn(C, generator=g)).to(dtype)
+    w = (torch.randn(2 * C, C, generator=g) / C**0.5).to(dtype)
+    assert torch.equal(K.reference_rows_linear(h, w, None, nw, 1e-6, K.SWIGLU),
+                       ops.silu_mul(torch.nn.functional.linear(ops.rms_norm(h, nw, 1e-6), w)))
+    qkv_w = (torch.randn((H + 2 * Hkv) * D, C, generator=g) / C**0.5).to(dtype)
+    qn, kn = ((1 + 0.1 * torch.randn(D, generator=g)).to(dtype) for _ in range(2))
+    cos, sin = rope(D)
+    pos, slots = torch.randint(0, 64, (M,), generator=g), torch.arange(M) % S
+    kc, vc = (torch.zeros(M // T, Hkv, S, D, dtype=dtype) for _ in range(2))
+    q = K.reference_norm_qkv_rope(h, nw, qkv_w, qn, kn, cos, sin, pos, slots, kc, vc, T, H, Hkv, 1e-6)
+    x = ops.rms_norm(h, nw, 1e-6).view(M // T, T, C)
+    c, s = (t[pos].to(dtype).view(M // T, T, 1, D) for t in (cos, sin))
+    q_ops, k_ops, _ = ops.qkv_norm_rope(torch.nn.functional.linear(x, qkv_w), qn, kn, c, s, H, Hkv, D, 1e-6)
+    assert torch.equal(q, q_ops.reshape(M, H, D))
+    rows = torch.arange(M // T)[:, None].expand(M // T, T)
+    assert torch.equal(kc[rows, :, slots.view(M // T, T)], k_ops)
