@@ -2,7 +2,7 @@
 
     python scripts/loop_fixture.py --dry-run                       # check the plan; loads no model
     python scripts/loop_fixture.py --deployment fixture-x16 --out results/loop/fixture-x16 \\
-        --rounds 3 --budget-minutes 8.5
+        --budget-minutes 8.5
 
 Runs the loop (`specpilot.loop.run.run_loop`) on the deployment with the GPU defaults (timing preset
 `scaled`: 10 paired blocks x 2 requests x 256 new tokens, 12 noise blocks; agents integration,
@@ -53,7 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--deployment", default="fixture-x16", help="deployment file or shipped name (default fixture-x16)")
     p.add_argument("--out", default=str(REPO / "results" / "loop" / "fixture-x16"), help="report folder")
-    p.add_argument("--rounds", type=int, default=3, help="rounds (default 3; the budget may stop it earlier)")
+    p.add_argument("--rounds", type=int, help="rounds (default: with --budget-minutes, as many as the budget fits; "
+                   "else the device's default)")
     p.add_argument("--budget-minutes", type=float, default=8.5, help="wall clock of the whole run (default 8.5)")
     p.add_argument("--agents", nargs="+", default=["integration", "knob", "kernel", "coding"],
                    help="proposer agents (default: integration knob kernel coding)")
@@ -125,9 +126,11 @@ def main(argv=None) -> int:
     except SpecPilotError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    from specpilot.loop.config import rounds_text
+
     print(f"plan: {deployment.name} (target x{deployment.target_expand}, drafter x{deployment.drafter_expand}, "
           f"batch {deployment.regime.batch}); workers on {', '.join(options.devices)} ({ccfg.placement.value}); "
-          f"{config.rounds} round(s) within {config.budget_minutes} min, {config.max_candidates} candidates per round, "
+          f"{rounds_text(config.rounds)} within {config.budget_minutes} min, {config.max_candidates} candidates per round, "
           f"agents {', '.join(config.agents)}; timing {config.timing.value}: {ccfg.blocks} blocks x "
           f"{ccfg.requests_per_block} requests x {ccfg.max_new_tokens} tokens (+{ccfg.extra_blocks} extra), "
           f"{ccfg.noise_blocks} noise blocks; "

@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--deployment", help="deployment file or shipped name (default: fixture)")
     p.add_argument("--rounds", type=int, help="rounds in the run, counting rounds done before a --resume "
-                                              "(default: 2 on CPU, 3 on GPU)")
+                                              "(default: as many as --budget-minutes fits, else 2 on CPU, 3 on GPU)")
     p.add_argument("--agents", nargs="+", help="proposer agents, in order (default: integration knob kernel coding; "
                                                "agents that cannot run here say why and stay off)")
     p.add_argument("--budget-minutes", type=float,

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 
+from specpilot.loop.config import BUDGET_ROUNDS
+
 
 def rounds_that_fit(left: float, rounds: int, estimate: float, reserve: float) -> int:
     """Whole rounds of `estimate` seconds that fit in `left` seconds with `reserve` kept for the
@@ -37,6 +39,9 @@ def plan_line(left: float, rounds: int, estimate: float, reserve: float | None, 
     beside = f" beside the final measurement (~{reserve:.0f} s)" if reserve is not None else ""
     head = f"budget: {left:.0f} s left" if left > 0 else f"budget: used up ({-left:.0f} s over)"
     n = rounds_that_fit(left, rounds, estimate, reserve or 0.0)
+    if n and rounds >= BUDGET_ROUNDS:  # the run is sized by its budget (`config.for_device`)
+        return (f"{head}: about {n} round(s) (~{estimate:.0f} s each){final} fit; the budget sizes the run "
+                f"(shorter rounds leave room for more)")
     if n == rounds:
         return f"{head}: the {rounds} round(s) (~{estimate:.0f} s each){final} fit"
     if n:

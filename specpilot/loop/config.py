@@ -113,13 +113,26 @@ class LoopConfig:
         return d
 
 
+BUDGET_ROUNDS = 50  # rounds of a run given a budget and no round count: the budget or convergence ends it first
+
+
+def rounds_text(rounds: int) -> str:
+    """How a run's round count reads: a number, or the budget's sizing (`BUDGET_ROUNDS`)."""
+    return f"as many rounds as the budget fits (at most {rounds})" if rounds >= BUDGET_ROUNDS else f"{rounds} round(s)"
+
+
 def for_device(device: str, **changes) -> LoopConfig:
-    """Defaults sized for the device kind ("cpu" / "cuda"), then `changes` (None values ignored)."""
+    """Defaults sized for the device kind ("cpu" / "cuda"), then `changes` (None values ignored). A
+    budget without a round count sizes the run by the budget: up to `BUDGET_ROUNDS` rounds, so the
+    run ends when the next round and the final measurement no longer fit, or when it converges,
+    not after the device's default count with the budget's time unused."""
     if device == "cuda":
         base = LoopConfig(rounds=3, timing=Timing.SCALED, profile_tokens=256, final_prompts=5, final_tokens=512)
     else:
         # no fixed budget: the run is sized by its rounds, and says up front what they should take
         base = LoopConfig(rounds=2, timing=Timing.QUICK, profile_tokens=48, final_prompts=5, final_tokens=64)
+    if changes.get("budget_minutes") is not None and changes.get("rounds") is None:
+        changes = {**changes, "rounds": BUDGET_ROUNDS}
     return replace(base, **{k: v for k, v in changes.items() if v is not None})
 
 

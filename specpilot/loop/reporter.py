@@ -15,6 +15,7 @@ Owns: the journal's text and the records' fields. Does not own what is decided (
 from __future__ import annotations
 
 from specpilot.control.rule import Outcome, promotion_threshold
+from specpilot.loop.config import rounds_text
 from specpilot.loop.budget_plan import plan_line, waited_line
 from specpilot.loop.journal import EventKind
 
@@ -44,7 +45,7 @@ class Reporter:
         self.journal.emit(
             EventKind.START, f"specpilot run: deployment {dep.name!r} [{fingerprint.digest}] on "
             f"{device_name} ({len(devices)} device(s), {backend.placement.value}); "
-            f"{c.rounds} round(s), {budget}, timing {c.timing.value}; report in {paths.out}\n{start.note}", 0,
+            f"{rounds_text(c.rounds)}, {budget}, timing {c.timing.value}; report in {paths.out}\n{start.note}", 0,
             deployment=dep.name, deployment_file=deployment_file, fingerprint=fingerprint.digest,
             device=device_name, devices=list(devices), placement=backend.placement.value,
             config=c.to_dict(), controller=controller_config.to_dict(), memory=str(memory.path),

@@ -85,3 +85,18 @@ def test_a_continuous_regime_times_fewer_longer_requests_per_block():
     assert short.max_new_tokens == 200  # capped by the deployment's
     assert controller_config(for_device("cuda", controller={"max_new_tokens": 64}), served).max_new_tokens == 64
     assert controller_config(for_device("cpu"), served).max_new_tokens == 32  # quick timing has no such rule
+
+
+def test_a_budget_without_a_round_count_sizes_the_run():
+    """--budget-minutes alone: the budget (or convergence) ends the run, not the device's default count."""
+    from specpilot.loop.budget_plan import plan_line
+    from specpilot.loop.config import BUDGET_ROUNDS, rounds_text
+
+    assert for_device("cuda", budget_minutes=9).rounds == BUDGET_ROUNDS
+    assert for_device("cuda", budget_minutes=9, rounds=3).rounds == 3
+    assert for_device("cuda").rounds == 3 and for_device("cpu").rounds == 2
+    assert rounds_text(BUDGET_ROUNDS) == f"as many rounds as the budget fits (at most {BUDGET_ROUNDS})"
+    assert plan_line(429, BUDGET_ROUNDS, 130, 129, 3, 3) == (
+        "budget: 429 s left: about 2 round(s) (~130 s each) and the final measurement (~129 s) fit; the budget "
+        "sizes the run (shorter rounds leave room for more)")
+    assert plan_line(429, 3, 130, 129, 3, 3).startswith("budget: 429 s left: 2 of the 3 round(s)")
