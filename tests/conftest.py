@@ -21,6 +21,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def interpreter(monkeypatch):
+    """interpret(module, kernel): TRITON_INTERPRET=1 for this test, with `module`'s `kernel`
+    interpreted; the test is skipped on a GPU machine (Triton is imported compiled there) and where
+    Triton or `module` was imported compiled before the interpreter could be set."""
+
+    def interpret(module: str, kernel: str) -> None:
+        pytest.importorskip("triton")
+        if torch.cuda.is_available():
+            pytest.skip("the interpreter runs on CPU machines only (on a GPU Triton is imported compiled)")
+        from triton.language import standard
+        from triton.runtime.interpreter import InterpretedFunction
+
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        found = getattr(importlib.import_module(module), kernel)
+        if not (isinstance(standard.zeros, InterpretedFunction) and isinstance(found, InterpretedFunction)):
+            pytest.skip("triton was imported compiled before TRITON_INTERPRET=1 could be set")
+
+    return interpret
+
+
 BENCH = Path(__file__).resolve().parents[1] / "scripts"
 
 

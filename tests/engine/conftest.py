@@ -20,19 +20,9 @@ if not torch.cuda.is_available() and importlib.util.find_spec("triton") and "tri
 
 
 @pytest.fixture
-def interpreted_kernels(monkeypatch):
-    """The Triton kernels on CPU, under the interpreter (skipped where Triton was imported compiled
-    first, as tests/kernels/conftest.py does, and on a GPU machine, where it is imported compiled)."""
-    pytest.importorskip("triton")
-    if torch.cuda.is_available():
-        pytest.skip("the interpreter runs on CPU machines only (on a GPU Triton is imported compiled)")
-    from triton.language import standard
-    from triton.runtime.interpreter import InterpretedFunction
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    gemv = importlib.import_module("specpilot.kernels.gemv")
-    if not (isinstance(standard.zeros, InterpretedFunction) and isinstance(gemv._gemv_kernel, InterpretedFunction)):
-        pytest.skip("triton was imported compiled before TRITON_INTERPRET=1 could be set")
+def interpreted_kernels(interpreter):
+    """The Triton kernels on CPU, under the interpreter (`tests/conftest.interpreter`)."""
+    interpreter("specpilot.kernels.gemv", "_gemv_kernel")
 
 
 @pytest.fixture(scope="module")

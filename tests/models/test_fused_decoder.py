@@ -28,18 +28,9 @@ REL = {torch.float32: 1e-5, torch.bfloat16: 2.0**-5}
 
 
 @pytest.fixture
-def interpreted(monkeypatch):
-    """The kernels under the interpreter (skipped where Triton was imported compiled first, or on a GPU)."""
-    pytest.importorskip("triton")
-    if torch.cuda.is_available():
-        pytest.skip("the interpreter runs on CPU machines only")
-    from triton.language import standard
-    from triton.runtime.interpreter import InterpretedFunction
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    kernels = importlib.import_module("specpilot.kernels.draft_layer_kernel")
-    if not (isinstance(standard.zeros, InterpretedFunction) and isinstance(kernels.draft_gemv_kernel, InterpretedFunction)):
-        pytest.skip("triton was imported compiled before TRITON_INTERPRET=1 could be set")
+def interpreted(interpreter):
+    """The kernels under the interpreter (`tests/conftest.interpreter`)."""
+    interpreter("specpilot.kernels.draft_layer_kernel", "draft_gemv_kernel")
 
 
 def models(dtype, **overrides):
