@@ -31,14 +31,19 @@ from specpilot.kernels.configs import (
 from specpilot.w12.weight import W12Weight
 
 
-@functools.cache
+# looked up once, at import: a compiled graph traces `kernels_available`, and a cached function
+# there is one Dynamo steps over with a warning
+TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
 def triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    return TRITON_INSTALLED
 
 
 def kernels_available(x: torch.Tensor) -> bool:
-    """Whether `linear` can run for activations like x: on CUDA, or on CPU under TRITON_INTERPRET=1."""
-    return triton_installed() and (x.is_cuda or env.triton_interpret())
+    """Whether our Triton kernels can run on tensors like x (every kernel module's test): on CUDA, or
+    on CPU under TRITON_INTERPRET=1."""
+    return TRITON_INSTALLED and (x.is_cuda or env.triton_interpret())
 
 
 @functools.cache

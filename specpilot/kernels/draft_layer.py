@@ -32,20 +32,18 @@ Does not own the model's forward (`models.fused_decoder`) or the attention.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from specpilot import env
+from specpilot.kernels.dispatch import kernels_available
 from specpilot.kernels.launch import launch_options, pdl
 
 MAX_ROWS = 16  # rows (B*T) of one call: one tl.dot row block; a catch-up window or a frontier of up to 16
 DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # -> the kernels' ROUND code
 HEAD_DIMS = (32, 64, 128, 256)
-# looked up once, not per call: a compiled proposal traces `applies` (no lru_cache for Dynamo to step over)
-TRITON = importlib.util.find_spec("triton") is not None
 PLAIN, RESIDUAL, SWIGLU = 0, 1, 2  # the epilogues of `rows_linear`
 
 
@@ -100,11 +98,6 @@ def _bf16_dots(x: torch.Tensor) -> bool:
     """BF16 operands on the tensor cores for BF16 models; IEEE float32 dots (exact products of BF16
     values, float32 sums) under the interpreter, which mishandles BF16 dots."""
     return x.dtype == torch.bfloat16 and not env.triton_interpret()
-
-
-def kernels_available(x: torch.Tensor) -> bool:
-    """Whether the kernels can run on tensors like x: on CUDA, or on CPU under TRITON_INTERPRET=1."""
-    return TRITON and (x.is_cuda or env.triton_interpret())
 
 
 def applies(x: torch.Tensor, rows: int) -> bool:

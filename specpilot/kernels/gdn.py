@@ -39,17 +39,13 @@ import torch
 import torch.nn.functional as F
 
 from specpilot import env
-from specpilot.kernels.dispatch import triton_installed
+from specpilot.kernels.dispatch import kernels_available
 
 BLOCK_V = 16  # value columns per recurrence program (fixed: the blocking is batch-invariant)
 MAX_DK = 256  # the state block [next_pow2(Dk), BLOCK_V] must fit registers
 CONV_BLOCK_C = 256  # channels per conv program (the interpreter takes up to 1024: fewer programs)
 EPS = 1e-6  # inside the L2 norm's rsqrt
 
-
-def kernels_available(x: torch.Tensor) -> bool:
-    """Whether the kernels can run on tensors like x: on CUDA, or on CPU under TRITON_INTERPRET=1."""
-    return triton_installed() and (x.is_cuda or env.triton_interpret())
 
 
 def _cdiv(a: int, b: int) -> int:

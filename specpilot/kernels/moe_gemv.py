@@ -40,8 +40,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specpilot import env
-from specpilot.kernels.dispatch import triton_installed
+from specpilot.kernels.dispatch import kernels_available
 from specpilot.kernels.launch import launch_options, pdl
 
 # Above this many (token, expert) pairs the grouped GEMM (`Experts.forward`), which reads each
@@ -75,11 +74,6 @@ def blocking(C: int, I: int) -> Blocking:
     b = Blocking()
     return Blocking(b.gate_up_n, min(b.gate_up_k, _next_pow2(C)), b.down_n, min(b.down_k, _next_pow2(I)),
                     min(b.sum_c, _next_pow2(C)), b.num_warps)
-
-
-def kernels_available(x: torch.Tensor) -> bool:
-    """Whether the kernels can run on tensors like x: on CUDA, or on CPU under TRITON_INTERPRET=1."""
-    return triton_installed() and (x.is_cuda or env.triton_interpret())
 
 
 def applies(x: torch.Tensor, gate_up_proj: torch.Tensor, pairs: int) -> bool:
