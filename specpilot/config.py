@@ -442,10 +442,7 @@ class Deployment:
             if self.target_format is not TargetFormat.STORED:
                 raise ConfigError(f"deployment {self.name!r}: target_experts and target_format together are not "
                                   "supported (upcycle a dense target, or quantize one)")
-        if self.target_format is not TargetFormat.STORED and self.stock.w12:
-            raise ConfigError(f"deployment {self.name!r}: its stock system has w12 = true, and target_format "
-                              f"{self.target_format.value!r} makes the target FP8: W12 is a lossless format of "
-                              "BF16 weights")
+        self.check_format(self.stock, f"deployment {self.name!r}: its stock system")
         for factor in (self.target_expand, self.drafter_expand):
             if factor < 1 or factor & (factor - 1):
                 raise ConfigError(f"deployment {self.name!r}: expansion factors must be powers of two (got {factor})")
@@ -458,6 +455,15 @@ class Deployment:
             raise ConfigError(f"deployment {self.name!r}: unknown benchmark set(s) {bad} (known: {list(BENCHMARK_SETS)})")
         if self.max_new_tokens < 1:
             raise ConfigError(f"deployment {self.name!r}: max_new_tokens must be >= 1")
+
+    def check_format(self, system: System, where: str) -> None:
+        """`system` on this deployment's target format: W12 (a lossless format of BF16 weights) on a
+        target made FP8 at load is one error line, said from `where` (a stored FP8 checkpoint is
+        found at session build: `engine.session.with_kernels`)."""
+        if system.w12 and self.target_format is not TargetFormat.STORED:
+            raise ConfigError(f"{where}: w12 = true, and deployment {self.name!r} has target_format "
+                              f"{self.target_format.value!r}, which makes the target FP8: W12 is a lossless format "
+                              "of BF16 weights")
 
     def fingerprint_fields(self) -> dict:
         d = asdict(self)
@@ -576,7 +582,5 @@ def load_system(spec: str | None, deployment: Deployment) -> System:
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{p}: not valid TOML ({err})") from None
     system = deployment.stock.with_knobs(d, d.get("name", p.stem))
-    if system.w12 and deployment.target_format is not TargetFormat.STORED:
-        raise ConfigError(f"{p}: w12 = true, and deployment {deployment.name!r} has target_format "
-                          f"{deployment.target_format.value!r}: W12 is a lossless format of BF16 weights")
+    deployment.check_format(system, str(p))
     return system

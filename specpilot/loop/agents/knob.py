@@ -394,7 +394,7 @@ class KnobAgent(Proposer):
                               "Triton projection kernels for the target's verify forward"))
                 moves.append((GapKind.VERIFY_KERNELS, {"kernel": Kernel.TRITON.value, "w12": True},
                               "W12 weights (12 bits, lossless) under the Triton kernels: 25% fewer bytes"))
-            elif not inc.w12 and not ctx.fp8_target:
+            elif not inc.w12:
                 moves.append((GapKind.VERIFY_KERNELS, {"w12": True}, "W12 weights: 25% fewer bytes per forward"))
             if inc.kernel is Kernel.TRITON and not inc.kernel_lm_head:
                 moves.append((GapKind.VERIFY_KERNELS, {"kernel_lm_head": True}, "the lm_head through the same kernels"))
