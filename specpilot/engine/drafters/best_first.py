@@ -56,8 +56,8 @@ class _Constants:
 
     no_parent: torch.Tensor  # [k] -1
     first_ids: torch.Tensor  # [k] candidate ids of the depth-1 frontier
-    own: torch.Tensor  # [K-1,k] tree-region slots of the depth-d frontier (row d-1)
-    own_slot: torch.Tensor  # [K-1,1,k,R] bool: frontier node j of depth d holds region slot R
+    own: torch.Tensor  # [1,K-1,k] tree-region slot of frontier node j of depth d (at [0, d-1, j])
+    level_depth: torch.Tensor  # [1,K-1] d at [0, d-1] (the depth-d frontier sits at RoPE position base - 1 + d)
     child_of: torch.Tensor  # [k*k] frontier index of each candidate of a level
     cand_depth: torch.Tensor  # [M] depth of each candidate, in candidate order
     slots: torch.Tensor  # [S] 0..capacity-1
@@ -65,13 +65,12 @@ class _Constants:
 
 @functools.lru_cache(maxsize=64)
 def _constants(k: int, K: int, capacity: int, device: torch.device) -> _Constants:
-    tree_slots = max(K - 1, 1) * k
     ids = torch.arange(k, device=device)
-    own = torch.arange(max(K - 1, 1) * k, device=device).view(-1, k)
-    own_slot = own[:, None, :, None] == torch.arange(tree_slots, device=device)[None, None, None, :]
+    own = torch.arange(max(K - 1, 1) * k, device=device).view(1, -1, k)
     levels = [torch.full((k if d == 1 else k * k,), d, device=device) for d in range(1, K + 1)]
-    return _Constants(torch.full((k,), -1, dtype=torch.int64, device=device), ids, own, own_slot,
-                      ids.repeat_interleave(k), torch.cat(levels), torch.arange(capacity, device=device))
+    return _Constants(torch.full((k,), -1, dtype=torch.int64, device=device), ids, own,
+                      torch.arange(1, max(K, 2), device=device)[None], ids.repeat_interleave(k), torch.cat(levels),
+                      torch.arange(capacity, device=device))
 
 
 def expand(
@@ -101,21 +100,19 @@ def expand(
     cand_parent = [c.no_parent.expand(B, k)]
     frontier = c.first_ids.expand(B, k)  # candidate ids of the frontier
     f_tok, f_score = tok, score
-    tree_slots = c.own_slot.shape[-1]
-    anc = torch.zeros(B, k, tree_slots, dtype=torch.bool, device=dev)  # frontier ancestors (tree region)
-    rel = c.slots[None, :] - base[:, None]  # [B,S] tree-region slot index
-    in_region = (rel >= 0) & (rel < tree_slots)
-    vis_index = rel.clamp(0, tree_slots - 1)[:, None, :].expand(B, k, capacity)
-    committed = (c.slots[None, :] < base[:, None])[:, None, :]  # [B,1,S]
+    # every level's slots and positions at once; per level only its mask is built (two kernels)
+    all_slots = (base[:, None, None] + c.own).clamp(max=capacity - 1)  # [B,K-1,k]
+    all_pos = base[:, None] - 1 + c.level_depth  # [B,K-1]
+    rel = c.slots[None, :] - base[:, None]  # [B,S] tree-region slot index (< 0: committed)
+    mask = rel[:, None, :] < 0  # [B,1,S] the committed slots; each level adds its frontier's own slot
     first = k
     for d in range(1, K):  # process the depth-d frontier, creating depth d+1 candidates
-        own = c.own[d - 1]  # [k] region slots of this frontier
-        anc = anc | c.own_slot[d - 1]  # mark each frontier node's own slot
-        slots = (base[:, None] + own[None, :]).clamp(max=capacity - 1)  # [B,k]
-        pos = (base - 1 + d)[:, None].expand(B, k)
-        vis = anc.gather(2, vis_index)
-        mask = (committed | (in_region[:, None, :] & vis))[:, None]
-        logits, out = step(f_tok, carry, pos, slots, mask)  # [B,k,V'], [B,k,...]
+        # the frontier node j sees what its parent saw and its own region slot (a parent's mask
+        # already holds the parent's ancestors)
+        mask = mask | (rel[:, None, :] == c.own[0, d - 1][None, :, None])  # [B,k,S]
+        slots = all_slots[:, d - 1]  # [B,k]
+        pos = all_pos[:, d - 1, None].expand(B, k)
+        logits, out = step(f_tok, carry, pos, slots, mask[:, None])  # [B,k,V'], [B,k,...]
         c_lp, c_idx = top_log_probs(logits, k)  # [B,k,k]
         c_score = (f_score[..., None] + c_lp).reshape(B, k * k)
         c_tok = to_target(c_idx).reshape(B, k * k)
@@ -126,7 +123,8 @@ def expand(
         # next frontier: the k best children (stable: earlier candidates win ties)
         order = torch.sort(c_score, dim=1, descending=True, stable=True).indices[:, :k]
         parent = c_from.gather(1, order)  # [B,k] the frontier node each new frontier node came from
-        anc = anc.gather(1, parent[..., None].expand(B, k, tree_slots))
+        if d + 1 < K:
+            mask = mask.gather(1, parent[..., None].expand(B, k, mask.shape[-1]))
         if out is not None:
             carry = out.gather(1, parent.view(B, k, *([1] * (out.dim() - 2))).expand_as(out))
         frontier = first + order

@@ -23,6 +23,8 @@ prefix-closed and, with a shared budget, hands their nodes to other rows.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from specpilot.engine.drafters import best_first
@@ -35,6 +37,12 @@ from specpilot.engine.steps import prefill, prefill_chunk
 from specpilot.engine.tree import DraftTree
 from specpilot.models import ops
 from specpilot.models.transformer import Transformer
+
+
+@functools.lru_cache(maxsize=64)
+def _aranges(window: int, capacity: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[W] and [S] 0.. index tensors of the catch-up, made once (not by two kernels every round)."""
+    return torch.arange(window, device=device), torch.arange(capacity, device=device)
 
 
 class DraftModelDrafter(Drafter):
@@ -109,9 +117,10 @@ class DraftModelDrafter(Drafter):
         W = self.window
         L = state.seq_lens
         start = (L - W).clamp(min=0)  # [B]
-        idx = start[:, None] + torch.arange(W, device=L.device)[None, :]  # [B,W]
+        # made inside the call while traced (`draft_compile`), where a cached tensor would be ignored
+        w, s = (_aranges.__wrapped__ if torch.compiler.is_compiling() else _aranges)(W, self.cache.capacity, L.device)
+        idx = start[:, None] + w[None, :]  # [B,W]
         tokens = state.tokens.gather(1, idx.clamp(max=state.capacity - 1))
-        s = torch.arange(self.cache.capacity, device=L.device)
         mask = (s[None, None, :] <= idx[..., None])[:, None]  # [B,1,W,S]
         root_at = (L - 1 - start)[:, None]  # [B,1] index of the root inside the window
         logits = self.model(tokens, idx, self.cache, idx, mask, logits_for=root_at)  # [B,1,V]
