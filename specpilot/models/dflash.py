@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from specpilot.models import ops
 from specpilot.models.config import ModelConfig
 from specpilot.models.transformer import Block, RMSNorm, rope_tables
 
@@ -130,9 +131,8 @@ class DFlashModel(nn.Module):
         c = self.config
         h = noise
         cos, sin = self._rope(positions, h.dtype)
-        G, S = c.num_heads // c.num_kv_heads, mask.shape[-1]
-        bias = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, float("-inf"))
-        bias = bias.expand(B, G, T, S).reshape(B, 1, G * T, S)
+        G = c.num_heads // c.num_kv_heads
+        bias = ops.attention_bias(mask, h.dtype, G)  # [B,1,G*T,S]
         rows = torch.arange(B, device=h.device)[:, None].expand(B, T)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn

@@ -139,9 +139,8 @@ class Eagle3Model(nn.Module):
         B, T, _ = emb.shape
         c = self.config
         q, k, v, residual = self.project(emb, hidden, positions)
-        G, S = c.num_heads // c.num_kv_heads, mask.shape[-1]
-        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
-        bias = bias.expand(B, G, T, S).reshape(B, 1, G * T, S)
+        G = c.num_heads // c.num_kv_heads
+        bias = ops.attention_bias(mask, q.dtype, G)  # [B,1,G*T,S]
         rows = torch.arange(B, device=q.device)[:, None].expand(B, T)
         o = self.midlayer.self_attn.attend_cached(q, k, v, cache.k[0], cache.v[0], rows, slots, bias)
         return self.finish(residual, o)

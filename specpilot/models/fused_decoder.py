@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from specpilot.kernels import draft_layer
+from specpilot.models import ops
 from specpilot.models.transformer import Transformer
 
 
@@ -50,9 +51,8 @@ class FusedDecoder(Transformer):
         H, Hkv, D, eps = c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps
         h = self.embed_tokens(tokens).view(B * T, -1)  # [M,C]
         # the additive mask with GQA groups folded in, as `Transformer.forward` builds it
-        G, S = H // Hkv, mask.shape[-1]
-        bias = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, float("-inf"))
-        bias = bias.expand(B, G, T, S).reshape(B, 1, G * T, S)
+        G = H // Hkv
+        bias = ops.attention_bias(mask, h.dtype, G)  # [B,1,G*T,S]
         pos, slot = positions.reshape(B * T), slots.reshape(B * T)  # [M]
         for i, layer in enumerate(self.layers):
             attn, mlp = layer.self_attn, layer.mlp

@@ -76,11 +76,6 @@ def window_mask(mask: torch.Tensor, window: int) -> torch.Tensor:
     return mask & (later < window)
 
 
-def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive bias (0 or -inf) of a bool mask, same shape."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-
-
 def cache_layers(config: ModelConfig) -> tuple[int, ...]:
     """The layers that keep K/V of their own (all but Gemma-4's KV-shared layers), in order."""
     return tuple(sorted(set(config.kv_layers)))
@@ -378,7 +373,7 @@ class GemmaTransformer(nn.Module):
             elif ring is not None:
                 cols = torch.cat([ring.columns(before=slots.min(1).values), slots], 1)  # [B,R+T]
                 masks[True] = gather_columns(masks[True], cols)
-        base = {kind: attention_bias(m, h.dtype) for kind, m in masks.items()}
+        base = {kind: ops.attention_bias(m, h.dtype) for kind, m in masks.items()}
         biases: dict[tuple[bool, int], torch.Tensor] = {}  # per (sliding, G): [B,1,G*T,S']
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn

@@ -147,9 +147,8 @@ class HybridTransformer(nn.Module):
         h = self.embed_tokens(tokens)  # [B,T,C]
         cos = self.rope_cos[positions].to(h.dtype).unsqueeze(2)  # [B,T,1,R]
         sin = self.rope_sin[positions].to(h.dtype).unsqueeze(2)
-        G, S = c.num_heads // c.num_kv_heads, mask.shape[-1]
-        bias = torch.zeros(mask.shape, dtype=h.dtype, device=dev).masked_fill_(~mask, float("-inf"))
-        bias = bias.expand(B, G, T, S).reshape(B, 1, G * T, S)
+        G = c.num_heads // c.num_kv_heads
+        bias = ops.attention_bias(mask, h.dtype, G)  # [B,1,G*T,S]
         rows = torch.arange(B, device=dev)[:, None].expand(B, T)
         packing = None
         if pack is not None:

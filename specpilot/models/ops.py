@@ -120,6 +120,20 @@ def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
+def attention_bias(mask: torch.Tensor, dtype: torch.dtype, groups: int = 1) -> torch.Tensor:
+    """The additive attention bias of a bool mask [B,X,T,S] (True: may attend): 0 or -inf in
+    `dtype`, [B,X,groups*T,S], the mask repeated for the `groups` query heads of a KV group folded
+    into the query axis (head h = j*G + g, as `CachedAttention.attend_over_cache` folds them). One
+    kernel: the two values are host (0-dim CPU) scalars; inside a torch.compile trace, where the
+    compiler fuses the cast anyway, Python scalars (a compiled graph keeps to one device)."""
+    B, X, T, S = mask.shape
+    allowed = mask[:, :, None].expand(B, X, groups, T, S)
+    if torch.compiler.is_compiling():
+        return torch.where(allowed, 0.0, float("-inf")).to(dtype).view(B, X, groups * T, S)
+    zero, blocked = torch.zeros((), dtype=dtype), torch.full((), float("-inf"), dtype=dtype)
+    return torch.where(allowed, zero, blocked).view(B, X, groups * T, S)
+
+
 def fusion_enabled(device: torch.device) -> bool:
     return device.type == "cuda" and env.compile_enabled()
 

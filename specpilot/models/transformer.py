@@ -247,9 +247,8 @@ class Transformer(nn.Module):
         h = self.embed_tokens(tokens)  # [B,T,C]
         cos, sin = self._rope(positions, h.dtype)
         # per-forward, not per-layer: the additive mask with GQA groups folded in, and row ids
-        G, S = c.num_heads // c.num_kv_heads, mask.shape[-1]
-        bias = torch.zeros(mask.shape, dtype=h.dtype, device=dev).masked_fill_(~mask, float("-inf"))
-        bias = bias.expand(B, G, T, S).reshape(B, 1, G * T, S)
+        G = c.num_heads // c.num_kv_heads
+        bias = ops.attention_bias(mask, h.dtype, G)  # [B,1,G*T,S]
         rows = torch.arange(B, device=dev)[:, None].expand(B, T)
         packing = None
         if pack is not None:

@@ -99,3 +99,14 @@ def test_gemma_ops_trace_whole_and_equal_the_plain_math(zero_centered):
     for name, args in cases:
         assert torch.equal(ops._compiled(name, "eager")(*args), ops.FUSABLE[name](*args)), name
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("groups", [1, 4])
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
+def test_attention_bias_is_the_mask_as_0_or_minus_inf_with_groups_folded(dtype, groups, traced):
+    mask = torch.rand(2, 1, 3, 7, generator=torch.Generator().manual_seed(groups)) > 0.5  # [B,1,T,S]
+    want = torch.zeros(2, groups, 3, 7, dtype=dtype).masked_fill_(~mask, float("-inf")).reshape(2, 1, groups * 3, 7)
+    fn = (lambda m: ops.attention_bias(m, dtype, groups))
+    got = torch.compile(fn, backend="aot_eager", fullgraph=True)(mask) if traced else fn(mask)
+    assert got.dtype == dtype and torch.equal(got, want)
