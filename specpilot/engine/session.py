@@ -3,8 +3,9 @@
 Owns: resolving model names ("fixture", directories), width expansion and the target's format
 (`Deployment.target_format`) at load, the drafter / target vocabulary check, and turning a
 `System` (the engine's knobs) into a `Generator` — with the projection kernels, the attention
-kernel and the rope_store kernel the system asks for applied to *clones* of the target and the drafters that share their
-tensors, so AR and any number of systems can run side by side in one process.
+kernel and the rope_store kernel the system asks for applied to *clones* of the target and the
+drafters that share their tensors, so AR and any number of systems can run side by side in one
+process.
 
 Does not own the decode loop (`generator.py`) or the kernels (`specpilot.kernels`, `specpilot.w12`).
 """
@@ -110,8 +111,8 @@ def ran_on_device(system: System, device: str | torch.device) -> dict[str, tuple
     `models.ops.compiled_static` compiles (CUDA, and SPECPILOT_COMPILE not 0), else eager; PDL is a
     CUDA launch attribute (`kernels.launch.pdl`); kernel = "cublas" (and a drafter model's
     draft_kernel) is torch's F.linear, which off CUDA is torch's own matmul, not cuBLAS; draft_kernel =
-    "fused" runs the draft model's fused layers on CUDA or under the interpreter only; so does rope_store
-    its kernel (a session refuses it elsewhere, as it does split-KV attention). Empty for a
+    "fused" runs the draft model's fused layers on CUDA or under the interpreter only, and rope_store's
+    kernel runs only there too (a session refuses it elsewhere, as it does split-KV attention). Empty for a
     system that runs as set. For showing what ran: the system (its knobs, its fingerprint) is what
     the memory keeps, and runs as set on a GPU."""
     device = torch.device(device)

@@ -88,6 +88,8 @@ def qk_norm_rope_store_eager(qkv, q_weight, k_weight, cos_table, sin_table, posi
     x = qkv.reshape(M, -1)  # [M,(H+2Hkv)D]: a view of a contiguous projection
     q = torch.empty(qkv.shape[0], T, H, D, dtype=qkv.dtype, device=qkv.device)
     positions, slots = positions.reshape(M).contiguous(), slots.reshape(M).contiguous()
+    if M == 0:  # no rows: nothing to write (a grid of no programs is not launched)
+        return q
     qk = q_weight is not None
     bm = block_m(M)
     on = pdl(qkv.device)

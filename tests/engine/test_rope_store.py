@@ -55,7 +55,8 @@ def test_speculative_rounds_with_rope_store_give_the_ar_tokens_with_it(interpret
     assert want == s.generator(STOCK.plain_ar()).generate(prompts, 6).outputs  # float32: the same tokens as without
     rows = []
     real = rope_store.qk_norm_rope_store_eager
-    monkeypatch.setattr(rope_store, "qk_norm_rope_store_eager", lambda qkv, *a: rows.append(qkv.shape[:2]) or real(qkv, *a))
+    monkeypatch.setattr(rope_store, "qk_norm_rope_store_eager",
+                        lambda qkv, *a: rows.append(qkv.shape[:2]) or real(qkv, *a))
     gen = s.generator(system)
     assert gen.generate(prompts, 6).outputs == want
     draft = next(iter(gen.drafters.values())).model
@@ -83,3 +84,39 @@ def test_the_knob_reads_from_toml_and_leaves_default_fingerprints_alone():
     assert dataclasses.replace(System(), rope_store=False).fingerprint() == System().fingerprint()
     with pytest.raises(ConfigError, match="rope_store must be bool"):
         System.from_dict({"rope_store": "yes"})
+
+
+@pytest.fixture
+def traced(monkeypatch):
+    """Graphs Dynamo captured (a counting backend that runs them as they are: `ops.STATIC_BACKEND`)."""
+    from specpilot.models import ops
+
+    graphs: list = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(ops, "STATIC_BACKEND", backend)
+    torch._dynamo.reset()
+    yield graphs
+    torch._dynamo.reset()
+
+
+def test_compiled_rounds_call_the_op_once_per_layer_and_give_the_eager_tokens(traced, interpreted, d32_dirs,
+                                                                             make_prompts):
+    """Under both compile knobs each piece is one graph calling `specpilot::rope_store` once per
+    dense layer and forward, and the rounds commit the eager rounds' tokens and acceptance."""
+    s = session(d32_dirs)
+    prompts = make_prompts(1, seed=2, lo=4, hi=8)
+    system = STOCK.with_changes(name="rope", rope_store=True)
+    eager = s.generator(system).generate(prompts, 5)
+    assert not traced
+    compiled = s.generator(system.with_changes(name="compiled", draft_compile=True, verify_compile=True))
+    out = compiled.generate(prompts, 5)
+    ops_per_graph = sorted(sum(n.op == "call_function" and n.target in (torch.ops.specpilot.rope_store,
+                                                                      torch.ops.specpilot.rope_store.default)
+                               for n in gm.graph.nodes) for gm in traced)
+    layers = s.target.config.num_layers, s.drafter_model.config.num_layers
+    assert ops_per_graph == sorted([layers[0], layers[1] * STOCK.depth])  # verification; the proposal's draft steps
+    assert (out.outputs, out.accept_lengths) == (eager.outputs, eager.accept_lengths)

@@ -49,7 +49,8 @@ def inputs(B, T, H, Hkv, D, dtype, qk_norm, device, S=24, seed=0):
     # the layer's cache is the first S slots of a longer one (a span's strides), stale entries random
     k_cache = torch.randn(B, Hkv, S + 8, D, generator=g).to(dtype)[:, :, :S]
     v_cache = torch.randn(B, Hkv, S + 8, D, generator=g).to(dtype)[:, :, :S]
-    return [t.to(device) if t is not None else None for t in (qkv, *weights, cos, sin, positions, k_cache, v_cache, slots)]
+    tensors = (qkv, *weights, cos, sin, positions, k_cache, v_cache, slots)
+    return [t.to(device) if t is not None else None for t in tensors]
 
 
 def eager_path(qkv, qw, kw, cos, sin, positions, k_cache, v_cache, slots, H, Hkv, D, eps):
@@ -134,7 +135,8 @@ def test_the_reference_is_the_eager_path_on_float32_and_unsupported_shapes_take_
     moved = [t.to(device).clone() for t in args]
     assert not R.applies(moved[0], D, D)
     q = R.qk_norm_rope_store(*moved, H, Hkv, D, 1e-6)
-    assert torch.equal(q.cpu(), q_eager) and torch.equal(moved[6].cpu(), eager_k) and torch.equal(moved[7].cpu(), eager_v)
+    assert torch.equal(q.cpu(), q_eager)
+    assert torch.equal(moved[6].cpu(), eager_k) and torch.equal(moved[7].cpu(), eager_v)
 
 
 def test_bad_shapes_are_one_value_error(device):
