@@ -17,9 +17,10 @@ The rounding rule (that of inductor's compiled `ops.qkv_norm_rope` on CUDA, not 
   `ops.rms_norm`); the weight multiply and RoPE are float32, with cos and sin rounded to the model
   dtype first (the eager path casts the tables to it before use);
 - q, k and v are rounded to the model dtype once, at the store.
-So on float32 models it is the eager op up to the norm's summation order; on BF16 ones it differs
-from the eager op (which rounds every product and sum) by those roundings, and from the compiled
-op by the norm's summation order only.
+So on float32 models it is the eager op up to the norm's summation order (and rsqrt's last bit); on
+BF16 ones it differs from the eager op (which rounds every product and sum) by those roundings, and
+from the compiled op by the norm's summation order only (bit-equality with inductor's kernels is
+checked on a GPU only: `tests/gpu/test_rope_store_cuda.py`).
 
 The kernel: one program per (block of rows, head), heads in qkv's order (q, k, v); a head's D
 columns as two halves of D/2, so RoPE pairs columns d and d + D/2 in registers (the norm, RoPE and
