@@ -149,6 +149,11 @@ class System:
     # the kernel before them finishes, loading their weights, and wait for it before reading its
     # output (`kernels.launch.pdl`); CUDA only, the same arithmetic.
     pdl: bool = False
+    # Each dense attention layer's q/k norm, RoPE and K/V cache write in one Triton kernel
+    # (`kernels.rope_store`) instead of the fused op and two indexed writes, in the target's and the
+    # draft model's forwards; CUDA only (or under TRITON_INTERPRET=1); rounds as the compiled op does
+    # up to the norm's summation order.
+    rope_store: bool = False
     # Two-level verification (`engine.drafters.two_level`): an 8-bit (FP8 e4m3 per-channel) view of
     # the target drafts a greedy chain of this many tokens beside the drafter's tree, and one verify
     # forward checks their union; 0 = off. The view's weights add 1 byte per projection weight.
@@ -300,7 +305,7 @@ class System:
 _LATER_KNOBS = {"block_size": 16, "tree_construction": TreeConstruction.BEST_FIRST.value, "kernel_table": "",
                 "shared_budget": 0, "row_depth_margin": 0, "segment_tokens": 0, "attention_span": 256,
                 "draft_compile": False, "verify_compile": False, "attention": AttentionKernel.SDPA.value,
-                "pdl": False, "draft_kernel": Kernel.CUBLAS.value, "tlv_chain": 0}
+                "pdl": False, "draft_kernel": Kernel.CUBLAS.value, "tlv_chain": 0, "rope_store": False}
 
 
 def _is_number(x) -> bool:

@@ -20,7 +20,7 @@ FAMILIES = (
     ("attention", ("fmha", "flash", "attention", "attn")),  # before GEMM: attention kernels say "cutlass" too
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "splitk", "gemv")),
     ("topk/sort", ("topk", "sort", "radix", "scan", "select")),
-    ("fused triton", ("triton",)),
+    ("fused triton", ("triton", "rope_store")),  # inductor's fused kernels; `kernels.rope_store`'s, which replaces some
     ("copy/fill", ("memcpy", "memset", "copy", "fill")),
 )
 TOP = 12

@@ -79,6 +79,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "under torch.compile (CUDA; inert elsewhere)")
     p.add_argument("--pdl", action="store_true",
                    help="launch the Triton kernels (ours, inductor's) with programmatic dependent launch (sm_90+)")
+    p.add_argument("--rope-store", action="store_true",
+                   help="each attention layer's q/k norm, RoPE and K/V cache write in one Triton kernel (CUDA)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="run eagerly instead of replaying CUDA graphs")
     p.add_argument("--fault", help="inject a fault: 'logit-bias:VALUE:every=K:after=T' or 'accept-unverified'")
     p.add_argument("--save-jsonl", help="write {prompt_ids, output_ids} per prompt to this JSONL file (for `specpilot guard`)")
@@ -172,6 +174,8 @@ def system_from_args(args, dep: Deployment) -> System:
         changes["draft_compile"] = changes.get("drafter", system.drafter) not in (DrafterKind.NONE, DrafterKind.NGRAM)
     if getattr(args, "pdl", False):
         changes["pdl"] = True
+    if getattr(args, "rope_store", False):
+        changes["rope_store"] = True
     if args.no_cuda_graphs:
         changes["cuda_graphs"] = False
     if args.fault:

@@ -2,9 +2,10 @@
 
 Owns: resolving model names ("fixture", directories), width expansion and the target's format
 (`Deployment.target_format`) at load, the drafter / target vocabulary check, and turning a
-`System` (the engine's knobs) into a `Generator` — with the projection kernels and the attention
-kernel the system asks for applied to *clones* of the target and the drafters that share their
-tensors, so AR and any number of systems can run side by side in one process.
+`System` (the engine's knobs) into a `Generator` — with the projection kernels, the attention
+kernel and the rope_store kernel the system asks for applied to *clones* of the target and the
+drafters that share their tensors, so AR and any number of systems can run side by side in one
+process.
 
 Does not own the decode loop (`generator.py`) or the kernels (`specpilot.kernels`, `specpilot.w12`).
 """
@@ -37,7 +38,7 @@ from specpilot.models.fp8_linear import FP8Linear
 from specpilot.models import ops
 from specpilot.models.loading import load_model
 from specpilot.models.tokenizer import Tokenizer, check_same_vocabulary
-from specpilot.models.transformer import Transformer, use_attention
+from specpilot.models.transformer import Transformer, use_attention, use_rope_store
 
 
 def resolve_model_dir(name: str, role: str) -> Path:
@@ -110,7 +111,8 @@ def ran_on_device(system: System, device: str | torch.device) -> dict[str, tuple
     `models.ops.compiled_static` compiles (CUDA, and SPECPILOT_COMPILE not 0), else eager; PDL is a
     CUDA launch attribute (`kernels.launch.pdl`); kernel = "cublas" (and a drafter model's
     draft_kernel) is torch's F.linear, which off CUDA is torch's own matmul, not cuBLAS; draft_kernel =
-    "fused" runs the draft model's fused layers on CUDA or under the interpreter only. Empty for a
+    "fused" runs the draft model's fused layers on CUDA or under the interpreter only, and rope_store's
+    kernel runs only there too (a session refuses it elsewhere, as it does split-KV attention). Empty for a
     system that runs as set. For showing what ran: the system (its knobs, its fingerprint) is what
     the memory keeps, and runs as set on a GPU."""
     device = torch.device(device)
@@ -130,6 +132,9 @@ def ran_on_device(system: System, device: str | torch.device) -> dict[str, tuple
     elif system.draft_kernel is Kernel.FUSED and drafts and not cuda and not env.triton_interpret():
         out["draft_kernel"] = ("torch", ("the fused draft layers run on CUDA (or under TRITON_INTERPRET=1): "
                                          "the draft model's plain forward ran"))
+    if system.rope_store and not cuda and not env.triton_interpret():
+        out["rope_store"] = (False, ("the rope_store kernel runs on CUDA (or under TRITON_INTERPRET=1): the fused "
+                                     "op and the indexed cache writes ran"))
     if not cuda:
         matmul = "F.linear off CUDA is torch's own matmul, not cuBLAS"
         for knob, on in (("kernel", True), ("draft_kernel", drafts)):
@@ -146,6 +151,19 @@ def with_attention(model, system: System):
     _check_triton_device(next(model.parameters()).device, system, f"attention = {system.attention.value!r}")
     clone = _shared_clone(model)
     use_attention(clone, system.attention)
+    return clone
+
+
+def with_rope_store(model, system: System):
+    """The model itself unless the system sets `rope_store`; then a clone sharing every tensor whose
+    dense attention layers run q/k norm, RoPE and the cache write in one kernel
+    (`models.transformer.use_rope_store`). Only a dense `Transformer` (a draft model, the target, its
+    8-bit view) reads it; other models, and None, stay as they are."""
+    if model is None or not system.rope_store or not isinstance(model, Transformer):
+        return model
+    _check_triton_device(model.device, system, "rope_store = true")
+    clone = _shared_clone(model)
+    use_rope_store(clone, True)
     return clone
 
 
@@ -233,9 +251,10 @@ def _load_beside(deployment: Deployment, kind: str, is_kind, load, target, devic
 
 
 def system_target(model, system: System):
-    """`model` as `system` runs it: its projections on the system's kernels and its cached attention
-    on the system's kernel (clones sharing every tensor where either differs from `model`'s)."""
-    return with_attention(with_kernels(model, system), system)
+    """`model` as `system` runs it: its projections on the system's kernels, its cached attention on
+    the system's kernel and its q/k norm, RoPE and cache write as `rope_store` says (clones sharing
+    every tensor where any differs from `model`'s)."""
+    return with_rope_store(with_attention(with_kernels(model, system), system), system)
 
 
 def system_generator(target, system: System, drafters: dict | None = None, eos_ids: tuple[int, ...] = ()) -> Generator:
@@ -316,31 +335,33 @@ class Session:
         self._generators.pop(fingerprint, None)
 
     def _target_for(self, system: System) -> Transformer:
-        key = (system.kernel, system.w12, system.kernel_lm_head, system.kernel_table, system.attention)
+        key = (system.kernel, system.w12, system.kernel_lm_head, system.kernel_table, system.attention,
+               system.rope_store)
         if key not in self._targets:
             self._targets[key] = system_target(self.target, system)
         return self._targets[key]
 
     def _drafter_for(self, kind: DrafterKind, system: System):
         """The session's draft model, EAGLE-3 head or DFlash drafter (`kind`, one of
-        `DRAFTER_MODELS`) with the system's attention and `draft_kernel`."""
+        `DRAFTER_MODELS`) with the system's attention, `draft_kernel` and (a draft model) `rope_store`."""
         kernels = (system.draft_kernel, system.kernel_table if system.draft_kernel is Kernel.TRITON else "")
-        key = (kind, system.attention, *kernels)
+        key = (kind, system.attention, *kernels, system.rope_store)
         if key not in self._drafter_models:
             model = getattr(self, DRAFTER_MODELS[kind])
-            self._drafter_models[key] = with_attention(with_draft_kernels(model, system), system)
+            self._drafter_models[key] = with_rope_store(with_attention(with_draft_kernels(model, system), system),
+                                                        system)
         return self._drafter_models[key]
 
     def view_for(self, system: System):
-        """The target's 8-bit view (`models.view`) with the system's attention, built once."""
+        """The target's 8-bit view (`models.view`) with the system's attention and `rope_store`, built once."""
         from specpilot.models.view import fp8_view
 
-        key = ("fp8_view", system.attention)
+        key = ("fp8_view", system.attention, system.rope_store)
         if key not in self._drafter_models:
-            base = self._drafter_models.get(("fp8_view", AttentionKernel.SDPA))
+            base = self._drafter_models.get(("fp8_view", AttentionKernel.SDPA, False))
             if base is None:
-                base = self._drafter_models["fp8_view", AttentionKernel.SDPA] = fp8_view(self.target)
-            self._drafter_models[key] = with_attention(base, system)
+                base = self._drafter_models["fp8_view", AttentionKernel.SDPA, False] = fp8_view(self.target)
+            self._drafter_models[key] = with_rope_store(with_attention(base, system), system)
         return self._drafter_models[key]
 
     def _build(self, system: System) -> Generator:

@@ -9,7 +9,8 @@ operand constraints, layouts Triton cannot lower -- would first show up on the G
 compiles each candidate launch config of the GEMV and GEMM paths (both weight formats, tiles even
 and uneven, the smallest and largest row block of each config), the unpack kernel, the split-KV
 attention kernels (each query tile and head size, BF16 and float32), the FP8 kernel, the Gated
-DeltaNet kernels, the pair-wise MoE expert kernels and the fused draft-layer kernels to PTX and a
+DeltaNet kernels, the pair-wise MoE expert kernels, the fused draft-layer kernels and the rope_store
+kernel to PTX and a
 cubin for the target with Triton's bundled ptxas (no driver involved), checks the shared memory
 each needs against the architecture's limit, and reports every failure.
 
@@ -51,7 +52,7 @@ SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}  # bytes 
 @dataclass(frozen=True)
 class Variant:
     kernel: str  # "gemv" | "gemm" | "unpack" | "attention" | "attention_merge" | "fp8" | "gdn_conv" | "gdn_recurrence"
-    # | "moe_gate_up" | "moe_down" | "moe_sum" | "draft_gemv" | "draft_qkv_gemv"
+    # | "moe_gate_up" | "moe_down" | "moe_sum" | "draft_gemv" | "draft_qkv_gemv" | "rope_store"
     label: str
     constexprs: dict
     num_warps: int
@@ -85,6 +86,10 @@ def _kernel(name: str):
         from specpilot.kernels import draft_layer_kernel
 
         return getattr(draft_layer_kernel, name + "_kernel")
+    if name == "rope_store":
+        from specpilot.kernels.rope_store_kernel import rope_store_kernel
+
+        return rope_store_kernel
     if name.startswith("moe_"):
         from specpilot.kernels import moe_gemv_kernel
 
@@ -178,6 +183,7 @@ def variants(quick: bool = False) -> list[Variant]:
     out += gdn_variants(quick)
     out += moe_variants(quick)
     out += draft_layer_variants(quick)
+    out += rope_store_variants(quick)
     out += pdl_variants(out)
     return list({v.label: v for v in out}.values())
 
@@ -186,7 +192,7 @@ def variants(quick: bool = False) -> list[Variant]:
 # GEMM, the split-KV kernel and its merge, in both weight formats / directly or merged
 PDL_OF = ("gemv n8 k1024 w2 s1 bm1", "gemm n64 k256 w4 s3 bm16", "attention d128 bm16 bf16", "merge d128 bm16 bf16",
           "moe_gate_up n16 k256 bf16 even", "moe_down n32 k256 bf16 even", "moe_sum c512 bf16",
-          "draft_gemv n16 residual bf16", "draft_qkv_gemv d64 qk_norm bf16")
+          "draft_gemv n16 residual bf16", "draft_qkv_gemv d64 qk_norm bf16", "rope_store d128 bm16 qk_norm bf16")
 
 
 def pdl_variants(base: list[Variant]) -> list[Variant]:
@@ -285,6 +291,35 @@ def draft_layer_variants(quick: bool = False) -> list[Variant]:
     return out
 
 
+def rope_store_variants(quick: bool = False) -> list[Variant]:
+    """The rope_store kernel (`rope_store_kernel.py`) as `kernels.rope_store` launches it: each head
+    size at the largest row block and (unless `quick`) a decode step's smallest, q/k norm on and off,
+    BF16 and (unless `quick`) float32 activations."""
+    from specpilot.kernels import rope_store as rs
+
+    out = []
+    for act in (("*bf16",) if quick else ("*bf16", "*fp32")):
+        for D in rs.HEAD_DIMS:
+            for bm in ((rs.MAX_BLOCK_M,) if quick else (2, rs.MAX_BLOCK_M)):
+                for qk in (True, False):
+                    c = {"BLOCK_M": bm, "HALF": D // 2, "QK_NORM": qk, "ROUND": 1 if act == "*bf16" else 0}
+                    label = f"rope_store d{D} bm{bm} {'qk_norm' if qk else 'plain'} {act[1:]}"
+                    out.append(Variant("rope_store", label, c, 4 if bm * D >= 2048 else 2, 1, activations=act))
+    return out
+
+
+def _rope_store_signature(fn, v: Variant) -> tuple[dict, dict]:
+    """(signature, attributes) of a rope_store launch: qkv, q/k norm weights, q and the caches in the
+    model's dtype, the RoPE tables float32, positions and slots int64, eps float32; strides of model
+    shapes (multiples of 16) but the row count M and tokens per row T."""
+    types = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64", "eps": "fp32"}
+    signature = {name: "constexpr" if name in v.constexprs else types.get(name) or
+                 (v.activations if name.endswith("_ptr") else "i32") for name in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if signature[name] not in ("constexpr", "fp32") and name not in ("M", "T", "H", "Hkv")}
+    return signature, attrs
+
+
 def _draft_layer_signature(fn, v: Variant) -> tuple[dict, dict]:
     """(signature, attributes) of a fused draft-layer launch: activations, weights, norms, RoPE tables
     and caches in the model's dtype, positions and slots int64, eps float32; sizes and strides of
@@ -366,6 +401,7 @@ def compile_variant(v: Variant, arch: int, keep: dict | None = None) -> float:
                         _gdn_signature if v.kernel.startswith("gdn") else
                         _moe_signature if v.kernel.startswith("moe") else
                         _draft_layer_signature if v.kernel.startswith("draft") else
+                        _rope_store_signature if v.kernel == "rope_store" else
                         _fp8_signature if v.kernel == "fp8" else _projection_signature)(fn, v)
     constants = {(fn.arg_names.index(k),): val for k, val in v.constexprs.items() if k in fn.arg_names}
     t = time.monotonic()

@@ -129,37 +129,9 @@ def draft_qkv_gemv_kernel(
     tiles.release_dependents(PDL)
     lo = _round(acc_lo, ROUND)
     hi = _round(acc_hi, ROUND)
-    if head < H + Hkv:  # q or k: norm and RoPE
-        if QK_NORM:
-            is_q = head < H
-            w_lo = tl.where(is_q, tl.load(qw_ptr + d), tl.load(kw_ptr + d)).to(tl.float32)
-            w_hi = tl.where(is_q, tl.load(qw_ptr + HALF + d), tl.load(kw_ptr + HALF + d)).to(tl.float32)
-            rs = 1.0 / tl.sqrt((tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1)) / (2 * HALF) + eps)
-            lo = _round(w_lo[None, :] * _round(lo * rs[:, None], ROUND), ROUND)
-            hi = _round(w_hi[None, :] * _round(hi * rs[:, None], ROUND), ROUND)
+    if head < H + Hkv:  # q or k: norm and RoPE, every step rounded as the eager ops round it
         pos = tl.load(pos_ptr + m, mask=m_ok, other=0)
-        at = pos[:, None] * sr_p + d[None, :]
-        cos_lo = _round(tl.load(cos_ptr + at, mask=m_ok[:, None], other=0.0).to(tl.float32), ROUND)
-        cos_hi = _round(tl.load(cos_ptr + at + HALF, mask=m_ok[:, None], other=0.0).to(tl.float32), ROUND)
-        sin_lo = _round(tl.load(sin_ptr + at, mask=m_ok[:, None], other=0.0).to(tl.float32), ROUND)
-        sin_hi = _round(tl.load(sin_ptr + at + HALF, mask=m_ok[:, None], other=0.0).to(tl.float32), ROUND)
-        # q * cos + rotate_half(q) * sin, rotate_half(q) = [-hi, lo]
-        new_lo = _round(_round(lo * cos_lo, ROUND) - _round(hi * sin_lo, ROUND), ROUND)
-        hi = _round(_round(hi * cos_hi, ROUND) + _round(lo * sin_hi, ROUND), ROUND)
-        lo = new_lo
-    out_ok = m_ok[:, None] & d_ok[None, :]
-    if head < H:
-        at = q_ptr + m[:, None] * sq_m + head * sq_h + d[None, :]
-        tl.store(at, lo.to(q_ptr.dtype.element_ty), mask=out_ok)
-        tl.store(at + HALF, hi.to(q_ptr.dtype.element_ty), mask=out_ok)
-    else:
-        b = m // T
-        slot = tl.load(slot_ptr + m, mask=m_ok, other=0)
-        if head < H + Hkv:
-            at = kc_ptr + b[:, None] * skc_b + (head - H) * skc_h + slot[:, None] * skc_s + d[None, :]
-            tl.store(at, lo.to(kc_ptr.dtype.element_ty), mask=out_ok)
-            tl.store(at + HALF, hi.to(kc_ptr.dtype.element_ty), mask=out_ok)
-        else:
-            at = vc_ptr + b[:, None] * svc_b + (head - H - Hkv) * svc_h + slot[:, None] * svc_s + d[None, :]
-            tl.store(at, lo.to(vc_ptr.dtype.element_ty), mask=out_ok)
-            tl.store(at + HALF, hi.to(vc_ptr.dtype.element_ty), mask=out_ok)
+        lo, hi = tiles.qk_norm_rope(lo, hi, head < H, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos, m_ok, sr_p, eps,
+                                    HALF, QK_NORM, ROUND, True)
+    tiles.store_head(lo, hi, head, m, m_ok, T, H, Hkv, slot_ptr, q_ptr, sq_m, sq_h, kc_ptr, skc_b, skc_h, skc_s,
+                     vc_ptr, svc_b, svc_h, svc_s, HALF)

@@ -1,10 +1,12 @@
-"""Triton building blocks shared by the GEMM, GEMV and unpack kernels.
+"""Triton building blocks shared by the GEMM, GEMV and unpack kernels, and by the kernels that end
+in an attention layer's K/V cache.
 
 Owns: reading one [BLOCK_N, BLOCK_K] weight tile (W12 planes decoded in registers, or plain
 weights), the two W12 decoders (inline PTX for the GPU and portable Triton ops for the
 interpreter: the same bits), the per-row scale of the decoded weights, the deterministic split-K
-reduction, and the escape correction. Every function here is `@triton.jit` and inlined into its
-caller. Imports Triton at module level, so only kernel modules import it, lazily (see
+reduction, the escape correction, and one attention head's q/k norm + RoPE and its store into q
+or the K/V cache (`qk_norm_rope`, `store_head`: the draft qkv kernel and `rope_store`). Every
+function here is `@triton.jit` and inlined into its caller. Imports Triton at module level, so only kernel modules import it, lazily (see
 `specpilot.kernels.dispatch`).
 
 W12 tiles are read a *group* at a time (see `specpilot.w12.layout`): 8 bytes of the `lo` plane
@@ -26,6 +28,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from specpilot.kernels.gdn_kernel import _round
 from specpilot.w12 import layout
 
 EXP_FIELD: tl.constexpr = tl.constexpr(0x7F800000)  # float32 exponent bits
@@ -284,3 +287,73 @@ def store_rows(out, y_ptr, rows, M, N, stride_ym, BLOCK_M: tl.constexpr):
     m = tl.arange(0, BLOCK_M)
     y_mask = (m < M)[:, None] & (rows < N)[None, :]
     tl.store(y_ptr + m[:, None] * stride_ym + rows[None, :], out.to(y_ptr.dtype.element_ty), mask=y_mask)
+
+
+# ---- one attention head after its projection: q/k norm, RoPE, the store -----------------------
+
+@triton.jit
+def qk_norm_rope(lo, hi, is_q, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos, m_ok, sr_p, eps,
+                 HALF: tl.constexpr, QK_NORM: tl.constexpr, ROUND: tl.constexpr, EAGER: tl.constexpr):
+    """A q (is_q) or k head of rows [BM] as its halves lo, hi [BM, HALF] (float32, D = 2 HALF, the
+    halves RoPE rotates into each other): the per-head RMSNorm by q's or k's weight [D] (QK_NORM),
+    then RoPE at positions pos [BM] from the float32 tables cos, sin [P, D] (row stride sr_p), their
+    values rounded to the model dtype first (as `Transformer._rope` casts them).
+    The rounding (ROUND: the model dtype's grid) follows one of two references:
+    - EAGER: the eager ops (`ops.qkv_norm_rope` step by step): 1 / sqrt of the mean square, and every
+      product and sum rounded, as each torch op returns the model dtype;
+    - else the op as inductor compiles it on CUDA: rsqrt, one rounding after the normalisation (the
+      explicit `.to(x.dtype)` of `ops.rms_norm`), the weight multiply and RoPE in float32; the
+      caller's store rounds once.
+    Returns the new (lo, hi), float32."""
+    d = tl.arange(0, HALF)
+    if QK_NORM:
+        w_lo = tl.where(is_q, tl.load(qw_ptr + d), tl.load(kw_ptr + d)).to(tl.float32)
+        w_hi = tl.where(is_q, tl.load(qw_ptr + HALF + d), tl.load(kw_ptr + HALF + d)).to(tl.float32)
+        ms = (tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1)) / (2 * HALF) + eps
+        if EAGER:
+            rs = 1.0 / tl.sqrt(ms)
+            lo = _round(w_lo[None, :] * _round(lo * rs[:, None], ROUND), ROUND)
+            hi = _round(w_hi[None, :] * _round(hi * rs[:, None], ROUND), ROUND)
+        else:
+            rs = tl.math.rsqrt(ms)
+            lo = w_lo[None, :] * _round(lo * rs[:, None], ROUND)
+            hi = w_hi[None, :] * _round(hi * rs[:, None], ROUND)
+    at = pos[:, None] * sr_p + d[None, :]
+    cos_lo = _round(tl.load(cos_ptr + at, mask=m_ok[:, None], other=0.0).to(tl.float32), ROUND)
+    cos_hi = _round(tl.load(cos_ptr + at + HALF, mask=m_ok[:, None], other=0.0).to(tl.float32), ROUND)
+    sin_lo = _round(tl.load(sin_ptr + at, mask=m_ok[:, None], other=0.0).to(tl.float32), ROUND)
+    sin_hi = _round(tl.load(sin_ptr + at + HALF, mask=m_ok[:, None], other=0.0).to(tl.float32), ROUND)
+    # x * cos + rotate_half(x) * sin, rotate_half(x) = [-hi, lo]
+    if EAGER:
+        new_lo = _round(_round(lo * cos_lo, ROUND) - _round(hi * sin_lo, ROUND), ROUND)
+        new_hi = _round(_round(hi * cos_hi, ROUND) + _round(lo * sin_hi, ROUND), ROUND)
+    else:
+        new_lo = lo * cos_lo - hi * sin_lo
+        new_hi = hi * cos_hi + lo * sin_hi
+    return new_lo, new_hi
+
+
+@triton.jit
+def store_head(lo, hi, head, m, m_ok, T, H, Hkv, slot_ptr, q_ptr, sq_m, sq_h, kc_ptr, skc_b, skc_h, skc_s,
+               vc_ptr, svc_b, svc_h, svc_s, HALF: tl.constexpr):
+    """Store head `head` (query heads 0..H-1, then the Hkv key heads, then the value heads) of rows m
+    [BM] from its halves lo, hi [BM, HALF] (float32, rounded once to the destination's dtype):
+    queries to q [M, H, D] (strides sq_m, sq_h), keys and values into their cache [B, Hkv, S, D] at
+    (row m // T, the head, slot[m]). Unit innermost strides."""
+    d = tl.arange(0, HALF)
+    ok = m_ok[:, None] & (d < HALF)[None, :]
+    if head < H:
+        at = q_ptr + m[:, None] * sq_m + head * sq_h + d[None, :]
+        tl.store(at, lo.to(q_ptr.dtype.element_ty), mask=ok)
+        tl.store(at + HALF, hi.to(q_ptr.dtype.element_ty), mask=ok)
+    else:
+        b = m // T
+        slot = tl.load(slot_ptr + m, mask=m_ok, other=0)
+        if head < H + Hkv:
+            at = kc_ptr + b[:, None] * skc_b + (head - H) * skc_h + slot[:, None] * skc_s + d[None, :]
+            tl.store(at, lo.to(kc_ptr.dtype.element_ty), mask=ok)
+            tl.store(at + HALF, hi.to(kc_ptr.dtype.element_ty), mask=ok)
+        else:
+            at = vc_ptr + b[:, None] * svc_b + (head - H - Hkv) * svc_h + slot[:, None] * svc_s + d[None, :]
+            tl.store(at, lo.to(vc_ptr.dtype.element_ty), mask=ok)
+            tl.store(at + HALF, hi.to(vc_ptr.dtype.element_ty), mask=ok)

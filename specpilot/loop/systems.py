@@ -25,7 +25,7 @@ from specpilot.memory.records import knob_diff, system_hash
 KNOB_GROUPS: dict[str, tuple[str, ...]] = {
     "tree": ("drafter", "depth", "topk", "tree_budget", "draft_window", "adaptive_depth", "ngram_min", "ngram_max",
              "block_size", "tree_construction"),
-    "kernels": ("kernel", "w12", "kernel_lm_head", "kernel_table", "attention", "pdl"),
+    "kernels": ("kernel", "w12", "kernel_lm_head", "kernel_table", "attention", "pdl", "rope_store"),
     "runtime": ("cuda_graphs", "sync_every"),
     "batch": ("shared_budget", "row_depth_margin", "segment_tokens", "attention_span"),
     "fault": ("fault",),

@@ -2,7 +2,8 @@
 
 Owns: the forward pass over a static KV cache with an explicit attention mask (what AR decoding,
 tree verification and drafting all use; the attention by torch's SDPA or the split-KV kernel,
-`use_attention`), a cache-free causal forward (training and teacher
+`use_attention`; q/k norm, RoPE and the cache write by the fused op and indexed writes or by one
+kernel, `use_rope_store`), a cache-free causal forward (training and teacher
 forcing), RoPE with Llama-3 scaling, Qwen3's per-head q/k RMSNorm, GQA without materialising
 repeated K/V, fused QKV and gate/up projections.
 
@@ -22,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from specpilot.config import AttentionKernel
+from specpilot.kernels import rope_store
 from specpilot.kernels.attention import MAX_QUERIES, split_attention
 from specpilot.models import ops
 from specpilot.models.config import ModelConfig
@@ -91,6 +93,12 @@ class CachedAttention(nn.Module):
 
 
 class Attention(CachedAttention):
+    """A dense layer's attention: fused qkv projection, Qwen3's q/k norm, RoPE, the cached attention
+    and o_proj. `rope_store` (set by `use_rope_store`): `Transformer.forward` writes q/k norm, RoPE
+    and the cache write in one kernel (`project_store`) where it applies."""
+
+    rope_store = False
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
@@ -114,6 +122,16 @@ class Attention(CachedAttention):
         if packing is not None:
             qkv = packing.unpack(qkv)
         return qkv_rope(qkv, qw, kw, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps)
+
+    def project_store(self, x, cos_table, sin_table, positions, k_cache, v_cache, slots) -> torch.Tensor:
+        """q [B,T,H,D] of x [B,T,C] with norms and RoPE applied, k and v written into k_cache, v_cache
+        [B,Hkv,S,D] at slots [B,T]: the qkv projection, then one kernel (`kernels.rope_store`, RoPE
+        from the float32 tables [P,D] at positions [B,T], rounded as the compiled `project` rounds)."""
+        c = self.config
+        qw = self.q_norm.weight if self.q_norm is not None else None
+        kw = self.k_norm.weight if self.k_norm is not None else None
+        return rope_store.qk_norm_rope_store(self.qkv_proj(x), qw, kw, cos_table, sin_table, positions, k_cache,
+                                             v_cache, slots, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps)
 
     def attend_cached(self, q, k, v, k_cache, v_cache, rows, slots, bias, packing=None):
         """Write k, v at `slots`, attend over the whole static cache, project.
@@ -212,6 +230,14 @@ class Transformer(nn.Module):
         runs; a KV cache needs no scratch for it)."""
         return KVCache.allocate(self.config, batch, capacity, self.device, self.dtype)
 
+    def rope_store_applies(self, h: torch.Tensor) -> bool:
+        """Whether a cached forward with activations like h (dtype, device) runs each layer's q/k norm,
+        RoPE and cache write in one kernel: its attention's `rope_store` is on and the kernel takes
+        the model's dtype, device and head size, with RoPE over the whole head."""
+        c = self.config
+        return (bool(self.layers) and self.layers[0].self_attn.rope_store
+                and rope_store.applies(h, c.head_dim, self.rope_cos.shape[-1]))
+
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
         cos = self.rope_cos[positions].to(dtype).unsqueeze(2)  # [B,T,1,D]
         sin = self.rope_sin[positions].to(dtype).unsqueeze(2)
@@ -245,11 +271,14 @@ class Transformer(nn.Module):
         norm, add_norm = ops.fused("rms_norm", dev), ops.fused("add_rms_norm", dev)
         qkv_rope, act = ops.fused("qkv_norm_rope", dev), ops.fused("silu_mul", dev)
         h = self.embed_tokens(tokens)  # [B,T,C]
-        cos, sin = self._rope(positions, h.dtype)
-        # per-forward, not per-layer: the additive mask with GQA groups folded in, and row ids
+        # one kernel per layer for q/k norm, RoPE and the cache write, gathering cos/sin itself
+        store = pack is None and self.rope_store_applies(h)
+        if not store:
+            cos, sin = self._rope(positions, h.dtype)
+            rows = torch.arange(B, device=dev)[:, None].expand(B, T)
+        # per-forward, not per-layer: the additive mask with GQA groups folded in
         G = c.num_heads // c.num_kv_heads
         bias = ops.attention_bias(mask, h.dtype, G)  # [B,1,G*T,S]
-        rows = torch.arange(B, device=dev)[:, None].expand(B, T)
         packing = None
         if pack is not None:
             if logits_for is not None:
@@ -260,8 +289,12 @@ class Transformer(nn.Module):
         kept: dict[int, torch.Tensor] = {-1: h} if -1 in capture else {}
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            q, k, v = attn.project(x, cos, sin, fuse=qkv_rope, packing=packing)
-            a = attn.attend_cached(q, k, v, cache.k[i], cache.v[i], rows, slots, bias, packing)
+            if store:
+                q = attn.project_store(x, self.rope_cos, self.rope_sin, positions, cache.k[i], cache.v[i], slots)
+                a = attn.o_proj(attn.attend_over_cache(q, cache.k[i], cache.v[i], bias))
+            else:
+                q, k, v = attn.project(x, cos, sin, fuse=qkv_rope, packing=packing)
+                a = attn.attend_cached(q, k, v, cache.k[i], cache.v[i], rows, slots, bias, packing)
             h, x = add_norm(h, a, layer.post_attention_layernorm.weight, eps)
             m = layer.mlp(x, act=act)
             nxt = self.layers[i + 1].input_layernorm.weight if i + 1 < len(self.layers) else self.norm.weight
@@ -297,6 +330,14 @@ def use_attention(model: nn.Module, kernel: AttentionKernel) -> None:
     for module in model.modules():
         if isinstance(module, CachedAttention):
             module.kernel = kernel
+
+
+def use_rope_store(model: nn.Module, on: bool) -> None:
+    """Every dense attention of `model` (its `Attention` modules) has q/k norm, RoPE and the cache
+    write done in one kernel where it applies (`Attention.project_store`), or not."""
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.rope_store = on
 
 
 PROJECTIONS = ("self_attn.qkv_proj", "self_attn.o_proj", "linear_attn.in_proj", "linear_attn.out_proj",

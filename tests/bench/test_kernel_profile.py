@@ -11,6 +11,7 @@ KERNELS = [("sm90_xmma_gemm_bf16bf16_bf16f32", 6.0), ("nvjet_tst_64x8_64x16", 4.
 def test_kernel_names_fall_into_their_families():
     assert [family(n) for n, _ in KERNELS] == ["gemm", "gemm", "attention", "topk/sort", "fused triton",
                                                 "copy/fill", "other"]
+    assert family("rope_store_kernel") == "fused triton"  # not the attention it feeds, nor a copy
 
 
 def test_the_summary_is_per_call():

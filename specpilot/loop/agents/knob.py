@@ -24,7 +24,8 @@ Each round it proposes, best first:
    constructions and budgets, adaptive depth tiers, the batch mechanisms for a batched regime
    (shared node budget, per-request depth, segment admission), and on GPU CUDA graphs, the
    proposal and the verification compiled (`draft_compile`, `verify_compile`), the draft model on
-   the Triton kernels (`draft_kernel`), these launch-level moves together (`launch_bundle`: some gain
+   the Triton kernels (`draft_kernel`), each attention layer's q/k norm, RoPE and cache write in one
+   kernel (`rope_store`), these launch-level moves together (`launch_bundle`: some gain
    less alone than the promotion threshold), the draft model's fused decoder layers (`draft_kernel =
    "fused"`, beside the bundle, which keeps the table kernels), fewer host syncs (`sync_every`), Triton kernels, W12
    weights (where the format floors do not price them), the Triton lm_head, two-level verification
@@ -61,13 +62,13 @@ from specpilot.loop.recall import change_key
 from specpilot.loop.systems import DRAFTER_SWITCHES, Candidate, describe, short_name
 
 GPU_ONLY = frozenset({"cuda_graphs", "sync_every", "kernel", "w12", "kernel_lm_head", "kernel_table", "draft_compile",
-                      "verify_compile", "attention", "pdl", "draft_kernel"})
+                      "verify_compile", "attention", "pdl", "draft_kernel", "rope_store"})
 
 
 def triton_launches(system: System) -> bool:
     """Whether `system` runs Triton kernels that `pdl` could launch early: ours (projections,
-    split-KV attention) or inductor's (a compiled proposal or verification)."""
-    return (system.kernel is Kernel.TRITON or system.attention is AttentionKernel.SPLIT_KV
+    split-KV attention, rope_store) or inductor's (a compiled proposal or verification)."""
+    return (system.kernel is Kernel.TRITON or system.attention is AttentionKernel.SPLIT_KV or system.rope_store
             or (system.draft_kernel is Kernel.TRITON and system.drafter in DRAFTER_MODELS)
             or (system.draft_kernel is Kernel.FUSED and system.drafter is DrafterKind.MODEL)
             or system.draft_compile or system.verify_compile)
@@ -341,6 +342,10 @@ class KnobAgent(Proposer):
                                "split-KV attention: a call with few queries (a drafter's frontier, the tree, a decode "
                                "step) cut along the cache into enough programs to fill the GPU, where torch's fused "
                                "kernels run a few dozen programs that each walk the whole cache"))
+            if not inc.rope_store:
+                launch.append((GapKind.VERIFY_KERNELS, {"rope_store": True},
+                               "each dense attention layer's q/k norm, RoPE and K/V cache write in one Triton "
+                               "kernel: about five launches per layer and four per forward cut to one per layer"))
             if inc.drafter in DRAFTER_MODELS and inc.draft_kernel is Kernel.CUBLAS:
                 launch.append((GapKind.DRAFT_KERNELS, {"draft_kernel": Kernel.TRITON.value},
                                "the drafter's own projections and lm_head through the Triton kernels: its few rows "
@@ -450,7 +455,7 @@ def tlv_moves(cost, inc: System) -> list[tuple[GapKind, dict, str]]:
 
 
 def launch_bundle(inc: System, launch: list[tuple[GapKind, dict, str]]) -> list[tuple[GapKind, dict, str]]:
-    """The launch-level moves (compiled rounds, split-KV attention, the drafter's kernels, PDL)
+    """The launch-level moves (compiled rounds, split-KV attention, rope_store, the drafter's kernels, PDL)
     together, as one more move ahead of them where two or more apply, with PDL wherever the bundle
     runs Triton kernels: alone, some gain less than the promotion threshold (PDL a few tenths of
     a percent) and could never be promoted, where together they clear it; and one timing answers

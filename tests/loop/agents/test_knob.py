@@ -459,7 +459,7 @@ def test_on_gpu_it_proposes_pdl_once_where_triton_kernels_run():
 
     assert not pdl_moves(STOCK)  # the stock fixture: cuBLAS, SDPA, eager
     for knobs in ({"verify_compile": True}, {"kernel": Kernel.TRITON}, {"attention": AttentionKernel.SPLIT_KV},
-                  {"draft_kernel": Kernel.TRITON}):
+                  {"draft_kernel": Kernel.TRITON}, {"rope_store": True}):
         moves = pdl_moves(STOCK.with_changes(name="k", **knobs))
         assert len(moves) == 1 and moves[0].gap.value == "verify-kernels", knobs
     assert not pdl_moves(STOCK.with_changes(name="on", verify_compile=True, pdl=True))
@@ -513,7 +513,7 @@ def test_on_gpu_the_launch_level_moves_are_also_proposed_together_ahead_of_them(
     """Compiled rounds, split-KV attention, the drafter's kernels and PDL: each alone, and all of
     them as one move before them (PDL, which alone gains less than the threshold, rides along);
     none together where one is left, nor on CPU."""
-    launch = {"draft_compile", "verify_compile", "attention", "draft_kernel", "pdl"}
+    launch = {"draft_compile", "verify_compile", "attention", "rope_store", "draft_kernel", "pdl"}
     out = KnobAgent().propose(context(limit=80))
     changes = [set(p.candidate.changes_from(Candidate(STOCK))) for p in out]
     (bundle,) = [p for p, c in zip(out, changes) if c == launch]
@@ -521,12 +521,14 @@ def test_on_gpu_the_launch_level_moves_are_also_proposed_together_ahead_of_them(
     assert bundle.candidate.system.pdl and bundle.candidate.system.attention is AttentionKernel.SPLIT_KV
     assert changes.index(launch) < changes.index({"draft_compile"})
     assert {"verify_compile"} in changes and {"attention"} in changes and {"draft_kernel"} in changes
+    (store,) = [p for p, c in zip(out, changes) if c == {"rope_store"}]
+    assert store.gap.value == "verify-kernels" and "RoPE" in store.rationale
     compiled = STOCK.with_changes(name="c", draft_compile=True, verify_compile=True)
     inc = Incumbent(Candidate(compiled), 1, 0.1)
     rest = [set(p.candidate.changes_from(inc.candidate)) for p in KnobAgent().propose(context(incumbent=inc, limit=80))]
-    assert {"attention", "draft_kernel", "pdl"} in rest  # the compiled rounds launch inductor's kernels: PDL alone too
+    assert {"attention", "rope_store", "draft_kernel", "pdl"} in rest  # the compiled rounds launch inductor's kernels: PDL alone too
     one_left = STOCK.with_changes(name="o", draft_compile=True, verify_compile=True, attention=AttentionKernel.SPLIT_KV,
-                                  pdl=True)
+                                  rope_store=True, pdl=True)
     inc = Incumbent(Candidate(one_left), 1, 0.1)
     rest = [set(p.candidate.changes_from(inc.candidate)) for p in KnobAgent().propose(context(incumbent=inc, limit=80))]
     assert {"draft_kernel"} in rest and not any(len(c) > 1 and "draft_kernel" in c for c in rest)
