@@ -13,6 +13,9 @@
 #   fused/          draft_kernel = "fused" on the GPU: its lossless CUDA test, then scripts/round_kernels.py on fixture-x16
 #                   (draft proposal and verify per system, kernel by kernel: stock and d6k8n64-compiled, each with and
 #                   without the fused draft layers; $FUSED_SYSTEMS and $FUSED_TESTS (a pytest -k) narrow it)
+#   round/          the round's kernels (issue 55): tests/gpu/test_rope_store_cuda.py (round_test), then
+#                   scripts/round_kernels.py on fixture-x16 (stock, stock + rope_store), then specpilot bench
+#                   (round_bench: AR, stock, stock + rope_store; 5 sets x 5 prompts x 128 tokens)
 #   families/       scripts/families_checks.py (AR vs byte floor by step configuration and verify curves, random weights;
 #                   top kernels)
 #   hybrid_final/   specpilot bench on fixture-hybrid-x16: stock vs the loop's final system (scripts/systems/hybrid-final.toml)
@@ -22,15 +25,15 @@
 #   all.log         every part's log, one after another (`tail -n +1`); parts.tgz: the part folders (a device
 #                   call returns at most 8 files: nothing else is left under $OUT)
 #     bash scripts/families_fp8_tlv.sh COMMIT [PART ...]
-#   PARTS: gpu_tests fp8 tlv_b1 sampling families fused hybrid_final hybrid_ar loop_sampled loop_hybrid; default: gpu_tests fp8 tlv_b1 sampling families
+#   PARTS: gpu_tests fp8 tlv_b1 sampling families fused round hybrid_final hybrid_ar loop_sampled loop_hybrid; default: gpu_tests fp8 tlv_b1 sampling families
 set -u
 DEADLINE=${DEADLINE:-$(( $(date +%s) + 585 ))}  # one device call: the loop parts take the time left before it
 C=${1:-unknown}
 shift || true
 PARTS=" ${*:-gpu_tests fp8 tlv_b1 sampling families} "
-run() {  # name timeout command... (a part X_test runs with part X)
+run() {  # name timeout command... (parts X_test and X_bench run with part X)
   local name=$1 limit=$2; shift 2
-  [[ "$PARTS" == *" $name "* || "$PARTS" == *" ${name%_test} "* ]] || return 0
+  [[ "$PARTS" == *" $name "* || "$PARTS" == *" ${name%_test} "* || "$PARTS" == *" ${name%_bench} "* ]] || return 0
   local t0=$(date +%s)
   timeout --signal=INT --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "$name rc=$? $(( $(date +%s) - t0 ))s" | tee -a "$OUT/times.txt"
@@ -50,6 +53,11 @@ run sampling 240 python scripts/sampling_speed.py --deployment fixture-x16-eagle
 run fused_test 120 python -m pytest -q tests/gpu/test_engine_cuda.py -k "${FUSED_TESTS:-fused}" -p no:cacheprovider
 run fused 240 python scripts/round_kernels.py --deployment fixture-x16 --out "$OUT/fused" --tokens 128 --reps 10 \
   --system ${FUSED_SYSTEMS:-stock scripts/systems/stock-fused.toml scripts/systems/d6k8n64-compiled.toml scripts/systems/d6k8n64-compiled-fused.toml}
+run round_test 50 python -m pytest -q -s tests/gpu/test_rope_store_cuda.py -p no:cacheprovider
+run round 120 python scripts/round_kernels.py --deployment fixture-x16 --out "$OUT/round" --tokens 128 --reps 10 \
+  --system stock scripts/systems/stock-rope-store.toml
+run round_bench 140 python -m specpilot bench --deployment fixture-x16 --system stock \
+  --system scripts/systems/stock-rope-store.toml --n-prompts 5 --max-new-tokens 128 --out "$OUT/round_bench" --no-progress
 run families 200 python scripts/families_checks.py --out "$OUT/families" --commit "$C" --kernels
 loop() {  # name deployment: `loop_fixture.py` on the deployment in the time left before DEADLINE (<= 9 min)
   [[ "$PARTS" == *" $1 "* ]] || return 0
