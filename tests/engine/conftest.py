@@ -25,6 +25,23 @@ def interpreted_kernels(interpreter):
     interpreter("specpilot.kernels.gemv", "_gemv_kernel")
 
 
+@pytest.fixture
+def traced(monkeypatch):
+    """Graphs Dynamo captured (a counting backend that runs them as they are: `ops.STATIC_BACKEND`)."""
+    from specpilot.models import ops
+
+    graphs: list = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(ops, "STATIC_BACKEND", backend)
+    torch._dynamo.reset()
+    yield graphs
+    torch._dynamo.reset()
+
+
 @pytest.fixture(scope="module")
 def target(target_dir):
     """The random test target (float32, CPU), loaded once per module."""

@@ -17,21 +17,6 @@ from specpilot.models.dflash_checkpoint import write_dflash
 from specpilot.models.eagle3_checkpoint import write_eagle3
 from specpilot.models.loading import load_model
 
-@pytest.fixture
-def traced(monkeypatch):
-    """Graphs Dynamo captured, per compiled function name."""
-    graphs: list = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    monkeypatch.setattr(ops, "STATIC_BACKEND", backend)
-    torch._dynamo.reset()
-    yield graphs
-    torch._dynamo.reset()
-
-
 @pytest.fixture(scope="module")
 def eagle3_dir(target_dir, tmp_path_factory):
     target = load_model(target_dir)

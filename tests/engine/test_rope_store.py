@@ -86,23 +86,6 @@ def test_the_knob_reads_from_toml_and_leaves_default_fingerprints_alone():
         System.from_dict({"rope_store": "yes"})
 
 
-@pytest.fixture
-def traced(monkeypatch):
-    """Graphs Dynamo captured (a counting backend that runs them as they are: `ops.STATIC_BACKEND`)."""
-    from specpilot.models import ops
-
-    graphs: list = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    monkeypatch.setattr(ops, "STATIC_BACKEND", backend)
-    torch._dynamo.reset()
-    yield graphs
-    torch._dynamo.reset()
-
-
 def test_compiled_rounds_call_the_op_once_per_layer_and_give_the_eager_tokens(traced, interpreted, d32_dirs,
                                                                              make_prompts):
     """Under both compile knobs each piece is one graph calling `specpilot::rope_store` once per
