@@ -53,6 +53,8 @@ VARIANTS = {  # name -> extra arguments of tools/train_dflash.py
     "mix": ["--prompt-mix", "0.5", "--stop-at-eos"],
     "mix-window128": ["--prompt-mix", "0.5", "--stop-at-eos", "--anchor-window", "128"],
     "mix-window128-distill": ["--prompt-mix", "0.5", "--stop-at-eos", "--anchor-window", "128", "--distill", "0.5"],
+    # variable prefix: up to 7 real tokens after a block's root, loss past them (train_dflash.py block_loss)
+    "mix-window128-prefix": ["--prompt-mix", "0.5", "--stop-at-eos", "--anchor-window", "128", "--prefix-max", "7"],
 }
 DEFAULT = ("base", "window128", "mix-window128", "mix-window128-distill")  # one ~5-minute GPU call
 DATA_ARGS = ["--prompts", "4096", "--questions", "2048"]  # ~80 s of generation on an H100

@@ -1,15 +1,19 @@
 """tools/train_dflash.py: its training blocks are exactly what the engine drafts (positions,
-label offsets, the `kv < anchor` context), and --smoke runs end to end on CPU."""
+label offsets, the `kv < anchor` context), --smoke runs end to end on CPU, a run resumed from its
+checkpoint ends with the uninterrupted run's weights, and the variable-prefix loss covers only the
+offsets past the prefix."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 
 import pytest
 import torch
+import train_checkpoint
 import train_dflash
 
 from specpilot.config import TreeConstruction
@@ -152,3 +156,109 @@ def test_prompt_mix_draws_question_rows_in_that_fraction():
     plain = torch.randint(0, 100, (8,), generator=torch.Generator().manual_seed(1))
     assert torch.equal(train_dflash.sample_rows(torch.zeros(100, dtype=torch.bool), 8, 0.0,
                                                 torch.Generator().manual_seed(1)), plain)  # same rows as before
+
+
+def run_tool(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, str(TOOLS / "train_dflash.py"), "--smoke", *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def split_runs(tmp_path_factory):
+    """(one uninterrupted --prefix-max 2 run, the same run in two --resume slices of 3 steps)."""
+    root = tmp_path_factory.mktemp("resume")
+    whole, split = root / "whole", root / "split"
+    proc = run_tool("--prefix-max", "2", "--out", str(whole))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_tool("--prefix-max", "2", "--resume", "--stop-after", "3", "--out", str(split))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    partial = json.loads((split / "training_log.json").read_text())
+    proc = run_tool("--prefix-max", "2", "--resume", "--out", str(split))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return whole, split, partial
+
+
+@pytest.mark.slow
+def test_resumed_slices_end_with_the_uninterrupted_runs_weights(split_runs):
+    from safetensors.torch import load_file
+
+    whole, split, partial = split_runs
+    assert partial["status"] == "partial" and partial["training"]["steps"] == 3 and partial["training"]["planned"] == 6
+    one, two = (json.loads((d / "training_log.json").read_text()) for d in (whole, split))
+    assert two["status"] == "ok" and two["training"]["steps"] == 6
+    assert [s["steps"] for s in two["training"]["slices"]] == [[0, 3], [3, 6]]
+    assert two["training"]["curve"] == one["training"]["curve"]
+    a, b = (load_file(d / "dflash" / "model.safetensors") for d in (whole, split))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (split / "data.pt").is_file() and all(q.stat().st_size <= train_checkpoint.PART_BYTES
+                                                 for q in split.glob("checkpoint.pt*"))
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_checkpoint_of_other_arguments(split_runs):
+    _, split, _ = split_runs
+    proc = run_tool("--prefix-max", "1", "--resume", "--out", str(split))
+    assert proc.returncode == 2
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "error:" in line]
+    assert len(errors) == 1 and "--prefix-max 2 (now 1)" in errors[0], proc.stderr
+
+
+def test_checkpoint_parts_are_written_atomically_and_checked(tmp_path, monkeypatch):
+    monkeypatch.setattr(train_checkpoint, "PART_BYTES", 1000)
+    path = tmp_path / "checkpoint.pt"
+    assert train_checkpoint.load(path) is None
+    state = {"w": torch.arange(1000, dtype=torch.float32), "step": 3, "curve": [{"loss": 1.5}]}
+    train_checkpoint.save(state, path)
+    first = sorted(q.name for q in tmp_path.glob("checkpoint.pt.*"))
+    assert len(first) >= 4  # 4000 bytes of weights in parts of 1000
+    state["step"] = 4
+    train_checkpoint.save(state, path)
+    second = sorted(q.name for q in tmp_path.glob("checkpoint.pt.*"))
+    assert not set(first) & set(second)  # the previous save's parts are gone
+    back = train_checkpoint.load(path)
+    assert back["step"] == 4 and torch.equal(back["w"], state["w"]) and back["curve"] == state["curve"]
+    (tmp_path / second[1]).write_bytes(b"damaged")
+    with pytest.raises(ValueError, match="missing or damaged"):
+        train_checkpoint.load(path)
+
+
+def test_prefix_loss_covers_only_the_offsets_past_the_prefix(target_dir):
+    from argparse import Namespace
+
+    import torch.nn.functional as F
+
+    labels = torch.tensor([[7, 8, 9, 10] * 3])
+    offset = torch.arange(4).repeat(3)[None]
+    prefix = torch.tensor([0, 1, 2]).repeat_interleave(4)[None]
+    valid, w = train_dflash.block_weights(labels, offset, prefix, 7.0)
+    d = math.exp(-1 / 7)
+    expected = torch.tensor([[0, 1, d, d * d, 0, 0, 1, d, 0, 0, 0, 1]])
+    assert torch.allclose(w, expected) and torch.equal(valid, expected > 0)
+
+    target = load_model(target_dir)
+    draft = random_dflash(target.config, num_layers=1, block_size=4, seed=1)
+    tokens = torch.randint(1, 4096, (2, 24), generator=torch.Generator().manual_seed(0))
+    starts = torch.tensor([8, 10])
+    args = Namespace(anchors=5, anchor_window=0, block_size=4, gamma=7.0, distill=0.0, prefix_max=2)
+    with torch.no_grad():
+        feats = train_dflash.target_features(target, tokens, draft.feature_layers)
+        loss, _ = train_dflash.block_loss(draft, target, tokens, starts, feats, args, torch.Generator().manual_seed(5))
+        g = torch.Generator().manual_seed(5)  # the same draws, by hand
+        anchors = train_dflash.sample_anchors(24, starts, 5, g)
+        p = train_dflash.sample_prefix(anchors, 24, 2, g)
+        assert p.min() == 0 and p.max() == 2
+        logits, labels, offset = train_dflash.block_logits(draft, target, tokens, feats, anchors, 4, p)
+        none = train_dflash.block_logits(draft, target, tokens, feats, anchors, 4)[0]
+        zero = train_dflash.block_logits(draft, target, tokens, feats, anchors, 4, torch.zeros_like(p))[0]
+    assert torch.equal(zero, none)  # p = 0 is the root alone
+    assert not torch.equal(logits, none)  # the prefix tokens are inputs
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none").view(2, -1)
+    num = den = 0.0
+    for b in range(2):
+        for q in range(ce.shape[1]):
+            k, pb = q % 4, int(p[b, q // 4])
+            if k > pb and labels[b, q] >= 0:
+                num, den = num + float(ce[b, q]) * math.exp(-(k - pb - 1) / 7.0), den + math.exp(-(k - pb - 1) / 7.0)
+    assert abs(float(loss) - num / den) < 1e-5 * num / den
+    assert train_dflash.sample_prefix(anchors, 24, 0, g) is None
