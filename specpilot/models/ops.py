@@ -123,15 +123,11 @@ def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def attention_bias(mask: torch.Tensor, dtype: torch.dtype, groups: int = 1) -> torch.Tensor:
     """The additive attention bias of a bool mask [B,X,T,S] (True: may attend): 0 or -inf in
     `dtype`, [B,X,groups*T,S], the mask repeated for the `groups` query heads of a KV group folded
-    into the query axis (head h = j*G + g, as `CachedAttention.attend_over_cache` folds them). One
-    kernel: the two values are host (0-dim CPU) scalars; inside a torch.compile trace, where the
-    compiler fuses the cast anyway, Python scalars (a compiled graph keeps to one device)."""
+    into the query axis (head h = j*G + g, as `CachedAttention.attend_over_cache` folds them). Two
+    kernels (a fill and a masked fill through the expanded mask), no host tensors: CUDA-graph safe."""
     B, X, T, S = mask.shape
-    allowed = mask[:, :, None].expand(B, X, groups, T, S)
-    if torch.compiler.is_compiling():
-        return torch.where(allowed, 0.0, float("-inf")).to(dtype).view(B, X, groups * T, S)
-    zero, blocked = torch.zeros((), dtype=dtype), torch.full((), float("-inf"), dtype=dtype)
-    return torch.where(allowed, zero, blocked).view(B, X, groups * T, S)
+    bias = torch.full((B, X, groups, T, S), float("-inf"), dtype=dtype, device=mask.device)
+    return bias.masked_fill_(mask[:, :, None].expand(B, X, groups, T, S), 0.0).view(B, X, groups * T, S)
 
 
 def fusion_enabled(device: torch.device) -> bool:
