@@ -25,7 +25,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 os.environ.setdefault("SPECPILOT_COMPILE", "0")
 
 import torch  # noqa: E402
-import train_dflash  # noqa: E402
+from train_data import bench_prompt_ids  # noqa: E402
 
 from specpilot.bench.provenance import capture  # noqa: E402
 from specpilot.config import DrafterKind, load_deployment  # noqa: E402
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     deployment = load_deployment(args.deployment)
     session = Session.load(deployment, device=device)
-    prompts = train_dflash.bench_prompt_ids(deployment.target, args.n_prompts)
+    prompts = bench_prompt_ids(deployment.target, args.n_prompts)
     rows = []
     for name in args.drafters:
         kind = DrafterKind(name)

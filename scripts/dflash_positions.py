@@ -34,7 +34,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 os.environ.setdefault("SPECPILOT_COMPILE", "0")
 
 import torch  # noqa: E402
-import train_dflash  # noqa: E402
+from dflash_objective import block_logits, target_features  # noqa: E402
+from train_data import bench_prompt_ids  # noqa: E402
 
 from specpilot.bench.provenance import capture  # noqa: E402
 from specpilot.config import TreeConstruction  # noqa: E402
@@ -79,7 +80,7 @@ def block_hits(draft, target, tokens: torch.Tensor, feats: torch.Tensor, start: 
     if ablate_root:
         target._modules["embed_tokens"] = _MaskAsRoot(draft.mask_embedding)
     try:
-        logits, labels, _ = train_dflash.block_logits(draft, target, tokens, feats, anchors, block)
+        logits, labels, _ = block_logits(draft, target, tokens, feats, anchors, block)
     finally:
         target._modules["embed_tokens"] = embed
     return (logits.argmax(-1) == labels).view(-1, block)[:, 1:]
@@ -122,7 +123,7 @@ def main(argv=None) -> int:
     target = load_model(resolve_checkpoint(args.target, "target"), device=device, dtype=dtype)
     draft = load_dflash(resolve_checkpoint(args.drafter, "dflash"), target, device=device, dtype=dtype)
     block = draft.spec.block_size
-    prompts = train_dflash.bench_prompt_ids(args.target, args.n_prompts)
+    prompts = bench_prompt_ids(args.target, args.n_prompts)
     # block more tokens than the report covers, so the walk's last rounds see whole blocks
     outs = Generator(target).generate(prompts, args.tokens + block, stop_at_eos=False).outputs
     chain = DFlashDrafter(draft, target, block, block - 1, TreeConstruction.CHAIN)
@@ -133,7 +134,7 @@ def main(argv=None) -> int:
         for prompt, out in zip(prompts, outs):
             seq = prompt + out
             tokens = torch.tensor([seq], device=target.device)
-            feats = train_dflash.target_features(target, tokens, draft.feature_layers)
+            feats = target_features(target, tokens, draft.feature_layers)
             every = block_hits(draft, target, tokens, feats, len(prompt), block)
             c, r = walk(every, args.tokens)
             committed, rounds = committed + c, rounds + r

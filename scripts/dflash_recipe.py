@@ -53,7 +53,7 @@ VARIANTS = {  # name -> extra arguments of tools/train_dflash.py
     "mix": ["--prompt-mix", "0.5", "--stop-at-eos"],
     "mix-window128": ["--prompt-mix", "0.5", "--stop-at-eos", "--anchor-window", "128"],
     "mix-window128-distill": ["--prompt-mix", "0.5", "--stop-at-eos", "--anchor-window", "128", "--distill", "0.5"],
-    # variable prefix: up to 7 real tokens after a block's root, loss past them (train_dflash.py block_loss)
+    # variable prefix: up to 7 real tokens after a block's root, loss past them (dflash_objective.py block_loss)
     "mix-window128-prefix": ["--prompt-mix", "0.5", "--stop-at-eos", "--anchor-window", "128", "--prefix-max", "7"],
 }
 DEFAULT = ("base", "window128", "mix-window128", "mix-window128-distill")  # one ~5-minute GPU call

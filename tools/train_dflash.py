@@ -6,34 +6,19 @@
     python tools/train_dflash.py --out OUT --resume --total-minutes 20 --minutes 7   # per device call, 2-3 calls
 
 Recipe (`shared/research/mechanisms.md` 1.4, after SpecForge's `OnlineDFlashModel`):
-1. prompts: token windows of the offline corpus (`corpus.py`) of --min-prompt-len..--prompt-len
-   tokens (log-uniform), half of them from a document's start as a user's prompt is; documents
-   containing benchmark text dropped (`leakcheck.py`); every 20th document is held out. With
-   --questions N also N prompts shaped like what users send (`question_prompts.py`: GSM8K/MBPP
-   train questions and docstring'd functions, encoded by the benchmark's own `encode_example`, so
-   they end in "Answer:", "Assistant:" ... as benchmark prompts do); --prompt-mix F draws that
-   fraction of the training rows from them. Why: the target's continuation of a formatted
-   question (an answer, then EOS) is not what it writes after a corpus window, and the shipped
-   drafter is weakest exactly there (`scripts/dflash_positions.py`: offset-1 accuracy 0.32 in the
-   first 32 generated tokens of benchmark prompts, 0.58 at 128-256).
-2. data: greedy continuations from the target with the engine, every sequence cut to
-   --prompt-len + --gen-tokens. On the target's own greedy text "next token" is "target argmax",
-   so every label is an acceptance label.
-3. step: the frozen target's features (outputs of `target_layer_ids`) for whole sequences; up to
-   `--anchors` anchor positions per sequence among those whose next token was generated; block b
-   = [token[a], MASK x (block-1)] at positions a..a+block-1, label at offset k = token[a+k];
-   block tokens see context keys at positions < a and their own block (the SpecForge mask); loss =
-   CE at offsets 1..block-1 weighted exp(-(k-1)/gamma) (--distill w: (1 - w) CE + w KL from the
-   target's distribution at the position that predicted the token). Variable prefix (--prefix-max
-   P): a block gets p in 0..P real tokens after its root (p = 0 half the time) and the loss covers
-   offsets > p, weighted exp(-(k-p-1)/gamma): drafting after a partial accept, as newer public
-   DFlash recipes train (`block_loss`). AdamW, warmup 4 %, cosine, clip 1.0. The draft layers
-   start as the target's last layers (--init). Every sequence is --prompt-len + --gen-tokens
-   long, so a short prompt gets a long continuation; the fixture's greedy text repeats itself
-   (the next 8 tokens occurred before at most positions past the 64th generated token:
-   `scripts/dflash_positions.py`); --anchor-window N keeps the anchors among the first N
-   generated positions; --stop-at-eos puts no loss past a continuation's first EOS (the engine
-   stops there; the text after it is not what a user is served).
+1. prompts and data: `train_data.py` (leak-checked corpus windows of --min-prompt-len..--prompt-len
+   tokens, --questions train-split questions formatted as the benchmark's prompts drawn with
+   --prompt-mix; the target's greedy continuations with the engine, cut to --prompt-len +
+   --gen-tokens, so every label is an acceptance label).
+2. loss: the block objective of `dflash_objective.py` (anchors among the generated positions,
+   blocks [root, MASK...] under the SpecForge mask, CE at offsets 1..block-1 weighted
+   exp(-(k-1)/gamma) or --distill, the variable prefix of --prefix-max).
+3. step: AdamW, warmup 4 %, cosine, clip 1.0. The draft layers start as the target's last layers
+   (--init). Every sequence is --prompt-len + --gen-tokens long, so a short prompt gets a long
+   continuation; the fixture's greedy text repeats itself (the next 8 tokens occurred before at
+   most positions past the 64th generated token: `scripts/dflash_positions.py`); --anchor-window N
+   keeps the anchors among the first N generated positions; --stop-at-eos puts no loss past a
+   continuation's first EOS (the engine stops there; the text after it is not what a user is served).
 4. resumable (--resume), for a training longer than one device call (10 minutes; each call a fresh
    machine that gets back only OUT): the same command in every call. The schedule is planned once,
    at the first slice's 30th step, over --total-minutes less the seconds spent making the data;
@@ -70,289 +55,16 @@ sys.path[:0] = [str(TOOLS.parent), str(TOOLS)]
 os.environ.setdefault("SPECPILOT_COMPILE", "0")
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 import train_checkpoint  # noqa: E402
+import train_data  # noqa: E402  (START: the clock of every log line, which train_hybrid.py may set)
+from dflash_objective import block_loss, target_features  # noqa: E402
+from train_data import bench_prompt_ids, data_digest, eos_ends, load_target, log, make_data, sample_rows  # noqa: E402
 
-from specpilot.config import BENCHMARK_SETS, TreeConstruction  # noqa: E402
+from specpilot.config import TreeConstruction  # noqa: E402
 from specpilot.engine.drafters.dflash import DFlashDrafter  # noqa: E402
 from specpilot.engine.generator import Generator  # noqa: E402
 from specpilot.models.dflash import build_target_layer_ids, random_dflash  # noqa: E402
 from specpilot.models.dflash_checkpoint import load_dflash, write_dflash  # noqa: E402
-
-START = time.perf_counter()
-
-
-def log(msg: str) -> None:
-    print(f"[{time.perf_counter() - START:7.1f}s] {msg}", flush=True)
-
-
-def load_target(args, device):
-    """(target, vocab for random prompts or None) for --smoke or a real checkpoint."""
-    if args.smoke:
-        from specpilot.models.random_checkpoint import random_model, tiny_config
-
-        return random_model(tiny_config(max_position_embeddings=512), seed=args.seed).to(device).eval()
-    from specpilot.models.fixture import resolve_checkpoint
-    from specpilot.models.loading import load_model
-
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return load_model(resolve_checkpoint(args.target, "target"), device=device, dtype=dtype)
-
-
-def offline_corpus(args) -> tuple[list[str], list[str]]:
-    """(leak-checked corpus documents, the Python sources among them)."""
-    import benchmark_prompts
-    import corpus as corpus_mod
-    import leakcheck
-
-    corpus = corpus_mod.build_corpus(python_bytes=6_000_000, english_chars=2_000_000, seed=args.seed)
-    docs = corpus.documents
-    python = {id(d) for d in corpus.by_source["python_source"]}
-    leaks = leakcheck.find_leaks(docs, benchmark_prompts.protected_texts())
-    bad = {leak.document for leak in leaks}
-    docs = [d for i, d in enumerate(docs) if i not in bad]
-    log(f"corpus: {len(docs)} documents ({len(bad)} dropped by the leak check)")
-    return docs, [d for d in docs if id(d) in python]
-
-
-def corpus_prompts(args, n: int, docs: list[str], tok) -> tuple[list[list[int]], list[list[int]]]:
-    """(train, held-out) prompts of --min-prompt-len..--prompt-len tokens from leak-checked corpus
-    documents; half start at the document's start."""
-    g = torch.Generator().manual_seed(args.seed)
-    train, held = [], []
-    for i in torch.randperm(len(docs), generator=g).tolist():
-        ids = tok.encode(docs[i])
-        lo, hi = math.log(args.min_prompt_len), math.log(args.prompt_len)
-        n_tok = int(round(math.exp(lo + (hi - lo) * float(torch.rand((), generator=g)))))
-        if len(ids) < n_tok:
-            continue
-        s = 0 if torch.rand((), generator=g) < 0.5 else int(torch.randint(0, len(ids) - n_tok + 1, (1,), generator=g))
-        (held if i % 20 == 0 else train).append(ids[s : s + n_tok])
-        if len(train) >= n and len(held) >= args.eval_prompts:
-            break
-    return train[:n], held[: args.eval_prompts]
-
-
-def training_prompts(args) -> tuple[list[list[int]], list[list[int]], list[list[int]], list[list[int]]]:
-    """(corpus train, corpus held-out, question train, question held-out) prompts: --prompts corpus
-    windows and --questions train-split questions formatted as the benchmark formats its prompts
-    (`question_prompts.py`), --eval-prompts held out of each kind that is drawn."""
-    from question_prompts import question_prompts
-
-    from specpilot.models.fixture import resolve_checkpoint
-    from specpilot.models.tokenizer import Tokenizer
-
-    docs, python_docs = offline_corpus(args)
-    tok = Tokenizer.from_dir(resolve_checkpoint(args.target, "target"))
-    train, held = corpus_prompts(args, args.prompts, docs, tok)
-    q_train, q_held = ([], [])
-    if args.questions:
-        q_train, q_held = question_prompts(tok, python_docs, args.questions, args.eval_prompts, args.prompt_len, args.seed)
-        log(f"questions: {len(q_train)} + {len(q_held)} formatted train-split prompts")
-    return train, held, q_train, q_held
-
-
-def generate(target, prompts: list[list[int]], args) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens [N,S], starts [N]): prompt + greedy continuation (no EOS stop) cut to S =
-    --prompt-len + --gen-tokens, and each row's first generated position."""
-    gen = Generator(target, cuda_graphs=target.device.type == "cuda")
-    S = args.prompt_len + args.gen_tokens
-    rows, starts = [], []
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths per batch
-    for i in range(0, len(order), args.gen_batch):
-        chunk = [prompts[j] for j in order[i : i + args.gen_batch]]
-        out = gen.generate(chunk, S - min(map(len, chunk)), stop_at_eos=False).outputs
-        rows += [(p + o)[:S] for p, o in zip(chunk, out)]
-        starts += [len(p) for p in chunk]
-    return torch.tensor(rows, dtype=torch.int64), torch.tensor(starts, dtype=torch.int64)
-
-
-def target_features(target, tokens: torch.Tensor, layer_ids, logits: bool = False):
-    """[B,S,n*C] outputs of `layer_ids` from a causal forward of tokens [B,S] (HF hidden_states[i+1];
-    id -1: the embedding), as `forward_causal(capture=layer_ids)` returns them, for a dense or a
-    hybrid target; with `logits`, (features, the target's logits [B,S,V] at every position)."""
-    out, feats = target.forward_causal(tokens, capture=tuple(layer_ids))
-    return (feats, out) if logits else feats
-
-
-def sample_anchors(S: int, starts: torch.Tensor, anchors: int, g: torch.Generator, window: int = 0,
-                   ends: torch.Tensor | None = None) -> torch.Tensor:
-    """[B,A] sorted anchor positions per row whose next token was generated (>= starts[b] - 1),
-    with `window` > 0 only among the first `window` of them (the early part of a continuation),
-    and with `ends` only those whose next token lies before ends[b]; a row with fewer such
-    positions than A fills up with later ones, whose labels `block_loss` masks."""
-    A = min(anchors, S - int(starts.max()), window or S)
-    rows = []
-    for b, start in enumerate(starts.tolist()):
-        lo, hi = start - 1, S - 2
-        if window:
-            hi = min(hi, lo + window - 1)
-        if ends is not None:
-            hi = max(lo, min(hi, int(ends[b]) - 2))
-        first = lo + torch.randperm(hi - lo + 1, generator=g)
-        if len(first) < A:
-            first = torch.cat([first, hi + 1 + torch.randperm(S - 2 - hi, generator=g)])
-        rows.append(first[:A])
-    return torch.stack(rows).sort(1).values
-
-
-def block_logits(draft, target, tokens: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor, block: int,
-                 prefix: torch.Tensor | None = None):
-    """(logits [B,Q,V], labels [B,Q], offsets [B,Q]) of the blocks at `anchors [B,A]`, Q = A*block.
-
-    Block b is [token[a], MASK...] at positions a..a+block-1; its tokens see context positions < a
-    (the target's features at a do not exist at inference: token a is the root) and their own block.
-    With `prefix [B,A]` (p per block), offsets 1..p hold the real tokens token[a+1..a+p] instead of MASK.
-    """
-    B, S = tokens.shape
-    dev = tokens.device
-    A = anchors.shape[1]
-    k = torch.arange(block, device=dev)
-    pos = (anchors[..., None] + k).reshape(B, A * block)  # [B,Q]
-    labels = tokens.gather(1, pos.clamp(max=S - 1))
-    labels = torch.where(pos < S, labels, torch.full_like(labels, -100))
-    offset = k.repeat(A).expand(B, -1)
-    q_anchor = anchors.repeat_interleave(block, 1)  # [B,Q]
-    ctx = torch.arange(S, device=dev)[None, None, :] < q_anchor[..., None]  # [B,Q,S]
-    bid = torch.arange(A, device=dev).repeat_interleave(block)
-    own = (bid[:, None] == bid[None, :]).expand(B, -1, -1)  # [B,Q,Q]
-    mask = torch.cat([ctx, own], -1)[:, None]
-    if prefix is None:
-        emb = draft.input_embeddings(target.embed_tokens, tokens.gather(1, anchors))  # [B,A,C]
-        emb, given = emb.repeat_interleave(block, 1), offset == 0  # [B,Q,C], [B,Q]
-    else:
-        emb = draft.input_embeddings(target.embed_tokens, tokens.gather(1, pos.clamp(max=S - 1)))  # [B,Q,C]
-        given = offset <= prefix.repeat_interleave(block, 1)
-    noise = torch.where(given[..., None], emb, draft.mask_embedding.to(emb.dtype).expand_as(emb))
-    ctx_pos = torch.arange(S, device=dev).expand(B, -1)
-    hidden = draft.forward_dense(feats.to(emb.dtype), ctx_pos, noise, pos, mask)
-    return draft.logits(target.lm_head, hidden).float(), labels, offset
-
-
-def sample_prefix(anchors: torch.Tensor, S: int, prefix_max: int, g: torch.Generator) -> torch.Tensor | None:
-    """[B,A] real tokens after the root per block for the variable-prefix objective: p = 0 with
-    probability 1/2 (the engine's case), else uniform in 1..prefix_max; at most S - 2 - a, so every
-    block keeps a label. None when prefix_max is 0 (the generator is not drawn from)."""
-    if prefix_max <= 0:
-        return None
-    root = torch.rand(anchors.shape, generator=g) < 0.5
-    p = torch.where(root, 0, torch.randint(1, prefix_max + 1, anchors.shape, generator=g)).to(anchors.device)
-    return torch.minimum(p, S - 2 - anchors)
-
-
-def block_weights(labels: torch.Tensor, offset: torch.Tensor, prefix: torch.Tensor, gamma: float):
-    """(valid [B,Q], weight [B,Q]) of block tokens: a label exists and its offset k is drafted (k > p,
-    `prefix [B,Q]` the block's p per token); weight exp(-(k - p - 1)/gamma), counted from the first
-    drafted offset."""
-    valid = (labels >= 0) & (offset > prefix)
-    return valid, torch.exp(-(offset - 1 - prefix).clamp(min=0).float() / gamma) * valid
-
-
-def teacher_logits(logits: torch.Tensor, anchors: torch.Tensor, block: int) -> torch.Tensor:
-    """[B,Q,V] the target's logits that predicted each block token: position anchor + k - 1 for
-    offset k (offset 0, unsupervised, takes the anchor's own row), from logits [B,S,V]."""
-    B, S, V = logits.shape
-    k = torch.arange(block, device=anchors.device)
-    src = (anchors[..., None] + k - 1).clamp(min=0, max=S - 1).reshape(B, -1)  # [B,Q]
-    return logits.gather(1, src[..., None].expand(-1, -1, V))
-
-
-def block_loss(draft, target, tokens, starts, feats, args, g, teacher=None, ends=None):
-    """(weighted loss, simulated acceptance length) of one batch of sequences whose generated part
-    begins at `starts [B]` (with `ends [B]`, labels at positions >= ends[b] carry no loss). The loss
-    per block token is CE against the target's token, or with --distill w and the target's logits
-    `teacher [B,S,V]`, (1 - w) CE + w KL(target || drafter).
-
-    Variable prefix (--prefix-max P > 0): block b gets p in 0..P real tokens after its root (p = 0
-    half the time, `sample_prefix`) and the loss covers offsets > p only, weighted from offset p + 1
-    (`block_weights`). Why: the drafter learns to draft after a partial accept, as newer public
-    DFlash recipes train it; our engine always drafts from the root, so p = 0 stays the larger
-    share. P = 0 draws nothing more from `g` and is today's loss bit for bit. The simulated
-    acceptance length counts from the first drafted offset."""
-    S = tokens.shape[1]
-    anchors = sample_anchors(S, starts, args.anchors, g, args.anchor_window, ends).to(tokens.device)
-    prefix = sample_prefix(anchors, S, getattr(args, "prefix_max", 0), g)  # [B,A] or None
-    logits, labels, offset = block_logits(draft, target, tokens, feats, anchors, args.block_size, prefix)
-    B, Q = labels.shape
-    if ends is not None:
-        pos = anchors.repeat_interleave(args.block_size, 1) + offset
-        labels = torch.where(pos < ends.to(pos.device)[:, None], labels, torch.full_like(labels, -100))
-    p = torch.zeros_like(offset) if prefix is None else prefix.repeat_interleave(args.block_size, 1)  # [B,Q]
-    valid, w = block_weights(labels, offset, p, args.gamma)
-    ce = F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none").view(B, Q)
-    if teacher is not None and args.distill > 0:
-        t = torch.log_softmax(teacher_logits(teacher, anchors, args.block_size).float(), -1)  # [B,Q,V]
-        kl = F.kl_div(torch.log_softmax(logits, -1), t, log_target=True, reduction="none").sum(-1)
-        ce = (1 - args.distill) * ce + args.distill * kl
-    loss = (ce * w).sum() / w.sum()
-    with torch.no_grad():
-        given = offset <= p  # the root and the prefix: accepted by construction
-        hit = (((logits.argmax(-1) == labels) & valid) | given).view(B, -1, args.block_size)[..., 1:]
-        p_block = p.view(B, -1, args.block_size)[..., 0]  # [B,A]
-        counted = valid.view(B, -1, args.block_size).gather(-1, (p_block + 1)[..., None])[..., 0]  # not fill-ups
-        acc_len = 1 + (hit.long().cumprod(-1).sum(-1) - p_block).float()[counted].mean()
-    return loss, float(acc_len)
-
-
-def make_data(target, args):
-    """((train tokens, starts, is_question), (held tokens, starts), held prompts): read from --data
-    when that file exists, else generated (and written to --data when given), so side-by-side runs
-    share it (token ids stored as int16 or int32, returned as int64). Training rows of questions
-    follow the corpus rows; held-out prompts alternate kinds."""
-    if args.data and Path(args.data).is_file():
-        d = torch.load(args.data)
-        log(f"data: read {args.data}")
-        question = d.get("question", torch.zeros(len(d["data"]), dtype=torch.bool))
-        return (d["data"].long(), d["starts"], question), (d["held"].long(), d["held_starts"]), d["held_prompts"]
-    if args.smoke:
-        g = torch.Generator().manual_seed(args.seed)
-        make = lambda n: torch.randint(1, target.config.vocab_size, (n, args.prompt_len), generator=g).tolist()  # noqa: E731
-        train, held, q_train = make(args.prompts), make(args.eval_prompts), make(args.questions)
-        q_held = make(args.eval_prompts) if args.questions else []
-    else:
-        train, held, q_train, q_held = training_prompts(args)
-    held_prompts = [p for pair in zip(held, q_held) for p in pair] + held[len(q_held):] + q_held[len(held):]
-    (data, starts), (held_t, held_starts) = generate(target, train + q_train, args), generate(target, held_prompts, args)
-    question = torch.arange(len(data)) >= len(train)
-    if args.data:  # token ids in the narrowest integer type that holds them: the file travels between calls
-        ids = torch.int16 if target.config.vocab_size <= torch.iinfo(torch.int16).max else torch.int32
-        tmp = Path(args.data).with_suffix(".tmp")
-        torch.save({"data": data.to(ids), "starts": starts, "question": question, "held": held_t.to(ids),
-                    "held_starts": held_starts, "held_prompts": held_prompts}, tmp)
-        tmp.replace(args.data)
-    return (data, starts, question), (held_t, held_starts), held_prompts
-
-
-def eos_ends(tokens: torch.Tensor, starts: torch.Tensor, eos_ids) -> torch.Tensor:
-    """[N] one past each row's first generated EOS (the EOS itself is a label: the engine drafts
-    it), or S where the continuation has none."""
-    N, S = tokens.shape
-    gen = torch.arange(S)[None, :] >= starts[:, None]
-    eos = torch.isin(tokens, torch.tensor(list(eos_ids), dtype=tokens.dtype)) & gen
-    first = torch.where(eos, torch.arange(S).expand(N, -1), torch.full_like(tokens, S)).min(1).values
-    return (first + 1).clamp(max=S)
-
-
-def sample_rows(question: torch.Tensor, batch: int, mix: float, g: torch.Generator) -> torch.Tensor:
-    """[batch] training rows: a question row with probability `mix`, else a corpus row."""
-    q, c = question.nonzero().flatten(), (~question).nonzero().flatten()
-    if len(q) == 0 or len(c) == 0:
-        pool = q if len(c) == 0 else c
-        return pool[torch.randint(0, len(pool), (batch,), generator=g)]
-    pick_q = torch.rand(batch, generator=g) < mix
-    return torch.where(pick_q, q[torch.randint(0, len(q), (batch,), generator=g)],
-                       c[torch.randint(0, len(c), (batch,), generator=g)])
-
-
-def bench_prompt_ids(target_spec: str, n: int) -> list[list[int]]:
-    """Token ids of n prompts per benchmark set, seeded and formatted as `specpilot bench` draws them."""
-    from specpilot.bench.datasets import select
-    from specpilot.bench.prompts import encode_example
-    from specpilot.models.fixture import resolve_checkpoint
-    from specpilot.models.tokenizer import Tokenizer
-
-    tok = Tokenizer.from_dir(resolve_checkpoint(target_spec, "target"))
-    return [list(encode_example(e, tok).ids) for e in select(BENCHMARK_SETS, n, 0)]
 
 
 def acceptance(target, drafter_model, prompts, tokens: int, block: int, trees) -> dict:
@@ -383,17 +95,6 @@ def bench_check(target, drafter_dir, args, device) -> dict:
 DEFINING = ("target", "smoke", "layers", "features", "feature_layers", "init", "block_size", "prompts", "eval_prompts",
             "prompt_len", "min_prompt_len", "gen_tokens", "questions", "batch", "anchors", "steps", "total_minutes",
             "lr", "gamma", "distill", "seed", "anchor_window", "prompt_mix", "stop_at_eos", "prefix_max")
-
-
-def data_digest(*tensors: torch.Tensor) -> str:
-    """SHA-256 of the sequences a run trains and evaluates on (as int64): a resumed call must read
-    the same data, wherever its file now lies."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.long().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def parse_args(argv=None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
@@ -597,7 +298,7 @@ def main(argv=None) -> int:
     training = {"steps": step, "planned": planned, "seconds": train_total_s, "slices": slices, "curve": curve}
     if args.resume and not finished:
         record = {"status": "partial", "args": vars(args), "device": str(device), "target_layer_ids": list(ids),
-                  "training": training, "total_seconds": time.perf_counter() - START}
+                  "training": training, "total_seconds": time.perf_counter() - train_data.START}
         (out / "training_log.json").write_text(json.dumps(record, indent=2) + "\n")
         log(f"partial: step {step}/{planned or '?'} in {train_total_s:.0f}s of training; to continue, carry {out} "
             f"({ckpt_path.name}*, {Path(args.data).name}) and run the same command again")
@@ -628,7 +329,7 @@ def main(argv=None) -> int:
         "data": {"sequences": len(data), "questions": int(question.sum()), "held_out": len(held), "seq_len": int(data.shape[1]), "seconds": data_s},
         "training": training,
         "heldout_simulated_acc_len": held_acc, "engine_check": check, "bench_check": bench,
-        "total_seconds": time.perf_counter() - START,
+        "total_seconds": time.perf_counter() - train_data.START,
     }
     (out / "training_log.json").write_text(json.dumps(record, indent=2) + "\n")
     log(f"held-out simulated acc_len {held_acc:.2f}; engine {json.dumps(check)}")

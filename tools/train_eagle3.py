@@ -4,7 +4,7 @@
     python tools/train_eagle3.py --smoke --out OUT         # a random tiny target on CPU, seconds
 
 Recipe (`shared/research/mechanisms.md` 2.2, after SafeAILab's `traineagle3` and SpecForge):
-1. prompts and data: those of `train_dflash.py` (leak-checked corpus windows, greedy continuations
+1. prompts and data: those of `train_data.py` (leak-checked corpus windows, greedy continuations
    of `--gen-tokens` from the target with the engine). On the target's own greedy text "next
    token" is "target argmax", so hard labels are exactly acceptance labels.
 2. head: one layer at the target's width, `fc` 3C -> C over the inputs of target layers
@@ -41,14 +41,15 @@ os.environ.setdefault("SPECPILOT_COMPILE", "0")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-import train_dflash  # noqa: E402  (data generation and the target's feature forward)
+import train_data  # noqa: E402  (data generation, and the clock of every log line)
+from dflash_objective import target_features  # noqa: E402  (the target's feature forward)
 
 from specpilot.engine.drafters.eagle3 import Eagle3Drafter  # noqa: E402
 from specpilot.engine.generator import Generator  # noqa: E402
 from specpilot.models.eagle3 import default_layer_ids, random_eagle3  # noqa: E402
 from specpilot.models.eagle3_checkpoint import load_eagle3, write_eagle3  # noqa: E402
 
-log = train_dflash.log
+log = train_data.log
 ENGINE_SHAPES = {"chain": (6, 1, 6), "tree": (6, 4, 16), "stock": (5, 4, 7), "wide": (7, 8, 64)}  # depth, topk, budget
 
 
@@ -171,7 +172,7 @@ def train_head(draft, target, data: torch.Tensor, starts: torch.Tensor, args, de
         rows = torch.randint(0, len(data), (args.batch,), generator=g)
         tokens = data[rows].to(device)
         with torch.no_grad(), amp:
-            feats = train_dflash.target_features(target, tokens, capture)
+            feats = target_features(target, tokens, capture)
         with amp:
             loss, top1, acc = ttt_loss(draft, target, tokens, starts[rows], feats, args)
         opt.zero_grad(set_to_none=True)
@@ -196,7 +197,7 @@ def evaluate_head(draft, target, held: torch.Tensor, held_starts: torch.Tensor, 
         for i in range(0, len(held), args.batch):
             tokens = held[i : i + args.batch].to(device)
             _, top1, acc = ttt_loss(draft, target, tokens, held_starts[i : i + args.batch],
-                                    train_dflash.target_features(target, tokens, draft.feature_layers), args)
+                                    target_features(target, tokens, draft.feature_layers), args)
             evals.append((top1, acc, len(tokens)))
     n = sum(e[2] for e in evals)
     return [sum(e[0][j] * e[2] for e in evals) / n for j in range(args.ttt)], sum(e[1] * e[2] for e in evals) / n
@@ -247,12 +248,12 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    target = train_dflash.load_target(args, device).requires_grad_(False)
+    target = train_data.load_target(args, device).requires_grad_(False)
     L = target.config.num_layers
     ids = tuple(int(x) for x in args.feature_layers.split(",")) if args.feature_layers else default_layer_ids(L)
     t0 = time.perf_counter()
     args.questions = 0  # corpus windows only (train_dflash's --questions is DFlash's)
-    (data, starts, _), (held, held_starts), held_prompts = train_dflash.make_data(target, args)
+    (data, starts, _), (held, held_starts), held_prompts = train_data.make_data(target, args)
     gen_s = time.perf_counter() - t0
     log(f"data: {len(data)} + {len(held)} sequences of {data.shape[1]} tokens in {gen_s:.1f}s")
 
@@ -270,7 +271,7 @@ def main(argv=None) -> int:
         "data": {"sequences": len(data), "held_out": len(held), "seq_len": int(data.shape[1]), "seconds": gen_s},
         "training": run, "draft_vocab_size": draft.spec.draft_vocab_size,
         "heldout_top1": held_top1[0], "heldout_top1_by_step": held_top1, "heldout_simulated_acc_len": held_acc,
-        "engine_check": check, "total_seconds": time.perf_counter() - train_dflash.START,
+        "engine_check": check, "total_seconds": time.perf_counter() - train_data.START,
     }
     (out / "training_log.json").write_text(json.dumps(record, indent=2) + "\n")
     log(f"held-out top-1 {held_top1[0]:.3f}, simulated chain acc_len {held_acc:.2f}; engine {json.dumps(check)}")

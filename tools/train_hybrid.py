@@ -82,7 +82,7 @@ import fixture_pack  # noqa: E402
 import tokenizers  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-import train_dflash  # noqa: E402
+import train_data  # noqa: E402
 import train_eagle3  # noqa: E402
 from fixture_data import TokenData, encode, windows  # noqa: E402
 from train_fixture import log  # noqa: E402
@@ -97,7 +97,7 @@ from specpilot.models.hybrid import HybridTransformer  # noqa: E402
 from specpilot.models.loading import load_model  # noqa: E402
 from specpilot.models.tokenizer import Tokenizer  # noqa: E402
 
-train_dflash.START = train_fixture.START  # one clock for every log line (train_eagle3 logs through train_dflash)
+train_data.START = train_fixture.START  # one clock for every log line (train_eagle3 logs through train_data)
 LAYER_TYPES = {"L": LINEAR_ATTENTION, "F": FULL_ATTENTION}
 DRAFT_SHAPES = {"chain": (5, 1, 5), "tree": (5, 4, 16), "stock": (5, 4, 7)}  # depth, topk, budget
 HEAD_SHAPES = {"chain": (6, 1, 6), "tree": (6, 4, 16)}

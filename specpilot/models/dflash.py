@@ -147,7 +147,7 @@ class DFlashModel(nn.Module):
 
         features [B,S,n*C] at ctx_positions [B,S] give the context keys; noise [B,Q,C] at
         positions [B,Q] are the blocks' tokens (several blocks side by side); mask [B,1,Q,S+Q] bool
-        over keys [context ; blocks] says what each block token sees (`tools/train_dflash.py`).
+        over keys [context ; blocks] says what each block token sees (`tools/dflash_objective.py`).
         """
         B, Q, _ = noise.shape
         c = self.config

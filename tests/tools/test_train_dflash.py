@@ -1,7 +1,7 @@
-"""tools/train_dflash.py: its training blocks are exactly what the engine drafts (positions,
-label offsets, the `kv < anchor` context), --smoke runs end to end on CPU, a run resumed from its
-checkpoint ends with the uninterrupted run's weights, and the variable-prefix loss covers only the
-offsets past the prefix."""
+"""tools/train_dflash.py (with its data, `train_data.py`, and objective, `dflash_objective.py`): its
+training blocks are exactly what the engine drafts (positions, label offsets, the `kv < anchor`
+context), --smoke runs end to end on CPU, a run resumed from its checkpoint ends with the
+uninterrupted run's weights, and the variable-prefix loss covers only the offsets past the prefix."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import os
 import subprocess
 import sys
 
+import dflash_objective
 import pytest
 import torch
 import train_checkpoint
+import train_data
 import train_dflash
 
 from specpilot.config import TreeConstruction
@@ -37,8 +39,8 @@ def test_training_blocks_equal_engine_blocks(target_dir):
     tokens = torch.randint(1, 4096, (1, 20), generator=torch.Generator().manual_seed(0))
     anchors = torch.tensor([[5, 11]])
     with torch.no_grad():
-        feats = train_dflash.target_features(target, tokens, ids)
-        logits, labels, offset = train_dflash.block_logits(draft, target, tokens, feats, anchors, block)
+        feats = dflash_objective.target_features(target, tokens, ids)
+        logits, labels, offset = dflash_objective.block_logits(draft, target, tokens, feats, anchors, block)
     assert labels[0].view(2, block).tolist() == [tokens[0, a : a + block].tolist() for a in (5, 11)]
     drafter = DFlashDrafter(draft, target, block, 8, TreeConstruction.CHAIN)
     for b, a in enumerate((5, 11)):
@@ -71,12 +73,12 @@ def test_smoke_run(tmp_path):
 def test_anchor_window_keeps_anchors_early_in_the_continuation():
     g = torch.Generator().manual_seed(0)
     starts = torch.tensor([5, 20, 40])
-    a = train_dflash.sample_anchors(100, starts, 8, g, window=12)
+    a = dflash_objective.sample_anchors(100, starts, 8, g, window=12)
     assert a.shape == (3, 8)
     for row, start in zip(a.tolist(), starts.tolist()):
         assert row == sorted(row) and len(set(row)) == 8
         assert all(start - 1 <= x < start - 1 + 12 for x in row)
-    whole = train_dflash.sample_anchors(100, starts, 50, g)
+    whole = dflash_objective.sample_anchors(100, starts, 50, g)
     assert whole.shape == (3, 50) and int(whole.max()) > 40 + 12  # no window: the whole continuation
 
 
@@ -107,8 +109,8 @@ def test_teacher_logits_are_the_targets_prediction_of_each_block_token(target_di
     anchors = torch.tensor([[11, 15, 20]])  # 11: the last prompt token, a root
     block = 4
     with torch.no_grad():
-        _, logits = train_dflash.target_features(target, tokens, (1,), logits=True)
-    teacher = train_dflash.teacher_logits(logits, anchors, block)  # [1,12,V]
+        _, logits = dflash_objective.target_features(target, tokens, (1,), logits=True)
+    teacher = dflash_objective.teacher_logits(logits, anchors, block)  # [1,12,V]
     labels = torch.tensor([seq[a : a + block] for a in anchors[0].tolist()]).view(1, -1)
     k = torch.arange(block).repeat(3)
     assert torch.equal(teacher.argmax(-1)[0, k > 0], labels[0, k > 0])
@@ -122,14 +124,15 @@ def test_distill_loss_is_ce_at_zero_and_changes_with_the_weight(target_dir):
     tokens = torch.randint(1, 4096, (2, 24), generator=torch.Generator().manual_seed(0))
     starts = torch.tensor([8, 10])
     with torch.no_grad():
-        feats, logits = train_dflash.target_features(target, tokens, draft.feature_layers, logits=True)
+        feats, logits = dflash_objective.target_features(target, tokens, draft.feature_layers, logits=True)
         losses = []
         for w in (0.0, 0.5, 1.0):
             args = Namespace(anchors=4, anchor_window=0, block_size=4, gamma=7.0, distill=w)
-            losses.append(train_dflash.block_loss(draft, target, tokens, starts, feats, args,
-                                                  torch.Generator().manual_seed(5), logits)[0])
+            losses.append(dflash_objective.block_loss(draft, target, tokens, starts, feats, args,
+                                                      torch.Generator().manual_seed(5), logits)[0])
         args = Namespace(anchors=4, anchor_window=0, block_size=4, gamma=7.0, distill=0.0)
-        plain = train_dflash.block_loss(draft, target, tokens, starts, feats, args, torch.Generator().manual_seed(5))[0]
+        plain = dflash_objective.block_loss(draft, target, tokens, starts, feats, args,
+                                            torch.Generator().manual_seed(5))[0]
     assert torch.equal(losses[0], plain)
     assert torch.isclose(losses[1], (losses[0] + losses[2]) / 2, rtol=1e-5)  # linear in w
     assert not torch.isclose(losses[2], losses[0])
@@ -138,9 +141,9 @@ def test_distill_loss_is_ce_at_zero_and_changes_with_the_weight(target_dir):
 def test_stop_at_eos_keeps_anchors_and_labels_before_the_first_generated_eos():
     tokens = torch.tensor([[5, 0, 7, 8, 9, 0, 4, 4, 4, 4], [5, 6, 7, 8, 9, 3, 4, 4, 4, 4]])
     starts = torch.tensor([3, 3])  # row 0's EOS at 1 is in the prompt, at 5 generated
-    ends = train_dflash.eos_ends(tokens, starts, (0,))
+    ends = train_data.eos_ends(tokens, starts, (0,))
     assert ends.tolist() == [6, 10]  # one past the EOS: the EOS is a label
-    a = train_dflash.sample_anchors(10, starts, 5, torch.Generator().manual_seed(0), ends=ends)
+    a = dflash_objective.sample_anchors(10, starts, 5, torch.Generator().manual_seed(0), ends=ends)
     assert a.shape == (2, 5)
     assert sorted(a[0].tolist())[:3] == [2, 3, 4]  # every anchor before the EOS, then fill-ups
     assert all(2 <= x <= 8 for x in a.flatten().tolist())
@@ -149,12 +152,12 @@ def test_stop_at_eos_keeps_anchors_and_labels_before_the_first_generated_eos():
 def test_prompt_mix_draws_question_rows_in_that_fraction():
     question = torch.arange(100) >= 60
     g = torch.Generator().manual_seed(0)
-    assert not question[train_dflash.sample_rows(question, 400, 0.0, g)].any()
-    assert question[train_dflash.sample_rows(question, 400, 1.0, g)].all()
-    frac = question[train_dflash.sample_rows(question, 4000, 0.3, g)].float().mean()
+    assert not question[train_data.sample_rows(question, 400, 0.0, g)].any()
+    assert question[train_data.sample_rows(question, 400, 1.0, g)].all()
+    frac = question[train_data.sample_rows(question, 4000, 0.3, g)].float().mean()
     assert abs(float(frac) - 0.3) < 0.03
     plain = torch.randint(0, 100, (8,), generator=torch.Generator().manual_seed(1))
-    assert torch.equal(train_dflash.sample_rows(torch.zeros(100, dtype=torch.bool), 8, 0.0,
+    assert torch.equal(train_data.sample_rows(torch.zeros(100, dtype=torch.bool), 8, 0.0,
                                                 torch.Generator().manual_seed(1)), plain)  # same rows as before
 
 
@@ -231,7 +234,7 @@ def test_prefix_loss_covers_only_the_offsets_past_the_prefix(target_dir):
     labels = torch.tensor([[7, 8, 9, 10] * 3])
     offset = torch.arange(4).repeat(3)[None]
     prefix = torch.tensor([0, 1, 2]).repeat_interleave(4)[None]
-    valid, w = train_dflash.block_weights(labels, offset, prefix, 7.0)
+    valid, w = dflash_objective.block_weights(labels, offset, prefix, 7.0)
     d = math.exp(-1 / 7)
     expected = torch.tensor([[0, 1, d, d * d, 0, 0, 1, d, 0, 0, 0, 1]])
     assert torch.allclose(w, expected) and torch.equal(valid, expected > 0)
@@ -242,15 +245,16 @@ def test_prefix_loss_covers_only_the_offsets_past_the_prefix(target_dir):
     starts = torch.tensor([8, 10])
     args = Namespace(anchors=5, anchor_window=0, block_size=4, gamma=7.0, distill=0.0, prefix_max=2)
     with torch.no_grad():
-        feats = train_dflash.target_features(target, tokens, draft.feature_layers)
-        loss, _ = train_dflash.block_loss(draft, target, tokens, starts, feats, args, torch.Generator().manual_seed(5))
+        feats = dflash_objective.target_features(target, tokens, draft.feature_layers)
+        loss, _ = dflash_objective.block_loss(draft, target, tokens, starts, feats, args,
+                                              torch.Generator().manual_seed(5))
         g = torch.Generator().manual_seed(5)  # the same draws, by hand
-        anchors = train_dflash.sample_anchors(24, starts, 5, g)
-        p = train_dflash.sample_prefix(anchors, 24, 2, g)
+        anchors = dflash_objective.sample_anchors(24, starts, 5, g)
+        p = dflash_objective.sample_prefix(anchors, 24, 2, g)
         assert p.min() == 0 and p.max() == 2
-        logits, labels, offset = train_dflash.block_logits(draft, target, tokens, feats, anchors, 4, p)
-        none = train_dflash.block_logits(draft, target, tokens, feats, anchors, 4)[0]
-        zero = train_dflash.block_logits(draft, target, tokens, feats, anchors, 4, torch.zeros_like(p))[0]
+        logits, labels, offset = dflash_objective.block_logits(draft, target, tokens, feats, anchors, 4, p)
+        none = dflash_objective.block_logits(draft, target, tokens, feats, anchors, 4)[0]
+        zero = dflash_objective.block_logits(draft, target, tokens, feats, anchors, 4, torch.zeros_like(p))[0]
     assert torch.equal(zero, none)  # p = 0 is the root alone
     assert not torch.equal(logits, none)  # the prefix tokens are inputs
     ce = F.cross_entropy(logits.flatten(0, 1), labels.clamp(min=0).flatten(), reduction="none").view(2, -1)
@@ -261,4 +265,4 @@ def test_prefix_loss_covers_only_the_offsets_past_the_prefix(target_dir):
             if k > pb and labels[b, q] >= 0:
                 num, den = num + float(ce[b, q]) * math.exp(-(k - pb - 1) / 7.0), den + math.exp(-(k - pb - 1) / 7.0)
     assert abs(float(loss) - num / den) < 1e-5 * num / den
-    assert train_dflash.sample_prefix(anchors, 24, 0, g) is None
+    assert dflash_objective.sample_prefix(anchors, 24, 0, g) is None

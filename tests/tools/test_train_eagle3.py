@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import dflash_objective
 import pytest
 import torch
 import train_eagle3
@@ -45,7 +46,7 @@ def test_training_steps_equal_engine_drafting(target_dir):
     ttt = 4
     tokens = torch.randint(1, 4096, (1, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        feats = train_eagle3.train_dflash.target_features(target, tokens, draft.feature_layers)
+        feats = dflash_objective.target_features(target, tokens, draft.feature_layers)
         steps = train_eagle3.ttt_logits(draft, target, tokens, feats, ttt)
     for t in (3, 9):
         assert [int(labels[0, t]) for _, labels in steps] == tokens[0, t + 2 : t + 2 + ttt].tolist()

@@ -11,10 +11,10 @@ import os
 import subprocess
 import sys
 
+import dflash_objective
 import pytest
 import torch
 import torch.nn.functional as F
-import train_dflash
 import train_eagle3
 import train_hybrid
 
@@ -101,7 +101,7 @@ def test_reduced_draft_vocabulary_trains_on_its_tokens_and_scores_in_target_ids(
     head = train_eagle3.new_head(target, (2, 1, 0), args, vocab)
     assert torch.equal(head.token_ids(), vocab) and torch.equal(head.lm_head.weight, target.embed_tokens.weight[vocab])
     with torch.no_grad():
-        feats = train_dflash.target_features(target, tokens, head.feature_layers)
+        feats = dflash_objective.target_features(target, tokens, head.feature_layers)
         loss, top1, _ = train_eagle3.ttt_loss(head, target, tokens, starts, feats, args)
         want_loss, want_top1 = 0.0, []
         for j, (logits, labels) in enumerate(train_eagle3.ttt_logits(head, target, tokens, feats, args.ttt)):
