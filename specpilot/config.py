@@ -151,8 +151,9 @@ class System:
     pdl: bool = False
     # Each dense attention layer's q/k norm, RoPE and K/V cache write in one Triton kernel
     # (`kernels.rope_store`) instead of the fused op and two indexed writes, in the target's and the
-    # draft model's forwards; CUDA only (or under TRITON_INTERPRET=1); rounds as the compiled op does
-    # up to the norm's summation order.
+    # draft model's eager and CUDA-graphed forwards (compiled ones keep the plain ops, which inductor
+    # fuses); CUDA only (or under TRITON_INTERPRET=1); rounds within one ulp of the compiled op, so
+    # the target's tokens may differ from stock's as a compiled verification's may: the guard decides.
     rope_store: bool = False
     # Two-level verification (`engine.drafters.two_level`): an 8-bit (FP8 e4m3 per-channel) view of
     # the target drafts a greedy chain of this many tokens beside the drafter's tree, and one verify

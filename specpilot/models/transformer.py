@@ -232,10 +232,12 @@ class Transformer(nn.Module):
 
     def rope_store_applies(self, h: torch.Tensor) -> bool:
         """Whether a cached forward with activations like h (dtype, device) runs each layer's q/k norm,
-        RoPE and cache write in one kernel: its attention's `rope_store` is on and the kernel takes
-        the model's dtype, device and head size, with RoPE over the whole head."""
+        RoPE and cache write in one kernel: its attention's `rope_store` is on, the kernel takes the
+        model's dtype, device and head size, with RoPE over the whole head, and the forward is not
+        being traced by torch.compile (a compiled forward fuses the plain ops itself; the kernel
+        serves eager and CUDA-graphed rounds)."""
         c = self.config
-        return (bool(self.layers) and self.layers[0].self_attn.rope_store
+        return (bool(self.layers) and self.layers[0].self_attn.rope_store and not torch.compiler.is_compiling()
                 and rope_store.applies(h, c.head_dim, self.rope_cos.shape[-1]))
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype):

@@ -86,20 +86,22 @@ def test_the_knob_reads_from_toml_and_leaves_default_fingerprints_alone():
         System.from_dict({"rope_store": "yes"})
 
 
-def test_compiled_rounds_call_the_op_once_per_layer_and_give_the_eager_tokens(traced, interpreted, d32_dirs,
-                                                                             make_prompts):
-    """Under both compile knobs each piece is one graph calling `specpilot::rope_store` once per
-    dense layer and forward, and the rounds commit the eager rounds' tokens and acceptance."""
+def test_compiled_rounds_keep_the_plain_ops_and_give_the_eager_tokens(traced, interpreted, d32_dirs, make_prompts,
+                                                                      monkeypatch):
+    """Under both compile knobs the traced forwards never launch the kernel (inductor fuses the plain
+    ops it replaces), and the compiled rounds commit the eager rounds' tokens (float32)."""
+    from specpilot.kernels import rope_store as R
+
     s = session(d32_dirs)
     prompts = make_prompts(1, seed=2, lo=4, hi=8)
     system = STOCK.with_changes(name="rope", rope_store=True)
     eager = s.generator(system).generate(prompts, 5)
     assert not traced
+    launched = []
+    real = R.qk_norm_rope_store_eager
+    monkeypatch.setattr(R, "qk_norm_rope_store_eager", lambda *a: launched.append(
+        torch.compiler.is_compiling()) or real(*a))
     compiled = s.generator(system.with_changes(name="compiled", draft_compile=True, verify_compile=True))
     out = compiled.generate(prompts, 5)
-    ops_per_graph = sorted(sum(n.op == "call_function" and n.target in (torch.ops.specpilot.rope_store,
-                                                                      torch.ops.specpilot.rope_store.default)
-                               for n in gm.graph.nodes) for gm in traced)
-    layers = s.target.config.num_layers, s.drafter_model.config.num_layers
-    assert ops_per_graph == sorted([layers[0], layers[1] * STOCK.depth])  # verification; the proposal's draft steps
-    assert (out.outputs, out.accept_lengths) == (eager.outputs, eager.accept_lengths)
+    assert traced and True not in launched  # eager prefills may launch it; a traced forward never does
+    assert out.outputs == eager.outputs

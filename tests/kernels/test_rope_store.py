@@ -108,9 +108,8 @@ def test_the_kernel_matches_the_reference_and_the_eager_path(case, qk_norm, dtyp
     assert torch.equal(k_cache.cpu()[stale], before_k[stale])  # slots not written: untouched
 
 
-def test_row_blocks_split_the_rows_and_the_custom_op_runs_the_kernel(device, monkeypatch):
-    """Several programs along the rows (a small row block), and `torch.ops.specpilot.rope_store`
-    (what a compiled forward calls) gives the launcher's result."""
+def test_row_blocks_split_the_rows(device, monkeypatch):
+    """Several programs along the rows (a small row block) give the reference's result."""
     monkeypatch.setattr(R, "INTERPRETER_BLOCK_M", 2)
     monkeypatch.setattr(R, "MAX_BLOCK_M", 2)
     B, T, H, Hkv, D = 3, 5, 4, 2, 32
@@ -120,9 +119,6 @@ def test_row_blocks_split_the_rows_and_the_custom_op_runs_the_kernel(device, mon
     q_ref = R.reference_qk_norm_rope_store(*cpu, H, Hkv, D, 1e-6)
     check(q, q_ref, torch.float32, 1e-6)
     check(args[6], cpu[6], torch.float32, 1e-6)
-    again = [t.clone() for t in args]
-    q_op = torch.ops.specpilot.rope_store(*again, H, Hkv, D, 1e-6)
-    assert torch.equal(q_op, q) and torch.equal(again[6], args[6]) and torch.equal(again[7], args[7])
 
 
 def test_the_reference_is_the_eager_path_on_float32_and_unsupported_shapes_take_it(device):
