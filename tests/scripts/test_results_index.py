@@ -60,7 +60,8 @@ def test_rows_name_each_result_its_script_and_the_provenance_inside_it(index, tr
         "| `controller/timing_probe.json` | timing probe; noise floor and candidate cost | `timing_probe.py` "
         "| 2026-12-02 | a5d9411 | NVIDIA H200 |",
         "| `notes.txt` | - | `-` | - | - | - |",
-        "| `speed/fixture/` | speedup over AR | `speed_fixture.py` | 2026-11-29 | 1a0a580 | NVIDIA H200 |",
+        "| `speed/fixture/` | speedup over AR | `headline.py (then speed_fixture.py)` | 2026-11-29 | 1a0a580 "
+        "| NVIDIA H200 |",
         "| `w12/w12_kernels_shipped_4.{json,md}` | W12 GEMM vs cuBLAS, shipped configs | `w12_kernels.py --shipped` "
         "| 2026-12-02 | bd33466 | NVIDIA H200 |",
     ]
