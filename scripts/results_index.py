@@ -25,9 +25,9 @@ SOURCES = (
     ("engine/round_compile/*", "rounds eager vs draft_compile, and with verify_compile",
      "round_compile.py --system scripts/systems/d6k8n64.toml --prompts 3"),
     ("engine/round_kernels/*", "a round's kernels by family: draft proposal, verify forward; stock with and without "
-     "the fused draft layers (draft_kernel = 'fused')",
-     "families_fp8_tlv.sh 3b3b9d8 fused (FUSED_SYSTEMS='stock scripts/systems/stock-fused.toml'): round_kernels.py "
-     "--tokens 128 --reps 10"),
+     "rope_store (H100)",
+     "families_fp8_tlv.sh e333039 round: round_kernels.py --tokens 128 --reps 10 --system stock "
+     "scripts/systems/stock-rope-store.toml"),
     ("hybrid/ar_h100/*", "hybrid GDN target: AR vs byte floor by step configuration, profiled (H100)",
      "families_fp8_tlv.sh 3b3b9d8 hybrid_ar (HYBRID_STEPS='cublas+sdpa cublas+sdpa+compiled "
      "triton_bf16+split_kv+compiled+pdl+sync4'): hybrid_checks.py --skip ulp kernels --profile"),
@@ -49,9 +49,9 @@ SOURCES = (
     ("families/h100/*", "Gemma/MoE decoders (random weights): AR vs byte floor, verify curve, experts read, top kernels (H100)",
      "families_checks.py --kernels"),
     ("families_fp8_tlv/*", "FP8 kernels vs byte floor, _scaled_mm, BF16 and FP8 vs BF16 AR; TLV on fixture-x16; "
-     "sampled vs greedy EAGLE-3 speed (H100)",
+     "sampled vs greedy EAGLE-3 speed (the current figures: part 4/); stock vs stock + rope_store over AR (4/) (H100)",
      "families_fp8_tlv.sh COMMIT sampling (first call); families_fp8_tlv.sh COMMIT gpu_tests fp8 hybrid_final "
-     "tlv_b1 families (second call): the parts' logs"),
+     "tlv_b1 families (second call); families_fp8_tlv.sh e333039 sampling round (4/): the parts' logs"),
     ("hybrid/checks_h100/*", "hybrid GDN target: AR vs byte floor by step configuration, BF16 tree vs path (H100; "
      "the current AR figures are hybrid/ar_h100's)",
      "hybrid_checks.py (its kernels section failed there: hybrid/kernels_h100 is that run)"),
@@ -87,7 +87,7 @@ ERRATA = (
      "the traced graph at every forward"),
     ("engine/round_compile/round_compile.{json,md}", "defea74", "ran on the working tree of aa294ef (the "
      "device copy's base was the session's first commit)"),
-    ("engine/round_kernels/round_kernels.{json,md}", "0ad6634+dirty", "ran on the working tree of 3b3b9d8 (the "
+    ("engine/round_kernels/round_kernels.{json,md}", "7acc78d+dirty", "ran on the working tree of e333039 (the "
      "device copy's base was an earlier session commit)"),
     ("loop/fixture-x16/", "b0f18c4+dirty", "rounds 1-3 ran on the working tree of a877aff before its "
      "verify_compile/Triton exclusion and its timed-outputs words; rounds 4-5 (--resume) before the exclusion, "
@@ -101,7 +101,8 @@ ERRATA = (
     ("loop/fixture-x16-batch-c32/", "b358578+dirty", "ran on the working tree of 043281f (the device copy's base "
      "was the session's first commit)"),
     ("families_fp8_tlv/*", "-", "sampling part at dc6a599; fp8 and tlv_b1 parts on the working tree of 4f05ddb "
-     "(bench records dc6a599 (dirty): the device copy's base was the session's first commit)"),
+     "(bench records dc6a599 (dirty): the device copy's base was the session's first commit); part 4/ on the "
+     "working tree of e333039 (its round_bench records 7acc78d (dirty), the device copy's stale git)"),
     ("hybrid/kernels_h100/gdn_kernels.{json,md}", "b72f1c6+dirty", "ran on the working tree of 4fa8cf1 (the "
      "device copy's base was the session's first commit)"),
 )
