@@ -19,7 +19,7 @@ The rounding rule (that of inductor's compiled `ops.qkv_norm_rope` on CUDA, not 
 So on float32 models it is the eager op up to the norm's summation order (and rsqrt's last bit); on
 BF16 ones it differs from the eager op (which rounds every product and sum) by those roundings, and
 from the compiled op by the norm's summation order and instruction choice: within one ulp of each
-head's largest value on an H100, 70-100% of the values bit-equal (`tests/gpu/test_rope_store_cuda.py`).
+head's largest value, not always bit-equal (`tests/gpu/test_rope_store_cuda.py` checks the bound).
 A target with the kernel therefore rounds unlike one without it (as a compiled verification does):
 speculation with it equals AR with it, and the guard judges it against stock.
 
