@@ -265,13 +265,7 @@ class System:
         return {k: [a[k], b[k]] for k in b if a[k] != b[k]}
 
     def fingerprint(self) -> str:
-        # Knobs added later are hashed only when set away from their default, so systems recorded
-        # before they existed keep their fingerprints.
-        knobs = self.knobs()
-        for name, default in _LATER_KNOBS.items():
-            if knobs[name] == default:
-                del knobs[name]
-        return hashlib.sha256(json.dumps(knobs, sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha256(json.dumps(stable_knobs(self.knobs()), sort_keys=True).encode()).hexdigest()[:12]
 
     @classmethod
     def from_dict(cls, d: dict, name: str | None = None) -> "System":
@@ -307,6 +301,14 @@ _LATER_KNOBS = {"block_size": 16, "tree_construction": TreeConstruction.BEST_FIR
                 "shared_budget": 0, "row_depth_margin": 0, "segment_tokens": 0, "attention_span": 256,
                 "draft_compile": False, "verify_compile": False, "attention": AttentionKernel.SDPA.value,
                 "pdl": False, "draft_kernel": Kernel.CUBLAS.value, "tlv_chain": 0, "rope_store": False}
+
+
+def stable_knobs(knobs: dict) -> dict:
+    """`knobs` (a system's, by name) without the knobs added later that sit at their defaults: what
+    every identity of a system hashes (`System.fingerprint`, the controller's `ArmSpec.fingerprint`),
+    so a system, and the prompts and seeds drawn for it, stay what they were before a knob existed
+    that it leaves alone."""
+    return {k: v for k, v in knobs.items() if not (k in _LATER_KNOBS and v == _LATER_KNOBS[k])}
 
 
 def _is_number(x) -> bool:

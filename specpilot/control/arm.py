@@ -27,6 +27,7 @@ import importlib
 import json
 from dataclasses import asdict, dataclass, field, replace
 
+from specpilot.config import stable_knobs
 from specpilot.errors import ConfigError
 
 DEFAULT_RUNNER = "specpilot.engine.runner:SystemRunner"  # `SessionRunner` by its first name, kept: fingerprints hold it
@@ -54,9 +55,12 @@ class ArmSpec:
         return replace(self, device=device)
 
     def fingerprint(self) -> str:
-        """Identity of what runs (deployment, knobs, code location, factory), device excluded."""
+        """Identity of what runs (deployment, knobs, code location, factory), device excluded; knobs
+        added later at their defaults are left out (`config.stable_knobs`), so an arm keeps its
+        identity, and the prompts and seeds the controller draws for it, when a knob is added."""
         d = asdict(self)
         d.pop("device")
+        d["system"] = stable_knobs(d["system"])
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:
