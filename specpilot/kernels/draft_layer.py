@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from specpilot import env
+from specpilot.kernels.configs import next_pow2
 from specpilot.kernels.dispatch import kernels_available
 from specpilot.kernels.launch import launch_options, pdl
 
@@ -71,9 +72,6 @@ class Blocking:
 BLOCKING = Blocking()
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
 
 INTERPRETER_BLOCK_N = 128  # under the interpreter a program costs its ops, not its size: few, wide ones
 
@@ -91,7 +89,7 @@ def block_n(N: int) -> int:
 
 
 def _block_k(K: int) -> int:
-    return max(16, min(BLOCKING.block_k, _next_pow2(K)))
+    return max(16, min(BLOCKING.block_k, next_pow2(K)))
 
 
 def _bf16_dots(x: torch.Tensor) -> bool:

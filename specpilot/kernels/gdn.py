@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from specpilot import env
+from specpilot.kernels.configs import next_pow2
 from specpilot.kernels.dispatch import kernels_available
 
 BLOCK_V = 16  # value columns per recurrence program (fixed: the blocking is batch-invariant)
@@ -51,9 +52,6 @@ EPS = 1e-6  # inside the L2 norm's rsqrt
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 def _round_code(dtype: torch.dtype) -> int:
@@ -100,14 +98,14 @@ def gdn_conv_eager(x: torch.Tensor, window: torch.Tensor, positions: torch.Tenso
     y = torch.empty(B, T, Cc, dtype=x.dtype, device=x.device)
     tree = parents is not None
     par, dep = (_last_dim_unit(parents), _last_dim_unit(depths)) if tree else (positions, positions)  # unread: chunk
-    block = min(1024, max(CONV_BLOCK_C, _next_pow2(Cc))) if env.triton_interpret() else CONV_BLOCK_C
+    block = min(1024, max(CONV_BLOCK_C, next_pow2(Cc))) if env.triton_interpret() else CONV_BLOCK_C
     cm = commit.contiguous() if commit is not None else positions  # unread without a commit
     gdn_conv_kernel[(B * T, _cdiv(Cc, block))](  # tokens on the grid's first axis: up to 2^31 - 1
         x, window, positions, weight, par, dep, cm, y,
         x.stride(0), x.stride(1), window.stride(0), window.stride(1), positions.stride(0), positions.stride(1),
         weight.stride(0), weight.stride(1), par.stride(0), dep.stride(0), y.stride(0), y.stride(1),
         T, Cc, K=K, BLOCK_C=block, TREE=tree, ROUND=_round_code(x.dtype), COMMIT=commit is not None,
-        KP2=_next_pow2(max(1, K - 1)), num_warps=4,
+        KP2=next_pow2(max(1, K - 1)), num_warps=4,
     )
     return y
 
@@ -211,7 +209,7 @@ def _check_recurrence(y, a, b, A_log, dt_bias, state, fresh, num_key_heads, pare
 
 def recurrence_warps(Dk: int, block_v: int = BLOCK_V) -> int:
     """Warps of a recurrence program: 16 state entries per thread, 1 to 4 warps."""
-    return max(1, min(4, max(16, _next_pow2(Dk)) * block_v // 512))
+    return max(1, min(4, max(16, next_pow2(Dk)) * block_v // 512))
 
 
 def gdn_recurrence_eager(y, a, b, A_log, dt_bias, state, fresh, num_key_heads: int, parents=None, commit=None,
@@ -234,7 +232,7 @@ def gdn_recurrence_eager(y, a, b, A_log, dt_bias, state, fresh, num_key_heads: i
     par = parents if tree else commit  # unread in a chunk
     nodes = node_state if tree else state  # unread in a chunk
     com = commit if not tree else parents  # unread in a tree (int64 either way: one compiled kernel)
-    BK = max(16, _next_pow2(Dk))
+    BK = max(16, next_pow2(Dk))
     if T > 0:
         gdn_recurrence_kernel[(_cdiv(Dv, block_v), B * Hv)](
             y, a, b, A_log, dt_bias, state, fresh, com, par, nodes, o,

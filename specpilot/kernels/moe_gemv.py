@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specpilot.kernels.configs import next_pow2
 from specpilot.kernels.dispatch import kernels_available
 from specpilot.kernels.launch import launch_options, pdl
 
@@ -63,17 +64,14 @@ class Blocking:
     num_warps: int = 4
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
 
 def blocking(C: int, I: int) -> Blocking:
     """The blocking of hidden size C and expert intermediate size I: a function of (C, I) only,
     so that a pair's result does not depend on how many pairs run beside it. Column steps shrink
     to the next power of two of a small row (the interpreter's tiny test shapes)."""
     b = Blocking()
-    return Blocking(b.gate_up_n, min(b.gate_up_k, _next_pow2(C)), b.down_n, min(b.down_k, _next_pow2(I)),
-                    min(b.sum_c, _next_pow2(C)), b.num_warps)
+    return Blocking(b.gate_up_n, min(b.gate_up_k, next_pow2(C)), b.down_n, min(b.down_k, next_pow2(I)),
+                    min(b.sum_c, next_pow2(C)), b.num_warps)
 
 
 def applies(x: torch.Tensor, gate_up_proj: torch.Tensor, pairs: int) -> bool:
@@ -134,7 +132,7 @@ def moe_experts_eager(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         y, ids, out,
         k, C,
         y.stride(0), ids.stride(0), out.stride(0),
-        BLOCK_C=b.sum_c, KP2=_next_pow2(k), ROUND=rnd, PDL=on, num_warps=b.num_warps, num_stages=1, **launch_options(on),
+        BLOCK_C=b.sum_c, KP2=next_pow2(k), ROUND=rnd, PDL=on, num_warps=b.num_warps, num_stages=1, **launch_options(on),
     )
     return out
 

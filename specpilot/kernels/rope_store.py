@@ -27,8 +27,10 @@ The kernel: one program per (block of rows, head), heads in qkv's order (q, k, v
 columns as two halves of D/2, so RoPE pairs columns d and d + D/2 in registers (the norm, RoPE and
 store are `tiles.qk_norm_rope` and `tiles.store_head`, shared with `draft_layer`'s qkv kernel).
 Shapes are static per call and nothing reads the host: a CUDA graph captures it as launched (a
-forward traced by torch.compile keeps the plain ops, which inductor fuses: `Transformer.rope_store_applies`). float32 and BF16 models; head_dim a power of two from 32 to 256 with RoPE over all
-of it; GQA (H a multiple of Hkv); caches [B, Hkv, S, D] with unit innermost stride.
+forward traced by torch.compile keeps the plain ops, which inductor fuses:
+`Transformer.rope_store_applies`). float32 and BF16 models; head_dim a power of two from 32 to 256
+with RoPE over all of it; GQA (H a multiple of Hkv); caches [B, Hkv, S, D] with unit innermost
+stride.
 
 Does not own the model's forward (`models.transformer`) or which systems use it (`engine.session`).
 """
@@ -38,6 +40,7 @@ from __future__ import annotations
 import torch
 
 from specpilot import env
+from specpilot.kernels.configs import next_pow2
 from specpilot.kernels.dispatch import kernels_available
 from specpilot.kernels.draft_layer import _rope
 from specpilot.kernels.launch import launch_options, pdl
@@ -48,14 +51,11 @@ MAX_BLOCK_M = 16  # rows per program on a GPU (a decode step's few rows take the
 INTERPRETER_BLOCK_M = 64  # under the interpreter a program costs its ops, not its size: few, wide ones
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
 
 def block_m(M: int) -> int:
     """Rows per program: M's next power of two, at least 2, at most `MAX_BLOCK_M`
     (`INTERPRETER_BLOCK_M` under the interpreter)."""
-    return min(INTERPRETER_BLOCK_M if env.triton_interpret() else MAX_BLOCK_M, max(2, _next_pow2(M)))
+    return min(INTERPRETER_BLOCK_M if env.triton_interpret() else MAX_BLOCK_M, max(2, next_pow2(M)))
 
 
 def applies(qkv: torch.Tensor, head_dim: int, rotary_dim: int) -> bool:

@@ -6,8 +6,8 @@ weights), the two W12 decoders (inline PTX for the GPU and portable Triton ops f
 interpreter: the same bits), the per-row scale of the decoded weights, the deterministic split-K
 reduction, the escape correction, and one attention head's q/k norm + RoPE and its store into q
 or the K/V cache (`qk_norm_rope`, `store_head`: the draft qkv kernel and `rope_store`). Every
-function here is `@triton.jit` and inlined into its caller. Imports Triton at module level, so only kernel modules import it, lazily (see
-`specpilot.kernels.dispatch`).
+function here is `@triton.jit` and inlined into its caller. Imports Triton at module level, so only
+kernel modules import it, lazily (see `specpilot.kernels.dispatch`).
 
 W12 tiles are read a *group* at a time (see `specpilot.w12.layout`): 8 bytes of the `lo` plane
 (one int64) and 4 of the `hi` plane (one int32) hold 8 codes. A tile is [BN, G] such words
